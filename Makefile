@@ -1,0 +1,50 @@
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint typecheck pytest bench bench-storage bench-http bench-client bench-cluster bench-spark clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[spark,dev,bench]'
+	touch $(STAMP)
+
+## make run: set up .venv and start a single-node broker on 127.0.0.1:8086 with data in ./data
+run: $(STAMP)
+	$(BIN)/messaging broker --data ./data --bind 127.0.0.1:8086
+
+## make test: set up .venv, then ruff, mypy and pytest
+test: lint typecheck pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check messaging tests bench examples
+
+typecheck: $(STAMP)
+	$(BIN)/mypy messaging tests bench examples
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: bench-storage bench-http bench-client bench-cluster bench-spark
+
+bench-storage: $(STAMP)
+	$(BIN)/python bench/bench_storage.py
+
+bench-http: $(STAMP)
+	$(BIN)/python bench/bench_http.py
+
+bench-client: $(STAMP)
+	$(BIN)/python bench/bench_client.py
+
+bench-cluster: $(STAMP)
+	$(BIN)/python bench/bench_cluster.py
+
+bench-spark: $(STAMP)
+	$(BIN)/python bench/bench_spark.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

@@ -1,0 +1,132 @@
+"""The one exception hierarchy of messaging.
+
+Every class carries the HTTP status it maps to; only :mod:`messaging.http` turns exceptions
+into responses, and the client turns responses back into the same classes.
+"""
+
+from __future__ import annotations
+
+
+class MessagingError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+    status: int = 500
+
+
+class BadRequestError(MessagingError):
+    """A missing or invalid parameter."""
+
+    status = 400
+
+
+class CorruptFrameError(MessagingError):
+    """A frame that can never become valid: impossible length, bad type, index not increasing."""
+
+    status = 400
+
+
+class ChecksumError(CorruptFrameError):
+    """A frame whose CRC-32C does not match its contents."""
+
+
+class MessageTooLargeError(MessagingError):
+    """A message or request body over the configured maximum."""
+
+    status = 413
+
+
+class NotFoundError(MessagingError):
+    """An unknown path or topic."""
+
+    status = 404
+
+
+class TopicTruncatedError(MessagingError):
+    """A read below the first index that retention kept."""
+
+    status = 410
+
+    def __init__(self, topic: int, first_index: int) -> None:
+        super().__init__(
+            f"topic {topic}: index below {first_index} was deleted by retention; "
+            f"first available index is {first_index}"
+        )
+        self.topic = topic
+        self.first_index = first_index
+
+
+class StaleWriteError(MessagingError):
+    """An append whose index is not above the topic's last index (replay skips these)."""
+
+    status = 500
+
+
+class NoLeaderError(MessagingError):
+    """The cluster has no leader right now, so writes cannot be accepted."""
+
+    status = 503
+
+
+class NotLeaderError(MessagingError):
+    """This node is a follower; the write belongs on the leader at ``leader_url``."""
+
+    status = 307
+
+    def __init__(self, leader_url: str) -> None:
+        super().__init__(f"not the leader; the leader is {leader_url}")
+        self.leader_url = leader_url
+
+
+class BrokerClosedError(MessagingError):
+    """The broker (or its log) is shutting down and accepts no more work."""
+
+    status = 503
+
+
+class DataDirectoryError(MessagingError):
+    """The data directory cannot be used (permissions, wrong format, locked by another broker)."""
+
+    status = 500
+
+
+class ClientError(MessagingError):
+    """Base class of errors raised by the client side."""
+
+
+class ConnectionFailedError(ClientError):
+    """No broker URL could be reached."""
+
+    status = 503
+
+
+class PublishOutcomeUnknownError(ClientError):
+    """A publish request may have reached the broker, but no answer came back.
+
+    Publishes are not idempotent, so the client does not retry them; the caller decides.
+    """
+
+    status = 503
+
+
+class ConnClosedError(ClientError):
+    """A :class:`messaging.client.Conn` was used after ``close()``."""
+
+
+class ConnStateError(ClientError):
+    """A :class:`messaging.client.Conn` was used in the wrong state (opened twice, not opened)."""
+
+
+_BY_STATUS: dict[int, type[MessagingError]] = {
+    400: BadRequestError,
+    404: NotFoundError,
+    413: MessageTooLargeError,
+    503: NoLeaderError,
+}
+
+
+def error_for_status(status: int, message: str) -> MessagingError:
+    """The exception a client raises for an error response (``TopicTruncatedError`` aside)."""
+    cls = _BY_STATUS.get(status, MessagingError)
+    error = cls(message)
+    error.status = status
+    return error

@@ -1,0 +1,320 @@
+r"""The frame codec: pure functions on bytes and memoryviews, no I/O.
+
+A frame is the wire, disk and stream format of one message (all integers big-endian)::
+
+     0       8       12    14      22      26
+    +-------+-------+-----+-------+-------+----------------+
+    | index |  crc  | type| topic |length |  data ...      |
+    |  u64  |  u32  | u16 |  u64  |  u32  | length bytes   |
+    +-------+-------+-----+-------+-------+----------------+
+                    \______________ CRC-32C ______________/
+
+The index sits outside the checksum, so the broker stamps indexes without recomputing CRCs
+and the CRC a publisher computed reaches every consumer unchanged.
+
+Decoding tells an *incomplete* buffer (more bytes needed: the caller keeps the remaining
+bytes) from a *corrupt* one (:class:`ChecksumError`, :class:`CorruptFrameError`).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from crc32c import crc32c
+
+from messaging.errors import ChecksumError, CorruptFrameError
+
+HEADER = struct.Struct(
+    ">"
+    "Q"  # index: assigned by the broker when applied; 0 in a publish request
+    "I"  # crc: CRC-32C of type, topic, length and data
+    "H"  # type: bit 0x8000 marks broker-internal commands
+    "Q"  # topic: topic id
+    "I"  # length: data length in bytes
+)
+HEADER_SIZE = HEADER.size
+INDEX = struct.Struct(">Q")
+CRC_START = struct.calcsize(">QI")  # the checksum covers everything from the type field on
+LENGTH_OFFSET = struct.calcsize(">QIHQ")
+
+INTERNAL_TYPE = 0x8000
+MAX_TYPE = 0xFFFF
+MAX_TOPIC = 2**64 - 1
+MAX_INDEX = 2**64 - 1
+#: Default upper bound of one message's data; the broker's ``--max-message-size``.
+DEFAULT_MAX_MESSAGE_SIZE = 1 << 20
+#: Lengths above this can never be valid, whatever the configuration: the decoder treats them
+#: as corruption rather than waiting forever for bytes that will not come.
+HARD_MAX_MESSAGE_SIZE = 1 << 30
+#: Frames is the media type of a body made of frames.
+FRAMES_CONTENT_TYPE = "application/x-messaging-frames"
+
+_unpack_header = HEADER.unpack_from
+_pack_header = HEADER.pack_into
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message: the broker-assigned index, its type, its topic and its data."""
+
+    index: int
+    type: int
+    topic: int
+    data: bytes
+
+    @property
+    def is_internal(self) -> bool:
+        """Whether this is a broker-internal command, never stored in a topic."""
+        return bool(self.type & INTERNAL_TYPE)
+
+
+# Frozen dataclasses set fields through object.__setattr__, which costs more than decoding a
+# frame; the decoder builds instances through the slot descriptors directly.
+_new_message = object.__new__
+_set_index = vars(Message)["index"].__set__
+_set_type = vars(Message)["type"].__set__
+_set_topic = vars(Message)["topic"].__set__
+_set_data = vars(Message)["data"].__set__
+
+
+def _message(index: int, type_: int, topic: int, data: bytes) -> Message:
+    message: Message = _new_message(Message)
+    _set_index(message, index)
+    _set_type(message, type_)
+    _set_topic(message, topic)
+    _set_data(message, data)
+    return message
+
+
+def _check_fields(index: int, type_: int, topic: int, length: int) -> None:
+    if not 0 <= index <= MAX_INDEX:
+        raise CorruptFrameError(f"index {index} out of range")
+    if not 0 <= type_ <= MAX_TYPE:
+        raise CorruptFrameError(f"type {type_} out of range 0..{MAX_TYPE}")
+    if not 0 <= topic <= MAX_TOPIC:
+        raise CorruptFrameError(f"topic {topic} out of range")
+    if length > HARD_MAX_MESSAGE_SIZE:
+        raise CorruptFrameError(f"data length {length} exceeds {HARD_MAX_MESSAGE_SIZE}")
+
+
+def encode_into(buffer: bytearray, offset: int, index: int, type_: int, topic: int,
+                data: bytes | memoryview) -> int:
+    """Write one frame into ``buffer`` at ``offset`` and return the offset after it."""
+    length = len(data)
+    _check_fields(index, type_, topic, length)
+    end = offset + HEADER_SIZE + length
+    if len(buffer) < end:
+        buffer.extend(bytes(end - len(buffer)))
+    _pack_header(buffer, offset, index, 0, type_, topic, length)
+    buffer[offset + HEADER_SIZE:end] = data
+    crc = crc32c(memoryview(buffer)[offset + CRC_START:end])
+    struct.pack_into(">I", buffer, offset + INDEX.size, crc)
+    return end
+
+
+def encode(type_: int, topic: int, data: bytes | memoryview, index: int = 0) -> bytes:
+    """Encode one frame."""
+    buffer = bytearray(HEADER_SIZE + len(data))
+    encode_into(buffer, 0, index, type_, topic, data)
+    return bytes(buffer)
+
+
+def encode_message(message: Message) -> bytes:
+    """Encode a :class:`Message` as one frame."""
+    return encode(message.type, message.topic, message.data, message.index)
+
+
+def encode_many(messages: Iterable[Message]) -> bytes:
+    """Encode messages as consecutive frames."""
+    buffer = bytearray()
+    offset = 0
+    for m in messages:
+        offset = encode_into(buffer, offset, m.index, m.type, m.topic, m.data)
+    return bytes(buffer)
+
+
+def encode_batch(topic: int, datas: Sequence[bytes | memoryview], type_: int = 1) -> bytes:
+    """Encode a publish batch: one frame per data, all for one topic, index 0."""
+    buffer = bytearray(sum(len(d) for d in datas) + HEADER_SIZE * len(datas))
+    offset = 0
+    for data in datas:
+        offset = encode_into(buffer, offset, 0, type_, topic, data)
+    return bytes(buffer)
+
+
+def frame_size(buffer: bytes | bytearray | memoryview, offset: int = 0) -> int | None:
+    """The full size of the frame starting at ``offset``, or None if its header is incomplete."""
+    if len(buffer) - offset < HEADER_SIZE:
+        return None
+    length: int = struct.unpack_from(">I", buffer, offset + LENGTH_OFFSET)[0]
+    return HEADER_SIZE + length
+
+
+def stamp_index(buffer: bytearray | memoryview, offset: int, index: int) -> None:
+    """Write the broker-assigned ``index`` into the frame at ``offset`` (the CRC is unchanged)."""
+    INDEX.pack_into(buffer, offset, index)
+
+
+def decode(buffer: bytes | bytearray | memoryview, after: int | None = None,
+           max_length: int = HARD_MAX_MESSAGE_SIZE) -> tuple[list[Message], int]:
+    """Decode the complete frames at the start of ``buffer``.
+
+    Returns the messages and the number of bytes they took; the bytes after that are an
+    incomplete frame (or nothing). ``after``, when given, is the index of the previous message
+    in the same topic: every index must then strictly increase. Raises
+    :class:`ChecksumError` or :class:`CorruptFrameError` for a frame that can never be valid.
+    """
+    view = memoryview(buffer)
+    size = len(view)
+    messages: list[Message] = []
+    append = messages.append
+    offset = 0
+    previous = after
+    while size - offset >= HEADER_SIZE:
+        index, crc, type_, topic, length = _unpack_header(view, offset)
+        if length > max_length:
+            raise CorruptFrameError(f"frame at byte {offset}: data length {length} "
+                                    f"exceeds {max_length}")
+        end = offset + HEADER_SIZE + length
+        if end > size:
+            break
+        if crc32c(view[offset + CRC_START:end]) != crc:
+            raise ChecksumError(f"frame at byte {offset} (index {index}): checksum mismatch")
+        if previous is not None:
+            if index <= previous:
+                raise CorruptFrameError(f"frame at byte {offset}: index {index} does not "
+                                        f"follow {previous}")
+            previous = index
+        append(_message(index, type_, topic, bytes(view[offset + HEADER_SIZE:end])))
+        offset = end
+    return messages, offset
+
+
+def decode_one(buffer: bytes | bytearray | memoryview) -> Message:
+    """Decode a buffer that holds exactly one complete frame."""
+    messages, used = decode(buffer)
+    if len(messages) != 1 or used != len(buffer):
+        raise CorruptFrameError(f"expected exactly one frame in {len(buffer)} bytes")
+    return messages[0]
+
+
+@dataclass(slots=True)
+class FrameScan:
+    """What :func:`scan` learnt about a run of frames, without a Python object per message.
+
+    ``end`` is the offset after the last complete frame accepted; ``error`` is set when the scan
+    stopped at a corrupt frame (``end`` is then that frame's offset); ``incomplete`` when the
+    bytes after ``end`` are the start of a frame that needs more bytes. ``marks`` holds a
+    ``(index, offset, ordinal)`` for the first frame at or past every ``mark_every`` bytes.
+    """
+
+    count: int = 0
+    end: int = 0
+    first_index: int = 0
+    last_index: int = 0
+    incomplete: bool = False
+    stopped: bool = False
+    error: CorruptFrameError | None = None
+    marks: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+def scan(buffer: bytes | bytearray | memoryview, *, start: int = 0, after: int | None = None,
+         verify: bool = True, stop_index: int | None = None, max_count: int | None = None,
+         mark_every: int = 0, mark_base: int = 0, max_length: int = HARD_MAX_MESSAGE_SIZE,
+         ) -> FrameScan:
+    """Verify and index the frames in ``buffer`` from ``start`` without decoding them.
+
+    Stops before the first frame whose index is ``>= stop_index`` (``stopped``), after
+    ``max_count`` frames (``stopped``), at an incomplete tail (``incomplete``) or at a corrupt
+    frame (``error``, never raised: recovery truncates there, readers raise it). With
+    ``verify=False`` only the headers are read (lengths and index order are still checked).
+    ``mark_every`` > 0 records sparse marks; ``mark_base`` is added to their offsets.
+    """
+    view = memoryview(buffer)
+    size = len(view)
+    result = FrameScan(end=start)
+    offset = start
+    count = 0
+    previous = after
+    first = 0
+    index = 0
+    stop = MAX_INDEX + 1 if stop_index is None else stop_index
+    limit = -1 if max_count is None else max_count
+    next_mark = (start + mark_base) if mark_every > 0 else -1
+    marks = result.marks
+    while count != limit:
+        if size - offset < HEADER_SIZE:
+            result.incomplete = offset < size
+            break
+        index, crc, _type, _topic, length = _unpack_header(view, offset)
+        if length > max_length:
+            result.error = CorruptFrameError(
+                f"frame at byte {offset + mark_base}: data length {length} exceeds {max_length}")
+            break
+        end = offset + HEADER_SIZE + length
+        if end > size:
+            result.incomplete = True
+            break
+        if index >= stop:
+            result.stopped = True
+            break
+        if previous is not None and index <= previous:
+            result.error = CorruptFrameError(
+                f"frame at byte {offset + mark_base}: index {index} does not follow {previous}")
+            break
+        if verify and crc32c(view[offset + CRC_START:end]) != crc:
+            result.error = ChecksumError(
+                f"frame at byte {offset + mark_base} (index {index}): checksum mismatch")
+            break
+        if next_mark >= 0 and offset + mark_base >= next_mark:
+            marks.append((index, offset + mark_base, count))
+            next_mark = offset + mark_base + mark_every
+        if count == 0:
+            first = index
+        previous = index
+        count += 1
+        offset = end
+    else:
+        result.stopped = True
+    result.count = count
+    result.end = offset
+    if count:
+        result.first_index = first
+        result.last_index = previous if previous is not None else index
+    return result
+
+
+class FrameDecoder:
+    """A streaming decoder: feed bytes as they arrive, get the complete messages back.
+
+    Keeps the incomplete tail between calls and checks that indexes strictly increase.
+    """
+
+    def __init__(self, after: int | None = None,
+                 max_length: int = HARD_MAX_MESSAGE_SIZE) -> None:
+        self._pending = bytearray()
+        self._after = after
+        self._max_length = max_length
+
+    @property
+    def pending(self) -> int:
+        """How many bytes of an incomplete frame are buffered."""
+        return len(self._pending)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Message]:
+        """Add ``data`` and return every message it completes."""
+        if self._pending:
+            self._pending += data
+            buffer: bytes | bytearray | memoryview = self._pending
+        else:
+            buffer = data
+        messages, used = decode(buffer, self._after, self._max_length)
+        if messages and self._after is not None:
+            self._after = messages[-1].index
+        if buffer is self._pending:
+            del self._pending[:used]
+        else:
+            self._pending = bytearray(memoryview(data)[used:])
+        return messages

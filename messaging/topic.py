@@ -1,0 +1,673 @@
+"""Segmented topic storage: Segment, Topic and TopicReader.
+
+A topic lives in its own directory as ``<first index, 20 digits>.seg`` files of frames plus an
+optional ``tombstone`` (``{"first_index": N}``: everything below N was deleted by retention).
+
+Threads: one writer thread appends and syncs; any number of reader threads read. Readers see
+only *committed* frames (see :meth:`Topic.commit`), so a consumer never sees a message that a
+crash could still take back. Followers wait on a future the writer resolves, never on a sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from messaging.errors import CorruptFrameError, TopicTruncatedError
+from messaging.files import fsync_dir, read_json, write_all, write_json_atomic
+from messaging.message import HEADER, HEADER_SIZE, frame_size, scan
+
+log = logging.getLogger(__name__)
+
+SEGMENT_SUFFIX = ".seg"
+TOMBSTONE = "tombstone"
+#: A new segment starts once the active one has grown past this many bytes.
+DEFAULT_MAX_SEGMENT_SIZE = 10 << 20
+#: The sparse index keeps the position of the first frame past every MARK_EVERY bytes.
+MARK_EVERY = 4096
+#: Default size of one read by a TopicReader.
+READ_CHUNK = 256 << 10
+
+_unpack_header = HEADER.unpack_from
+
+
+def segment_name(first_index: int) -> str:
+    """The file name of the segment whose first frame has ``first_index``."""
+    return f"{first_index:020d}{SEGMENT_SUFFIX}"
+
+
+def _read_at(fd: int, size: int, position: int) -> bytes:
+    data = os.pread(fd, size, position)
+    if len(data) < size:
+        # A short read of a regular file means the file shrank under us: corruption.
+        raise CorruptFrameError(f"short read: {len(data)} of {size} bytes at {position}")
+    return data
+
+
+@dataclass(eq=False)
+class Segment:
+    """One segment file and its sparse in-memory index.
+
+    ``size``/``count``/``last_index`` count every frame written; the ``committed_*`` fields
+    bound what readers see. ``mark_*`` are parallel lists: for the first frame past every
+    MARK_EVERY bytes, its index, byte position and ordinal (message number in the segment).
+    """
+
+    path: Path
+    first_index: int
+    size: int = 0
+    count: int = 0
+    last_index: int = 0
+    committed_size: int = 0
+    committed_count: int = 0
+    committed_last_index: int = 0
+    indexed: bool = False
+    mark_indexes: list[int] = field(default_factory=list)
+    mark_positions: list[int] = field(default_factory=list)
+    mark_ordinals: list[int] = field(default_factory=list)
+
+    def add_mark(self, index: int, position: int, ordinal: int) -> None:
+        """Record a sparse index entry."""
+        self.mark_indexes.append(index)
+        self.mark_positions.append(position)
+        self.mark_ordinals.append(ordinal)
+
+    def next_mark_position(self) -> int:
+        """The byte position from which the next frame gets a mark."""
+        return self.mark_positions[-1] + MARK_EVERY if self.mark_positions else 0
+
+    def build_index(self, data: bytes, *, verify: bool) -> CorruptFrameError | None:
+        """Index the frames in ``data`` (the whole file); returns the error that stopped it."""
+        result = scan(data, after=self.first_index - 1, verify=verify, mark_every=MARK_EVERY)
+        self.mark_indexes.clear()
+        self.mark_positions.clear()
+        self.mark_ordinals.clear()
+        for index, position, ordinal in result.marks:
+            self.add_mark(index, position, ordinal)
+        self.size = self.committed_size = result.end
+        self.count = self.committed_count = result.count
+        self.last_index = self.committed_last_index = result.last_index
+        self.indexed = True
+        if result.error is not None:
+            return result.error
+        if result.incomplete:
+            return CorruptFrameError(f"incomplete frame at byte {result.end}")
+        return None
+
+    def commit(self) -> None:
+        """Make everything written so far visible to readers."""
+        self.committed_size = self.size
+        self.committed_count = self.count
+        self.committed_last_index = self.last_index
+
+
+@dataclass
+class TopicStats:
+    """Counters a topic keeps for diagnostics and metrics."""
+
+    recovered_truncated_bytes: int = 0
+    corrupt_frames: int = 0
+    deleted_segments: int = 0
+    deleted_bytes: int = 0
+
+
+class Topic:
+    """One topic: an ordered set of segment files in ``path``.
+
+    Open with :meth:`Topic.open`, which recovers the last segment. Indexes strictly increase
+    across the topic; an append of an index not above :attr:`last_index` is skipped as stale, so
+    replaying commands after a restart is idempotent.
+    """
+
+    def __init__(self, path: Path, topic_id: int, max_segment_size: int) -> None:
+        self.path = path
+        self.id = topic_id
+        self.max_segment_size = max_segment_size
+        self.stats = TopicStats()
+        self._lock = threading.Lock()
+        self._segments: list[Segment] = []
+        self._firsts: list[int] = []
+        self._tombstone = 0
+        self._fd: int | None = None
+        self._unsynced_fds: list[int] = []
+        self._dir_dirty = False
+        self._closed = False
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    # -- opening and recovery ---------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: Path, topic_id: int,
+             max_segment_size: int = DEFAULT_MAX_SEGMENT_SIZE) -> Topic:
+        """Open (creating if needed) the topic in ``path`` and recover its last segment."""
+        path.mkdir(parents=True, exist_ok=True)
+        topic = cls(path, topic_id, max_segment_size)
+        topic._recover()
+        return topic
+
+    def _recover(self) -> None:
+        tombstone = self.path / TOMBSTONE
+        if tombstone.exists():
+            self._tombstone = int(read_json(tombstone)["first_index"])
+        for file in sorted(self.path.glob("*" + SEGMENT_SUFFIX)):
+            first = int(file.name[: -len(SEGMENT_SUFFIX)])
+            if first < self._tombstone:
+                # Retention wrote the tombstone and then stopped before deleting this file.
+                file.unlink()
+                self._dir_dirty = True
+                continue
+            segment = Segment(file, first, size=file.stat().st_size)
+            segment.committed_size = segment.size
+            self._segments.append(segment)
+        while self._segments:
+            last = self._segments[-1]
+            self._recover_segment(last)
+            if last.size:
+                break
+            last.path.unlink()  # an empty segment: a crash right after a roll
+            self._dir_dirty = True
+            self._segments.pop()
+        self._firsts = [s.first_index for s in self._segments]
+        if self._segments:
+            self._fd = os.open(self._segments[-1].path, os.O_WRONLY | os.O_APPEND)
+        if self._dir_dirty:
+            fsync_dir(self.path)
+            self._dir_dirty = False
+
+    def _recover_segment(self, segment: Segment) -> None:
+        with segment.path.open("rb") as f:
+            data = f.read()
+        error = segment.build_index(data, verify=True)
+        if error is None:
+            return
+        cut = len(data) - segment.size
+        self.stats.recovered_truncated_bytes += cut
+        log.warning("topic %d: truncated %d bytes at byte %d of %s (%s)", self.id, cut,
+                    segment.size, segment.path.name, error)
+        fd = os.open(segment.path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, segment.size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # -- properties -------------------------------------------------------------------------
+
+    @property
+    def first_index(self) -> int:
+        """The first index that may still be read: the tombstone, else the first segment's."""
+        with self._lock:
+            if self._tombstone:
+                return self._tombstone
+            return self._firsts[0] if self._firsts else 0
+
+    @property
+    def last_index(self) -> int:
+        """The index of the last frame written (committed or not); 0 if none."""
+        with self._lock:
+            return self._last_index_locked()
+
+    def _last_index_locked(self) -> int:
+        for segment in reversed(self._segments):
+            self._ensure_indexed(segment)
+            if segment.count:
+                return segment.last_index
+        return max(self._tombstone - 1, 0)
+
+    @property
+    def committed_index(self) -> int:
+        """The index of the last frame readers can see; 0 if none."""
+        with self._lock:
+            return self._committed_index_locked()
+
+    @property
+    def size(self) -> int:
+        """Bytes on disk in all segments."""
+        with self._lock:
+            return sum(s.size for s in self._segments)
+
+    @property
+    def segment_count(self) -> int:
+        """How many segment files the topic has."""
+        with self._lock:
+            return len(self._segments)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def segments(self) -> list[Segment]:
+        """A snapshot of the segment list (oldest first)."""
+        with self._lock:
+            return list(self._segments)
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def append(self, frames: bytes | bytearray | memoryview) -> int:
+        """Append complete frames (indexes already assigned); returns how many were written.
+
+        Frames whose index is not above the topic's last index are skipped as stale. Rolls to
+        a new segment once the active one is past ``max_segment_size``. Not durable until
+        :meth:`sync`, not visible to readers until :meth:`commit`.
+        """
+        view = memoryview(frames)
+        size = len(view)
+        written = 0
+        with self._lock:
+            if self._closed:
+                raise CorruptFrameError(f"topic {self.id} is closed")
+            last = self._last_index_locked()
+            offset = 0
+            run_start = 0
+            segment = self._segments[-1] if self._segments else None
+            while offset < size:
+                if size - offset < HEADER_SIZE:
+                    raise CorruptFrameError(f"incomplete frame header at byte {offset}")
+                index, _crc, _type, _topic, length = _unpack_header(view, offset)
+                end = offset + HEADER_SIZE + length
+                if end > size:
+                    raise CorruptFrameError(f"incomplete frame at byte {offset}")
+                if index <= last:
+                    self._write_run(view[run_start:offset])
+                    offset = run_start = end
+                    continue
+                if segment is None or segment.size >= self.max_segment_size:
+                    self._write_run(view[run_start:offset])
+                    run_start = offset
+                    segment = self._roll(index)
+                position = segment.size + (offset - run_start)
+                if position >= segment.next_mark_position():
+                    segment.add_mark(index, position, segment.count)
+                segment.count += 1
+                segment.last_index = last = index
+                written += 1
+                offset = end
+            self._write_run(view[run_start:offset])
+        return written
+
+    def _write_run(self, run: memoryview) -> None:
+        if not run:
+            return
+        assert self._fd is not None
+        write_all(self._fd, run)
+        self._segments[-1].size += len(run)
+
+    def _roll(self, first_index: int) -> Segment:
+        if self._fd is not None:
+            self._unsynced_fds.append(self._fd)
+        path = self.path / segment_name(first_index)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        segment = Segment(path, first_index, indexed=True)
+        self._segments.append(segment)
+        self._firsts.append(first_index)
+        self._dir_dirty = True
+        return segment
+
+    def sync(self) -> None:
+        """fsync what was appended (and any new segment's directory entry)."""
+        with self._lock:
+            fds, self._unsynced_fds = self._unsynced_fds, []
+            active = self._fd
+            dir_dirty, self._dir_dirty = self._dir_dirty, False
+        for fd in fds:
+            os.fdatasync(fd)
+            os.close(fd)
+        if active is not None:
+            os.fdatasync(active)
+        if dir_dirty:
+            fsync_dir(self.path)
+
+    def commit(self) -> None:
+        """Make everything appended so far visible to readers and wake followers.
+
+        Safe to call from any thread.
+        """
+        with self._lock:
+            for segment in reversed(self._segments):
+                if segment.committed_size == segment.size:
+                    break
+                segment.commit()
+            waiters, self._waiters = self._waiters, []
+        _wake(waiters)
+
+    # -- waiting ----------------------------------------------------------------------------
+
+    async def wait_for(self, after_index: int) -> None:
+        """Return once a frame with index above ``after_index`` is committed (or on close)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._closed or self._committed_index_locked() > after_index:
+                return
+            future: asyncio.Future[None] = loop.create_future()
+            self._waiters.append((loop, future))
+        try:
+            await future
+        finally:
+            if not future.done():
+                with self._lock:
+                    if (loop, future) in self._waiters:
+                        self._waiters.remove((loop, future))
+
+    def _committed_index_locked(self) -> int:
+        for segment in reversed(self._segments):
+            self._ensure_indexed(segment)
+            if segment.committed_count:
+                return segment.committed_last_index
+        return max(self._tombstone - 1, 0)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def reader(self, index: int, end: int | None = None, limit: int | None = None) -> TopicReader:
+        """A reader of committed frames from ``index`` (inclusive) to ``end`` (exclusive)."""
+        return TopicReader(self, index, end, limit)
+
+    def _ensure_indexed(self, segment: Segment) -> None:
+        if segment.indexed:
+            return
+        with segment.path.open("rb") as f:
+            data = f.read()
+        error = segment.build_index(data, verify=False)
+        if error is not None:
+            self.stats.corrupt_frames += 1
+            raise CorruptFrameError(f"topic {self.id} segment {segment.path.name}: {error}")
+
+    def _segment_for(self, index: int) -> int:
+        """Position in the segment list of the segment holding ``index`` (or the next one)."""
+        return max(bisect_right(self._firsts, index) - 1, 0)
+
+    def _locate(self, index: int) -> tuple[Segment, int, int] | None:
+        """Segment, byte position and ordinal of the first committed frame at or after index.
+
+        Caller holds the lock. None if there is no such frame yet (position at the end).
+        """
+        if not self._segments:
+            return None
+        i = self._segment_for(index)
+        while i < len(self._segments):
+            segment = self._segments[i]
+            self._ensure_indexed(segment)
+            if segment.committed_count and segment.committed_last_index >= index:
+                position, ordinal = self._seek_in(segment, index)
+                return segment, position, ordinal
+            i += 1
+        return None
+
+    def _seek_in(self, segment: Segment, index: int) -> tuple[int, int]:
+        j = bisect_right(segment.mark_indexes, index) - 1
+        position = segment.mark_positions[j] if j >= 0 else 0
+        ordinal = segment.mark_ordinals[j] if j >= 0 else 0
+        return self._scan_forward(segment, position, ordinal, stop_index=index)
+
+    def _scan_forward(self, segment: Segment, position: int, ordinal: int, *,
+                      stop_index: int | None = None, count: int | None = None,
+                      ) -> tuple[int, int]:
+        """Walk frame headers from ``position`` until ``stop_index`` or ``count`` frames."""
+        with segment.path.open("rb") as f:
+            while position < segment.committed_size:
+                want = min(segment.committed_size - position, 2 * MARK_EVERY)
+                f.seek(position)
+                data = f.read(want)
+                result = scan(data, verify=False, stop_index=stop_index, max_count=count)
+                if result.error is not None:
+                    raise CorruptFrameError(f"topic {self.id} segment {segment.path.name}: "
+                                            f"{result.error}")
+                position += result.end
+                ordinal += result.count
+                if count is not None:
+                    count -= result.count
+                if result.stopped:
+                    break
+                if result.count == 0:
+                    need = frame_size(data) or HEADER_SIZE
+                    f.seek(position)
+                    data = f.read(need)
+                    result = scan(data, verify=False, stop_index=stop_index, max_count=1)
+                    if result.count == 0:
+                        break
+                    position += result.end
+                    ordinal += 1
+                    if count is not None:
+                        count -= 1
+        return position, ordinal
+
+    def index_after(self, after: int, count: int) -> int | None:
+        """The index of the ``count``-th committed message at or after ``after``.
+
+        When fewer than ``count`` such messages exist, the index of the last one; None when
+        there is none. O(log n) in segments and marks plus a short scan.
+        """
+        if count < 1:
+            raise ValueError("count must be at least 1")
+        with self._lock:
+            located = self._locate(after)
+            if located is None:
+                return None
+            segment, _position, ordinal = located
+            i = self._segments.index(segment)
+            target = ordinal + count - 1
+            last_seen = segment.committed_last_index
+            while i < len(self._segments):
+                segment = self._segments[i]
+                self._ensure_indexed(segment)
+                if target < segment.committed_count:
+                    return self._index_at_ordinal(segment, target)
+                target -= segment.committed_count
+                if segment.committed_count:
+                    last_seen = segment.committed_last_index
+                i += 1
+            return last_seen
+
+    def _index_at_ordinal(self, segment: Segment, ordinal: int) -> int:
+        j = bisect_right(segment.mark_ordinals, ordinal) - 1
+        position = segment.mark_positions[j] if j >= 0 else 0
+        start = segment.mark_ordinals[j] if j >= 0 else 0
+        position, _ = self._scan_forward(segment, position, start, count=ordinal - start)
+        with segment.path.open("rb") as f:
+            f.seek(position)
+            (index,) = HEADER.unpack_from(f.read(HEADER_SIZE))[:1]
+        return int(index)
+
+    # -- retention --------------------------------------------------------------------------
+
+    def truncate(self, max_size: int, floor_index: int) -> int:
+        """Delete oldest whole segments while the topic exceeds ``max_size``.
+
+        Keeps the active segment and every segment holding an index above ``floor_index``.
+        Writes the tombstone before deleting. Returns the number of bytes deleted.
+        """
+        deleted = 0
+        with self._lock:
+            total = sum(s.size for s in self._segments)
+            while len(self._segments) > 1 and total > max_size:
+                oldest = self._segments[0]
+                self._ensure_indexed(oldest)
+                if oldest.last_index > floor_index:
+                    break
+                self._tombstone = self._segments[1].first_index
+                write_json_atomic(self.path / TOMBSTONE, {"first_index": self._tombstone})
+                oldest.path.unlink()
+                del self._segments[0]
+                del self._firsts[0]
+                total -= oldest.size
+                deleted += oldest.size
+                self.stats.deleted_segments += 1
+                self.stats.deleted_bytes += oldest.size
+                log.info("topic %d: retention deleted %s (%d bytes); first index now %d",
+                         self.id, oldest.path.name, oldest.size, self._tombstone)
+            if deleted:
+                fsync_dir(self.path)
+        return deleted
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Sync, close the files and wake every follower (they then see the topic closed)."""
+        if self._closed:
+            return
+        self.sync()
+        with self._lock:
+            self._closed = True
+            fds = [*self._unsynced_fds, *([self._fd] if self._fd is not None else [])]
+            self._fd = None
+            self._unsynced_fds = []
+            waiters, self._waiters = self._waiters, []
+        for fd in fds:
+            os.close(fd)
+        _wake(waiters)
+
+
+def _wake(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]) -> None:
+    for loop, future in waiters:
+        # A closed loop raises RuntimeError: nobody is waiting there any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_resolve, future)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class TopicReader:
+    """Reads committed frames of one topic, verifying every CRC and the index order.
+
+    :meth:`read` returns the next chunk of whole frames as bytes (empty at the current end);
+    :meth:`follow` is an async iterator of chunks that waits for the writer at the end.
+    """
+
+    def __init__(self, topic: Topic, index: int, end: int | None = None,
+                 limit: int | None = None) -> None:
+        self.topic = topic
+        self.next_index = max(index, 0)
+        self.last_index = self.next_index - 1 if self.next_index else 0
+        self.end = end
+        self.remaining = limit
+        self.done = (end is not None and self.next_index >= end) or limit == 0
+        self._segment: Segment | None = None
+        self._position = 0
+        self._fd: int | None = None
+
+    def close(self) -> None:
+        """Release the open segment file."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> TopicReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _position_at_start(self) -> bool:
+        """Find where to start; False if nothing at or after next_index is committed yet."""
+        topic = self.topic
+        if topic._tombstone and self.next_index < topic._tombstone:
+            raise TopicTruncatedError(topic.id, topic._tombstone)
+        located = topic._locate(self.next_index)
+        if located is None:
+            return False
+        self._open(located[0], located[1])
+        return True
+
+    def _open(self, segment: Segment, position: int) -> None:
+        self.close()
+        self._fd = os.open(segment.path, os.O_RDONLY)
+        self._segment = segment
+        self._position = position
+
+    def read(self, max_bytes: int = READ_CHUNK) -> bytes:
+        """The next chunk of whole, verified frames; ``b""`` when nothing more is committed."""
+        while not self.done:
+            topic = self.topic
+            with topic._lock:
+                if topic._closed:
+                    return b""
+                if self._segment is None and not self._position_at_start():
+                    return b""
+                segment = self._segment
+                assert segment is not None
+                visible = segment.committed_size
+                following: Segment | None = None
+                if self._position >= visible and segment.committed_size == segment.size:
+                    i = bisect_right(topic._firsts, segment.first_index)
+                    if i < len(topic._segments):
+                        following = topic._segments[i]
+            if self._position >= visible:
+                if following is None:
+                    return b""
+                self._open(following, 0)
+                continue
+            chunk = self._read_frames(visible, max_bytes)
+            if chunk:
+                return chunk
+        return b""
+
+    def _read_frames(self, visible: int, max_bytes: int) -> bytes:
+        assert self._fd is not None and self._segment is not None
+        want = min(visible - self._position, max_bytes)
+        data = _read_at(self._fd, want, self._position)
+        result = scan(data, after=self.last_index, stop_index=self.end, max_count=self.remaining)
+        if result.count == 0 and result.incomplete:
+            need = frame_size(data) or HEADER_SIZE
+            if self._position + need > visible:
+                result.error = CorruptFrameError(f"frame of {need} bytes runs past the end")
+            else:
+                data = _read_at(self._fd, need, self._position)
+                result = scan(data, after=self.last_index, stop_index=self.end,
+                              max_count=self.remaining)
+        if result.error is not None:
+            self.topic.stats.corrupt_frames += 1
+            raise CorruptFrameError(
+                f"topic {self.topic.id} segment {self._segment.path.name} "
+                f"at byte {self._position + result.end}: {result.error}") from result.error
+        if result.count:
+            self.last_index = result.last_index
+            self.next_index = result.last_index + 1
+            self._position += result.end
+            if self.remaining is not None:
+                self.remaining -= result.count
+        if result.stopped or (self.end is not None and self.next_index >= self.end):
+            self.done = True
+            self.close()
+        return data[: result.end] if result.end < len(data) else data
+
+    def read_all(self, max_bytes: int = READ_CHUNK) -> bytes:
+        """Every committed frame from here to the end (or ``end``/``limit``), as one buffer."""
+        parts = []
+        while chunk := self.read(max_bytes):
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def follow(self, max_bytes: int = READ_CHUNK) -> _FollowIterator:
+        """An async iterator of chunks that waits for new frames at the end (see class doc)."""
+        return _FollowIterator(self, max_bytes)
+
+
+class _FollowIterator:
+    def __init__(self, reader: TopicReader, max_bytes: int) -> None:
+        self._reader = reader
+        self._max_bytes = max_bytes
+
+    def __aiter__(self) -> _FollowIterator:
+        return self
+
+    async def __anext__(self) -> bytes:
+        reader = self._reader
+        loop = asyncio.get_running_loop()
+        while not reader.done and not reader.topic.closed:
+            chunk = await loop.run_in_executor(None, reader.read, self._max_bytes)
+            if chunk:
+                return chunk
+            if reader.done:
+                break
+            await reader.topic.wait_for(reader.last_index)
+        reader.close()
+        raise StopAsyncIteration

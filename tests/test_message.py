@@ -1,0 +1,161 @@
+"""The frame codec, fed all at once, one byte at a time, and with trailing garbage."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from crc32c import crc32c
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from messaging.errors import ChecksumError, CorruptFrameError
+from messaging.message import (
+    HEADER_SIZE,
+    FrameDecoder,
+    Message,
+    decode,
+    decode_one,
+    encode,
+    encode_batch,
+    encode_many,
+    scan,
+    stamp_index,
+)
+
+messages = st.builds(
+    Message,
+    index=st.integers(0, 2**64 - 1),
+    type=st.integers(0, 0xFFFF),
+    topic=st.integers(0, 2**64 - 1),
+    data=st.binary(max_size=512),
+)
+
+
+def increasing(msgs: list[Message]) -> list[Message]:
+    return [Message(i + 1, m.type, m.topic, m.data) for i, m in enumerate(msgs)]
+
+
+def test_header_layout_matches_design() -> None:
+    frame = encode(7, 0x0102030405060708, b"hi", index=42)
+    assert HEADER_SIZE == 26
+    assert struct.unpack(">Q", frame[0:8])[0] == 42
+    assert struct.unpack(">H", frame[12:14])[0] == 7
+    assert struct.unpack(">Q", frame[14:22])[0] == 0x0102030405060708
+    assert struct.unpack(">I", frame[22:26])[0] == 2
+    assert struct.unpack(">I", frame[8:12])[0] == crc32c(frame[12:])
+
+
+@given(messages)
+def test_round_trip(message: Message) -> None:
+    assert decode_one(encode(message.type, message.topic, message.data, message.index)) == message
+
+
+@settings(max_examples=5, deadline=None)
+@given(st.sampled_from([0, 1, 1000, 1 << 20]))
+def test_round_trip_up_to_one_mebibyte(size: int) -> None:
+    data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    assert decode_one(encode(1, 2, data, 3)).data == data
+
+
+@given(st.lists(messages, max_size=20))
+def test_decode_all_at_once(msgs: list[Message]) -> None:
+    msgs = increasing(msgs)
+    buffer = encode_many(msgs)
+    decoded, used = decode(buffer, after=0)
+    assert decoded == msgs
+    assert used == len(buffer)
+
+
+@given(st.lists(messages, max_size=8))
+def test_decode_one_byte_at_a_time(msgs: list[Message]) -> None:
+    msgs = increasing(msgs)
+    decoder = FrameDecoder(after=0)
+    out: list[Message] = []
+    for byte in encode_many(msgs):
+        out.extend(decoder.feed(bytes([byte])))
+    assert out == msgs
+    assert decoder.pending == 0
+
+
+@given(st.lists(messages, min_size=1, max_size=8), st.binary(min_size=1, max_size=HEADER_SIZE - 1))
+def test_trailing_partial_bytes_are_remaining_not_errors(msgs: list[Message], tail: bytes) -> None:
+    buffer = encode_many(msgs) + tail
+    decoded, used = decode(buffer)
+    assert decoded == msgs
+    assert used == len(buffer) - len(tail)
+
+
+@given(st.lists(messages, min_size=1, max_size=8), st.binary(min_size=HEADER_SIZE, max_size=64))
+def test_trailing_garbage_is_incomplete_or_corrupt(msgs: list[Message], garbage: bytes) -> None:
+    buffer = encode_many(msgs) + garbage
+    try:
+        decoded, used = decode(buffer, max_length=1 << 20)
+    except CorruptFrameError:
+        return
+    assert decoded[: len(msgs)] == msgs
+    assert used >= len(buffer) - len(garbage)
+
+
+@given(messages, st.data())
+def test_any_flipped_bit_in_checksummed_bytes_is_detected(message: Message, data) -> None:
+    frame = bytearray(encode(message.type, message.topic, message.data, message.index))
+    bit = data.draw(st.integers(8 * 8, len(frame) * 8 - 1))
+    frame[bit // 8] ^= 1 << (bit % 8)
+    with pytest.raises(CorruptFrameError):
+        messages_, used = decode(frame, max_length=1 << 20)
+        if not messages_:  # a flipped length bit may only make the frame look incomplete
+            raise CorruptFrameError("incomplete")
+
+
+def test_checksum_error_is_distinct() -> None:
+    frame = bytearray(encode(1, 1, b"hello", 1))
+    frame[-1] ^= 0xFF
+    with pytest.raises(ChecksumError):
+        decode(frame)
+
+
+def test_impossible_length_is_corrupt_not_incomplete() -> None:
+    frame = bytearray(encode(1, 1, b"x", 1))
+    struct.pack_into(">I", frame, 22, 0xFFFFFFFF)
+    with pytest.raises(CorruptFrameError):
+        decode(frame)
+
+
+def test_index_must_increase() -> None:
+    buffer = encode(1, 1, b"a", 5) + encode(1, 1, b"b", 5)
+    with pytest.raises(CorruptFrameError, match="does not follow"):
+        decode(buffer, after=0)
+    assert scan(buffer, after=0).error is not None
+
+
+def test_stamp_index_keeps_the_checksum_valid() -> None:
+    frame = bytearray(encode_batch(9, [b"a", b"bc"]))
+    stamp_index(frame, 0, 100)
+    stamp_index(frame, HEADER_SIZE + 1, 101)
+    decoded, _ = decode(frame, after=0)
+    assert [(m.index, m.data, m.topic) for m in decoded] == [(100, b"a", 9), (101, b"bc", 9)]
+
+
+@given(st.lists(messages, max_size=30), st.integers(0, 40), st.integers(0, 2**64))
+def test_scan_agrees_with_decode(msgs: list[Message], max_count: int, stop: int) -> None:
+    msgs = increasing(msgs)
+    buffer = encode_many(msgs)
+    result = scan(buffer, after=0, stop_index=stop, max_count=max_count, mark_every=64)
+    expected = [m for m in msgs if m.index < stop][:max_count]
+    assert result.count == len(expected)
+    assert result.error is None
+    assert result.end == sum(HEADER_SIZE + len(m.data) for m in expected)
+    if expected:
+        assert (result.first_index, result.last_index) == (expected[0].index, expected[-1].index)
+        assert result.marks[0] == (expected[0].index, 0, 0)
+
+
+def test_decoder_rejects_garbage_in_stream() -> None:
+    decoder = FrameDecoder(after=0)
+    good = encode(1, 1, b"ok", 1)
+    bad = bytearray(encode(1, 1, b"no", 2))
+    bad[-1] ^= 1
+    assert decoder.feed(good) == [Message(1, 1, 1, b"ok")]
+    with pytest.raises(ChecksumError):
+        decoder.feed(bad)

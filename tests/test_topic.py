@@ -1,0 +1,338 @@
+"""Topic storage: appends, segments, recovery, reading, retention, following."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from messaging.errors import CorruptFrameError, TopicTruncatedError
+from messaging.message import HEADER_SIZE, Message, decode, encode_many
+from messaging.topic import Topic, segment_name
+from tests.conftest import frames
+
+
+def read(topic: Topic, index: int, end: int | None = None, limit: int | None = None) -> list[int]:
+    with topic.reader(index, end, limit) as reader:
+        messages, used = decode(reader.read_all(max_bytes=100), after=0)
+    return [m.index for m in messages]
+
+
+def make(path: Path, segments: list[list[int]], topic_id: int = 1) -> Topic:
+    """A topic with one segment per list of indexes (a tiny max size forces every roll)."""
+    topic = Topic.open(path, topic_id)
+    for indexes in segments:
+        topic.max_segment_size = 1
+        topic.append(frames(topic_id, indexes[:1]))
+        topic.max_segment_size = 1 << 30
+        topic.append(frames(topic_id, indexes[1:]))
+    topic.sync()
+    topic.commit()
+    return topic
+
+
+def test_reader_vectors_from_the_original_system(tmp_path: Path) -> None:
+    topic = make(tmp_path, [[6, 7, 10], [12], [13, 14]])
+    assert [s.path.name for s in topic.segments()] == [segment_name(i) for i in (6, 12, 13)]
+    assert read(topic, 9) == [10, 12, 13, 14]
+    assert read(topic, 15) == []
+    assert topic.truncate(max_size=0, floor_index=10) > 0
+    assert json.loads((tmp_path / "tombstone").read_text()) == {"first_index": 12}
+    with pytest.raises(TopicTruncatedError) as info:
+        read(topic, 0)
+    assert info.value.first_index == 12
+    assert read(topic, 12) == [12, 13, 14]
+    topic.close()
+
+
+def test_end_and_limit(tmp_path: Path) -> None:
+    topic = make(tmp_path, [[1, 2, 3], [5, 8], [9]])
+    assert read(topic, 0, end=8) == [1, 2, 3, 5]
+    assert read(topic, 2, limit=3) == [2, 3, 5]
+    assert read(topic, 2, end=9, limit=10) == [2, 3, 5, 8]
+    assert read(topic, 0, limit=0) == []
+    topic.close()
+
+
+def test_stale_appends_are_skipped(tmp_path: Path) -> None:
+    topic = make(tmp_path, [[1, 2, 3]])
+    assert topic.append(frames(1, [2, 3, 4])) == 1
+    topic.commit()
+    assert read(topic, 0) == [1, 2, 3, 4]
+    topic.close()
+
+
+def test_uncommitted_frames_are_invisible(tmp_path: Path) -> None:
+    topic = make(tmp_path, [[1]])
+    topic.append(frames(1, [2]))
+    assert read(topic, 0) == [1]
+    assert topic.last_index == 2 and topic.committed_index == 1
+    topic.commit()
+    assert read(topic, 0) == [1, 2]
+    topic.close()
+
+
+def test_index_after_counts_across_segments(tmp_path: Path) -> None:
+    topic = make(tmp_path, [[6, 7, 10], [12], [13, 14]])
+    assert topic.index_after(0, 1) == 6
+    assert topic.index_after(7, 2) == 10
+    assert topic.index_after(7, 3) == 12
+    assert topic.index_after(11, 3) == 14
+    assert topic.index_after(11, 100) == 14
+    assert topic.index_after(15, 1) is None
+    topic.close()
+
+
+def test_seek_uses_sparse_marks(tmp_path: Path) -> None:
+    topic = Topic.open(tmp_path, 1)
+    topic.append(frames(1, range(1, 20001), data=b"x" * 100))
+    topic.commit()
+    segment = topic.segments()[0]
+    assert len(segment.mark_indexes) > 400
+    assert read(topic, 12345, limit=2) == [12345, 12346]
+    assert topic.index_after(100, 1000) == 1099
+    topic.close()
+    reopened = Topic.open(tmp_path, 1)
+    assert reopened.segments()[0].mark_indexes == segment.mark_indexes
+    assert reopened.index_after(100, 1000) == 1099
+    reopened.close()
+
+
+def write_segment(path: Path, indexes: list[int]) -> bytes:
+    data = frames(1, indexes)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / segment_name(indexes[0])).write_bytes(data)
+    return data
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 6), cut_from_end=st.integers(1, 80))
+def test_recovery_at_every_cut_point(n: int, cut_from_end: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp)
+        data = write_segment(path, list(range(1, n + 1)))
+        cut = max(len(data) - cut_from_end, 0)
+        seg = path / segment_name(1)
+        with seg.open("r+b") as f:
+            f.truncate(cut)
+        sizes = [HEADER_SIZE + len(f"message {i}") for i in range(1, n + 1)]
+        survivors = 0
+        while survivors < n and sum(sizes[: survivors + 1]) <= cut:
+            survivors += 1
+        topic = Topic.open(path, 1)
+        assert read(topic, 0) == list(range(1, survivors + 1))
+        assert topic.stats.recovered_truncated_bytes == cut - sum(sizes[:survivors])
+        topic.append(frames(1, [n + 10]))
+        topic.commit()
+        assert read(topic, 0) == [*range(1, survivors + 1), n + 10]
+        topic.close()
+
+
+def test_recovery_byte_by_byte_exhaustive(tmp_path: Path) -> None:
+    data = write_segment(tmp_path / "src", [1, 2, 3])
+    boundaries = [0]
+    for i in (1, 2, 3):
+        boundaries.append(boundaries[-1] + HEADER_SIZE + len(f"message {i}"))
+    for cut in range(len(data) + 1):
+        path = tmp_path / f"cut{cut}"
+        path.mkdir()
+        (path / segment_name(1)).write_bytes(data[:cut])
+        topic = Topic.open(path, 1)
+        expected = [i for i in (1, 2, 3) if boundaries[i] <= cut]
+        assert read(topic, 0) == expected, cut
+        topic.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_flipped_bit_in_last_frame_truncates_there(data) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp)
+        raw = bytearray(write_segment(path, [1, 2, 3]))
+        last_start = len(raw) - (HEADER_SIZE + len("message 3"))
+        bit = data.draw(st.integers(8 * 8, (len(raw) - last_start) * 8 - 1))  # past the index
+        raw[last_start + bit // 8] ^= 1 << (bit % 8)
+        (path / segment_name(1)).write_bytes(raw)
+        topic = Topic.open(path, 1)
+        assert read(topic, 0) == [1, 2]
+        assert (path / segment_name(1)).stat().st_size == last_start
+        topic.close()
+
+
+def test_flipped_bit_in_older_segment_is_reported_on_read(tmp_path: Path) -> None:
+    topic = make(tmp_path, [[1, 2, 3], [4, 5]])
+    topic.close()
+    first = tmp_path / segment_name(1)
+    raw = bytearray(first.read_bytes())
+    raw[HEADER_SIZE + 30] ^= 0x01  # inside the data of frame 2
+    first.write_bytes(raw)
+    reopened = Topic.open(tmp_path, 1)
+    assert read(reopened, 4) == [4, 5]
+    with pytest.raises(CorruptFrameError, match="checksum"):
+        read(reopened, 0)
+    assert reopened.stats.corrupt_frames == 1
+    reopened.close()
+
+
+def test_retention_honours_floor_and_keeps_active(tmp_path: Path) -> None:
+    topic = make(tmp_path, [[1, 2], [3, 4], [5, 6]])
+    assert topic.truncate(max_size=0, floor_index=2) > 0
+    assert [s.first_index for s in topic.segments()] == [3, 5]
+    assert topic.truncate(max_size=0, floor_index=3) == 0  # segment 3 holds 4 > 3
+    assert topic.truncate(max_size=0, floor_index=100) > 0
+    assert [s.first_index for s in topic.segments()] == [5]  # the active one stays
+    assert topic.truncate(max_size=0, floor_index=100) == 0
+    topic.close()
+    reopened = Topic.open(tmp_path, 1)
+    assert reopened.first_index == 5
+    assert read(reopened, 5) == [5, 6]
+    reopened.close()
+
+
+def test_retention_interrupted_after_tombstone_is_finished_on_open(tmp_path: Path) -> None:
+    topic = make(tmp_path, [[1, 2], [3, 4]])
+    topic.close()
+    (tmp_path / "tombstone").write_text(json.dumps({"first_index": 3}))
+    reopened = Topic.open(tmp_path, 1)
+    assert not (tmp_path / segment_name(1)).exists()
+    assert read(reopened, 3) == [3, 4]
+    reopened.close()
+
+
+async def test_follower_wakes_for_a_later_append(tmp_path: Path) -> None:
+    topic = make(tmp_path, [[1]])
+    reader = topic.reader(0)
+    chunks = reader.follow()
+    assert decode(await asyncio.wait_for(chunks.__anext__(), 5))[0][0].index == 1
+    pending = asyncio.ensure_future(chunks.__anext__())
+    await asyncio.sleep(0)
+    assert not pending.done()
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, lambda: (topic.append(frames(1, [2])), topic.commit()))
+    chunk = await asyncio.wait_for(pending, 5)
+    assert [m.index for m in decode(chunk)[0]] == [2]
+    topic.close()
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(chunks.__anext__(), 5)
+
+
+async def test_follower_crosses_segment_rolls(tmp_path: Path) -> None:
+    topic = Topic.open(tmp_path, 1, max_segment_size=200)
+    seen: list[int] = []
+
+    async def follow() -> None:
+        async for chunk in topic.reader(0).follow():
+            seen.extend(m.index for m in decode(chunk)[0])
+            if seen[-1] == 30:
+                return
+
+    task = asyncio.ensure_future(follow())
+    for i in range(1, 31):
+        topic.append(frames(1, [i]))
+        topic.commit()
+        await asyncio.sleep(0)
+    await asyncio.wait_for(task, 10)
+    assert seen == list(range(1, 31))
+    assert topic.segment_count >= 5
+    topic.close()
+
+
+def test_reader_survives_retention_of_passed_segments(tmp_path: Path) -> None:
+    topic = make(tmp_path, [[1, 2], [3, 4], [5]])
+    reader = topic.reader(0)
+    first = decode(reader.read(max_bytes=HEADER_SIZE + 20))[0]
+    assert [m.index for m in first] == [1]
+    reader.read()  # finish segment 1
+    topic.truncate(max_size=0, floor_index=2)
+    rest = decode(reader.read_all())[0]
+    assert [m.index for m in rest] == [3, 4, 5]
+    topic.close()
+
+
+class TopicMachine(RuleBasedStateMachine):
+    """Append batches, read with end/limit, roll, truncate with a floor, close and reopen."""
+
+    @initialize()
+    def setup(self) -> None:
+        self.dir = Path(tempfile.mkdtemp())
+        self.topic = Topic.open(self.dir, 3, max_segment_size=300)
+        self.model: list[Message] = []
+        self.next_index = 1
+        self.first_retained = 0
+
+    def teardown(self) -> None:
+        self.topic.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @rule(sizes=st.lists(st.integers(0, 120), min_size=1, max_size=12), gap=st.integers(0, 3))
+    def append(self, sizes: list[int], gap: int) -> None:
+        batch = []
+        for size in sizes:
+            self.next_index += gap
+            batch.append(Message(self.next_index, 1, 3, os.urandom(size)))
+            self.next_index += 1
+        assert self.topic.append(encode_many(batch)) == len(batch)
+        self.topic.sync()
+        self.topic.commit()
+        self.model.extend(batch)
+
+    @rule(index=st.integers(0, 300), end=st.none() | st.integers(0, 300),
+          limit=st.none() | st.integers(0, 50))
+    def read(self, index: int, end: int | None, limit: int | None) -> None:
+        if self.first_retained and index < self.first_retained:
+            with pytest.raises(TopicTruncatedError):
+                self.topic.reader(index).read()
+            return
+        with self.topic.reader(index, end, limit) as reader:
+            got = decode(reader.read_all(max_bytes=257), after=0)[0]
+        expected = [m for m in self.model if m.index >= index and (end is None or m.index < end)]
+        if limit is not None:
+            expected = expected[:limit]
+        assert got == expected
+
+    @precondition(lambda self: bool(self.model))
+    @rule(after=st.integers(0, 300), count=st.integers(1, 40))
+    def index_after(self, after: int, count: int) -> None:
+        if self.first_retained and after < self.first_retained:
+            return
+        candidates = [m.index for m in self.model if m.index >= after]
+        expected = None if not candidates else candidates[min(count, len(candidates)) - 1]
+        assert self.topic.index_after(after, count) == expected
+
+    @rule(max_size=st.integers(0, 2000), floor=st.integers(0, 300))
+    def truncate(self, max_size: int, floor: int) -> None:
+        size_before = self.topic.size
+        deleted = self.topic.truncate(max_size, floor)
+        assert self.topic.size == size_before - deleted
+        segments = self.topic.segments()
+        if deleted:
+            assert len(segments) >= 1
+            self.first_retained = segments[0].first_index
+            removed = [m for m in self.model if m.index < self.first_retained]
+            assert all(m.index <= floor for m in removed)
+            self.model = [m for m in self.model if m.index >= self.first_retained]
+            assert self.topic.first_index == self.first_retained
+
+    @rule()
+    def reopen(self) -> None:
+        self.topic.close()
+        self.topic = Topic.open(self.dir, 3, max_segment_size=300)
+
+    @invariant()
+    def last_index_matches(self) -> None:
+        if hasattr(self, "topic"):
+            expected = self.model[-1].index if self.model else None
+            if expected is not None:
+                assert self.topic.last_index == expected
+
+
+TopicMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
+test_topic_state_machine = TopicMachine.TestCase
