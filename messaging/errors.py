@@ -35,6 +35,12 @@ class MessageTooLargeError(MessagingError):
     status = 413
 
 
+class FrameTooLargeError(CorruptFrameError):
+    """A frame whose length is over the maximum a decoder was given."""
+
+    status = 413
+
+
 class NotFoundError(MessagingError):
     """An unknown path or topic."""
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from crc32c import crc32c
 
-from messaging.errors import ChecksumError, CorruptFrameError
+from messaging.errors import ChecksumError, CorruptFrameError, FrameTooLargeError
 
 HEADER = struct.Struct(
     ">"
@@ -175,8 +175,8 @@ def decode(buffer: bytes | bytearray | memoryview, after: int | None = None,
     while size - offset >= HEADER_SIZE:
         index, crc, type_, topic, length = _unpack_header(view, offset)
         if length > max_length:
-            raise CorruptFrameError(f"frame at byte {offset}: data length {length} "
-                                    f"exceeds {max_length}")
+            raise FrameTooLargeError(f"frame at byte {offset}: data length {length} "
+                                     f"exceeds {max_length}")
         end = offset + HEADER_SIZE + length
         if end > size:
             break
@@ -250,7 +250,7 @@ def scan(buffer: bytes | bytearray | memoryview, *, start: int = 0, after: int |
             break
         index, crc, _type, _topic, length = _unpack_header(view, offset)
         if length > max_length:
-            result.error = CorruptFrameError(
+            result.error = FrameTooLargeError(
                 f"frame at byte {offset + mark_base}: data length {length} exceeds {max_length}")
             break
         end = offset + HEADER_SIZE + length

@@ -11,7 +11,6 @@ crash could still take back. Followers wait on a future the writer resolves, nev
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import threading
@@ -22,6 +21,7 @@ from pathlib import Path
 from messaging.errors import CorruptFrameError, TopicTruncatedError
 from messaging.files import fsync_dir, read_json, write_all, write_json_atomic
 from messaging.message import HEADER, HEADER_SIZE, frame_size, scan
+from messaging.notify import Waiters, wake
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class Topic:
         self._unsynced_fds: list[int] = []
         self._dir_dirty = False
         self._closed = False
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._waiters = Waiters()
 
     # -- opening and recovery ---------------------------------------------------------------
 
@@ -334,26 +334,23 @@ class Topic:
                 if segment.committed_size == segment.size:
                     break
                 segment.commit()
-            waiters, self._waiters = self._waiters, []
-        _wake(waiters)
+            waiting = self._waiters.take()
+        wake(waiting)
 
     # -- waiting ----------------------------------------------------------------------------
 
     async def wait_for(self, after_index: int) -> None:
         """Return once a frame with index above ``after_index`` is committed (or on close)."""
-        loop = asyncio.get_running_loop()
         with self._lock:
             if self._closed or self._committed_index_locked() > after_index:
                 return
-            future: asyncio.Future[None] = loop.create_future()
-            self._waiters.append((loop, future))
+            future = self._waiters.add()
         try:
             await future
         finally:
             if not future.done():
                 with self._lock:
-                    if (loop, future) in self._waiters:
-                        self._waiters.remove((loop, future))
+                    self._waiters.discard(future)
 
     def _committed_index_locked(self) -> int:
         for segment in reversed(self._segments):
@@ -517,22 +514,10 @@ class Topic:
             fds = [*self._unsynced_fds, *([self._fd] if self._fd is not None else [])]
             self._fd = None
             self._unsynced_fds = []
-            waiters, self._waiters = self._waiters, []
+            waiting = self._waiters.take()
         for fd in fds:
             os.close(fd)
-        _wake(waiters)
-
-
-def _wake(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]) -> None:
-    for loop, future in waiters:
-        # A closed loop raises RuntimeError: nobody is waiting there any more.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(_resolve, future)
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+        wake(waiting)
 
 
 class TopicReader:
@@ -550,6 +535,7 @@ class TopicReader:
         self.end = end
         self.remaining = limit
         self.done = (end is not None and self.next_index >= end) or limit == 0
+        self.delivered = 0
         self._segment: Segment | None = None
         self._position = 0
         self._fd: int | None = None
@@ -629,6 +615,7 @@ class TopicReader:
                 f"topic {self.topic.id} segment {self._segment.path.name} "
                 f"at byte {self._position + result.end}: {result.error}") from result.error
         if result.count:
+            self.delivered += result.count
             self.last_index = result.last_index
             self.next_index = result.last_index + 1
             self._position += result.end

@@ -1,0 +1,110 @@
+"""The client-side commands of ``messaging``: publish, tail, topics, ping."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import sys
+from typing import Any
+
+from messaging.client import Client
+from messaging.message import Message
+
+
+def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register publish, tail, topics and ping."""
+    p = sub.add_parser("publish", help="publish messages",
+                       description="Publish DATA, or each line of standard input when DATA is "
+                                   "omitted; prints the index of every message.")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("topic", metavar="TOPIC", type=_topic)
+    p.add_argument("data", metavar="DATA", nargs="?")
+    p.add_argument("--type", type=int, default=1, help="message type (default 1)")
+    p.set_defaults(run=lambda args: asyncio.run(_publish(args)))
+
+    p = sub.add_parser("tail", help="print a topic's messages",
+                       description="Print messages from --from (default: the first kept); "
+                                   "--follow keeps waiting for new ones.")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("topic", metavar="TOPIC", type=_topic)
+    p.add_argument("--from", dest="start", type=_topic, default=0, metavar="INDEX")
+    p.add_argument("--follow", action="store_true", help="wait for new messages")
+    p.add_argument("--format", choices=["text", "json"], default="text",
+                   help="text: index, type, data (UTF-8, else hex); json: one object a line")
+    p.set_defaults(run=lambda args: asyncio.run(_tail(args)))
+
+    p = sub.add_parser("topics", help="list topics")
+    p.add_argument("url", metavar="URL")
+    p.set_defaults(run=lambda args: asyncio.run(_topics(args)))
+
+    p = sub.add_parser("ping", help="check a broker and list the cluster's URLs")
+    p.add_argument("url", metavar="URL")
+    p.set_defaults(run=lambda args: asyncio.run(_ping(args)))
+
+
+def _topic(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected an unsigned integer")
+    return int(text)
+
+
+async def _publish(args: argparse.Namespace) -> int:
+    async with Client(args.url) as client:
+        if args.data is not None:
+            print(await client.publish(args.topic, args.data.encode(), args.type))
+            return 0
+        loop = asyncio.get_running_loop()
+        while line := await loop.run_in_executor(None, sys.stdin.buffer.readline):
+            index = await client.publish(args.topic, line.rstrip(b"\r\n"), args.type)
+            print(index, flush=True)
+    return 0
+
+
+def format_message(message: Message, fmt: str) -> str:
+    """One output line of ``messaging tail``."""
+    try:
+        text, encoding = message.data.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        text, encoding = "", "binary"
+    if fmt == "json":
+        record: dict[str, Any] = {"index": message.index, "topic": message.topic,
+                                  "type": message.type}
+        if encoding == "utf-8":
+            record["data"] = text
+        else:
+            record["data_base64"] = base64.b64encode(message.data).decode()
+        return json.dumps(record)
+    shown = text if encoding == "utf-8" else "0x" + message.data.hex()
+    return f"{message.index}\t{message.type}\t{shown}"
+
+
+async def _tail(args: argparse.Namespace) -> int:
+    async with Client(args.url) as client:
+        conn = client.conn(args.topic)
+        await conn.open(index=args.start, streaming=args.follow)
+        try:
+            async for message in conn:
+                print(format_message(message, args.format), flush=args.follow)
+        finally:
+            await conn.close()
+    return 0
+
+
+async def _topics(args: argparse.Namespace) -> int:
+    async with Client(args.url) as client:
+        topics = await client.topics()
+    print(f"{'TOPIC':>8} {'FIRST':>12} {'LAST':>12} {'SIZE':>14} {'SEGMENTS':>8}  SUBSCRIBERS")
+    for t in topics:
+        subs = ", ".join(f"{u}@{i}" for u, i in sorted(t["subscribers"].items())) or "-"
+        print(f"{t['id']:>8} {t['first_index']:>12} {t['last_index']:>12} {t['size']:>14} "
+              f"{t['segments']:>8}  {subs}")
+    return 0
+
+
+async def _ping(args: argparse.Namespace) -> int:
+    async with Client(args.url, retry_timeout=3.0) as client:
+        for url in await client.ping():
+            print(url)
+    return 0

@@ -1,0 +1,334 @@
+"""The aiohttp application: every endpoint of the HTTP API over a narrow broker protocol.
+
+Handlers depend on :class:`BrokerView` (reads) and :class:`messaging.log.Log` (writes); only
+this module turns exceptions into responses: status, ``X-Broker-Error`` and a text body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from messaging.broker import ApplyResult
+from messaging.errors import (
+    BadRequestError,
+    CorruptFrameError,
+    MessageTooLargeError,
+    MessagingError,
+    NoLeaderError,
+    NotFoundError,
+    NotLeaderError,
+)
+from messaging.log import Log
+from messaging.message import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    FRAMES_CONTENT_TYPE,
+    HEADER,
+    HEADER_SIZE,
+    INTERNAL_TYPE,
+    encode,
+    scan,
+)
+from messaging.metrics import BrokerMetrics
+from messaging.topic import Topic
+
+log = logging.getLogger(__name__)
+
+ERROR_HEADER = "X-Broker-Error"
+INDEX_HEADER = "X-Broker-Index"
+DEFAULT_MAX_REQUEST_SIZE = 64 << 20
+#: Bytes a stream reads from disk per write; the socket's own buffer bounds the rest.
+STREAM_CHUNK = 256 << 10
+
+BROKER_KEY = web.AppKey("broker", object)
+LOG_KEY = web.AppKey("log", object)
+
+
+class BrokerView(Protocol):
+    """The broker methods the handlers call."""
+
+    metrics: BrokerMetrics
+    index: int
+
+    def topic(self, topic_id: int) -> Topic | None: ...
+    def topics(self) -> list[Topic]: ...
+    def topic_info(self, topic: Topic) -> dict[str, Any]: ...
+    async def wait_for_topic(self, topic_id: int) -> Topic | None: ...
+    def diagnostics(self) -> dict[str, Any]: ...
+    def enforce_retention(self, now: float | None = None) -> int: ...
+
+
+class Handlers:
+    """The request handlers, bound to one broker and one log."""
+
+    def __init__(self, broker: BrokerView, log: Log, max_message_size: int) -> None:
+        self.broker = broker
+        self.log = log
+        self.max_message_size = max_message_size
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def _require_leader(self) -> None:
+        if self.log.is_leader():
+            return
+        leader = self.log.leader_url()
+        if leader is None:
+            raise NoLeaderError("no leader: the cluster cannot accept writes right now")
+        raise NotLeaderError(leader)
+
+    async def publish(self, request: web.Request) -> web.Response:
+        """POST /messaging/messages: one message's data, or a body of frames."""
+        self._require_leader()
+        if request.content_type == FRAMES_CONTENT_TYPE:
+            body = await request.read()
+            command = self._check_frames(body, _optional_int(request, "topicID"))
+        else:
+            topic = _required_int(request, "topicID")
+            type_ = _optional_int(request, "type")
+            type_ = 1 if type_ is None else type_
+            if type_ & INTERNAL_TYPE or type_ > 0xFFFF:
+                raise BadRequestError(f"invalid type {type_}: must be 0..{INTERNAL_TYPE - 1}")
+            if (request.content_length or 0) > self.max_message_size:
+                raise MessageTooLargeError(f"message of {request.content_length} bytes exceeds "
+                                           f"the maximum of {self.max_message_size}")
+            body = await request.read()
+            if len(body) > self.max_message_size:
+                raise MessageTooLargeError(f"message of {len(body)} bytes exceeds the maximum "
+                                           f"of {self.max_message_size}")
+            command = encode(type_, topic, body)
+        result = await self.log.apply(command)
+        headers = {INDEX_HEADER: str(result.last)}
+        if request.content_type == FRAMES_CONTENT_TYPE:
+            return web.json_response(_range(result), headers=headers)
+        return web.Response(headers=headers)
+
+    def _check_frames(self, body: bytes, topic: int | None) -> bytes:
+        if not body:
+            raise BadRequestError("empty body: expected frames")
+        result = scan(body, max_length=self.max_message_size)
+        if result.error is not None:
+            raise result.error
+        if result.end != len(body):
+            raise CorruptFrameError(f"incomplete frame at byte {result.end} of {len(body)}")
+        offset = 0
+        while offset < len(body):
+            _index, _crc, type_, frame_topic, length = HEADER.unpack_from(body, offset)
+            if type_ & INTERNAL_TYPE:
+                raise BadRequestError(f"frame at byte {offset}: type {type_:#x} is reserved "
+                                      "for the broker")
+            if topic is not None and frame_topic != topic:
+                raise BadRequestError(f"frame at byte {offset} is for topic {frame_topic}, "
+                                      f"not topicID {topic}")
+            offset += HEADER_SIZE + length
+        return body
+
+    async def heartbeat(self, request: web.Request) -> web.Response:
+        """POST /messaging/heartbeat: a subscriber has processed a topic through an index."""
+        self._require_leader()
+        topic = _required_int(request, "topicID")
+        index = _required_int(request, "index")
+        url = request.query.get("url", "")
+        if not url:
+            raise BadRequestError("missing parameter url (the subscriber's id)")
+        await self.log.heartbeat(topic, index, url)
+        return web.Response()
+
+    async def retention(self, request: web.Request) -> web.Response:
+        """POST /messaging/retention: run retention now (it also runs on a timer)."""
+        loop = asyncio.get_running_loop()
+        deleted = await loop.run_in_executor(None, self.broker.enforce_retention)
+        return web.json_response({"deleted_bytes": deleted})
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def read(self, request: web.Request) -> web.StreamResponse:
+        """GET /messaging/messages: frames from ``index``; ``streaming=true`` keeps it open."""
+        topic_id = _required_int(request, "topicID")
+        index = _optional_int(request, "index") or 0
+        end = _optional_int(request, "end")
+        limit = _optional_int(request, "limit")
+        streaming = _bool(request, "streaming")
+        topic = self.broker.topic(topic_id)
+        reader = topic.reader(index, end, limit) if topic is not None else None
+        loop = asyncio.get_running_loop()
+        first = b""
+        if reader is not None:
+            first = await loop.run_in_executor(None, reader.read, STREAM_CHUNK)
+        response = web.StreamResponse(headers={
+            "Content-Type": FRAMES_CONTENT_TYPE,
+            INDEX_HEADER: str(topic.committed_index if topic is not None else 0),
+        })
+        if not streaming:
+            response.enable_chunked_encoding()
+        await response.prepare(request)
+        metrics = self.broker.metrics
+        metrics.active_streams.inc()
+        try:
+            if reader is None and streaming:
+                topic = await self.broker.wait_for_topic(topic_id)
+                reader = topic.reader(index, end, limit) if topic is not None else None
+            if reader is not None:
+                await self._send(response, reader, first, streaming, metrics)
+        finally:
+            metrics.active_streams.dec()
+            if reader is not None:
+                reader.close()
+        await response.write_eof()
+        return response
+
+    async def _send(self, response: web.StreamResponse, reader: Any, chunk: bytes,
+                    streaming: bool, metrics: BrokerMetrics) -> None:
+        loop = asyncio.get_running_loop()
+        sent = 0
+        while True:
+            if chunk:
+                await response.write(chunk)
+                metrics.bytes_streamed.inc(len(chunk))
+                metrics.messages_streamed.inc(reader.delivered - sent)
+                sent = reader.delivered
+            elif reader.done or reader.topic.closed:
+                return
+            elif streaming:
+                await reader.topic.wait_for(reader.last_index)
+            else:
+                return
+            chunk = await loop.run_in_executor(None, reader.read, STREAM_CHUNK)
+
+    async def ping(self, request: web.Request) -> web.Response:
+        """GET or POST /messaging/ping: the leader lists the cluster's URLs."""
+        self._require_leader()
+        return web.json_response({"urls": self.log.urls()})
+
+    async def topics(self, request: web.Request) -> web.Response:
+        """GET /messaging/topics."""
+        return web.json_response([self.broker.topic_info(t) for t in self.broker.topics()])
+
+    async def topic(self, request: web.Request) -> web.Response:
+        """GET /messaging/topics/{id}, with ``after`` and ``count`` for count-based batching."""
+        topic_id = _int(request.match_info["id"], "topic id")
+        topic = self.broker.topic(topic_id)
+        if topic is None:
+            raise NotFoundError(f"topic {topic_id} not found")
+        info = self.broker.topic_info(topic)
+        after = _optional_int(request, "after")
+        count = _optional_int(request, "count")
+        if (after is None) != (count is None):
+            raise BadRequestError("after and count go together")
+        if after is not None and count is not None:
+            if count < 1:
+                raise BadRequestError("count must be at least 1")
+            loop = asyncio.get_running_loop()
+            info["index"] = await loop.run_in_executor(None, topic.index_after, after, count)
+        return web.json_response(info)
+
+    async def diagnostics(self, request: web.Request) -> web.Response:
+        """GET /messaging/diagnostics."""
+        return web.json_response({**self.broker.diagnostics(), **self.log.diagnostics()})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """GET /metrics in the Prometheus text format."""
+        return web.Response(body=self.broker.metrics.render(),
+                            headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+def _range(result: ApplyResult) -> dict[str, int]:
+    return {"first": result.first, "last": result.last, "count": result.count}
+
+
+def _int(value: str, name: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise BadRequestError(f"invalid {name} {value!r}: expected an unsigned integer") from None
+    if number < 0 or number >= 2**64:
+        raise BadRequestError(f"invalid {name} {value!r}: expected an unsigned integer")
+    return number
+
+
+def _optional_int(request: web.Request, name: str) -> int | None:
+    value = request.query.get(name)
+    return None if value is None or value == "" else _int(value, name)
+
+
+def _required_int(request: web.Request, name: str) -> int:
+    value = _optional_int(request, name)
+    if value is None:
+        raise BadRequestError(f"missing parameter {name}")
+    return value
+
+
+def _bool(request: web.Request, name: str) -> bool:
+    value = request.query.get(name, "false").lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no", ""):
+        return False
+    raise BadRequestError(f"invalid {name} {value!r}: expected true or false")
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None,
+                   ) -> web.Response:
+    """The error shape of the API: status, ``X-Broker-Error`` and the message as text."""
+    message = message.replace("\r", " ").replace("\n", " ")
+    return web.Response(status=status, text=message + "\n",
+                        headers={ERROR_HEADER: message, **(headers or {})})
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn exceptions into API errors; a 307 keeps the path and query."""
+    try:
+        return await handler(request)
+    except NotLeaderError as err:
+        location = err.leader_url.rstrip("/") + request.path_qs
+        return error_response(307, str(err), {"Location": location})
+    except MessagingError as err:
+        extra = {}
+        if hasattr(err, "first_index"):
+            extra["X-Broker-First-Index"] = str(err.first_index)
+        return error_response(err.status, str(err), extra)
+    except web.HTTPException as err:
+        if err.status < 400:
+            raise
+        reason = err.text if err.text and err.status != 404 else err.reason
+        if err.status == 404:
+            reason = f"not found: {request.method} {request.path}"
+        elif err.status == 405:
+            reason = f"method {request.method} not allowed on {request.path}"
+        elif err.status == 413:
+            reason = "request body too large"
+        return error_response(err.status, reason or "error")
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise
+    except Exception as err:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(500, f"internal error: {type(err).__name__}: {err}")
+
+
+def make_app(broker: BrokerView, log_: Log, *,
+             max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+             max_request_size: int = DEFAULT_MAX_REQUEST_SIZE) -> web.Application:
+    """The aiohttp application for one broker and its log."""
+    handlers = Handlers(broker, log_, max_message_size)
+    app = web.Application(middlewares=[errors_middleware],
+                          client_max_size=max(max_request_size, max_message_size + 1024))
+    app[BROKER_KEY] = broker
+    app[LOG_KEY] = log_
+    app.router.add_post("/messaging/messages", handlers.publish)
+    app.router.add_get("/messaging/messages", handlers.read)
+    app.router.add_post("/messaging/heartbeat", handlers.heartbeat)
+    app.router.add_get("/messaging/ping", handlers.ping)
+    app.router.add_post("/messaging/ping", handlers.ping)
+    app.router.add_get("/messaging/topics", handlers.topics)
+    app.router.add_get("/messaging/topics/{id}", handlers.topic)
+    app.router.add_get("/messaging/diagnostics", handlers.diagnostics)
+    app.router.add_post("/messaging/retention", handlers.retention)
+    app.router.add_get("/metrics", handlers.metrics)
+    return app

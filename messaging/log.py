@@ -1,0 +1,202 @@
+"""The Log protocol and LocalLog, the embedded single-node log with group commit.
+
+A log orders commands and hands them to the broker's state machine. LocalLog writes on one
+dedicated thread: while it writes and fsyncs one group of commands, new ones queue up and
+become the next group, so concurrent publishes share one write and one fsync. A request is
+answered once its group is durable (``fsync="always"``) and visible to readers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal, Protocol
+
+from messaging.broker import ApplyResult, Broker
+from messaging.errors import BrokerClosedError, MessagingError
+
+log = logging.getLogger(__name__)
+
+FsyncMode = Literal["always", "interval", "never"]
+FSYNC_MODES: tuple[FsyncMode, ...] = ("always", "interval", "never")
+FSYNC_INTERVAL = 0.1
+#: Upper bound on the bytes of commands written as one group.
+MAX_GROUP_BYTES = 64 << 20
+
+
+class Log(Protocol):
+    """What the HTTP layer and the server need from a log: ordered writes and who leads."""
+
+    async def start(self) -> None:
+        """Start background work (writer, Raft node)."""
+        ...
+
+    async def close(self) -> None:
+        """Finish queued commands, make them durable, stop."""
+        ...
+
+    async def apply(self, command: bytes) -> ApplyResult:
+        """Order and apply a command; raises NotLeaderError / NoLeaderError when it cannot."""
+        ...
+
+    async def heartbeat(self, topic: int, index: int, url: str) -> None:
+        """Record a subscriber's progress (coalesced where the log is replicated)."""
+        ...
+
+    def is_leader(self) -> bool:
+        """Whether this node accepts writes."""
+        ...
+
+    def leader_url(self) -> str | None:
+        """The advertised URL of the node that accepts writes, if known."""
+        ...
+
+    def urls(self) -> list[str]:
+        """Every node's advertised URL."""
+        ...
+
+    def diagnostics(self) -> dict[str, Any]:
+        """Role, leader, peers and positions."""
+        ...
+
+
+class LocalLog:
+    """The embedded single-node log: commands go straight to the broker, in groups."""
+
+    def __init__(self, broker: Broker, url: str, fsync: FsyncMode = "always") -> None:
+        if fsync not in FSYNC_MODES:
+            raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}")
+        self.broker = broker
+        self.url = url
+        self.fsync = fsync
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="messaging-writer")
+        self._pending: list[tuple[bytes, asyncio.Future[ApplyResult]]] = []
+        self._wakeup = asyncio.Event()
+        self._unsynced: set[int] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+        self.groups = 0
+
+    async def start(self) -> None:
+        """Start the writer (and, in interval mode, the periodic fsync)."""
+        self._tasks.append(asyncio.create_task(self._write_loop(), name="messaging-writer"))
+        if self.fsync == "interval":
+            self._tasks.append(asyncio.create_task(self._sync_loop(), name="messaging-fsync"))
+
+    async def close(self) -> None:
+        """Finish every queued command, fsync, and stop the writer."""
+        self._closing = True
+        self._wakeup.set()
+        for task in self._tasks[:1]:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for task in self._tasks[1:]:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._writer, self._sync_all)
+        self._writer.shutdown(wait=True)
+
+    async def apply(self, command: bytes) -> ApplyResult:
+        """Queue a command and wait until it is applied (and durable in ``always`` mode)."""
+        if self._closing:
+            raise BrokerClosedError("the broker is shutting down")
+        future: asyncio.Future[ApplyResult] = asyncio.get_running_loop().create_future()
+        self._pending.append((command, future))
+        self._wakeup.set()
+        started = time.perf_counter()
+        result = await future
+        self.broker.metrics.publish_latency.observe(time.perf_counter() - started)
+        return result
+
+    async def heartbeat(self, topic: int, index: int, url: str) -> None:
+        """Record subscriber progress in memory; ``broker.json`` keeps it across restarts."""
+        self.broker.set_topic_max_index(topic, index, url)
+
+    def is_leader(self) -> bool:
+        """A single node always leads."""
+        return True
+
+    def leader_url(self) -> str | None:
+        """This node's URL."""
+        return self.url
+
+    def urls(self) -> list[str]:
+        """Just this node."""
+        return [self.url]
+
+    def diagnostics(self) -> dict[str, Any]:
+        """Role and write-path figures."""
+        return {"role": "standalone", "leader": self.url, "peers": [], "fsync": self.fsync,
+                "groups": self.groups, "pending": len(self._pending)}
+
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._pending:
+                group = self._take_group()
+                commands = [command for command, _ in group]
+                try:
+                    results = await loop.run_in_executor(self._writer, self._write, commands)
+                except Exception as err:  # disk trouble: every waiter hears about it
+                    log.exception("writing a group of %d commands failed", len(group))
+                    results = [err] * len(group)
+                for (_, future), result in zip(group, results, strict=True):
+                    if future.done():
+                        continue
+                    if isinstance(result, BaseException):
+                        future.set_exception(result)
+                    else:
+                        future.set_result(result)
+            if self._closing:
+                return
+
+    def _take_group(self) -> list[tuple[bytes, asyncio.Future[ApplyResult]]]:
+        size = 0
+        count = 0
+        for command, _ in self._pending:
+            if count and size + len(command) > MAX_GROUP_BYTES:
+                break
+            size += len(command)
+            count += 1
+        group, self._pending = self._pending[:count], self._pending[count:]
+        return group
+
+    def _write(self, commands: list[bytes]) -> list[ApplyResult | BaseException]:
+        """Apply a group on the writer thread, fsync once, then make it visible."""
+        results: list[ApplyResult | BaseException] = []
+        touched: set[int] = set()
+        for command in commands:
+            try:
+                result = self.broker.apply(command)
+            except MessagingError as err:
+                results.append(err)
+                continue
+            touched |= result.topics
+            results.append(result)
+        if self.fsync == "always":
+            if touched:
+                self.broker.sync(touched)
+        else:
+            self._unsynced |= touched
+        self.broker.commit(touched)
+        self.broker.metrics.group_commits.inc(len(commands))
+        self.groups += 1
+        return results
+
+    def _sync_all(self) -> None:
+        touched, self._unsynced = self._unsynced, set()
+        if touched:
+            self.broker.sync(touched)
+
+    async def _sync_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(FSYNC_INTERVAL)
+            await loop.run_in_executor(self._writer, self._sync_all)

@@ -1,0 +1,69 @@
+"""Prometheus metrics of one broker (a registry per broker, so tests can run several)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+
+class BrokerMetrics:
+    """Counters, gauges and histograms the broker, its log and its HTTP layer update."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.messages_published = Counter(
+            "messaging_messages_published", "Messages applied to topics", registry=r)
+        self.bytes_published = Counter(
+            "messaging_bytes_published", "Frame bytes applied to topics", registry=r)
+        self.messages_streamed = Counter(
+            "messaging_messages_streamed", "Messages sent to readers", registry=r)
+        self.bytes_streamed = Counter(
+            "messaging_bytes_streamed", "Frame bytes sent to readers", registry=r)
+        self.publish_latency = Histogram(
+            "messaging_publish_latency_seconds", "Time from request to durable acknowledgement",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r)
+        self.fsyncs = Counter("messaging_fsyncs", "Group-commit fsync rounds", registry=r)
+        self.group_commits = Counter(
+            "messaging_group_commit_commands", "Commands written per group commit", registry=r)
+        self.active_streams = Gauge(
+            "messaging_active_streams", "Open streaming GET responses", registry=r)
+        self.recovered_truncated_bytes = Counter(
+            "messaging_recovered_truncated_bytes", "Torn or corrupt bytes cut off at open",
+            registry=r)
+        self.retention_deleted_bytes = Counter(
+            "messaging_retention_deleted_bytes", "Bytes deleted by retention", registry=r)
+        self.retention_deleted_segments = Counter(
+            "messaging_retention_deleted_segments", "Segments deleted by retention", registry=r)
+
+    def watch_subscribers(self, collect: Callable[[], list[tuple[int, str, int, int]]]) -> None:
+        """Export subscriber progress: ``collect`` returns (topic, url, index, lag) rows."""
+        self.registry.register(_SubscriberCollector(collect))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+class _SubscriberCollector(Collector):
+    def __init__(self, collect: Callable[[], list[tuple[int, str, int, int]]]) -> None:
+        self._collect = collect
+
+    def collect(self) -> Iterator[Metric]:
+        rows = self._collect()
+        index = GaugeMetricFamily("messaging_subscriber_index",
+                                  "Index a subscriber heartbeated", labels=["topic", "url"])
+        lag = GaugeMetricFamily("messaging_subscriber_lag",
+                                "Topic last index minus the subscriber's", labels=["topic", "url"])
+        for topic, url, at, behind in rows:
+            index.add_metric([str(topic), url], at)
+            lag.add_metric([str(topic), url], behind)
+        count = GaugeMetricFamily("messaging_subscribers", "Registered subscribers")
+        count.add_metric([], len(rows))
+        yield index
+        yield lag
+        yield count

@@ -1,0 +1,140 @@
+"""One broker process: open the data directory, choose the log, serve HTTP, run retention."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from messaging.broker import DEFAULT_MAX_TOPIC_SIZE, DEFAULT_SUBSCRIBER_TIMEOUT, Broker
+from messaging.errors import DataDirectoryError
+from messaging.http import DEFAULT_MAX_REQUEST_SIZE, make_app
+from messaging.log import FsyncMode, LocalLog, Log
+from messaging.message import DEFAULT_MAX_MESSAGE_SIZE
+from messaging.topic import DEFAULT_MAX_SEGMENT_SIZE
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BrokerConfig:
+    """Everything ``messaging broker`` can be told."""
+
+    data: Path = Path("./data")
+    host: str = "127.0.0.1"
+    port: int = 8086
+    fsync: FsyncMode = "always"
+    max_segment_size: int = DEFAULT_MAX_SEGMENT_SIZE
+    max_topic_size: int = DEFAULT_MAX_TOPIC_SIZE
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    max_request_size: int = DEFAULT_MAX_REQUEST_SIZE
+    truncation_interval: float = 600.0
+    subscriber_timeout: float = DEFAULT_SUBSCRIBER_TIMEOUT
+    advertise: str | None = None
+    raft_bind: str | None = None
+    peers: list[str] = field(default_factory=list)
+
+
+class BrokerServer:
+    """A running broker: :meth:`start`, then :meth:`stop` (or ``async with``)."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.broker: Broker | None = None
+        self.log: Log | None = None
+        self._runner: web.AppRunner | None = None
+        self._site: web.BaseSite | None = None
+        self._retention: asyncio.Task[None] | None = None
+        self.port = config.port
+
+    @property
+    def url(self) -> str:
+        """The URL this broker advertises."""
+        return self.config.advertise or f"http://{self.config.host}:{self.port}"
+
+    async def start(self) -> None:
+        """Bind, recover the data directory, start the log and serve."""
+        config = self.config
+        loop = asyncio.get_running_loop()
+        sock = _bind(config.host, config.port)
+        self.port = sock.getsockname()[1]
+        try:
+            self.broker = await loop.run_in_executor(None, lambda: Broker.open(
+                config.data, max_segment_size=config.max_segment_size,
+                max_topic_size=config.max_topic_size,
+                subscriber_timeout=config.subscriber_timeout))
+            self.log = await self._start_log(self.broker)
+        except BaseException:
+            sock.close()
+            if self.broker is not None:
+                await loop.run_in_executor(None, self.broker.close)
+            raise
+        app = make_app(self.broker, self.log, max_message_size=config.max_message_size,
+                       max_request_size=config.max_request_size)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                                     shutdown_timeout=5.0)
+        await self._runner.setup()
+        self._site = web.SockSite(self._runner, sock)
+        await self._site.start()
+        self._retention = asyncio.create_task(self._retention_loop(), name="messaging-retention")
+        log.info("broker listening on %s (data %s, fsync %s)", self.url, config.data,
+                 config.fsync)
+
+    async def _start_log(self, broker: Broker) -> Log:
+        config = self.config
+        local = LocalLog(broker, self.url, config.fsync)
+        await local.start()
+        return local
+
+    async def _retention_loop(self) -> None:
+        assert self.broker is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.config.truncation_interval)
+            try:
+                await loop.run_in_executor(None, self.broker.enforce_retention)
+            except Exception:
+                log.exception("retention failed")
+
+    async def stop(self) -> None:
+        """Stop accepting, finish in-flight publishes, fsync, end streams, close."""
+        loop = asyncio.get_running_loop()
+        if self._retention is not None:
+            self._retention.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retention
+        if self._site is not None:
+            await self._site.stop()
+        if self.log is not None:
+            await self.log.close()
+        if self.broker is not None:
+            await loop.run_in_executor(None, self.broker.close)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        log.info("broker stopped")
+
+    async def __aenter__(self) -> BrokerServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError as err:
+        sock.close()
+        raise DataDirectoryError(f"cannot listen on {host}:{port}: "
+                                 f"{err.strerror or err}") from err
+    sock.setblocking(False)
+    return sock
