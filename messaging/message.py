@@ -237,9 +237,9 @@ def scan(buffer: bytes | bytearray | memoryview, *, start: int = 0, after: int |
     result = FrameScan(end=start)
     offset = start
     count = 0
-    previous = after
+    ordered = after is not None
+    previous = after or 0
     first = 0
-    index = 0
     stop = MAX_INDEX + 1 if stop_index is None else stop_index
     limit = -1 if max_count is None else max_count
     next_mark = (start + mark_base) if mark_every > 0 else -1
@@ -260,7 +260,7 @@ def scan(buffer: bytes | bytearray | memoryview, *, start: int = 0, after: int |
         if index >= stop:
             result.stopped = True
             break
-        if previous is not None and index <= previous:
+        if ordered and index <= previous:
             result.error = CorruptFrameError(
                 f"frame at byte {offset + mark_base}: index {index} does not follow {previous}")
             break
@@ -282,7 +282,7 @@ def scan(buffer: bytes | bytearray | memoryview, *, start: int = 0, after: int |
     result.end = offset
     if count:
         result.first_index = first
-        result.last_index = previous if previous is not None else index
+        result.last_index = previous
     return result
 
 

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
 
 from messaging.message import Message, encode_many
+from messaging.server import BrokerConfig, BrokerServer
 
 
 def frames(topic: int, indexes: Iterable[int], data: bytes | None = None) -> bytes:
@@ -13,3 +26,113 @@ def frames(topic: int, indexes: Iterable[int], data: bytes | None = None) -> byt
         Message(i, 1, topic, data if data is not None else f"message {i}".encode())
         for i in indexes
     )
+
+
+# -- servers --------------------------------------------------------------------------------
+
+
+
+
+StartServer = Callable[..., Awaitable[BrokerServer]]
+
+
+@pytest.fixture
+async def start_server(tmp_path: Path) -> AsyncIterator[StartServer]:
+    """Start in-process brokers on 127.0.0.1 with a free port; all are stopped at the end."""
+    servers: list[BrokerServer] = []
+
+    async def start(**options: Any) -> BrokerServer:
+        options.setdefault("data", tmp_path / f"data{len(servers)}")
+        server = BrokerServer(BrokerConfig(host="127.0.0.1", port=0, **options))
+        await server.start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in reversed(servers):
+        await server.stop()
+
+
+@pytest.fixture
+async def server(start_server: StartServer) -> BrokerServer:
+    """One broker with default settings."""
+    return await start_server()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A plain HTTP session (no client library) for testing the API itself."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        yield session
+
+
+class BrokerProcess:
+    """``messaging broker`` in a real subprocess, bound to a free port on 127.0.0.1."""
+
+    def __init__(self, data: Path, *args: str) -> None:
+        self.data = data
+        self.args = list(args)
+        self.proc: subprocess.Popen[str] | None = None
+        self.url = ""
+        self.log = data.parent / f"{data.name}.log"
+
+    def start(self, timeout: float = 20.0) -> BrokerProcess:
+        self.data.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log.open("a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "messaging.cli", "broker", "--data", str(self.data),
+             "--bind", "127.0.0.1:0", *self.args],
+            stdout=subprocess.PIPE, stderr=log, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert self.proc.stdout is not None
+        line = _readline(self.proc, timeout)
+        match = re.search(r"listening on (http://\S+)", line)
+        assert match, f"broker did not start: {line!r}; log: {self.log.read_text()}"
+        self.url = match.group(1)
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def terminate(self, timeout: float = 20.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+
+def _readline(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The first stdout line of ``proc``, or "" after ``timeout`` seconds."""
+    lines: list[str] = []
+    assert proc.stdout is not None
+    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return lines[0] if lines else ""
+
+
+@pytest.fixture
+def broker_process(tmp_path: Path):
+    """A factory of subprocess brokers; every one still running is killed at the end."""
+    started: list[BrokerProcess] = []
+
+    def make(data: Path | None = None, *args: str) -> BrokerProcess:
+        process = BrokerProcess(data or tmp_path / f"proc{len(started)}", *args)
+        started.append(process)
+        return process
+
+    yield make
+    for process in started:
+        process.kill()
+
+
+async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0,
+                     what: str = "condition") -> None:
+    """Poll an async predicate (for state another process owns) with a deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.05)

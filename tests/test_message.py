@@ -102,10 +102,12 @@ def test_any_flipped_bit_in_checksummed_bytes_is_detected(message: Message, data
     frame = bytearray(encode(message.type, message.topic, message.data, message.index))
     bit = data.draw(st.integers(8 * 8, len(frame) * 8 - 1))
     frame[bit // 8] ^= 1 << (bit % 8)
-    with pytest.raises(CorruptFrameError):
-        messages_, used = decode(frame, max_length=1 << 20)
-        if not messages_:  # a flipped length bit may only make the frame look incomplete
-            raise CorruptFrameError("incomplete")
+    try:
+        decoded, _ = decode(frame, max_length=1 << 20)
+    except CorruptFrameError:
+        return
+    # A flipped length bit may make the frame look incomplete; it never yields a message.
+    assert decoded == []
 
 
 def test_checksum_error_is_distinct() -> None:

@@ -22,7 +22,7 @@ from tests.conftest import frames
 
 def read(topic: Topic, index: int, end: int | None = None, limit: int | None = None) -> list[int]:
     with topic.reader(index, end, limit) as reader:
-        messages, used = decode(reader.read_all(max_bytes=100), after=0)
+        messages, _used = decode(reader.read_all(max_bytes=100), after=0)
     return [m.index for m in messages]
 
 

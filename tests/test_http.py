@@ -1,0 +1,311 @@
+"""Every endpoint and error path of the HTTP API, over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import aiohttp
+import pytest
+
+from messaging.message import FRAMES_CONTENT_TYPE, FrameDecoder, decode, encode, encode_batch
+from messaging.server import BrokerServer
+from tests.conftest import StartServer
+
+FRAMES = {"Content-Type": FRAMES_CONTENT_TYPE}
+
+
+async def publish(http: aiohttp.ClientSession, server: BrokerServer, topic: int,
+                  data: bytes) -> int:
+    async with http.post(f"{server.url}/messaging/messages", params={"topicID": topic},
+                         data=data) as resp:
+        assert resp.status == 200, await resp.text()
+        return int(resp.headers["X-Broker-Index"])
+
+
+async def read(http: aiohttp.ClientSession, server: BrokerServer, **params) -> list:
+    async with http.get(f"{server.url}/messaging/messages",
+                        params={k: str(v) for k, v in params.items()}) as resp:
+        assert resp.status == 200, await resp.text()
+        return decode(await resp.read(), after=0)[0]
+
+
+async def expect_error(resp: aiohttp.ClientResponse, status: int, fragment: str) -> None:
+    assert resp.status == status, await resp.text()
+    assert fragment in resp.headers["X-Broker-Error"], resp.headers["X-Broker-Error"]
+    assert fragment in await resp.text()
+
+
+async def test_single_publish_and_read(server: BrokerServer, http: aiohttp.ClientSession) -> None:
+    assert await publish(http, server, 1, b"hello") == 1
+    assert await publish(http, server, 2, b"") == 2
+    assert await publish(http, server, 1, b"world") == 3
+    messages = await read(http, server, topicID=1)
+    assert [(m.index, m.topic, m.type, m.data) for m in messages] == [
+        (1, 1, 1, b"hello"), (3, 1, 1, b"world")]
+    assert [m.data for m in await read(http, server, topicID=2, index=0)] == [b""]
+    assert [m.index for m in await read(http, server, topicID=1, index=2)] == [3]
+    assert [m.index for m in await read(http, server, topicID=1, end=3)] == [1]
+    assert [m.index for m in await read(http, server, topicID=1, limit=1)] == [1]
+
+
+async def test_type_parameter(server: BrokerServer, http: aiohttp.ClientSession) -> None:
+    async with http.post(f"{server.url}/messaging/messages",
+                         params={"topicID": "5", "type": "42"}, data=b"x") as resp:
+        assert resp.status == 200
+    assert (await read(http, server, topicID=5))[0].type == 42
+
+
+async def test_batch_publish(server: BrokerServer, http: aiohttp.ClientSession) -> None:
+    body = encode_batch(7, [b"a", b"b", b"c"])
+    async with http.post(f"{server.url}/messaging/messages", data=body, headers=FRAMES) as resp:
+        assert resp.status == 200
+        assert await resp.json() == {"first": 1, "last": 3, "count": 3}
+        assert resp.headers["X-Broker-Index"] == "3"
+    assert [m.data for m in await read(http, server, topicID=7)] == [b"a", b"b", b"c"]
+
+
+async def test_corrupt_batch_is_refused_whole(server: BrokerServer,
+                                              http: aiohttp.ClientSession) -> None:
+    body = bytearray(encode_batch(7, [b"a", b"b", b"c"]))
+    body[-1] ^= 0x40
+    async with http.post(f"{server.url}/messaging/messages", data=bytes(body),
+                         headers=FRAMES) as resp:
+        await expect_error(resp, 400, "checksum")
+    async with http.post(f"{server.url}/messaging/messages", data=bytes(body[:-1]),
+                         headers=FRAMES) as resp:
+        await expect_error(resp, 400, "incomplete")
+    internal = encode(0x8001, 7, b"x")
+    async with http.post(f"{server.url}/messaging/messages", data=internal,
+                         headers=FRAMES) as resp:
+        await expect_error(resp, 400, "reserved")
+    async with http.post(f"{server.url}/messaging/messages", data=encode(1, 8, b"x"),
+                         params={"topicID": "7"}, headers=FRAMES) as resp:
+        await expect_error(resp, 400, "not topicID 7")
+    async with http.post(f"{server.url}/messaging/messages", data=b"", headers=FRAMES) as resp:
+        await expect_error(resp, 400, "empty")
+    async with http.get(f"{server.url}/messaging/topics") as resp:
+        assert await resp.json() == []
+    assert server.broker is not None and server.broker.index == 0
+
+
+@pytest.mark.parametrize(("params", "fragment"), [
+    ({}, "missing parameter topicID"),
+    ({"topicID": "x"}, "invalid topicID"),
+    ({"topicID": "-1"}, "invalid topicID"),
+    ({"topicID": str(2**64)}, "invalid topicID"),
+    ({"topicID": "1", "type": "abc"}, "invalid type"),
+    ({"topicID": "1", "type": "32769"}, "invalid type"),
+])
+async def test_publish_parameter_errors(server: BrokerServer, http: aiohttp.ClientSession,
+                                        params: dict, fragment: str) -> None:
+    async with http.post(f"{server.url}/messaging/messages", params=params, data=b"x") as resp:
+        await expect_error(resp, 400, fragment)
+
+
+@pytest.mark.parametrize(("params", "fragment"), [
+    ({}, "missing parameter topicID"),
+    ({"topicID": "1", "index": "x"}, "invalid index"),
+    ({"topicID": "1", "end": "-5"}, "invalid end"),
+    ({"topicID": "1", "limit": "many"}, "invalid limit"),
+    ({"topicID": "1", "streaming": "maybe"}, "invalid streaming"),
+])
+async def test_read_parameter_errors(server: BrokerServer, http: aiohttp.ClientSession,
+                                     params: dict, fragment: str) -> None:
+    async with http.get(f"{server.url}/messaging/messages", params=params) as resp:
+        await expect_error(resp, 400, fragment)
+
+
+async def test_wrong_method_and_unknown_path(server: BrokerServer,
+                                             http: aiohttp.ClientSession) -> None:
+    async with http.delete(f"{server.url}/messaging/messages") as resp:
+        await expect_error(resp, 405, "not allowed")
+    async with http.get(f"{server.url}/messaging/heartbeat") as resp:
+        await expect_error(resp, 405, "not allowed")
+    async with http.get(f"{server.url}/nowhere") as resp:
+        await expect_error(resp, 404, "not found")
+    async with http.get(f"{server.url}/messaging/topics/12") as resp:
+        await expect_error(resp, 404, "topic 12 not found")
+
+
+async def test_too_large(start_server: StartServer, http: aiohttp.ClientSession) -> None:
+    server = await start_server(max_message_size=1000)
+    async with http.post(f"{server.url}/messaging/messages", params={"topicID": "1"},
+                         data=b"x" * 1001) as resp:
+        await expect_error(resp, 413, "exceeds")
+    async with http.post(f"{server.url}/messaging/messages", data=encode(1, 1, b"x" * 1001),
+                         headers=FRAMES) as resp:
+        await expect_error(resp, 413, "exceeds")
+    assert await publish(http, server, 1, b"x" * 1000) == 1
+
+
+async def test_request_body_over_the_request_limit(start_server: StartServer,
+                                                   http: aiohttp.ClientSession) -> None:
+    server = await start_server(max_message_size=100, max_request_size=4096)
+    body = encode_batch(1, [b"y" * 100] * 100)
+    async with http.post(f"{server.url}/messaging/messages", data=body, headers=FRAMES) as resp:
+        await expect_error(resp, 413, "too large")
+
+
+async def test_empty_topic_reads(server: BrokerServer, http: aiohttp.ClientSession) -> None:
+    async with http.get(f"{server.url}/messaging/messages", params={"topicID": "9"}) as resp:
+        assert resp.status == 200
+        assert await resp.read() == b""
+        assert resp.headers["X-Broker-Index"] == "0"
+
+
+async def stream(http: aiohttp.ClientSession, server: BrokerServer, topic: int, count: int,
+                 index: int = 0) -> list:
+    got: list = []
+    decoder = FrameDecoder(after=0)
+    async with http.get(f"{server.url}/messaging/messages",
+                        params={"topicID": str(topic), "index": str(index),
+                                "streaming": "true"}) as resp:
+        assert resp.status == 200
+        async for data in resp.content.iter_any():
+            got.extend(decoder.feed(data))
+            if len(got) >= count:
+                return got
+    return got
+
+
+async def test_stream_receives_later_messages(server: BrokerServer,
+                                              http: aiohttp.ClientSession) -> None:
+    await publish(http, server, 1, b"before")
+    task = asyncio.ensure_future(stream(http, server, 1, 3))
+    await asyncio.sleep(0.1)
+    await publish(http, server, 1, b"after-1")
+    await publish(http, server, 2, b"other topic")
+    await publish(http, server, 1, b"after-2")
+    got = await asyncio.wait_for(task, 10)
+    assert [m.data for m in got] == [b"before", b"after-1", b"after-2"]
+
+
+async def test_stream_of_a_topic_that_does_not_exist_yet(server: BrokerServer,
+                                                         http: aiohttp.ClientSession) -> None:
+    task = asyncio.ensure_future(stream(http, server, 4, 1))
+    await asyncio.sleep(0.1)
+    assert not task.done()
+    await publish(http, server, 4, b"first")
+    assert [m.data for m in await asyncio.wait_for(task, 10)] == [b"first"]
+
+
+async def test_stream_survives_segment_rolls(start_server: StartServer,
+                                             http: aiohttp.ClientSession) -> None:
+    server = await start_server(max_segment_size=200)
+    task = asyncio.ensure_future(stream(http, server, 1, 40))
+    for i in range(40):
+        await publish(http, server, 1, f"message {i:03d}".encode())
+    got = await asyncio.wait_for(task, 10)
+    assert [m.data for m in got] == [f"message {i:03d}".encode() for i in range(40)]
+    assert server.broker is not None and server.broker.topic(1).segment_count > 5
+
+
+async def test_heartbeat_topics_and_count_query(server: BrokerServer,
+                                                http: aiohttp.ClientSession) -> None:
+    for i in range(5):
+        await publish(http, server, 3, f"{i}".encode())
+    async with http.post(f"{server.url}/messaging/heartbeat",
+                         params={"topicID": "3", "index": "2", "url": "sub-a"}) as resp:
+        assert resp.status == 200
+    async with http.post(f"{server.url}/messaging/heartbeat",
+                         params={"topicID": "3", "index": "2"}) as resp:
+        await expect_error(resp, 400, "missing parameter url")
+    async with http.get(f"{server.url}/messaging/topics") as resp:
+        (topic,) = await resp.json()
+    assert topic["id"] == 3 and topic["first_index"] == 1 and topic["last_index"] == 5
+    assert topic["subscribers"] == {"sub-a": 2} and topic["segments"] == 1
+    async with http.get(f"{server.url}/messaging/topics/3",
+                        params={"after": "2", "count": "3"}) as resp:
+        assert (await resp.json())["index"] == 4
+    async with http.get(f"{server.url}/messaging/topics/3", params={"after": "2"}) as resp:
+        await expect_error(resp, 400, "go together")
+
+
+async def test_ping_diagnostics_metrics(server: BrokerServer, http: aiohttp.ClientSession) -> None:
+    await publish(http, server, 1, b"x")
+    for method in ("GET", "POST"):
+        async with http.request(method, f"{server.url}/messaging/ping") as resp:
+            assert await resp.json() == {"urls": [server.url]}
+    async with http.get(f"{server.url}/messaging/diagnostics") as resp:
+        diagnostics = await resp.json()
+    assert diagnostics["index"] == 1 and diagnostics["role"] == "standalone"
+    assert diagnostics["topics"][0]["stats"]["recovered_truncated_bytes"] == 0
+    async with http.get(f"{server.url}/metrics") as resp:
+        text = await resp.text()
+    assert "messaging_messages_published_total 1.0" in text
+    assert "messaging_publish_latency_seconds_bucket" in text
+
+
+async def test_read_below_retention_is_gone(start_server: StartServer,
+                                            http: aiohttp.ClientSession) -> None:
+    server = await start_server(max_segment_size=100, max_topic_size=0)
+    for i in range(10):
+        await publish(http, server, 1, b"x" * 60)
+    async with http.post(f"{server.url}/messaging/retention") as resp:
+        assert (await resp.json())["deleted_bytes"] > 0
+    async with http.get(f"{server.url}/messaging/topics/1") as resp:
+        first = (await resp.json())["first_index"]
+    assert first == 9  # 86-byte frames: two per 100-byte segment, and the active one stays
+    async with http.get(f"{server.url}/messaging/messages",
+                        params={"topicID": "1", "index": "3"}) as resp:
+        await expect_error(resp, 410, f"first available index is {first}")
+        assert resp.headers["X-Broker-First-Index"] == str(first)
+    assert [m.index for m in await read(http, server, topicID=1, index=first)] == [9, 10]
+
+
+async def test_retention_honours_heartbeats_then_timeout(start_server: StartServer,
+                                                         http: aiohttp.ClientSession) -> None:
+    server = await start_server(max_segment_size=100, max_topic_size=0,
+                                subscriber_timeout=0.5)
+    for i in range(10):
+        await publish(http, server, 1, b"x" * 60)
+    async with http.post(f"{server.url}/messaging/heartbeat",
+                         params={"topicID": "1", "index": "4", "url": "reporter"}) as resp:
+        assert resp.status == 200
+    async with http.post(f"{server.url}/messaging/retention") as resp:
+        assert (await resp.json())["deleted_bytes"] > 0
+    assert [m.index for m in await read(http, server, topicID=1, index=5)][0] == 5
+    await asyncio.sleep(0.6)  # the subscriber timeout itself is what is being tested
+    async with http.post(f"{server.url}/messaging/retention") as resp:
+        assert (await resp.json())["deleted_bytes"] > 0
+    async with http.get(f"{server.url}/messaging/messages",
+                        params={"topicID": "1", "index": "5"}) as resp:
+        assert resp.status == 410
+
+
+async def test_stalled_reader_does_not_slow_publishers(server: BrokerServer,
+                                                       http: aiohttp.ClientSession) -> None:
+    payload = b"z" * 60_000
+    for _ in range(20):
+        await publish(http, server, 1, payload)
+    # A reader that asks for a stream and then never reads from its socket.
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET /messaging/messages?topicID=1&streaming=true HTTP/1.1\r\n"
+                 b"Host: x\r\n\r\n")
+    await writer.drain()
+    healthy = asyncio.ensure_future(stream(http, server, 1, 220))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    for _ in range(200):
+        await publish(http, server, 1, payload)
+    publish_time = loop.time() - started
+    got = await asyncio.wait_for(healthy, 30)
+    assert len(got) == 220
+    assert publish_time < 30
+    assert server.broker is not None
+    assert server.broker.metrics.active_streams._value.get() >= 1  # the stalled one is open
+    writer.close()
+
+
+async def test_single_message_post_is_curl_friendly(server: BrokerServer) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        "curl", "-s", "-i", "-XPOST", f"{server.url}/messaging/messages?topicID=1",
+        "--data-binary", "from curl", stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(proc.communicate(), 10)
+    assert b"X-Broker-Index: 1" in out
+    proc = await asyncio.create_subprocess_exec(
+        "curl", "-s", f"{server.url}/messaging/messages?topicID=1", stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(proc.communicate(), 10)
+    assert decode(out)[0][0].data == b"from curl"
+    assert struct.unpack(">Q", out[:8])[0] == 1
