@@ -98,7 +98,7 @@ def test_snapshot_round_trip_gives_identical_topics(tmp_path: Path) -> None:
 def test_retention_keeps_what_live_subscribers_need(tmp_path: Path) -> None:
     broker = Broker.open(tmp_path, max_segment_size=50, max_topic_size=0,
                          subscriber_timeout=60)
-    for i in range(20):
+    for _i in range(20):
         broker.apply(encode(1, 1, b"0123456789" * 3))
     commit_all(broker)
     broker.set_topic_max_index(1, 5, "slow")

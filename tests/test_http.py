@@ -240,7 +240,7 @@ async def test_ping_diagnostics_metrics(server: BrokerServer, http: aiohttp.Clie
 async def test_read_below_retention_is_gone(start_server: StartServer,
                                             http: aiohttp.ClientSession) -> None:
     server = await start_server(max_segment_size=100, max_topic_size=0)
-    for i in range(10):
+    for _i in range(10):
         await publish(http, server, 1, b"x" * 60)
     async with http.post(f"{server.url}/messaging/retention") as resp:
         assert (await resp.json())["deleted_bytes"] > 0
@@ -258,14 +258,14 @@ async def test_retention_honours_heartbeats_then_timeout(start_server: StartServ
                                                          http: aiohttp.ClientSession) -> None:
     server = await start_server(max_segment_size=100, max_topic_size=0,
                                 subscriber_timeout=0.5)
-    for i in range(10):
+    for _i in range(10):
         await publish(http, server, 1, b"x" * 60)
     async with http.post(f"{server.url}/messaging/heartbeat",
                          params={"topicID": "1", "index": "4", "url": "reporter"}) as resp:
         assert resp.status == 200
     async with http.post(f"{server.url}/messaging/retention") as resp:
         assert (await resp.json())["deleted_bytes"] > 0
-    assert [m.index for m in await read(http, server, topicID=1, index=5)][0] == 5
+    assert next(m.index for m in await read(http, server, topicID=1, index=5)) == 5
     await asyncio.sleep(0.6)  # the subscriber timeout itself is what is being tested
     async with http.post(f"{server.url}/messaging/retention") as resp:
         assert (await resp.json())["deleted_bytes"] > 0
@@ -280,7 +280,7 @@ async def test_stalled_reader_does_not_slow_publishers(server: BrokerServer,
     for _ in range(20):
         await publish(http, server, 1, payload)
     # A reader that asks for a stream and then never reads from its socket.
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    _reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     writer.write(b"GET /messaging/messages?topicID=1&streaming=true HTTP/1.1\r\n"
                  b"Host: x\r\n\r\n")
     await writer.drain()
