@@ -432,11 +432,12 @@ class Conn:
     async def _next_batch(self) -> MessageBatch:
         if self._state == "new":
             raise ConnStateError("open() the Conn before iterating it")
-        if self._state == "closed" and self._queue.empty():
+        if self._state == "closed":
             raise ConnClosedError("this Conn is closed")
         item = await self._queue.get()
         if isinstance(item, _End):
-            self._queue.put_nowait(item)  # later calls end too
+            if self._state != "closed":
+                self._queue.put_nowait(item)  # a finished read: later calls end too
             raise StopAsyncIteration
         if isinstance(item, BaseException):
             raise item
@@ -446,11 +447,12 @@ class Conn:
         backoff = _BACKOFF_START
         failures = 0
         while True:
+            before = self._received
             try:
-                progressed, finished = await self._read_once()
+                finished = await self._read_once()
             except (*_MAYBE_SENT, CorruptFrameError, ConnectionFailedError,
                     NoLeaderError) as err:
-                progressed, finished = False, False
+                finished = False
                 failures += 1
                 log.info("topic %d: stream broke after index %d (%s); reconnecting",
                          self.topic, self._received, err)
@@ -463,15 +465,15 @@ class Conn:
             if finished:
                 await self._queue.put(_End())
                 return
-            if progressed:
+            if self._received > before:  # it was making progress: reconnect at once
                 backoff = _BACKOFF_START
                 failures = 0
             self.reconnects += 1
             await asyncio.sleep(backoff * (0.5 + random.random()))
             backoff = min(backoff * 2, _BACKOFF_MAX)
 
-    async def _read_once(self) -> tuple[bool, bool]:
-        """One GET; returns (received anything, reached the end of a non-streaming read)."""
+    async def _read_once(self) -> bool:
+        """One GET; returns whether it reached the end of a non-streaming read."""
         client = self.client
         params = {"topicID": str(self.topic), "index": str(self._received + 1),
                   "streaming": "true" if self.streaming else "false"}
@@ -490,9 +492,8 @@ class Conn:
                 return await self._consume(resp)
         raise ConnectionFailedError(f"no broker reachable for topic {self.topic}: {last_error}")
 
-    async def _consume(self, resp: aiohttp.ClientResponse) -> tuple[bool, bool]:
+    async def _consume(self, resp: aiohttp.ClientResponse) -> bool:
         pending = bytearray()
-        progressed = False
         async for data in resp.content.iter_any():
             pending += data
             result = scan(pending, after=self._received)
@@ -503,11 +504,10 @@ class Conn:
                                      result.first_index, result.last_index)
                 del pending[: result.end]
                 self._received = result.last_index
-                progressed = True
                 await self._queue.put(batch)
         if pending:
             raise CorruptFrameError(f"stream ended inside a frame ({len(pending)} bytes)")
-        return progressed, not self.streaming
+        return not self.streaming
 
     async def _heartbeat_loop(self) -> None:
         assert self.data_url is not None
