@@ -67,6 +67,7 @@ class Segment:
     committed_size: int = 0
     committed_count: int = 0
     committed_last_index: int = 0
+    verified_size: int = 0
     indexed: bool = False
     mark_indexes: list[int] = field(default_factory=list)
     mark_positions: list[int] = field(default_factory=list)
@@ -93,6 +94,7 @@ class Segment:
         self.size = self.committed_size = result.end
         self.count = self.committed_count = result.count
         self.last_index = self.committed_last_index = result.last_index
+        self.verified_size = result.end if verify else 0
         self.indexed = True
         if result.error is not None:
             return result.error
@@ -253,51 +255,69 @@ class Topic:
     def append(self, frames: bytes | bytearray | memoryview) -> int:
         """Append complete frames (indexes already assigned); returns how many were written.
 
-        Frames whose index is not above the topic's last index are skipped as stale. Rolls to
+        The caller has verified the frames' checksums (the broker does so on publish), so
+        readers need not verify them again. Frames whose index is not above the topic's last
+        index are skipped as stale. Rolls to
         a new segment once the active one is past ``max_segment_size``. Not durable until
         :meth:`sync`, not visible to readers until :meth:`commit`.
         """
         view = memoryview(frames)
         size = len(view)
         written = 0
+        unpack = _unpack_header
         with self._lock:
             if self._closed:
                 raise CorruptFrameError(f"topic {self.id} is closed")
             last = self._last_index_locked()
-            offset = 0
-            run_start = 0
+            offset = run_start = 0
             segment = self._segments[-1] if self._segments else None
+            # Hot loop: locals only; segment fields are written back when a run is flushed.
+            base = next_mark = limit = count = 0
+            if segment is not None:
+                base, next_mark, count = segment.size, segment.next_mark_position(), segment.count
+                limit = self.max_segment_size
             while offset < size:
                 if size - offset < HEADER_SIZE:
                     raise CorruptFrameError(f"incomplete frame header at byte {offset}")
-                index, _crc, _type, _topic, length = _unpack_header(view, offset)
+                index, _crc, _type, _topic, length = unpack(view, offset)
                 end = offset + HEADER_SIZE + length
                 if end > size:
                     raise CorruptFrameError(f"incomplete frame at byte {offset}")
-                if index <= last:
-                    self._write_run(view[run_start:offset])
+                if index <= last:  # stale: a replayed command
+                    self._flush_run(segment, view[run_start:offset], count, last)
                     offset = run_start = end
+                    if segment is not None:
+                        base = segment.size
                     continue
-                if segment is None or segment.size >= self.max_segment_size:
-                    self._write_run(view[run_start:offset])
+                position = base + offset - run_start
+                if segment is None or position >= limit:
+                    self._flush_run(segment, view[run_start:offset], count, last)
                     run_start = offset
                     segment = self._roll(index)
-                position = segment.size + (offset - run_start)
-                if position >= segment.next_mark_position():
-                    segment.add_mark(index, position, segment.count)
-                segment.count += 1
-                segment.last_index = last = index
+                    base = position = count = 0
+                    next_mark = 0
+                    limit = self.max_segment_size
+                if position >= next_mark:
+                    segment.add_mark(index, position, count)
+                    next_mark = position + MARK_EVERY
+                count += 1
+                last = index
                 written += 1
                 offset = end
-            self._write_run(view[run_start:offset])
+            self._flush_run(segment, view[run_start:offset], count, last)
         return written
 
-    def _write_run(self, run: memoryview) -> None:
-        if not run:
+    def _flush_run(self, segment: Segment | None, run: memoryview, count: int,
+                   last: int) -> None:
+        if segment is None or not run:
             return
         assert self._fd is not None
         write_all(self._fd, run)
-        self._segments[-1].size += len(run)
+        if segment.verified_size == segment.size:  # the caller verified what it appends
+            segment.verified_size += len(run)
+        segment.size += len(run)
+        segment.count = count
+        segment.last_index = last
 
     def _roll(self, first_index: int) -> Segment:
         if self._fd is not None:
@@ -538,6 +558,7 @@ class TopicReader:
         self.delivered = 0
         self._segment: Segment | None = None
         self._position = 0
+        self._ordinal = 0  # message number of _position within the segment
         self._fd: int | None = None
 
     def close(self) -> None:
@@ -560,14 +581,15 @@ class TopicReader:
         located = topic._locate(self.next_index)
         if located is None:
             return False
-        self._open(located[0], located[1])
+        self._open(*located)
         return True
 
-    def _open(self, segment: Segment, position: int) -> None:
+    def _open(self, segment: Segment, position: int, ordinal: int) -> None:
         self.close()
         self._fd = os.open(segment.path, os.O_RDONLY)
         self._segment = segment
         self._position = position
+        self._ordinal = ordinal
 
     def read(self, max_bytes: int = READ_CHUNK) -> bytes:
         """The next chunk of whole, verified frames; ``b""`` when nothing more is committed."""
@@ -581,6 +603,7 @@ class TopicReader:
                 segment = self._segment
                 assert segment is not None
                 visible = segment.committed_size
+                committed = (segment.committed_last_index, segment.committed_count)
                 following: Segment | None = None
                 if self._position >= visible and segment.committed_size == segment.size:
                     i = bisect_right(topic._firsts, segment.first_index)
@@ -589,18 +612,51 @@ class TopicReader:
             if self._position >= visible:
                 if following is None:
                     return b""
-                self._open(following, 0)
+                self._open(following, 0, 0)
                 continue
-            chunk = self._read_frames(visible, max_bytes)
+            chunk = self._read_verified(visible, committed, max_bytes)
+            if chunk is None:
+                chunk = self._read_frames(visible, max_bytes)
             if chunk:
                 return chunk
         return b""
 
+    def _read_verified(self, visible: int, committed: tuple[int, int],
+                       max_bytes: int) -> bytes | None:
+        """Read already-verified frames cut at a sparse-index mark: no per-frame work.
+
+        None when this read needs the frame-by-frame path (end/limit, or unverified bytes).
+        """
+        segment = self._segment
+        assert self._fd is not None and segment is not None
+        start = self._position
+        if self.end is not None or self.remaining is not None or segment.verified_size <= start:
+            return None
+        bound = min(visible, start + max_bytes)
+        if bound == visible and visible <= segment.verified_size:
+            cut, next_index, ordinal = visible, committed[0] + 1, committed[1]
+        else:
+            j = bisect_right(segment.mark_positions, min(bound, segment.verified_size)) - 1
+            if j < 0 or segment.mark_positions[j] <= start:
+                return None
+            cut = segment.mark_positions[j]
+            next_index, ordinal = segment.mark_indexes[j], segment.mark_ordinals[j]
+        data = _read_at(self._fd, cut - start, start)
+        self.delivered += ordinal - self._ordinal
+        self._ordinal = ordinal
+        self._position = cut
+        self.next_index = next_index
+        self.last_index = next_index - 1
+        return data
+
     def _read_frames(self, visible: int, max_bytes: int) -> bytes:
         assert self._fd is not None and self._segment is not None
+        segment = self._segment
         want = min(visible - self._position, max_bytes)
         data = _read_at(self._fd, want, self._position)
-        result = scan(data, after=self.last_index, stop_index=self.end, max_count=self.remaining)
+        verify = self._position + want > segment.verified_size
+        result = scan(data, after=self.last_index, stop_index=self.end, max_count=self.remaining,
+                      verify=verify)
         if result.count == 0 and result.incomplete:
             need = frame_size(data) or HEADER_SIZE
             if self._position + need > visible:
@@ -608,14 +664,17 @@ class TopicReader:
             else:
                 data = _read_at(self._fd, need, self._position)
                 result = scan(data, after=self.last_index, stop_index=self.end,
-                              max_count=self.remaining)
+                              max_count=self.remaining, verify=verify)
         if result.error is not None:
             self.topic.stats.corrupt_frames += 1
             raise CorruptFrameError(
                 f"topic {self.topic.id} segment {self._segment.path.name} "
                 f"at byte {self._position + result.end}: {result.error}") from result.error
         if result.count:
+            if verify and self._position <= segment.verified_size:
+                segment.verified_size = max(segment.verified_size, self._position + result.end)
             self.delivered += result.count
+            self._ordinal += result.count
             self.last_index = result.last_index
             self.next_index = result.last_index + 1
             self._position += result.end

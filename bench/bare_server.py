@@ -1,0 +1,43 @@
+"""The baseline server: bare aiohttp handlers with no broker behind them.
+
+POST /204 answers 204 after reading the body; GET /stream?bytes=N streams N bytes from memory
+in the same chunk size the broker uses.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from aiohttp import web
+
+CHUNK = 256 << 10
+BLOCK = bytes(CHUNK)
+
+
+async def no_content(request: web.Request) -> web.Response:
+    await request.read()
+    return web.Response(status=204)
+
+
+async def stream(request: web.Request) -> web.StreamResponse:
+    remaining = int(request.query["bytes"])
+    response = web.StreamResponse()
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    while remaining > 0:
+        await response.write(BLOCK[: min(remaining, CHUNK)])
+        remaining -= CHUNK
+    await response.write_eof()
+    return response
+
+
+def main() -> None:
+    app = web.Application()
+    app.router.add_post("/204", no_content)
+    app.router.add_get("/stream", stream)
+    web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None,
+                print=lambda *_: print("ready", flush=True))
+
+
+if __name__ == "__main__":
+    main()
