@@ -182,20 +182,25 @@ class Handlers:
 
     async def _send(self, response: web.StreamResponse, reader: Any, chunk: bytes,
                     streaming: bool, metrics: BrokerMetrics) -> None:
+        """Write chunks while the next one is read on a thread (so disk and socket overlap)."""
         loop = asyncio.get_running_loop()
         sent = 0
         while True:
             if chunk:
-                await response.write(chunk)
+                ahead = loop.run_in_executor(None, reader.read, STREAM_CHUNK)
+                try:
+                    await response.write(chunk)
+                except BaseException:
+                    await asyncio.wait([ahead])  # the reader must not be closed mid-read
+                    raise
                 metrics.bytes_streamed.inc(len(chunk))
                 metrics.messages_streamed.inc(reader.delivered - sent)
                 sent = reader.delivered
-            elif reader.done or reader.topic.closed:
+                chunk = await ahead
+                continue
+            if reader.done or reader.topic.closed or not streaming:
                 return
-            elif streaming:
-                await reader.topic.wait_for(reader.last_index)
-            else:
-                return
+            await reader.topic.wait_for(reader.last_index)
             chunk = await loop.run_in_executor(None, reader.read, STREAM_CHUNK)
 
     async def ping(self, request: web.Request) -> web.Response:

@@ -625,12 +625,13 @@ class TopicReader:
                        max_bytes: int) -> bytes | None:
         """Read already-verified frames cut at a sparse-index mark: no per-frame work.
 
-        None when this read needs the frame-by-frame path (end/limit, or unverified bytes).
+        None when this read needs the frame-by-frame path (a limit, unverified bytes, or the
+        chunk would reach ``end``).
         """
         segment = self._segment
         assert self._fd is not None and segment is not None
         start = self._position
-        if self.end is not None or self.remaining is not None or segment.verified_size <= start:
+        if self.remaining is not None or segment.verified_size <= start:
             return None
         bound = min(visible, start + max_bytes)
         if bound == visible and visible <= segment.verified_size:
@@ -641,12 +642,17 @@ class TopicReader:
                 return None
             cut = segment.mark_positions[j]
             next_index, ordinal = segment.mark_indexes[j], segment.mark_ordinals[j]
+        if self.end is not None and next_index > self.end:
+            return None  # every frame before the cut has an index below next_index
         data = _read_at(self._fd, cut - start, start)
         self.delivered += ordinal - self._ordinal
         self._ordinal = ordinal
         self._position = cut
         self.next_index = next_index
         self.last_index = next_index - 1
+        if self.end is not None and next_index >= self.end:
+            self.done = True
+            self.close()
         return data
 
     def _read_frames(self, visible: int, max_bytes: int) -> bytes:

@@ -336,3 +336,11 @@ class TopicMachine(RuleBasedStateMachine):
 
 TopicMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
 test_topic_state_machine = TopicMachine.TestCase
+
+
+@pytest.mark.parametrize("end", [4, 6, 7])
+async def test_follow_with_end_finishes(tmp_path: Path, end: int) -> None:
+    topic = make(tmp_path, [[1, 2, 3, 4, 5]])
+    chunks = [chunk async for chunk in topic.reader(0, end=end).follow()]
+    assert [m.index for c in chunks for m in decode(c)[0]] == list(range(1, min(end, 6)))
+    topic.close()
