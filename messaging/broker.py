@@ -359,7 +359,8 @@ class Broker:
                         for s in topic.segments() if s.committed_size]
             tomb = topic.path / TOMBSTONE
             tombstone = read_json(tomb)["first_index"] if tomb.exists() else 0
-            topics.append({"id": topic.id, "tombstone": tombstone, "segments": segments})
+            topics.append({"id": topic.id, "tombstone": tombstone, "segments": segments,
+                           "last_index": topic.committed_index})
         header = {**self.state(), "topics": topics}
         stream.write(json.dumps(header).encode() + b"\n")
         for topic, described in zip(self.topics(), topics, strict=True):
@@ -367,11 +368,29 @@ class Broker:
                 with (topic.path / segment["name"]).open("rb") as f:
                     _copy(f, stream, segment["size"])
 
-    def read_snapshot(self, stream: IO[bytes]) -> None:
-        """Replace every topic and the broker state with a snapshot's (writer thread only)."""
+    def read_snapshot(self, stream: IO[bytes]) -> bool:
+        """Take the state of a snapshot (writer thread only); returns whether data was copied.
+
+        When every topic here already holds at least what the snapshot holds (a restart
+        replaying its own log), only the broker index and subscribers are reset and the
+        segment bytes are skipped: replay then reassigns the same indexes and skips stale
+        frames. Otherwise every topic is replaced by the snapshot's.
+        """
         header = json.loads(stream.readline())
         if header.get("format") != FORMAT:
             raise DataDirectoryError(f"snapshot has format {header.get('format')!r}")
+        if all((t := self.topic(int(d["id"]))) is not None and t.last_index >= d["last_index"]
+               for d in header["topics"]):
+            with self._lock:
+                self.index = int(header["index"])
+            self._restore_subscribers(header.get("subscribers", {}))
+            log.info("snapshot at index %d is already held locally; replaying from there",
+                     self.index)
+            return False
+        self._replace_topics(header, stream)
+        return True
+
+    def _replace_topics(self, header: dict[str, Any], stream: IO[bytes]) -> None:
         for topic in self.topics():
             topic.close()
         with self._lock:

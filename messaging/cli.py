@@ -61,6 +61,12 @@ def parse_host_port(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def raft_address(text: str) -> str:
+    """A raft ``HOST:PORT``, validated, kept as text."""
+    parse_host_port(text)
+    return text
+
+
 def _broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("broker", help="run a broker", description=BROKER_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -82,12 +88,15 @@ def _broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                    help="how often retention runs (default 10m)")
     p.add_argument("--subscriber-timeout", type=parse_duration, default="10m",
                    help="a subscriber silent this long stops holding data back (default 10m)")
-    p.add_argument("--raft-bind", metavar="HOST:PORT",
+    p.add_argument("--raft-bind", metavar="HOST:PORT", type=raft_address,
                    help="cluster mode: this node's Raft address")
-    p.add_argument("--peer", action="append", default=[], metavar="HOST:PORT",
+    p.add_argument("--peer", action="append", default=[], metavar="HOST:PORT", type=raft_address,
                    help="cluster mode: another node's Raft address (repeat per peer)")
     p.add_argument("--advertise", metavar="URL",
                    help="the HTTP URL other nodes and clients use for this node")
+    p.add_argument("--raft-snapshot-entries", type=int, default=20_000, metavar="N",
+                   help="cluster mode: snapshot the broker after N raft entries (default "
+                        "20000); a lagging or new node catches up from the latest snapshot")
     p.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO")
 
@@ -114,7 +123,8 @@ def _config(args: argparse.Namespace) -> BrokerConfig:
         max_message_size=args.max_message_size, max_request_size=args.max_request_size,
         truncation_interval=args.truncation_interval,
         subscriber_timeout=args.subscriber_timeout, advertise=args.advertise,
-        raft_bind=args.raft_bind, peers=args.peer)
+        raft_bind=args.raft_bind, peers=args.peer,
+        raft_snapshot_entries=args.raft_snapshot_entries)
 
 
 async def run_broker(config: BrokerConfig) -> None:

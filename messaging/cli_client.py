@@ -39,6 +39,14 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument("url", metavar="URL")
     p.set_defaults(run=lambda args: asyncio.run(_topics(args)))
 
+    p = sub.add_parser("cluster", help="change cluster membership",
+                       description="join: add a node (already started with --raft-bind and the "
+                                   "members as --peer); leave: remove one.")
+    p.add_argument("action", choices=["join", "leave"])
+    p.add_argument("url", metavar="URL", help="any member's URL (followers redirect)")
+    p.add_argument("address", metavar="RAFT_ADDR", help="the node's raft HOST:PORT")
+    p.set_defaults(run=lambda args: asyncio.run(_cluster(args)))
+
     p = sub.add_parser("ping", help="check a broker and list the cluster's URLs")
     p.add_argument("url", metavar="URL")
     p.set_defaults(run=lambda args: asyncio.run(_ping(args)))
@@ -107,4 +115,13 @@ async def _ping(args: argparse.Namespace) -> int:
     async with Client(args.url, retry_timeout=3.0) as client:
         for url in await client.ping():
             print(url)
+    return 0
+
+
+async def _cluster(args: argparse.Namespace) -> int:
+    async with Client(args.url) as client:
+        response = await client.request("POST", f"/messaging/cluster/{args.action}",
+                                        params={"addr": args.address}, write=True)
+    for url in response.json()["urls"]:
+        print(url)
     return 0

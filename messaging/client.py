@@ -177,8 +177,6 @@ class Client:
                         target = None
                         break
                     if response.status >= 300:
-                        if self.leader == target and response.status == 503:
-                            self.leader = None
                         raise _error(response)
                     return response
             if loop.time() >= deadline:

@@ -73,6 +73,15 @@ class NoLeaderError(MessagingError):
     status = 503
 
 
+class CommitUnknownError(MessagingError):
+    """A write reached the leader but leadership changed before it was known to commit.
+
+    It may still be committed by the new leader; retrying blindly could store it twice.
+    """
+
+    status = 504
+
+
 class NotLeaderError(MessagingError):
     """This node is a follower; the write belongs on the leader at ``leader_url``."""
 
@@ -127,6 +136,7 @@ _BY_STATUS: dict[int, type[MessagingError]] = {
     404: NotFoundError,
     413: MessageTooLargeError,
     503: NoLeaderError,
+    504: PublishOutcomeUnknownError,
 }
 
 

@@ -38,6 +38,7 @@ class BrokerConfig:
     advertise: str | None = None
     raft_bind: str | None = None
     peers: list[str] = field(default_factory=list)
+    raft_snapshot_entries: int = 20_000
 
 
 class BrokerServer:
@@ -87,6 +88,14 @@ class BrokerServer:
 
     async def _start_log(self, broker: Broker) -> Log:
         config = self.config
+        if config.raft_bind:
+            from messaging.raft import RaftLog
+
+            raft = RaftLog(broker, self.url, config.raft_bind, config.peers,
+                           data=config.data / "raft",
+                           snapshot_entries=config.raft_snapshot_entries)
+            await raft.start()
+            return raft
         local = LocalLog(broker, self.url, config.fsync)
         await local.start()
         return local

@@ -6,6 +6,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -69,9 +70,10 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 class BrokerProcess:
     """``messaging broker`` in a real subprocess, bound to a free port on 127.0.0.1."""
 
-    def __init__(self, data: Path, *args: str) -> None:
+    def __init__(self, data: Path, *args: str, port: int = 0) -> None:
         self.data = data
         self.args = list(args)
+        self.port = port
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
         self.log = data.parent / f"{data.name}.log"
@@ -81,7 +83,7 @@ class BrokerProcess:
         log = self.log.open("a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "messaging.cli", "broker", "--data", str(self.data),
-             "--bind", "127.0.0.1:0", *self.args],
+             "--bind", f"127.0.0.1:{self.port}", *self.args],
             stdout=subprocess.PIPE, stderr=log, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         assert self.proc.stdout is not None
@@ -117,14 +119,28 @@ def broker_process(tmp_path: Path):
     """A factory of subprocess brokers; every one still running is killed at the end."""
     started: list[BrokerProcess] = []
 
-    def make(data: Path | None = None, *args: str) -> BrokerProcess:
-        process = BrokerProcess(data or tmp_path / f"proc{len(started)}", *args)
+    def make(data: Path | None = None, *args: str, port: int = 0) -> BrokerProcess:
+        process = BrokerProcess(data or tmp_path / f"proc{len(started)}", *args, port=port)
         started.append(process)
         return process
 
     yield make
     for process in started:
         process.kill()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cli(*args: str, stdin: str | None = None, timeout: float = 60,
+        ) -> subprocess.CompletedProcess[str]:
+    """Run the ``messaging`` command in a subprocess."""
+    return subprocess.run([sys.executable, "-m", "messaging.cli", *args], input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0,

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,7 +19,7 @@ from messaging.errors import (
     TopicTruncatedError,
 )
 from messaging.server import BrokerServer
-from tests.conftest import StartServer, wait_until
+from tests.conftest import StartServer, cli, wait_until
 from tests.proxy import FaultProxy, dead_url
 
 
@@ -230,11 +228,6 @@ async def test_ping_persists_urls(server: BrokerServer, tmp_path: Path) -> None:
     assert json.loads(config.read_text()) == {"urls": [server.url]}
     async with Client([dead_url()], config_path=config) as client:
         assert await client.publish(1, b"found through the saved urls") == 1
-
-
-def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "messaging.cli", *args], input=stdin,
-                          capture_output=True, text=True, timeout=60)
 
 
 async def test_cli_commands(server: BrokerServer) -> None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -13,6 +11,7 @@ import pytest
 
 from messaging.message import FRAMES_CONTENT_TYPE, decode, encode_batch
 from messaging.topic import segment_name
+from tests.conftest import cli
 
 
 async def publisher(session: aiohttp.ClientSession, url: str, topic: int, worker: int,
@@ -116,23 +115,18 @@ async def test_damaged_tail_is_cut_and_reported(broker_process, tmp_path: Path,
     assert "truncated" in restarted.log.read_text()
 
 
-def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "messaging.cli", *args], capture_output=True,
-                          text=True, timeout=timeout)
-
-
 def test_bad_flag_is_one_clear_line() -> None:
-    result = run_cli("broker", "--fsync", "sometimes")
+    result = cli("broker", "--fsync", "sometimes")
     assert result.returncode == 2
     assert "invalid choice: 'sometimes'" in result.stderr
-    result = run_cli("broker", "--max-segment-size", "lots")
+    result = cli("broker", "--max-segment-size", "lots")
     assert result.returncode == 2 and "invalid size 'lots'" in result.stderr
 
 
 def test_unusable_data_directory(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    result = run_cli("broker", "--data", str(blocker / "data"), "--bind", "127.0.0.1:0")
+    result = cli("broker", "--data", str(blocker / "data"), "--bind", "127.0.0.1:0")
     assert result.returncode == 1
     assert "cannot use data directory" in result.stderr
     assert "Traceback" not in result.stderr
@@ -141,7 +135,7 @@ def test_unusable_data_directory(tmp_path: Path) -> None:
 def test_busy_port(broker_process, tmp_path: Path) -> None:
     first = broker_process().start()
     port = first.url.rsplit(":", 1)[1]
-    result = run_cli("broker", "--data", str(tmp_path / "other"), "--bind", f"127.0.0.1:{port}")
+    result = cli("broker", "--data", str(tmp_path / "other"), "--bind", f"127.0.0.1:{port}")
     assert result.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
     assert "Traceback" not in result.stderr
@@ -150,12 +144,12 @@ def test_busy_port(broker_process, tmp_path: Path) -> None:
 def test_data_directory_in_use(broker_process, tmp_path: Path) -> None:
     first = broker_process(tmp_path / "shared").start()
     assert first.url
-    result = run_cli("broker", "--data", str(tmp_path / "shared"), "--bind", "127.0.0.1:0")
+    result = cli("broker", "--data", str(tmp_path / "shared"), "--bind", "127.0.0.1:0")
     assert result.returncode == 1 and "in use by another broker" in result.stderr
 
 
 def test_help_explains_durability() -> None:
-    result = run_cli("broker", "--help")
+    result = cli("broker", "--help")
     assert result.returncode == 0
     for word in ("always", "interval", "never", "group commit", "fsync"):
         assert word in result.stdout
