@@ -19,6 +19,7 @@ bytes) from a *corrupt* one (:class:`ChecksumError`, :class:`CorruptFrameError`)
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -223,7 +224,7 @@ class FrameScan:
 def scan(buffer: bytes | bytearray | memoryview, *, start: int = 0, after: int | None = None,
          verify: bool = True, stop_index: int | None = None, max_count: int | None = None,
          mark_every: int = 0, mark_base: int = 0, max_length: int = HARD_MAX_MESSAGE_SIZE,
-         ) -> FrameScan:
+         offsets: array[int] | None = None) -> FrameScan:
     """Verify and index the frames in ``buffer`` from ``start`` without decoding them.
 
     Stops before the first frame whose index is ``>= stop_index`` (``stopped``), after
@@ -231,6 +232,7 @@ def scan(buffer: bytes | bytearray | memoryview, *, start: int = 0, after: int |
     frame (``error``, never raised: recovery truncates there, readers raise it). With
     ``verify=False`` only the headers are read (lengths and index order are still checked).
     ``mark_every`` > 0 records sparse marks; ``mark_base`` is added to their offsets.
+    ``offsets``, when given, receives the start offset of every accepted frame.
     """
     view = memoryview(buffer)
     size = len(view)
@@ -244,6 +246,7 @@ def scan(buffer: bytes | bytearray | memoryview, *, start: int = 0, after: int |
     limit = -1 if max_count is None else max_count
     next_mark = (start + mark_base) if mark_every > 0 else -1
     marks = result.marks
+    record = offsets.append if offsets is not None else None
     while count != limit:
         if size - offset < HEADER_SIZE:
             result.incomplete = offset < size
@@ -273,6 +276,8 @@ def scan(buffer: bytes | bytearray | memoryview, *, start: int = 0, after: int |
             next_mark = offset + mark_base + mark_every
         if count == 0:
             first = index
+        if record is not None:
+            record(offset)
         previous = index
         count += 1
         offset = end

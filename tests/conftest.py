@@ -152,3 +152,39 @@ async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local SparkSession for the whole test session (Java 17 required)."""
+    import shutil
+
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.fail("Java 17 is required for the Spark tests: install a JDK 17 "
+                    "(e.g. apt-get install openjdk-17-jdk-headless) or set JAVA_HOME")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+
+    from messaging.spark import MessagingDataSource
+
+    session = (SparkSession.builder.master("local[2]").appName("messaging-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.driver.host", "127.0.0.1")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(MessagingDataSource)
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def spark_broker(tmp_path_factory: pytest.TempPathFactory):
+    """A broker process for Spark tests (small segments so retention can be exercised)."""
+    data = tmp_path_factory.mktemp("spark") / "data"
+    process = BrokerProcess(data, "--max-segment-size", "256K").start()
+    yield process
+    process.kill()

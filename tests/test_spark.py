@@ -1,0 +1,167 @@
+"""Spark reads and writes topics through the messaging data source, against a real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.errors.exceptions.captured import CapturedException
+
+from messaging.client import Client
+from tests.conftest import BrokerProcess
+
+
+def publish(url: str, topic: int, datas: list[bytes]) -> tuple[int, int]:
+    async def run() -> tuple[int, int]:
+        async with Client(url) as client:
+            return await client.publish_batch(topic, datas)
+
+    return asyncio.run(run())
+
+
+def topic_info(url: str, topic: int) -> dict:
+    async def run() -> dict:
+        async with Client(url) as client:
+            return await client.topic(topic)
+
+    return asyncio.run(run())
+
+
+def drain(spark: SparkSession, url: str, topics: str, checkpoint: Path, **options: str):
+    """Run an availableNow query into a memory table; returns (rows, batch sizes)."""
+    name = f"out_{abs(hash((str(checkpoint), topics))) % 10**8}"
+    reader = (spark.readStream.format("messaging").option("url", url)
+              .option("topics", topics))
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    sizes: list[int] = []
+
+    def collect(batch, batch_id: int) -> None:
+        rows = batch.collect()
+        sizes.append(len(rows))
+        # Row is a tuple: r.index would be tuple.index, so columns are read by name.
+        collected.extend((r["topic"], r["index"], r["type"], bytes(r["data"])) for r in rows)
+
+    collected: list[tuple[int, int, int, bytes]] = []
+    query = (reader.load().writeStream.foreachBatch(collect)
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
+             .queryName(name).start())
+    assert query.awaitTermination(240), "the availableNow query did not finish"
+    assert query.exception() is None, query.exception()
+    return collected, [s for s in sizes if s]
+
+
+def test_available_now_with_admission_control_and_restart(spark: SparkSession,
+                                                          spark_broker: BrokerProcess,
+                                                          tmp_path: Path) -> None:
+    url = spark_broker.url
+    first_a = publish(url, 11, [b"a%05d" % i for i in range(25_000)])
+    first_b = publish(url, 12, [b"b%05d" % i for i in range(25_000)])
+    checkpoint = tmp_path / "checkpoint"
+    rows, sizes = drain(spark, url, "11,12", checkpoint, maxRecordsPerTrigger="8000",
+                        partitionSize="3000")
+    assert len(rows) == 50_000
+    assert len({(t, i) for t, i, _, _ in rows}) == 50_000  # every row once
+    assert max(sizes) <= 8000 and len(sizes) >= 7  # capped batches
+    by_topic: dict[int, list[tuple[int, bytes]]] = {11: [], 12: []}
+    for topic, index, type_, data in sorted(rows):
+        by_topic[topic].append((index, data))
+        assert type_ == 1
+    assert by_topic[11][0] == (first_a[0], b"a00000")
+    assert [d for _, d in by_topic[12]] == [b"b%05d" % i for i in range(25_000)]
+
+    publish(url, 11, [b"later-a%d" % i for i in range(300)])
+    publish(url, 12, [b"later-b%d" % i for i in range(200)])
+    again, _ = drain(spark, url, "11,12", checkpoint, maxRecordsPerTrigger="8000")
+    assert sorted(d for _, _, _, d in again) == sorted(
+        [b"later-a%d" % i for i in range(300)] + [b"later-b%d" % i for i in range(200)])
+    assert first_b[1] < min(i for _, i, _, _ in again)
+
+
+def test_starting_index_variants(spark: SparkSession, spark_broker: BrokerProcess,
+                                 tmp_path: Path) -> None:
+    url = spark_broker.url
+    first, _ = publish(url, 21, [b"x%d" % i for i in range(10)])
+    rows, _ = drain(spark, url, "21", tmp_path / "c1", startingIndex="latest")
+    assert rows == []
+    rows, _ = drain(spark, url, "21", tmp_path / "c2",
+                    startingIndex=json.dumps({"21": first + 7}))
+    assert [d for _, _, _, d in rows] == [b"x7", b"x8", b"x9"]
+    rows, _ = drain(spark, url, "21", tmp_path / "c3", startingIndex="earliest")
+    assert len(rows) == 10
+    with pytest.raises(CapturedException, match="names no index for topic 21"):
+        drain(spark, url, "21", tmp_path / "c4", startingIndex='{"99": 1}')
+
+
+def test_batch_read_of_a_range(spark: SparkSession, spark_broker: BrokerProcess) -> None:
+    url = spark_broker.url
+    first, _ = publish(url, 31, [b"r%d" % i for i in range(100)])
+    df = (spark.read.format("messaging").option("url", url).option("topics", "31")
+          .option("startingIndex", json.dumps({"31": first + 10}))
+          .option("endingIndex", json.dumps({"31": first + 20}))
+          .option("partitionSize", "3").load())
+    assert df.rdd.getNumPartitions() == 4
+    rows = sorted(df.collect(), key=lambda r: int(r["index"]))
+    assert [bytes(r.data) for r in rows] == [b"r%d" % i for i in range(10, 20)]
+    assert df.count() == 10
+    whole = spark.read.format("messaging").option("url", url).option("topics", "31").load()
+    assert whole.count() == 100
+
+
+def test_fail_on_data_loss_both_ways(spark: SparkSession, tmp_path: Path) -> None:
+    process = BrokerProcess(tmp_path / "data", "--max-segment-size", "1K",
+                            "--max-topic-size", "2K").start()
+    try:
+        url = process.url
+        publish(url, 41, [b"y" * 100 for _ in range(60)])
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(
+            f"{url}/messaging/retention", method="POST"), timeout=10).read()
+        first_kept = topic_info(url, 41)["first_index"]
+        assert first_kept > 1
+        with pytest.raises(CapturedException, match=f"first available index is {first_kept}"):
+            drain(spark, url, "41", tmp_path / "strict", startingIndex='{"41": 1}')
+        rows, _ = drain(spark, url, "41", tmp_path / "lenient", startingIndex='{"41": 1}',
+                        failOnDataLoss="false")
+        assert sorted(i for _, i, _, _ in rows)[0] == first_kept
+        assert len(rows) == 60 - first_kept + 1
+    finally:
+        process.terminate()
+
+
+def test_sink_round_trip(spark: SparkSession, spark_broker: BrokerProcess,
+                         tmp_path: Path) -> None:
+    url = spark_broker.url
+    publish(url, 51, [b"%d" % i for i in range(1000)])
+    source = (spark.readStream.format("messaging").option("url", url).option("topics", "51")
+              .load())
+    doubled = source.selectExpr("52 AS topic", "CAST(CAST(CAST(data AS STRING) AS INT) * 2 "
+                                "AS STRING) AS data", "7 AS type")
+    query = (doubled.writeStream.format("messaging").option("url", url)
+             .option("checkpointLocation", str(tmp_path / "sink")).trigger(availableNow=True)
+             .start())
+    assert query.awaitTermination(240)
+    assert query.exception() is None
+
+    async def read_back() -> list:
+        async with Client(url) as client:
+            return await client.read(52)
+
+    messages = asyncio.run(read_back())
+    assert sorted(int(m.data) for m in messages) == [2 * i for i in range(1000)]
+    assert {m.type for m in messages} == {7}
+    spark.createDataFrame([(53, b"batch write")], "topic long, data binary").write.format(
+        "messaging").option("url", url).mode("append").save()
+    assert topic_info(url, 53)["last_index"] > 0
+
+
+def test_bad_options_are_clear(spark: SparkSession, spark_broker: BrokerProcess) -> None:
+    with pytest.raises(CapturedException, match="option topics"):
+        spark.read.format("messaging").option("url", spark_broker.url).load().count()
+    with pytest.raises(CapturedException, match="maxRecordsPerTrigger"):
+        (spark.read.format("messaging").option("url", spark_broker.url)
+         .option("topics", "1").option("maxRecordsPerTrigger", "-3").load().count())
