@@ -39,6 +39,7 @@ HEADER_SIZE = HEADER.size
 INDEX = struct.Struct(">Q")
 CRC_START = struct.calcsize(">QI")  # the checksum covers everything from the type field on
 LENGTH_OFFSET = struct.calcsize(">QIHQ")
+_CHECKSUMMED_FIELDS = struct.Struct(">HQI")  # type, topic, length: the header's CRC'd part
 
 INTERNAL_TYPE = 0x8000
 MAX_TYPE = 0xFFFF
@@ -137,12 +138,25 @@ def encode_many(messages: Iterable[Message]) -> bytes:
 
 
 def encode_batch(topic: int, datas: Sequence[bytes | memoryview], type_: int = 1) -> bytes:
-    """Encode a publish batch: one frame per data, all for one topic, index 0."""
-    buffer = bytearray(sum(len(d) for d in datas) + HEADER_SIZE * len(datas))
-    offset = 0
+    """Encode a publish batch: one frame per data, all for one topic, index 0.
+
+    The CRC of the fixed fields (type, topic, length) is computed once per distinct length
+    and continued over each message's data.
+    """
+    _check_fields(0, type_, topic, 0)
+    parts: list[bytes | memoryview] = []
+    append = parts.append
+    pack = HEADER.pack
+    fields_crc: dict[int, int] = {}
     for data in datas:
-        offset = encode_into(buffer, offset, 0, type_, topic, data)
-    return bytes(buffer)
+        length = len(data)
+        start = fields_crc.get(length)
+        if start is None:
+            _check_fields(0, type_, topic, length)
+            start = fields_crc[length] = crc32c(_CHECKSUMMED_FIELDS.pack(type_, topic, length))
+        append(pack(0, crc32c(data, start), type_, topic, length))
+        append(data)
+    return b"".join(parts)
 
 
 def frame_size(buffer: bytes | bytearray | memoryview, offset: int = 0) -> int | None:

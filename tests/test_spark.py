@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 from pathlib import Path
 
 import pytest
-from pyspark.sql import SparkSession
 from pyspark.errors.exceptions.captured import CapturedException
+from pyspark.sql import SparkSession
 
 from messaging.client import Client
 from tests.conftest import BrokerProcess
@@ -165,3 +166,33 @@ def test_bad_options_are_clear(spark: SparkSession, spark_broker: BrokerProcess)
     with pytest.raises(CapturedException, match="maxRecordsPerTrigger"):
         (spark.read.format("messaging").option("url", spark_broker.url)
          .option("topics", "1").option("maxRecordsPerTrigger", "-3").load().count())
+
+
+def test_example_pipeline_end_to_end(spark: SparkSession, spark_broker: BrokerProcess,
+                                     tmp_path: Path) -> None:
+    from examples.generate_events import make_events, publish_events
+    from examples.spark_pipeline import start
+
+    url = spark_broker.url
+    events = make_events(500, minutes=3, seed=7)
+    asyncio.run(publish_events(url, 61, events))
+    query = start(spark, url, 61, 62, str(tmp_path / "parquet"), str(tmp_path / "ckpt"),
+                  available_now=True)
+    assert query.awaitTermination(240)
+    assert query.exception() is None
+    expected: dict[tuple[str, str], int] = {}
+    for event in events:
+        minute = str(event["ts"])[:16]
+        key = (minute, str(event["key"]))
+        expected[key] = expected.get(key, 0) + 1
+    table = spark.read.parquet(str(tmp_path / "parquet")).collect()
+    got = {(r["minute"].astimezone(datetime.UTC).isoformat()[:16], r["key"]): r["events"]
+           for r in table}
+    assert got == expected
+
+    async def read_back() -> list:
+        async with Client(url) as client:
+            return await client.read(62)
+
+    published = [json.loads(m.data) for m in asyncio.run(read_back())]
+    assert sum(p["events"] for p in published) == 500
