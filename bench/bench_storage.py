@@ -78,10 +78,12 @@ def build_big_topic(path: Path, total: int, size: int) -> int:
     per_batch = 4096
     index = 1
     written = 0
-    while written < total:
-        buf = encode_many(Message(index + i, 1, 1, payload) for i in range(per_batch))
+    # Keep writing until the last segment is full: recovery reads all of it (the worst case).
+    while written < total or topic.segments()[-1].size < topic.max_segment_size - 2 * size:
+        count = per_batch if written < total else 1
+        buf = encode_many(Message(index + i, 1, 1, payload) for i in range(count))
         topic.append(buf)
-        index += per_batch
+        index += count
         written += len(buf)
     topic.sync()
     topic.commit()
@@ -129,7 +131,8 @@ def bench_big_topic(tmp: Path, total: int) -> list[Row]:
     size_gib = total / 2**30
     p99 = percentile(warm, 99) * 1000
     return [
-        Row(f"open (recovery) of a {size_gib:.1f} GiB topic", open_time, "s", "", None,
+        Row(f"open (recovery) of a {size_gib:.1f} GiB topic, last 10 MiB segment full",
+            open_time, "s", "", None,
             "≤ 0.5 s", open_time <= 0.5),
         Row("seek to a random index, p99 (segment indexes built)", p99, "ms",
             "raw 4 KiB pread p99", percentile(raw, 99) * 1000, "≤ 1 ms", p99 <= 1.0),
