@@ -18,10 +18,10 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Row, command_line, report  # noqa: E402
-from bench.procs import broker  # noqa: E402
-from messaging.client import Client  # noqa: E402
-from messaging.message import FRAMES_CONTENT_TYPE, encode_batch  # noqa: E402
+from bench.common import Row, command_line, report
+from bench.procs import broker
+from messaging.client import Client
+from messaging.message import FRAMES_CONTENT_TYPE, encode_batch
 
 MESSAGES = int(os.environ.get("BENCH_MESSAGES", "1000000"))
 PAYLOAD = b"x" * 100

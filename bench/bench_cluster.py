@@ -17,10 +17,10 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Row, command_line, report  # noqa: E402
-from bench.procs import Proc, broker, free_port  # noqa: E402
-from messaging.client import Client  # noqa: E402
-from messaging.errors import MessagingError  # noqa: E402
+from bench.common import Row, command_line, report
+from bench.procs import Proc, broker, free_port
+from messaging.client import Client
+from messaging.errors import MessagingError
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "5"))
 FAILOVERS = int(os.environ.get("BENCH_FAILOVERS", "5"))

@@ -21,9 +21,9 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Row, command_line, percentile, report  # noqa: E402
-from bench.procs import bare_server, broker, ensure_tool  # noqa: E402
-from messaging.message import FRAMES_CONTENT_TYPE, FrameDecoder, encode_batch  # noqa: E402
+from bench.common import Row, command_line, percentile, report
+from bench.procs import bare_server, broker, ensure_tool
+from messaging.message import FRAMES_CONTENT_TYPE, FrameDecoder, encode_batch
 
 DURATION = float(os.environ.get("BENCH_SECONDS", "5"))
 CONNECTIONS = 50
@@ -59,7 +59,7 @@ async def python_post_rate(url: str, path: str, runs: int = 3) -> float:
                 connector=aiohttp.TCPConnector(limit=CONNECTIONS)) as session:
             deadline = time.perf_counter() + DURATION
 
-            async def worker() -> None:
+            async def worker(deadline: float = deadline) -> None:
                 nonlocal count
                 while time.perf_counter() < deadline:
                     async with session.post(url + path, data=PAYLOAD) as resp:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Row, command_line, report  # noqa: E402
-from bench.procs import broker  # noqa: E402
-from messaging.client import Client  # noqa: E402
+from bench.common import Row, command_line, report
+from bench.procs import broker
+from messaging.client import Client
 
 MESSAGES = int(os.environ.get("BENCH_MESSAGES", "1000000"))
 RUNS = 3
@@ -40,7 +40,7 @@ def timed_query(spark, fmt: str, options: dict[str, str], checkpoint: Path) -> f
     rows = sum(p["numInputRows"] for p in progress)
     assert rows == MESSAGES, f"{fmt}: {rows} rows"
     assert len(progress) == 1, "expected one micro-batch"
-    return rows / elapsed
+    return float(rows / elapsed)
 
 
 def main() -> None:

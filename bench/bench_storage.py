@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Row, command_line, percentile, rate, report  # noqa: E402
-from messaging.message import Message, decode, encode_batch, encode_many, scan  # noqa: E402
-from messaging.topic import Topic  # noqa: E402
+from bench.common import Row, command_line, percentile, rate, report
+from messaging.message import Message, decode, encode_batch, encode_many, scan
+from messaging.topic import Topic
 
 
 def bench_append(tmp: Path, size: int, batch: int) -> tuple[float, float]:
@@ -39,8 +39,7 @@ def bench_append(tmp: Path, size: int, batch: int) -> tuple[float, float]:
         topic.commit()
         return batch
 
-    budget = dict(min_time=0.6, max_rounds=max_rounds, repeats=repeats)
-    ours = rate(append_round, **budget)
+    ours = rate(append_round, min_time=0.6, max_rounds=max_rounds, repeats=repeats)
     topic.close()
     fd = os.open(tmp / f"raw-{size}-{batch}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     blob = encode_many(Message(1 + i, 1, 1, payload) for i in range(batch))
@@ -50,7 +49,7 @@ def bench_append(tmp: Path, size: int, batch: int) -> tuple[float, float]:
         os.fdatasync(fd)
         return batch
 
-    raw = rate(raw_round, **budget)
+    raw = rate(raw_round, min_time=0.6, max_rounds=max_rounds, repeats=repeats)
     os.close(fd)
     return ours, raw
 

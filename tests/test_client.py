@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -251,6 +252,17 @@ async def test_cli_commands(server: BrokerServer) -> None:
     assert result.stdout.splitlines()[1].split()[:3] == ["7", "1", "4"]
     result = await run(cli, "ping", url)
     assert result.stdout.strip() == url
+
+
+async def test_cli_tail_into_a_closed_pipe(server: BrokerServer) -> None:
+    async with Client(server.url) as client:
+        await client.publish_batch(8, [b"line %d" % i for i in range(20_000)])
+    proc = await asyncio.create_subprocess_shell(
+        f"{sys.executable} -m messaging.cli tail {server.url} 8 | head -2",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert out.decode().splitlines() == ["1\t1\tline 0", "2\t1\tline 1"]
+    assert b"Traceback" not in err
 
 
 async def test_cli_errors_are_one_line(server: BrokerServer) -> None:
