@@ -133,7 +133,7 @@ def _plot(bench: str, title: str, rows: list[Row]) -> None:
     fig, ax = plt.subplots(figsize=(10, 0.45 * len(shown) + 1.5))
     names = [r.name for r in shown]
     if with_baseline:
-        ax.barh(names, [r.ratio for r in shown], color="tab:blue")
+        ax.barh(names, [r.ratio or 0.0 for r in shown], color="tab:blue")
         ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
         ax.set_xlabel("ratio to the baseline measured in the same run")
     else:
