@@ -267,18 +267,12 @@ class Broker:
 
     async def wait_for_topic(self, topic_id: int) -> Topic | None:
         """The topic, waiting for its first message if needed; None if the broker closed."""
-        while True:
-            with self._lock:
-                topic = self._topics.get(topic_id)
-                if topic is not None or self._lock_fd is None:
-                    return topic
-                future = self._topic_waiters.add()
-            try:
-                await future
-            finally:
-                if not future.done():
-                    with self._lock:
-                        self._topic_waiters.discard(future)
+        def ready() -> bool:
+            return topic_id in self._topics or self._lock_fd is None
+
+        while not ready():
+            await self._topic_waiters.wait_unless(self._lock, ready)
+        return self.topic(topic_id)
 
     def _wake_topic_waiters(self) -> None:
         with self._lock:

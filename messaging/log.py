@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, Literal, Protocol
 
 from messaging.broker import ApplyResult, Broker
@@ -63,6 +65,34 @@ class Log(Protocol):
         ...
 
 
+class DeferredSync:
+    """Topics written but not yet fsynced, for the modes that fsync every FSYNC_INTERVAL."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._topics: set[int] = set()
+        self._lock = threading.Lock()
+
+    def add(self, topics: Iterable[int]) -> None:
+        """Remember topics to fsync at the next flush (any thread)."""
+        with self._lock:
+            self._topics.update(topics)
+
+    def flush(self) -> None:
+        """fsync every remembered topic (blocking: run it on a thread)."""
+        with self._lock:
+            topics, self._topics = self._topics, set()
+        if topics:
+            self.broker.sync(topics)
+
+    async def run(self, executor: Executor | None = None) -> None:
+        """Flush every FSYNC_INTERVAL until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(FSYNC_INTERVAL)
+            await loop.run_in_executor(executor, self.flush)
+
+
 class LocalLog:
     """The embedded single-node log: commands go straight to the broker, in groups."""
 
@@ -75,7 +105,7 @@ class LocalLog:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="messaging-writer")
         self._pending: list[tuple[bytes, asyncio.Future[ApplyResult]]] = []
         self._wakeup = asyncio.Event()
-        self._unsynced: set[int] = set()
+        self._unsynced = DeferredSync(broker)
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         self.groups = 0
@@ -84,7 +114,8 @@ class LocalLog:
         """Start the writer (and, in interval mode, the periodic fsync)."""
         self._tasks.append(asyncio.create_task(self._write_loop(), name="messaging-writer"))
         if self.fsync == "interval":
-            self._tasks.append(asyncio.create_task(self._sync_loop(), name="messaging-fsync"))
+            self._tasks.append(asyncio.create_task(self._unsynced.run(self._writer),
+                                                   name="messaging-fsync"))
 
     async def close(self) -> None:
         """Finish every queued command, fsync, and stop the writer."""
@@ -98,7 +129,7 @@ class LocalLog:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._writer, self._sync_all)
+        await loop.run_in_executor(self._writer, self._unsynced.flush)
         self._writer.shutdown(wait=True)
 
     async def apply(self, command: bytes) -> ApplyResult:
@@ -184,19 +215,8 @@ class LocalLog:
             if touched:
                 self.broker.sync(touched)
         else:
-            self._unsynced |= touched
+            self._unsynced.add(touched)
         self.broker.commit(touched)
         self.broker.metrics.group_commits.inc(len(commands))
         self.groups += 1
         return results
-
-    def _sync_all(self) -> None:
-        touched, self._unsynced = self._unsynced, set()
-        if touched:
-            self.broker.sync(touched)
-
-    async def _sync_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(FSYNC_INTERVAL)
-            await loop.run_in_executor(self._writer, self._sync_all)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+from collections.abc import Callable
 
 
 class Waiters:
@@ -26,6 +28,19 @@ class Waiters:
     def discard(self, future: asyncio.Future[None]) -> None:
         """Forget a future whose waiter gave up (cancelled or timed out)."""
         self._waiting = [(loop, f) for loop, f in self._waiting if f is not future]
+
+    async def wait_unless(self, lock: threading.Lock, ready: Callable[[], bool]) -> None:
+        """Return at once if ``ready()`` (checked under ``lock``), else at the next wake-up."""
+        with lock:
+            if ready():
+                return
+            future = self.add()
+        try:
+            await future
+        finally:
+            if not future.done():
+                with lock:
+                    self.discard(future)
 
     def take(self) -> list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]:
         """Remove and return every waiter (call under the owner's lock, wake outside it)."""

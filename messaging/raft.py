@@ -27,13 +27,13 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
 from messaging.broker import ApplyResult, Broker, heartbeat_command
 from messaging.errors import BadRequestError, CommitUnknownError, MessagingError, NoLeaderError
+from messaging.log import DeferredSync
 
 log = logging.getLogger(__name__)
 
 #: How long a write may wait for its commit before the outcome is reported unknown.
 COMMIT_TIMEOUT = 10.0
 HEARTBEAT_FLUSH_INTERVAL = 0.5
-FSYNC_INTERVAL = 0.1
 _LENGTH = struct.Struct(">Q")
 # Outcomes after which the command is certainly not in the log (safe to retry elsewhere).
 _NOT_APPENDED = {FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER, FAIL_REASON.REQUEST_DENIED}
@@ -74,7 +74,7 @@ class RaftLog:
         self.snapshots_written = 0
         self.snapshots_restored = 0
         self._urls: dict[str, str] = {}
-        self._unsynced: set[int] = set()
+        self._unsynced = DeferredSync(broker)
         self._pending_heartbeats: dict[tuple[int, str], int] = {}
         self._node: _Node | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -111,7 +111,7 @@ class RaftLog:
         self._tasks = [
             asyncio.create_task(self._register_loop(), name="messaging-raft-register"),
             asyncio.create_task(self._heartbeat_loop(), name="messaging-raft-heartbeats"),
-            asyncio.create_task(self._sync_loop(), name="messaging-raft-fsync"),
+            asyncio.create_task(self._unsynced.run(), name="messaging-raft-fsync"),
         ]
         log.info("raft node %s started with peers %s", self.address, self.peers)
 
@@ -125,7 +125,7 @@ class RaftLog:
         node = self._node
         if node is not None:
             await asyncio.get_running_loop().run_in_executor(None, node.destroy_synchronous)
-        self._sync()
+        self._unsynced.flush()
 
     # -- the Log protocol -------------------------------------------------------------------
 
@@ -227,19 +227,8 @@ class RaftLog:
             log.exception("could not apply a committed command")
             raise
         self.broker.commit(result.topics)
-        self._unsynced |= result.topics
+        self._unsynced.add(result.topics)
         return result.first, result.last
-
-    def _sync(self) -> None:
-        topics, self._unsynced = self._unsynced, set()
-        if topics:
-            self.broker.sync(topics)
-
-    async def _sync_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(FSYNC_INTERVAL)
-            await loop.run_in_executor(None, self._sync)
 
     async def _register_loop(self) -> None:
         """Until the cluster knows this node's URL, ask the leader to record it."""

@@ -361,16 +361,8 @@ class Topic:
 
     async def wait_for(self, after_index: int) -> None:
         """Return once a frame with index above ``after_index`` is committed (or on close)."""
-        with self._lock:
-            if self._closed or self._committed_index_locked() > after_index:
-                return
-            future = self._waiters.add()
-        try:
-            await future
-        finally:
-            if not future.done():
-                with self._lock:
-                    self._waiters.discard(future)
+        await self._waiters.wait_unless(
+            self._lock, lambda: self._closed or self._committed_index_locked() > after_index)
 
     def _committed_index_locked(self) -> int:
         for segment in reversed(self._segments):

@@ -10,7 +10,7 @@ import pytest
 
 from messaging.message import FRAMES_CONTENT_TYPE, FrameDecoder, decode, encode, encode_batch
 from messaging.server import BrokerServer
-from tests.conftest import StartServer
+from tests.conftest import StartServer, wait_until
 
 FRAMES = {"Content-Type": FRAMES_CONTENT_TYPE}
 
@@ -309,3 +309,23 @@ async def test_single_message_post_is_curl_friendly(server: BrokerServer) -> Non
     out, _ = await asyncio.wait_for(proc.communicate(), 10)
     assert decode(out)[0][0].data == b"from curl"
     assert struct.unpack(">Q", out[:8])[0] == 1
+
+
+@pytest.mark.parametrize("mode", ["interval", "never"])
+async def test_relaxed_fsync_modes(start_server: StartServer, http: aiohttp.ClientSession,
+                                   mode: str) -> None:
+    server = await start_server(fsync=mode)
+    assert await publish(http, server, 1, b"quick") == 1
+    assert [m.data for m in await read(http, server, topicID=1)] == [b"quick"]
+    async with http.get(f"{server.url}/messaging/diagnostics") as resp:
+        assert (await resp.json())["fsync"] == mode
+    assert server.broker is not None
+    fsyncs = server.broker.metrics.fsyncs
+
+    async def synced() -> bool:
+        return bool(fsyncs._value.get() >= 1)
+
+    if mode == "interval":  # the periodic fsync picks the topic up within ~100 ms
+        await wait_until(synced, timeout=5, what="the interval fsync")
+    else:
+        assert fsyncs._value.get() == 0
