@@ -10,7 +10,7 @@ import sys
 
 from aiohttp import web
 
-CHUNK = 256 << 10
+CHUNK = 1 << 20  # the broker's STREAM_CHUNK
 BLOCK = bytes(CHUNK)
 
 

@@ -42,7 +42,7 @@ ERROR_HEADER = "X-Broker-Error"
 INDEX_HEADER = "X-Broker-Index"
 DEFAULT_MAX_REQUEST_SIZE = 64 << 20
 #: Bytes a stream reads from disk per write; the socket's own buffer bounds the rest.
-STREAM_CHUNK = 256 << 10
+STREAM_CHUNK = 1 << 20
 
 BROKER_KEY = web.AppKey("broker", object)
 LOG_KEY = web.AppKey("log", object)

@@ -104,6 +104,8 @@ class RaftLog:
             connectionTimeout=3.5,
             connectionRetryTime=0.5,
             leaderFallbackTimeout=3.0,
+            sendBufferSize=4 << 20,  # publish batches are large: fewer, larger socket writes
+            recvBufferSize=4 << 20,
         )
         loop = self._loop
         self._node = await loop.run_in_executor(
