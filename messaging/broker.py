@@ -19,12 +19,12 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from messaging.errors import CorruptFrameError, DataDirectoryError
+from messaging.errors import CorruptFrameError, DataDirectoryError, MessagingError
 from messaging.files import fsync_dir, read_json, write_json_atomic
 from messaging.message import HEADER, HEADER_SIZE, INTERNAL_TYPE, encode, stamp_index
 from messaging.metrics import BrokerMetrics
@@ -176,13 +176,48 @@ class Broker:
 
         The command must hold complete, verified frames (the publish path checked them).
         """
-        buffer = bytearray(command)
-        view = memoryview(buffer)
-        size = len(buffer)
-        touched: set[int] = set()
+        result = self.apply_group([command])[0]
+        if isinstance(result, MessagingError):
+            raise result
+        return result
+
+    def apply_group(self, commands: Sequence[bytes | bytearray],
+                    ) -> list[ApplyResult | MessagingError]:
+        """Apply commands in order, appending to each topic once for the whole group.
+
+        A malformed command is skipped whole (its result is the error); the others apply.
+        """
+        runs: dict[int, list[memoryview]] = {}
+        results: list[ApplyResult | MessagingError] = []
+        for command in commands:
+            before = self.index
+            try:
+                first, command_runs = self._stamp(command)
+            except MessagingError as err:
+                self.index = before
+                results.append(err)
+                continue
+            for topic_id, run in command_runs:
+                runs.setdefault(topic_id, []).append(run)
+            results.append(ApplyResult(first, self.index if first else 0,
+                                       frozenset(t for t, _ in command_runs)))
+        messages = size = 0
+        for topic_id, parts in runs.items():
+            frames: bytes | memoryview = parts[0] if len(parts) == 1 else b"".join(parts)
+            messages += self._topic_for_write(topic_id).append(frames)
+            size += len(frames)
+        if messages:
+            self.metrics.messages_published.inc(messages)
+            self.metrics.bytes_published.inc(size)
+        return results
+
+    def _stamp(self, command: bytes | bytearray) -> tuple[int, list[tuple[int, memoryview]]]:
+        """Assign indexes to a command's messages; returns its first index and topic runs."""
+        view = memoryview(bytearray(command))
+        size = len(view)
+        runs: list[tuple[int, memoryview]] = []
         first = 0
-        offset = 0
-        run_start = 0
+        offset = run_start = 0
         run_topic = -1
         while offset < size:
             if size - offset < HEADER_SIZE:
@@ -192,7 +227,8 @@ class Broker:
             if end > size:
                 raise CorruptFrameError(f"command has an incomplete frame at byte {offset}")
             if type_ & INTERNAL_TYPE or topic_id != run_topic:
-                self._append_run(run_topic, view[run_start:offset], touched)
+                if run_topic >= 0 and offset > run_start:
+                    runs.append((run_topic, view[run_start:offset]))
                 run_start, run_topic = offset, topic_id
             if type_ & INTERNAL_TYPE:
                 self._apply_internal(type_, topic_id, bytes(view[offset + HEADER_SIZE:end]))
@@ -202,17 +238,9 @@ class Broker:
                 first = first or self.index
                 stamp_index(view, offset, self.index)
             offset = end
-        self._append_run(run_topic, view[run_start:offset], touched)
-        return ApplyResult(first, self.index if first else 0, frozenset(touched))
-
-    def _append_run(self, topic_id: int, frames: memoryview, touched: set[int]) -> None:
-        if not frames or topic_id < 0:
-            return
-        written = self._topic_for_write(topic_id).append(frames)
-        if written:
-            touched.add(topic_id)
-            self.metrics.messages_published.inc(written)
-            self.metrics.bytes_published.inc(len(frames))
+        if run_topic >= 0 and offset > run_start:
+            runs.append((run_topic, view[run_start:offset]))
+        return first, runs
 
     def _apply_internal(self, type_: int, topic_id: int, data: bytes) -> None:
         if type_ != SET_TOPIC_MAX_INDEX:

@@ -30,7 +30,7 @@ from messaging.message import (
     HEADER,
     HEADER_SIZE,
     INTERNAL_TYPE,
-    encode,
+    encode_batch,
     scan,
 )
 from messaging.metrics import BrokerMetrics
@@ -99,7 +99,7 @@ class Handlers:
             if len(body) > self.max_message_size:
                 raise MessageTooLargeError(f"message of {len(body)} bytes exceeds the maximum "
                                            f"of {self.max_message_size}")
-            command = encode(type_, topic, body)
+            command = encode_batch(topic, (body,), type_)
         result = await self.log.apply(command)
         headers = {INDEX_HEADER: str(result.last)}
         if request.content_type == FRAMES_CONTENT_TYPE:

@@ -18,7 +18,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, Literal, Protocol
 
 from messaging.broker import ApplyResult, Broker
-from messaging.errors import BrokerClosedError, MessagingError
+from messaging.errors import BrokerClosedError
 
 log = logging.getLogger(__name__)
 
@@ -200,17 +200,12 @@ class LocalLog:
         return group
 
     def _write(self, commands: list[bytes]) -> list[ApplyResult | BaseException]:
-        """Apply a group on the writer thread, fsync once, then make it visible."""
-        results: list[ApplyResult | BaseException] = []
+        """Apply a group on the writer thread, write and fsync once, then make it visible."""
+        results: list[ApplyResult | BaseException] = list(self.broker.apply_group(commands))
         touched: set[int] = set()
-        for command in commands:
-            try:
-                result = self.broker.apply(command)
-            except MessagingError as err:
-                results.append(err)
-                continue
-            touched |= result.topics
-            results.append(result)
+        for result in results:
+            if isinstance(result, ApplyResult):
+                touched |= result.topics
         if self.fsync == "always":
             if touched:
                 self.broker.sync(touched)

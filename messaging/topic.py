@@ -137,6 +137,7 @@ class Topic:
         self._firsts: list[int] = []
         self._tombstone = 0
         self._fd: int | None = None
+        self._staged = bytearray()  # appended to the active segment, not yet written
         self._unsynced_fds: list[int] = []
         self._dir_dirty = False
         self._closed = False
@@ -311,15 +312,22 @@ class Topic:
                    last: int) -> None:
         if segment is None or not run:
             return
-        assert self._fd is not None
-        write_all(self._fd, run)
+        self._staged += run
         if segment.verified_size == segment.size:  # the caller verified what it appends
             segment.verified_size += len(run)
         segment.size += len(run)
         segment.count = count
         segment.last_index = last
 
+    def _write_staged(self) -> None:
+        """Write the staged bytes to the active segment (caller holds the lock)."""
+        if self._staged:
+            assert self._fd is not None
+            write_all(self._fd, self._staged)
+            self._staged.clear()
+
     def _roll(self, first_index: int) -> Segment:
+        self._write_staged()
         if self._fd is not None:
             self._unsynced_fds.append(self._fd)
         path = self.path / segment_name(first_index)
@@ -331,8 +339,9 @@ class Topic:
         return segment
 
     def sync(self) -> None:
-        """fsync what was appended (and any new segment's directory entry)."""
+        """Write and fsync what was appended (and any new segment's directory entry)."""
         with self._lock:
+            self._write_staged()
             fds, self._unsynced_fds = self._unsynced_fds, []
             active = self._fd
             dir_dirty, self._dir_dirty = self._dir_dirty, False
@@ -350,6 +359,7 @@ class Topic:
         Safe to call from any thread.
         """
         with self._lock:
+            self._write_staged()
             for segment in reversed(self._segments):
                 if segment.committed_size == segment.size:
                     break

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
 from pathlib import Path
 
 import aiohttp
@@ -153,3 +154,21 @@ def test_help_explains_durability() -> None:
     assert result.returncode == 0
     for word in ("always", "interval", "never", "group commit", "fsync"):
         assert word in result.stdout
+
+
+async def test_sigterm_finishes_streams_and_exits_cleanly(broker_process, tmp_path: Path) -> None:
+    broker = broker_process(tmp_path / "data").start()
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{broker.url}/messaging/messages", params={"topicID": "1"},
+                                data=b"before shutdown") as resp:
+            assert resp.status == 200
+        async with session.get(f"{broker.url}/messaging/messages",
+                               params={"topicID": "1", "streaming": "true"}) as stream:
+            first = await asyncio.wait_for(stream.content.readexactly(26 + 15), 10)
+            assert decode(first)[0][0].data == b"before shutdown"
+            assert broker.proc is not None
+            broker.proc.send_signal(signal.SIGTERM)
+            rest = await asyncio.wait_for(stream.content.read(), 20)  # the stream ends
+            assert rest == b""
+    assert broker.proc.wait(20) == 0
+    assert "broker stopped" in broker.log.read_text()

@@ -119,6 +119,14 @@ async def test_publish_through_a_follower_replicates_identically(broker_process,
             assert (first, last) == (2, 501)
             await client.publish(1, b"last")
             assert sorted(await client.ping()) == sorted(cluster.urls)
+        async with Client(follower) as client:  # heartbeats go to the leader, replicated
+            await client.heartbeat(2, 250, "reporter-a")
+
+            async def replicated() -> bool:
+                topics = [await client_topics(session, u) for u in cluster.urls]
+                return all(t.get("reporter-a") == 250 for t in topics)
+
+            await wait_until(replicated, timeout=15, what="the heartbeat on every node")
         ones = await converged(session, cluster.urls, 1, 2)
         assert ones == [(1, b"first"), (502, b"last")]
         await converged(session, cluster.urls, 2, 500)
@@ -129,6 +137,29 @@ async def test_publish_through_a_follower_replicates_identically(broker_process,
         files = [sorted((n.data / "topics" / topic).glob("*.seg")) for n in cluster.nodes]
         contents = [[f.read_bytes() for f in fs] for fs in files]
         assert contents[0] == contents[1] == contents[2]
+
+
+async def client_topics(session: aiohttp.ClientSession, url: str) -> dict[str, int]:
+    async with session.get(f"{url}/messaging/topics/2") as resp:
+        if resp.status != 200:
+            return {}
+        subscribers: dict[str, int] = (await resp.json())["subscribers"]
+        return subscribers
+
+
+async def test_no_leader_answers_503(broker_process, tmp_path: Path) -> None:
+    cluster = Cluster(broker_process, tmp_path, 3)
+    lonely = cluster.start_node(0, cluster.raft)  # its two peers never start: no quorum
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{lonely.url}/messaging/messages", params={"topicID": "1"},
+                                data=b"x") as resp:
+            assert resp.status == 503
+            assert "no leader" in resp.headers["X-Broker-Error"]
+        async with session.get(f"{lonely.url}/messaging/messages",
+                               params={"topicID": "1"}) as resp:
+            assert resp.status == 200  # reads are still served
+        d = await diagnostics(session, lonely.url)
+        assert d["leader"] is None and d["role"] == "follower"
 
 
 async def publish_until(client: Client, stop: asyncio.Event, acked: list, unknown: list) -> None:
