@@ -32,11 +32,15 @@ async def stream(request: web.Request) -> web.StreamResponse:
 
 
 def main() -> None:
+    from messaging.cli import event_loop_factory
+
+    factory = event_loop_factory()  # the same event loop the broker runs on
     app = web.Application()
     app.router.add_post("/204", no_content)
     app.router.add_get("/stream", stream)
     web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None,
-                print=lambda *_: print("ready", flush=True))
+                print=lambda *_: print("ready", flush=True),
+                loop=factory() if factory is not None else None)
 
 
 if __name__ == "__main__":

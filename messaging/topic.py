@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import struct
 import threading
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ MARK_EVERY = 4096
 READ_CHUNK = 256 << 10
 
 _unpack_header = HEADER.unpack_from
+# Index and length only: what appending needs from each frame header.
+_unpack_index_and_length = struct.Struct(">Q14xI").unpack_from
 
 
 def segment_name(first_index: int) -> str:
@@ -258,14 +261,16 @@ class Topic:
 
         The caller has verified the frames' checksums (the broker does so on publish), so
         readers need not verify them again. Frames whose index is not above the topic's last
-        index are skipped as stale. Rolls to
-        a new segment once the active one is past ``max_segment_size``. Not durable until
-        :meth:`sync`, not visible to readers until :meth:`commit`.
+        index are skipped as stale (replay is idempotent). A new segment starts once the
+        active one is past ``max_segment_size``. Appended bytes are staged in memory and
+        written with one ``write`` by the next :meth:`commit` or :meth:`sync`, so a group of
+        publishes costs one write; they are durable after :meth:`sync` and visible to readers
+        after :meth:`commit`.
         """
         view = memoryview(frames)
         size = len(view)
         written = 0
-        unpack = _unpack_header
+        unpack = _unpack_index_and_length
         with self._lock:
             if self._closed:
                 raise CorruptFrameError(f"topic {self.id} is closed")
@@ -273,14 +278,15 @@ class Topic:
             offset = run_start = 0
             segment = self._segments[-1] if self._segments else None
             # Hot loop: locals only; segment fields are written back when a run is flushed.
-            base = next_mark = limit = count = 0
+            base = next_mark = count = 0
+            limit = -1  # no segment yet: the first fresh frame starts one
             if segment is not None:
                 base, next_mark, count = segment.size, segment.next_mark_position(), segment.count
                 limit = self.max_segment_size
             while offset < size:
                 if size - offset < HEADER_SIZE:
                     raise CorruptFrameError(f"incomplete frame header at byte {offset}")
-                index, _crc, _type, _topic, length = unpack(view, offset)
+                index, length = unpack(view, offset)
                 end = offset + HEADER_SIZE + length
                 if end > size:
                     raise CorruptFrameError(f"incomplete frame at byte {offset}")
@@ -291,14 +297,14 @@ class Topic:
                         base = segment.size
                     continue
                 position = base + offset - run_start
-                if segment is None or position >= limit:
+                if position >= limit:
                     self._flush_run(segment, view[run_start:offset], count, last)
                     run_start = offset
                     segment = self._roll(index)
-                    base = position = count = 0
-                    next_mark = 0
+                    base = position = count = next_mark = 0
                     limit = self.max_segment_size
                 if position >= next_mark:
+                    assert segment is not None
                     segment.add_mark(index, position, count)
                     next_mark = position + MARK_EVERY
                 count += 1
