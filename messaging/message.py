@@ -54,6 +54,7 @@ HARD_MAX_MESSAGE_SIZE = 1 << 30
 FRAMES_CONTENT_TYPE = "application/x-messaging-frames"
 
 _unpack_header = HEADER.unpack_from
+_unpack_index_crc_length = struct.Struct(">QI10xI").unpack_from  # what scan() needs
 _pack_header = HEADER.pack_into
 
 
@@ -255,17 +256,18 @@ def scan(buffer: bytes | bytearray | memoryview, *, start: int = 0, after: int |
     count = 0
     ordered = after is not None
     previous = after or 0
-    first = 0
     stop = MAX_INDEX + 1 if stop_index is None else stop_index
     limit = -1 if max_count is None else max_count
-    next_mark = (start + mark_base) if mark_every > 0 else -1
+    # Marks are compared in this buffer's offsets; with no marks wanted, never reached.
+    next_mark = start if mark_every > 0 else size + 1
     marks = result.marks
     record = offsets.append if offsets is not None else None
+    unpack = _unpack_index_crc_length
     while count != limit:
         if size - offset < HEADER_SIZE:
             result.incomplete = offset < size
             break
-        index, crc, _type, _topic, length = _unpack_header(view, offset)
+        index, crc, length = unpack(view, offset)
         if length > max_length:
             result.error = FrameTooLargeError(
                 f"frame at byte {offset + mark_base}: data length {length} exceeds {max_length}")
@@ -285,11 +287,9 @@ def scan(buffer: bytes | bytearray | memoryview, *, start: int = 0, after: int |
             result.error = ChecksumError(
                 f"frame at byte {offset + mark_base} (index {index}): checksum mismatch")
             break
-        if next_mark >= 0 and offset + mark_base >= next_mark:
+        if offset >= next_mark:
             marks.append((index, offset + mark_base, count))
-            next_mark = offset + mark_base + mark_every
-        if count == 0:
-            first = index
+            next_mark = offset + mark_every
         if record is not None:
             record(offset)
         previous = index
@@ -300,7 +300,7 @@ def scan(buffer: bytes | bytearray | memoryview, *, start: int = 0, after: int |
     result.count = count
     result.end = offset
     if count:
-        result.first_index = first
+        result.first_index = INDEX.unpack_from(view, start)[0]
         result.last_index = previous
     return result
 

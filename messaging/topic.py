@@ -19,7 +19,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from messaging.errors import CorruptFrameError, TopicTruncatedError
+from messaging.errors import BrokerClosedError, CorruptFrameError, TopicTruncatedError
 from messaging.files import fsync_dir, read_json, write_all, write_json_atomic
 from messaging.message import HEADER, HEADER_SIZE, frame_size, scan
 from messaging.notify import Waiters, wake
@@ -273,7 +273,7 @@ class Topic:
         unpack = _unpack_index_and_length
         with self._lock:
             if self._closed:
-                raise CorruptFrameError(f"topic {self.id} is closed")
+                raise BrokerClosedError(f"topic {self.id} is closed")
             last = self._last_index_locked()
             offset = run_start = 0
             segment = self._segments[-1] if self._segments else None
