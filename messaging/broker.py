@@ -197,10 +197,11 @@ class Broker:
                 self.index = before
                 results.append(err)
                 continue
+            topics = []
             for topic_id, run in command_runs:
                 runs.setdefault(topic_id, []).append(run)
-            results.append(ApplyResult(first, self.index if first else 0,
-                                       frozenset(t for t, _ in command_runs)))
+                topics.append(topic_id)
+            results.append(ApplyResult(first, self.index if first else 0, frozenset(topics)))
         messages = size = 0
         for topic_id, parts in runs.items():
             frames: bytes | memoryview = parts[0] if len(parts) == 1 else b"".join(parts)

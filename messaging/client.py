@@ -29,7 +29,6 @@ from messaging.errors import (
     MessagingError,
     NoLeaderError,
     PublishOutcomeUnknownError,
-    TopicTruncatedError,
     error_for_status,
 )
 from messaging.files import read_json, write_json_atomic
@@ -278,12 +277,8 @@ class Client:
 
 def _error(response: Response) -> MessagingError:
     message = response.headers.get("X-Broker-Error") or response.body.decode(errors="replace")
-    if response.status == 410 and "X-Broker-First-Index" in response.headers:
-        topic = 0
-        if message.startswith("topic "):
-            topic = int(message.split()[1].rstrip(":"))
-        return TopicTruncatedError(topic, int(response.headers["X-Broker-First-Index"]))
-    return error_for_status(response.status, message.strip() or f"HTTP {response.status}")
+    return error_for_status(response.status, message.strip() or f"HTTP {response.status}",
+                            response.headers.get("X-Broker-First-Index"))
 
 
 def _unique(items: list[str]) -> list[str]:

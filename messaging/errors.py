@@ -61,12 +61,6 @@ class TopicTruncatedError(MessagingError):
         self.first_index = first_index
 
 
-class StaleWriteError(MessagingError):
-    """An append whose index is not above the topic's last index (replay skips these)."""
-
-    status = 500
-
-
 class NoLeaderError(MessagingError):
     """The cluster has no leader right now, so writes cannot be accepted."""
 
@@ -140,8 +134,15 @@ _BY_STATUS: dict[int, type[MessagingError]] = {
 }
 
 
-def error_for_status(status: int, message: str) -> MessagingError:
-    """The exception a client raises for an error response (``TopicTruncatedError`` aside)."""
+def error_for_status(status: int, message: str, first_index: str | None = None,
+                     ) -> MessagingError:
+    """The exception a client raises for an error response.
+
+    ``first_index`` is the ``X-Broker-First-Index`` header of a 410.
+    """
+    if status == 410 and first_index is not None:
+        topic = message.split()[1].rstrip(":") if message.startswith("topic ") else "0"
+        return TopicTruncatedError(int(topic) if topic.isdigit() else 0, int(first_index))
     cls = _BY_STATUS.get(status, MessagingError)
     error = cls(message)
     error.status = status

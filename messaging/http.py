@@ -30,7 +30,7 @@ from messaging.message import (
     HEADER,
     HEADER_SIZE,
     INTERNAL_TYPE,
-    encode_batch,
+    encode,
     scan,
 )
 from messaging.metrics import BrokerMetrics
@@ -44,8 +44,6 @@ DEFAULT_MAX_REQUEST_SIZE = 64 << 20
 #: Bytes a stream reads from disk per write; the socket's own buffer bounds the rest.
 STREAM_CHUNK = 1 << 20
 
-BROKER_KEY = web.AppKey("broker", object)
-LOG_KEY = web.AppKey("log", object)
 
 
 class BrokerView(Protocol):
@@ -83,7 +81,8 @@ class Handlers:
     async def publish(self, request: web.Request) -> web.Response:
         """POST /messaging/messages: one message's data, or a body of frames."""
         self._require_leader()
-        if request.content_type == FRAMES_CONTENT_TYPE:
+        frames = request.content_type == FRAMES_CONTENT_TYPE
+        if frames:
             body = await request.read()
             command = self._check_frames(body, _optional_int(request, "topicID"))
         else:
@@ -99,10 +98,10 @@ class Handlers:
             if len(body) > self.max_message_size:
                 raise MessageTooLargeError(f"message of {len(body)} bytes exceeds the maximum "
                                            f"of {self.max_message_size}")
-            command = encode_batch(topic, (body,), type_)
+            command = encode(type_, topic, body)
         result = await self.log.apply(command)
         headers = {INDEX_HEADER: str(result.last)}
-        if request.content_type == FRAMES_CONTENT_TYPE:
+        if frames:
             return web.json_response(_range(result), headers=headers)
         return web.Response(headers=headers)
 
@@ -339,8 +338,6 @@ def make_app(broker: BrokerView, log_: Log, *,
     handlers = Handlers(broker, log_, max_message_size)
     app = web.Application(middlewares=[errors_middleware],
                           client_max_size=max(max_request_size, max_message_size + 1024))
-    app[BROKER_KEY] = broker
-    app[LOG_KEY] = log_
     app.router.add_post("/messaging/messages", handlers.publish)
     app.router.add_get("/messaging/messages", handlers.read)
     app.router.add_post("/messaging/heartbeat", handlers.heartbeat)

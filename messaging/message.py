@@ -119,9 +119,10 @@ def encode_into(buffer: bytearray, offset: int, index: int, type_: int, topic: i
 
 def encode(type_: int, topic: int, data: bytes | memoryview, index: int = 0) -> bytes:
     """Encode one frame."""
-    buffer = bytearray(HEADER_SIZE + len(data))
-    encode_into(buffer, 0, index, type_, topic, data)
-    return bytes(buffer)
+    length = len(data)
+    _check_fields(index, type_, topic, length)
+    crc = crc32c(data, crc32c(_CHECKSUMMED_FIELDS.pack(type_, topic, length)))
+    return HEADER.pack(index, crc, type_, topic, length) + bytes(data)
 
 
 def encode_message(message: Message) -> bytes:

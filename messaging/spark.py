@@ -140,10 +140,7 @@ class BrokerHTTP:
 
 def _error(response: http.client.HTTPResponse) -> MessagingError:
     message = response.getheader("X-Broker-Error") or response.read().decode(errors="replace")
-    first = response.getheader("X-Broker-First-Index")
-    if response.status == 410 and first is not None:
-        return TopicTruncatedError(0, int(first))
-    return error_for_status(response.status, message)
+    return error_for_status(response.status, message, response.getheader("X-Broker-First-Index"))
 
 
 # -- reading ---------------------------------------------------------------------------------
