@@ -9,6 +9,7 @@ import platform
 import re
 import statistics
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -130,11 +131,15 @@ def report(bench: str, title: str, rows: list[Row], command: str,
 def _plot(bench: str, title: str, rows: list[Row]) -> None:
     with_baseline = [r for r in rows if r.ratio is not None]
     shown = with_baseline or rows
-    fig, ax = plt.subplots(figsize=(10, 0.45 * len(shown) + 1.5))
-    names = [r.name for r in shown]
+    fig, ax = plt.subplots(figsize=(11, 0.6 * len(shown) + 1.5))
+    names = [textwrap.fill(r.name, 42) for r in shown]
     if with_baseline:
-        ax.barh(names, [r.ratio or 0.0 for r in shown], color="tab:blue")
+        ratios = [r.ratio or 0.0 for r in shown]
+        ax.barh(names, ratios, color="tab:blue")
         ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
+        positive = [x for x in ratios if x > 0]
+        if positive and max(positive) / min(positive) > 20:
+            ax.set_xscale("log")  # latencies and rates side by side span orders of magnitude
         ax.set_xlabel("ratio to the baseline measured in the same run")
     else:
         ax.barh(names, [r.value for r in shown], color="tab:blue")
