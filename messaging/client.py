@@ -38,7 +38,6 @@ from messaging.message import (
     Message,
     decode,
     encode_batch,
-    encode_many,
     scan,
 )
 
@@ -341,6 +340,7 @@ class Conn:
         self._queue: asyncio.Queue[MessageBatch | BaseException | _End] = asyncio.Queue(
             _QUEUE_CHUNKS)
         self._current: list[Message] = []
+        self._current_batch: MessageBatch | None = None
         self._position = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._received = 0
@@ -400,6 +400,7 @@ class Conn:
             self.index = message.index
             return message
         batch = await self._next_batch()
+        self._current_batch = batch
         self._current = batch.messages()
         self._position = 1
         message = self._current[0]
@@ -408,12 +409,14 @@ class Conn:
 
     async def batches(self) -> AsyncIterator[MessageBatch]:
         """Messages in batches over one buffer each (no Python object per message)."""
-        if self._position < len(self._current):
+        if self._position < len(self._current) and self._current_batch is not None:
+            # Hand over the rest of the current buffer as it came: the publisher's CRCs intact.
             rest = self._current[self._position:]
+            used = sum(HEADER_SIZE + len(m.data) for m in self._current[:self._position])
             self._position = len(self._current)
-            buffer = encode_many(rest)
             self.index = rest[-1].index
-            yield MessageBatch(self.topic, buffer, len(rest), rest[0].index, rest[-1].index)
+            yield MessageBatch(self.topic, self._current_batch.buffer[used:], len(rest),
+                               rest[0].index, rest[-1].index)
         while True:
             try:
                 batch = await self._next_batch()

@@ -19,6 +19,7 @@ from messaging.errors import (
     PublishOutcomeUnknownError,
     TopicTruncatedError,
 )
+from messaging.message import HEADER_SIZE
 from messaging.server import BrokerServer
 from tests.conftest import StartServer, cli, wait_until
 from tests.proxy import FaultProxy, dead_url
@@ -219,6 +220,21 @@ async def test_batches(server: BrokerServer) -> None:
             assert batch.count == len(batch.messages())
             total += len(batch)
         assert total == 1000 and conn.index == 1000
+        await conn.close()
+
+
+async def test_switching_to_batches_hands_over_the_original_frames(server: BrokerServer) -> None:
+    async with Client(server.url) as client:
+        await client.publish_batch(6, [b"m%d" % i for i in range(10)])
+        raw = (await client.request("GET", "/messaging/messages", params={"topicID": 6})).body
+        conn = client.conn(6)
+        await conn.open(streaming=False)
+        first = await conn.__anext__()
+        assert first.data == b"m0"
+        batches = [b async for b in conn.batches()]
+        assert b"".join(b.buffer for b in batches) == raw[HEADER_SIZE + 2:]
+        assert [m.data for b in batches for m in b] == [b"m%d" % i for i in range(1, 10)]
+        assert conn.index == 10
         await conn.close()
 
 
