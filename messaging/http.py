@@ -187,6 +187,13 @@ class Handlers:
                 reader = topic.reader(index, end, limit) if topic is not None else None
             if reader is not None:
                 await self._send(response, reader, first, streaming, metrics)
+        except MessagingError as err:
+            # The 200 and its headers are gone: end the stream abruptly, so the reader sees a
+            # broken response, reconnects from where it got to, and is told the error then.
+            log.warning("stream of topic %d broken off: %s", topic_id, err)
+            if request.transport is not None:
+                request.transport.abort()
+            return response
         finally:
             metrics.active_streams.dec()
             if reader is not None:

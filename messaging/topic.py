@@ -71,6 +71,7 @@ class Segment:
     committed_count: int = 0
     committed_last_index: int = 0
     verified_size: int = 0
+    following_first: int = 0  # first index of the segment that came next (0: the last one)
     indexed: bool = False
     mark_indexes: list[int] = field(default_factory=list)
     mark_positions: list[int] = field(default_factory=list)
@@ -180,6 +181,8 @@ class Topic:
             self._dir_dirty = True
             self._segments.pop()
         self._firsts = [s.first_index for s in self._segments]
+        for segment, following in zip(self._segments, self._segments[1:], strict=False):
+            segment.following_first = following.first_index
         if self._segments:
             self._fd = os.open(self._segments[-1].path, os.O_WRONLY | os.O_APPEND)
         if self._dir_dirty:
@@ -339,6 +342,8 @@ class Topic:
         path = self.path / segment_name(first_index)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
         segment = Segment(path, first_index, indexed=True)
+        if self._segments:
+            self._segments[-1].following_first = first_index
         self._segments.append(segment)
         self._firsts.append(first_index)
         self._dir_dirty = True
@@ -614,6 +619,10 @@ class TopicReader:
                 committed = (segment.committed_last_index, segment.committed_count)
                 following: Segment | None = None
                 if self._position >= visible and segment.committed_size == segment.size:
+                    if 0 < segment.following_first < topic._tombstone:
+                        # Retention deleted segments this reader had not reached: say so
+                        # rather than skip to the next one that is left.
+                        raise TopicTruncatedError(topic.id, topic._tombstone)
                     i = bisect_right(topic._firsts, segment.first_index)
                     if i < len(topic._segments):
                         following = topic._segments[i]

@@ -288,3 +288,30 @@ async def test_cli_errors_are_one_line(server: BrokerServer) -> None:
     assert "Traceback" not in result.stderr
     result = await asyncio.to_thread(cli, "tail", server.url, "x")
     assert result.returncode == 2 and "invalid number 'x'" in result.stderr
+
+
+async def test_retention_under_load_never_takes_what_a_subscriber_needs(
+        start_server: StartServer) -> None:
+    server = await start_server(max_segment_size=2048, max_topic_size=4096,
+                                truncation_interval=0.05)
+    async with Client(server.url) as client:
+        conn = client.conn(1, data_url="tail-1", heartbeat_interval=0.02)
+        await conn.open(index=0)
+        received: list[int] = []
+
+        async def consume() -> None:
+            async for message in conn:
+                received.append(int(message.data))
+                if len(received) == 3000:
+                    return
+                if len(received) % 100 == 0:
+                    await asyncio.sleep(0.01)  # a subscriber a little slower than publishing
+
+        consumer = asyncio.ensure_future(consume())
+        for start in range(0, 3000, 50):
+            await client.publish_batch(1, [b"%d" % i for i in range(start, start + 50)])
+        await asyncio.wait_for(consumer, 60)
+        await conn.close()
+    assert received == list(range(3000))
+    assert server.broker is not None
+    assert server.broker.metrics.retention_deleted_segments._value.get() > 10

@@ -329,3 +329,26 @@ async def test_relaxed_fsync_modes(start_server: StartServer, http: aiohttp.Clie
         await wait_until(synced, timeout=5, what="the interval fsync")
     else:
         assert fsyncs._value.get() == 0
+
+
+async def test_stream_overtaken_by_retention_is_broken_off(start_server: StartServer,
+                                                           http: aiohttp.ClientSession) -> None:
+    server = await start_server(max_segment_size=64 << 10, max_topic_size=0)
+    body = encode_batch(1, [b"p" * 1000] * 20_000)  # 20 MB: far more than socket buffers
+    async with http.post(f"{server.url}/messaging/messages", data=body,
+                         headers=FRAMES) as resp:
+        assert resp.status == 200
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET /messaging/messages?topicID=1&streaming=true HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    await asyncio.sleep(0.3)  # the stream fills the socket buffers and waits for us
+    async with http.post(f"{server.url}/messaging/retention") as resp:
+        assert (await resp.json())["deleted_bytes"] > 0
+    received = 0
+    while chunk := await asyncio.wait_for(reader.read(1 << 20), 20):
+        received += len(chunk)
+    assert received < len(body)  # cut off, not a silent gap
+    writer.close()
+    async with http.get(f"{server.url}/messaging/messages",
+                        params={"topicID": "1", "index": "1"}) as resp:
+        assert resp.status == 410

@@ -257,6 +257,18 @@ def test_reader_survives_retention_of_passed_segments(tmp_path: Path) -> None:
     topic.close()
 
 
+def test_reader_overtaken_by_retention_gets_an_error_not_a_gap(tmp_path: Path) -> None:
+    topic = make(tmp_path, [[1, 2], [3, 4], [5, 6], [7]])
+    reader = topic.reader(0)
+    assert [m.index for m in decode(reader.read())[0]] == [1, 2]  # still in segment 1
+    topic.truncate(max_size=0, floor_index=100)  # no subscriber protects the reader
+    assert [s.first_index for s in topic.segments()] == [7]
+    with pytest.raises(TopicTruncatedError) as info:
+        reader.read_all()
+    assert info.value.first_index == 7
+    topic.close()
+
+
 class TopicMachine(RuleBasedStateMachine):
     """Append batches, read with end/limit, roll, truncate with a floor, close and reopen."""
 
