@@ -506,14 +506,12 @@ class Conn:
         return not self.streaming
 
     async def _heartbeat_loop(self) -> None:
+        """Heartbeat at once (so retention keeps everything from the starting point on), then
+        every ``heartbeat_interval``."""
         assert self.data_url is not None
-        sent = -1
         while True:
-            await asyncio.sleep(self.heartbeat_interval)
-            if not self.index and sent < 0:
-                continue
             try:
                 await self.client.heartbeat(self.topic, self.index, self.data_url)
-                sent = self.index
-            except MessagingError as err:
+            except (MessagingError, *_MAYBE_SENT) as err:
                 log.info("topic %d: heartbeat failed: %s", self.topic, err)
+            await asyncio.sleep(self.heartbeat_interval)

@@ -308,6 +308,11 @@ async def test_retention_under_load_never_takes_what_a_subscriber_needs(
                     await asyncio.sleep(0.01)  # a subscriber a little slower than publishing
 
         consumer = asyncio.ensure_future(consume())
+
+        async def registered() -> bool:  # open() registers the subscriber at once
+            return server.broker is not None and "tail-1" in server.broker.subscribers(1)
+
+        await wait_until(registered, what="the subscriber's first heartbeat")
         for start in range(0, 3000, 50):
             await client.publish_batch(1, [b"%d" % i for i in range(start, start + 50)])
         await asyncio.wait_for(consumer, 60)
