@@ -48,28 +48,19 @@ async def raw_publish_rate(url: str, topic: int, total: int) -> float:
         return total / (time.perf_counter() - started)
 
 
-async def consume_messages(url: str, topic: int) -> float:
+async def consume(url: str, topic: int, *, batches: bool) -> float:
+    """Messages/s a Conn delivers from index 0 to the end, one by one or in batches."""
     async with Client(url) as client:
         conn = client.conn(topic)
         started = time.perf_counter()
         await conn.open(index=0, streaming=False)
         count = 0
-        async for _message in conn:
-            count += 1
-        elapsed = time.perf_counter() - started
-        await conn.close()
-    assert count == MESSAGES, count
-    return count / elapsed
-
-
-async def consume_batches(url: str, topic: int) -> float:
-    async with Client(url) as client:
-        conn = client.conn(topic)
-        started = time.perf_counter()
-        await conn.open(index=0, streaming=False)
-        count = 0
-        async for batch in conn.batches():
-            count += batch.count
+        if batches:
+            async for batch in conn.batches():
+                count += batch.count
+        else:
+            async for _message in conn:
+                count += 1
         elapsed = time.perf_counter() - started
         await conn.close()
     assert count == MESSAGES, count
@@ -98,8 +89,9 @@ async def run(tmp: Path) -> list[Row]:
             for _ in range(MESSAGES // 10_000):
                 await client.publish_batch(3, [PAYLOAD] * 10_000)
         raw = statistics.median([await raw_read(url, 3) for _ in range(RUNS)])
-        messages = statistics.median([await consume_messages(url, 3) for _ in range(RUNS)])
-        batches = statistics.median([await consume_batches(url, 3) for _ in range(RUNS)])
+        messages = statistics.median([await consume(url, 3, batches=False)
+                                      for _ in range(RUNS)])
+        batches = statistics.median([await consume(url, 3, batches=True) for _ in range(RUNS)])
     finally:
         proc.stop()
     return [

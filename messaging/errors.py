@@ -12,6 +12,10 @@ class MessagingError(Exception):
 
     status: int = 500
 
+    def headers(self) -> dict[str, str]:
+        """Headers an error response carries besides ``X-Broker-Error``."""
+        return {}
+
 
 class BadRequestError(MessagingError):
     """A missing or invalid parameter."""
@@ -59,6 +63,10 @@ class TopicTruncatedError(MessagingError):
         )
         self.topic = topic
         self.first_index = first_index
+
+    def headers(self) -> dict[str, str]:
+        """The first index still available, for readers that resume from there."""
+        return {"X-Broker-First-Index": str(self.first_index)}
 
 
 class NoLeaderError(MessagingError):

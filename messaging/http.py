@@ -180,7 +180,9 @@ class Handlers:
             response.enable_chunked_encoding()
         await response.prepare(request)
         metrics = self.broker.metrics
-        metrics.active_streams.inc()
+        streams = metrics.active_streams if streaming else None
+        if streams is not None:
+            streams.inc()
         try:
             if reader is None and streaming:
                 topic = await self.broker.wait_for_topic(topic_id)
@@ -195,7 +197,8 @@ class Handlers:
                 request.transport.abort()
             return response
         finally:
-            metrics.active_streams.dec()
+            if streams is not None:
+                streams.dec()
             if reader is not None:
                 reader.close()
         await response.write_eof()
@@ -316,10 +319,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         location = err.leader_url.rstrip("/") + request.path_qs
         return error_response(307, str(err), {"Location": location})
     except MessagingError as err:
-        extra = {}
-        if hasattr(err, "first_index"):
-            extra["X-Broker-First-Index"] = str(err.first_index)
-        return error_response(err.status, str(err), extra)
+        return error_response(err.status, str(err), err.headers())
     except web.HTTPException as err:
         if err.status < 400:
             raise

@@ -223,10 +223,15 @@ class Topic:
             return self._last_index_locked()
 
     def _last_index_locked(self) -> int:
+        return self._latest_index_locked(committed=False)
+
+    def _latest_index_locked(self, *, committed: bool) -> int:
+        """The last written (or committed) index; below the tombstone if there is none."""
         for segment in reversed(self._segments):
             self._ensure_indexed(segment)
-            if segment.count:
-                return segment.last_index
+            count = segment.committed_count if committed else segment.count
+            if count:
+                return segment.committed_last_index if committed else segment.last_index
         return max(self._tombstone - 1, 0)
 
     @property
@@ -386,11 +391,7 @@ class Topic:
             self._lock, lambda: self._closed or self._committed_index_locked() > after_index)
 
     def _committed_index_locked(self) -> int:
-        for segment in reversed(self._segments):
-            self._ensure_indexed(segment)
-            if segment.committed_count:
-                return segment.committed_last_index
-        return max(self._tombstone - 1, 0)
+        return self._latest_index_locked(committed=True)
 
     # -- reading ----------------------------------------------------------------------------
 
