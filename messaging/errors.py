@@ -39,6 +39,37 @@ class MessageTooLargeError(MessagingError):
     status = 413
 
 
+class CorruptDataError(MessagingError):
+    """Data on the broker's own disk failed verification: the server's fault, never the client's.
+
+    The message names the topic, the segment file and the byte where the damage starts.
+    """
+
+    status = 500
+
+
+class StorageError(MessagingError):
+    """Writing to the broker's disk failed; nothing of the failed request was kept."""
+
+    status = 500
+
+
+class DiskFullError(StorageError):
+    """The broker's disk is full; writes resume by themselves once space is freed."""
+
+    status = 507
+
+
+class StorageFailedError(StorageError):
+    """A topic stopped accepting writes after its data could not be made durable (failed fsync).
+
+    After a failed fsync the kernel may have dropped the dirty pages, so a later fsync proves
+    nothing: the topic stays read-only until a restart re-verifies its files.
+    """
+
+    status = 503
+
+
 class FrameTooLargeError(CorruptFrameError):
     """A frame whose length is over the maximum a decoder was given."""
 
@@ -139,6 +170,7 @@ _BY_STATUS: dict[int, type[MessagingError]] = {
     413: MessageTooLargeError,
     503: NoLeaderError,
     504: PublishOutcomeUnknownError,
+    507: DiskFullError,
 }
 
 
