@@ -7,6 +7,11 @@ indexes not above their own, so replaying commands after a restart is idempotent
 
 Broker-internal frames (type bit 0x8000) take no index and are never stored in a topic: they
 record subscriber progress (:data:`SET_TOPIC_MAX_INDEX`).
+
+A group of commands is one transaction (:meth:`Broker.write_group`): every topic it touches is
+written once and fsynced once, subscriber progress it records is saved, and only then does any
+of it become visible; any failure undoes all of it, so a client that got an error never sees
+its messages, and nothing on disk is left that the in-memory state does not account for.
 """
 
 from __future__ import annotations
@@ -15,21 +20,28 @@ import fcntl
 import json
 import logging
 import os
+import resource
 import shutil
 import struct
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from messaging.errors import CorruptFrameError, DataDirectoryError, MessagingError
-from messaging.files import fsync_dir, read_json, write_json_atomic
+from messaging.errors import (
+    CorruptFrameError,
+    DataDirectoryError,
+    MessagingError,
+    StorageFailedError,
+)
+from messaging.files import fsync_dir, read_json, remove_stale_temporaries, write_json_atomic
 from messaging.message import HEADER, HEADER_SIZE, INTERNAL_TYPE, encode, stamp_index
 from messaging.metrics import BrokerMetrics
 from messaging.notify import Waiters, wake
-from messaging.topic import DEFAULT_MAX_SEGMENT_SIZE, TOMBSTONE, Topic
+from messaging.topic import DEFAULT_MAX_SEGMENT_SIZE, TOMBSTONE, Topic, storage_error
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +53,19 @@ _U64 = struct.Struct(">Q")
 
 DEFAULT_MAX_TOPIC_SIZE = 1 << 30
 DEFAULT_SUBSCRIBER_TIMEOUT = 600.0
+#: Seconds between two log lines about failed writes (the rest are counted, not logged).
+_FAILURE_LOG_INTERVAL = 1.0
+
+
+def default_max_open_files() -> int:
+    """How many topics may keep a segment file open for writing: a quarter of RLIMIT_NOFILE.
+
+    Readers and sockets need the rest; an idle topic holds no descriptor at all.
+    """
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 16
+    return max(8, min(soft // 4, 4096))
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,19 +105,29 @@ class Broker:
     def __init__(self, path: Path, *, max_segment_size: int = DEFAULT_MAX_SEGMENT_SIZE,
                  max_topic_size: int = DEFAULT_MAX_TOPIC_SIZE,
                  subscriber_timeout: float = DEFAULT_SUBSCRIBER_TIMEOUT,
+                 max_open_files: int | None = None,
                  metrics: BrokerMetrics | None = None) -> None:
         self.path = path
         self.max_segment_size = max_segment_size
         self.max_topic_size = max_topic_size
         self.subscriber_timeout = subscriber_timeout
+        self.max_open_files = max_open_files or default_max_open_files()
         self.metrics = metrics or BrokerMetrics()
         self.metrics.watch_subscribers(self._subscriber_rows)
+        self.metrics.watch_topics(self._topic_rows)
         self.index = 0
         self._topics: dict[int, Topic] = {}
         self._subscribers: dict[int, dict[str, Subscriber]] = {}
         self._lock = threading.Lock()
         self._lock_fd: int | None = None
         self._topic_waiters = Waiters()
+        self._save_lock = threading.Lock()  # one broker.json writer at a time
+        self._retention_lock = threading.Lock()  # held by a retention run, and by close()
+        self._closing = False
+        self._heartbeats: list[tuple[int, int, str]] = []  # recorded by the group being applied
+        self._open_files: OrderedDict[int, None] = OrderedDict()  # topics holding a write file
+        self._failure_logged = 0.0
+        self._failures_unlogged = 0
 
     # -- opening and closing ----------------------------------------------------------------
 
@@ -127,6 +162,7 @@ class Broker:
             if state.get("format") != FORMAT:
                 raise DataDirectoryError(f"{meta} has format {state.get('format')!r}; this "
                                          f"broker reads format {FORMAT}")
+        remove_stale_temporaries(meta)
         for entry in sorted((self.path / "topics").iterdir()):
             if entry.is_dir() and entry.name.isdigit():
                 topic = Topic.open(entry, int(entry.name), self.max_segment_size)
@@ -135,7 +171,7 @@ class Broker:
         self.index = max([int(state.get("index", 0))]
                          + [t.last_index for t in self._topics.values()])
         self._restore_subscribers(state.get("subscribers", {}))
-        self.save_state()
+        # Nothing is written here: a broker whose disk is full still starts and serves reads.
         log.info("opened %s: %d topics, index %d", self.path, len(self._topics), self.index)
 
     def _restore_subscribers(self, saved: dict[str, dict[str, int]]) -> None:
@@ -155,16 +191,24 @@ class Broker:
                                 for t, subs in self._subscribers.items()},
             }
 
-    def save_state(self) -> None:
-        """Write ``broker.json`` atomically."""
-        write_json_atomic(self.path / "broker.json", self.state())
+    def save_state(self, *, durable: bool = True) -> None:
+        """Write ``broker.json`` atomically (one writer at a time; fsynced when ``durable``)."""
+        with self._save_lock:
+            write_json_atomic(self.path / "broker.json", self.state(), durable=durable)
 
     def close(self) -> None:
-        """Sync and close every topic, save the state and release the directory lock."""
+        """Wait for a running retention, sync and close every topic, save the state, unlock."""
+        with self._retention_lock:
+            self._closing = True
         for topic in self.topics():
             topic.close()
         if self._lock_fd is not None:
-            self.save_state()
+            try:
+                self.save_state()
+            except OSError as err:
+                # Heartbeats were saved as they were acknowledged; this only refreshes the index.
+                log.warning("could not save %s/broker.json on close: %s", self.path,
+                            err.strerror or err)
             os.close(self._lock_fd)
             self._lock_fd = None
         self._wake_topic_waiters()
@@ -172,27 +216,58 @@ class Broker:
     # -- the state machine ------------------------------------------------------------------
 
     def apply(self, command: bytes | bytearray) -> ApplyResult:
-        """Apply one command: stamp indexes, append to topics, record internal state.
+        """Apply one command: stamp, write and commit it (not fsynced: the caller syncs).
 
         The command must hold complete, verified frames (the publish path checked them).
         """
-        result = self.apply_group([command])[0]
+        result = self.write_group([command], durable=False)[0]
         if isinstance(result, MessagingError):
             raise result
         return result
 
-    def apply_group(self, commands: Sequence[bytes | bytearray],
+    def write_group(self, commands: Sequence[bytes | bytearray], *, durable: bool,
                     ) -> list[ApplyResult | MessagingError]:
-        """Apply commands in order, appending to each topic once for the whole group.
+        """Apply commands in order as one transaction; every topic is written once.
 
-        A malformed command is skipped whole (its result is the error); the others apply.
+        Stamps indexes, stages the frames in their topics, writes each topic once, fsyncs them
+        (when ``durable``), saves the subscriber progress the group recorded, and only then
+        makes the group visible. A command that cannot apply (malformed, or for a topic that
+        stopped taking writes) gets its own error and the others apply; a failed write, fsync
+        or save undoes the whole group and every command gets that error.
         """
+        before = self.index
+        touched: set[int] = set()
+        try:
+            results = self._stage_group(commands, touched)
+            for topic_id in touched:
+                self._topics[topic_id].write()
+            if durable:
+                self.sync(touched)
+            self._record_heartbeats(durable=durable)
+        except (MessagingError, OSError) as err:
+            error = err if isinstance(err, MessagingError) else storage_error(
+                f"writing to {self.path}", err)
+            self._abort(touched, before)
+            self._log_failure(len(commands), error)
+            return [error] * len(commands)
+        for topic_id in touched:
+            self._topics[topic_id].commit()
+        self._release_idle_files(touched)
+        return results
+
+    def _stage_group(self, commands: Sequence[bytes | bytearray], touched: set[int],
+                     ) -> list[ApplyResult | MessagingError]:
+        """Stamp every command and stage its frames in their topics (no I/O but new topics)."""
         runs: dict[int, list[memoryview]] = {}
         results: list[ApplyResult | MessagingError] = []
         for command in commands:
             before = self.index
             try:
-                first, command_runs = self._stamp(command)
+                first, command_runs, heartbeats = self._stamp(command)
+                for topic_id, _run in command_runs:
+                    topic = self._topics.get(topic_id)
+                    if topic is not None:
+                        topic.check_writable()
             except MessagingError as err:
                 self.index = before
                 results.append(err)
@@ -201,22 +276,89 @@ class Broker:
             for topic_id, run in command_runs:
                 runs.setdefault(topic_id, []).append(run)
                 topics.append(topic_id)
+            self._heartbeats.extend(heartbeats)
             results.append(ApplyResult(first, self.index if first else 0, frozenset(topics)))
         messages = size = 0
         for topic_id, parts in runs.items():
             frames: bytes | memoryview = parts[0] if len(parts) == 1 else b"".join(parts)
-            messages += self._topic_for_write(topic_id).append(frames)
+            topic = self._topic_for_write(topic_id)
+            touched.add(topic_id)
+            messages += topic.append(frames)
             size += len(frames)
         if messages:
             self.metrics.messages_published.inc(messages)
             self.metrics.bytes_published.inc(size)
         return results
 
-    def _stamp(self, command: bytes | bytearray) -> tuple[int, list[tuple[int, memoryview]]]:
-        """Assign indexes to a command's messages; returns its first index and topic runs."""
+    def _abort(self, touched: Iterable[int], index: int) -> None:
+        """Undo a failed group: topics cut back to what was committed, index restored."""
+        for topic_id in touched:
+            self._topics[topic_id].abort()
+        self._heartbeats.clear()
+        self.index = index
+
+    def _log_failure(self, commands: int, error: MessagingError) -> None:
+        """One line per failed group at most once a second (a full disk fails every group)."""
+        reason = "disk_full" if error.status == 507 else (
+            "stopped" if isinstance(error, StorageFailedError) else "error")
+        self.metrics.write_failures.labels(reason).inc()
+        now = time.monotonic()
+        if now - self._failure_logged < _FAILURE_LOG_INTERVAL:
+            self._failures_unlogged += 1
+            return
+        more = (f" ({self._failures_unlogged} more failed groups not logged)"
+                if self._failures_unlogged else "")
+        log.error("a group of %d commands failed, nothing of it kept: %s%s", commands, error,
+                  more)
+        self._failure_logged = now
+        self._failures_unlogged = 0
+
+    def _record_heartbeats(self, *, durable: bool) -> None:
+        """Apply the group's heartbeats and save them; on failure leave them unapplied."""
+        heartbeats, self._heartbeats = self._heartbeats, []
+        if not heartbeats:
+            return
+        with self._lock:
+            saved = {(t, u): self._subscribers.get(t, {}).get(u) for t, _i, u in heartbeats}
+        for topic_id, index, url in heartbeats:
+            self.set_topic_max_index(topic_id, index, url)
+        try:
+            self.save_state(durable=durable)
+        except OSError:
+            with self._lock:
+                for (topic_id, url), subscriber in saved.items():
+                    subs = self._subscribers.setdefault(topic_id, {})
+                    if subscriber is None:
+                        subs.pop(url, None)
+                    else:
+                        subs[url] = subscriber
+            raise
+
+    def _release_idle_files(self, used: Iterable[int]) -> None:
+        """Keep at most ``max_open_files`` topics holding a segment file open for writing."""
+        files = self._open_files
+        for topic_id in used:
+            files[topic_id] = None
+            files.move_to_end(topic_id)
+        if len(files) <= self.max_open_files:
+            return
+        for topic_id in list(files):
+            topic = self._topics.get(topic_id)
+            if topic is None or topic.release():
+                del files[topic_id]
+                if len(files) <= self.max_open_files:
+                    return
+
+    def _stamp(self, command: bytes | bytearray,
+               ) -> tuple[int, list[tuple[int, memoryview]], list[tuple[int, int, str]]]:
+        """Assign indexes to a command's messages.
+
+        Returns its first index, its runs of frames per topic and the heartbeats it records.
+        """
         view = memoryview(bytearray(command))
         size = len(view)
         runs: list[tuple[int, memoryview]] = []
+        heartbeats: list[tuple[int, int, str]] = []
         first = 0
         offset = run_start = 0
         run_topic = -1
@@ -232,7 +374,9 @@ class Broker:
                     runs.append((run_topic, view[run_start:offset]))
                 run_start, run_topic = offset, topic_id
             if type_ & INTERNAL_TYPE:
-                self._apply_internal(type_, topic_id, bytes(view[offset + HEADER_SIZE:end]))
+                heartbeat = _internal(type_, topic_id, bytes(view[offset + HEADER_SIZE:end]))
+                if heartbeat is not None:
+                    heartbeats.append(heartbeat)
                 run_start, run_topic = end, -1
             else:
                 self.index += 1
@@ -241,14 +385,7 @@ class Broker:
             offset = end
         if run_topic >= 0 and offset > run_start:
             runs.append((run_topic, view[run_start:offset]))
-        return first, runs
-
-    def _apply_internal(self, type_: int, topic_id: int, data: bytes) -> None:
-        if type_ != SET_TOPIC_MAX_INDEX:
-            log.warning("ignoring unknown internal command type %#x", type_)
-            return
-        index = _U64.unpack_from(data)[0]
-        self.set_topic_max_index(topic_id, index, data[_U64.size:].decode())
+        return first, runs, heartbeats
 
     def set_topic_max_index(self, topic_id: int, index: int, url: str) -> None:
         """Record that subscriber ``url`` has processed ``topic_id`` through ``index``."""
@@ -263,19 +400,28 @@ class Broker:
     def _topic_for_write(self, topic_id: int) -> Topic:
         topic = self._topics.get(topic_id)
         if topic is None:
-            topic = Topic.open(self.path / "topics" / str(topic_id), topic_id,
-                               self.max_segment_size)
-            fsync_dir(self.path / "topics")
+            try:
+                topic = Topic.open(self.path / "topics" / str(topic_id), topic_id,
+                                   self.max_segment_size)
+                fsync_dir(self.path / "topics")
+            except OSError as err:
+                raise storage_error(f"creating topic {topic_id}", err) from err
             with self._lock:
                 self._topics[topic_id] = topic
             self._wake_topic_waiters()
         return topic
 
     def sync(self, topic_ids: Iterable[int]) -> None:
-        """fsync the given topics."""
+        """fsync the given topics; raises the first failure after trying every topic."""
+        failure: MessagingError | None = None
         for topic_id in topic_ids:
-            self._topics[topic_id].sync()
+            try:
+                self._topics[topic_id].sync()
+            except MessagingError as err:
+                failure = failure or err
         self.metrics.fsyncs.inc()
+        if failure is not None:
+            raise failure
 
     def commit(self, topic_ids: Iterable[int]) -> None:
         """Make what was applied to the given topics visible to readers."""
@@ -330,8 +476,17 @@ class Broker:
         for topic in self.topics():
             info = self.topic_info(topic)
             info["stats"] = vars(topic.stats).copy()
+            failure = topic.failure
+            info["writable"] = failure is None
+            if failure is not None:
+                info["failure"] = str(failure)
             topics.append(info)
-        return {"index": self.index, "path": str(self.path), "topics": topics}
+        return {"index": self.index, "path": str(self.path), "topics": topics,
+                "open_files": len(self._open_files), "max_open_files": self.max_open_files}
+
+    def _topic_rows(self) -> list[tuple[int, int, bool]]:
+        """(topic, corrupt frames seen, writable) for every topic, for the metrics."""
+        return [(t.id, t.stats.corrupt_frames, t.failure is None) for t in self.topics()]
 
     def _subscriber_rows(self) -> list[tuple[int, str, int, int]]:
         rows = []
@@ -355,18 +510,23 @@ class Broker:
         return min(live) if live else 2**64 - 1
 
     def enforce_retention(self, now: float | None = None) -> int:
-        """Delete old segments of every topic over ``max_topic_size``; returns bytes deleted."""
+        """Delete old segments of every topic over ``max_topic_size``; returns bytes deleted.
+
+        Blocking (run it on a thread); :meth:`close` waits for a run in progress.
+        """
         deleted = 0
-        for topic in self.topics():
-            if topic.size <= self.max_topic_size:
-                continue
-            before = topic.stats.deleted_segments
-            freed = topic.truncate(self.max_topic_size, self.retention_floor(topic.id, now))
-            deleted += freed
-            self.metrics.retention_deleted_bytes.inc(freed)
-            self.metrics.retention_deleted_segments.inc(topic.stats.deleted_segments - before)
-        if deleted:
-            self.save_state()
+        with self._retention_lock:
+            if self._closing:
+                return 0
+            for topic in self.topics():
+                if topic.size <= self.max_topic_size:
+                    continue
+                before = topic.stats.deleted_segments
+                freed = topic.truncate(self.max_topic_size, self.retention_floor(topic.id, now))
+                deleted += freed
+                self.metrics.retention_deleted_bytes.inc(freed)
+                self.metrics.retention_deleted_segments.inc(
+                    topic.stats.deleted_segments - before)
         return deleted
 
     # -- snapshots --------------------------------------------------------------------------
@@ -450,6 +610,21 @@ class Broker:
         self.save_state()
         self._wake_topic_waiters()
         log.info("restored snapshot: %d topics, index %d", len(opened), self.index)
+
+
+def _internal(type_: int, topic_id: int, data: bytes) -> tuple[int, int, str] | None:
+    """The heartbeat an internal frame records, or None for a type this broker ignores."""
+    if type_ != SET_TOPIC_MAX_INDEX:
+        log.warning("ignoring unknown internal command type %#x", type_)
+        return None
+    if len(data) < _U64.size:
+        raise CorruptFrameError("heartbeat command too short")
+    try:
+        url = data[_U64.size:].decode()
+    except UnicodeDecodeError as err:
+        raise CorruptFrameError("heartbeat command with a subscriber id that is not UTF-8"
+                                ) from err
+    return topic_id, _U64.unpack_from(data)[0], url
 
 
 def _copy(source: IO[bytes], target: IO[bytes], size: int) -> None:

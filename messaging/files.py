@@ -1,9 +1,11 @@
-"""Small durable-file helpers: atomic JSON metadata and directory fsync."""
+"""Small durable-file helpers: atomic JSON metadata, directory fsync, whole writes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,23 +19,36 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, value: Any) -> None:
+def write_json_atomic(path: Path, value: Any, *, durable: bool = True) -> None:
     """Write ``value`` as JSON so that ``path`` holds either the old or the new content.
 
-    Temp file, fsync, rename over the target, fsync the directory.
+    A temporary file of its own (so concurrent writers never share one), fsync, rename over
+    the target, fsync the directory. On any failure the temporary file is removed and the
+    target is untouched. ``durable=False`` skips both fsyncs (atomic, not durable).
     """
-    tmp = path.with_name(path.name + ".tmp")
     data = json.dumps(value, sort_keys=True).encode() + b"\n"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+        try:
+            write_all(fd, data)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Remove temporary files a crash left behind by :func:`write_json_atomic` for ``path``."""
+    for stale in path.parent.glob(path.name + ".*.tmp"):
+        with contextlib.suppress(OSError):
+            stale.unlink()
 
 
 def read_json(path: Path) -> Any:
@@ -43,7 +58,10 @@ def read_json(path: Path) -> Any:
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
-    """``os.write`` until every byte is written."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
+    """``os.write`` until every byte is written (raises the first error; bytes may be left)."""
+    with memoryview(data) as whole:
+        written = 0
+        size = len(whole)
+        while written < size:
+            with whole[written:] as rest:
+                written += os.write(fd, rest)

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from messaging.broker import ApplyResult
 from messaging.errors import (
@@ -160,23 +160,34 @@ class Handlers:
     # -- reads ------------------------------------------------------------------------------
 
     async def read(self, request: web.Request) -> web.StreamResponse:
-        """GET /messaging/messages: frames from ``index``; ``streaming=true`` keeps it open."""
+        """GET /messaging/messages: frames from ``index``; ``streaming=true`` keeps it open.
+
+        A non-streaming read of a topic that never existed is a 404; a streaming one waits
+        for the topic's first message. HEAD answers the headers a GET would, without a body.
+        """
         topic_id = _required_int(request, "topicID")
         index = _optional_int(request, "index") or 0
         end = _optional_int(request, "end")
         limit = _optional_int(request, "limit")
         streaming = _bool(request, "streaming")
         topic = self.broker.topic(topic_id)
+        if topic is None and not streaming:
+            raise NotFoundError(f"topic {topic_id} not found")
         reader = topic.reader(index, end, limit) if topic is not None else None
         loop = asyncio.get_running_loop()
+        # Read the first chunk before answering, so an error (410, damage on disk) is a
+        # proper status rather than a broken 200.
         first = b""
-        if reader is not None:
+        if reader is not None and request.method != "HEAD":
             first = await loop.run_in_executor(None, reader.read, STREAM_CHUNK)
         response = web.StreamResponse(headers={
             "Content-Type": FRAMES_CONTENT_TYPE,
             INDEX_HEADER: str(topic.committed_index if topic is not None else 0),
         })
-        if not streaming:
+        if request.method == "HEAD":
+            await response.prepare(request)
+            return response
+        if not streaming and request.version >= HttpVersion11:
             response.enable_chunked_encoding()
         await response.prepare(request)
         metrics = self.broker.metrics
@@ -184,7 +195,7 @@ class Handlers:
         if streams is not None:
             streams.inc()
         try:
-            if reader is None and streaming:
+            if reader is None:
                 topic = await self.broker.wait_for_topic(topic_id)
                 reader = topic.reader(index, end, limit) if topic is not None else None
             if reader is not None:
@@ -199,14 +210,15 @@ class Handlers:
         finally:
             if streams is not None:
                 streams.dec()
-            if reader is not None:
-                reader.close()
         await response.write_eof()
         return response
 
     async def _send(self, response: web.StreamResponse, reader: Any, chunk: bytes,
                     streaming: bool, metrics: BrokerMetrics) -> None:
-        """Write chunks while the next one is read on a thread (so disk and socket overlap)."""
+        """Write chunks while the next one is read on a thread (so disk and socket overlap).
+
+        A read in flight is always awaited, whatever happens to the response.
+        """
         loop = asyncio.get_running_loop()
         sent = 0
         while True:
@@ -215,7 +227,9 @@ class Handlers:
                 try:
                     await response.write(chunk)
                 except BaseException:
-                    await asyncio.wait([ahead])  # the reader must not be closed mid-read
+                    await asyncio.wait([ahead])  # never leave a read running behind us
+                    if not ahead.cancelled():
+                        ahead.exception()  # retrieved: its error does not matter any more
                     raise
                 metrics.bytes_streamed.inc(len(chunk))
                 metrics.messages_streamed.inc(reader.delivered - sent)

@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, Literal, Protocol
 
-from messaging.broker import ApplyResult, Broker
-from messaging.errors import BrokerClosedError
+from messaging.broker import ApplyResult, Broker, heartbeat_command
+from messaging.errors import BrokerClosedError, MessagingError
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +79,18 @@ class DeferredSync:
             self._topics.update(topics)
 
     def flush(self) -> None:
-        """fsync every remembered topic (blocking: run it on a thread)."""
+        """fsync every remembered topic (blocking: run it on a thread).
+
+        A failure is logged and stops the topic for writes (see :meth:`Topic.sync`); the
+        periodic flush carries on for the others.
+        """
         with self._lock:
             topics, self._topics = self._topics, set()
         if topics:
-            self.broker.sync(topics)
+            try:
+                self.broker.sync(topics)
+            except MessagingError as err:
+                log.error("periodic fsync failed: %s", err)
 
     async def run(self, executor: Executor | None = None) -> None:
         """Flush every FSYNC_INTERVAL until cancelled."""
@@ -145,8 +152,8 @@ class LocalLog:
         return result
 
     async def heartbeat(self, topic: int, index: int, url: str) -> None:
-        """Record subscriber progress in memory; ``broker.json`` keeps it across restarts."""
-        self.broker.set_topic_max_index(topic, index, url)
+        """Record subscriber progress through the group commit, as durable as a publish."""
+        await self.apply(heartbeat_command(topic, index, url))
 
     def is_leader(self) -> bool:
         """A single node always leads."""
@@ -200,18 +207,13 @@ class LocalLog:
         return group
 
     def _write(self, commands: list[bytes]) -> list[ApplyResult | BaseException]:
-        """Apply a group on the writer thread, write and fsync once, then make it visible."""
-        results: list[ApplyResult | BaseException] = list(self.broker.apply_group(commands))
-        touched: set[int] = set()
-        for result in results:
-            if isinstance(result, ApplyResult):
-                touched |= result.topics
-        if self.fsync == "always":
-            if touched:
-                self.broker.sync(touched)
-        else:
-            self._unsynced.add(touched)
-        self.broker.commit(touched)
+        """Apply a group on the writer thread: one write and one fsync, then visible."""
+        durable = self.fsync == "always"
+        results: list[ApplyResult | BaseException] = list(
+            self.broker.write_group(commands, durable=durable))
+        if not durable:
+            self._unsynced.add(topic for result in results if isinstance(result, ApplyResult)
+                               for topic in result.topics)
         self.broker.metrics.group_commits.inc(len(commands))
         self.groups += 1
         return results

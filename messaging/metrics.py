@@ -6,7 +6,12 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -72,10 +77,18 @@ class BrokerMetrics:
             "messaging_retention_deleted_bytes", "Bytes deleted by retention", registry=r)
         self.retention_deleted_segments = Counter(
             "messaging_retention_deleted_segments", "Segments deleted by retention", registry=r)
+        self.write_failures = Counter(
+            "messaging_write_failures", "Groups of commands that failed and were undone, by "
+            "reason (disk_full, stopped: a topic stopped after a failed fsync, error)",
+            labelnames=["reason"], registry=r)
 
     def watch_subscribers(self, collect: Callable[[], list[tuple[int, str, int, int]]]) -> None:
         """Export subscriber progress: ``collect`` returns (topic, url, index, lag) rows."""
         self.registry.register(_SubscriberCollector(collect))
+
+    def watch_topics(self, collect: Callable[[], list[tuple[int, int, bool]]]) -> None:
+        """Export per-topic health: ``collect`` returns (topic, corrupt frames, writable) rows."""
+        self.registry.register(_TopicCollector(collect))
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
@@ -100,3 +113,21 @@ class _SubscriberCollector(Collector):
         yield index
         yield lag
         yield count
+
+
+class _TopicCollector(Collector):
+    def __init__(self, collect: Callable[[], list[tuple[int, int, bool]]]) -> None:
+        self._collect = collect
+
+    def collect(self) -> Iterator[Metric]:
+        corrupt = CounterMetricFamily(
+            "messaging_corrupt_frames", "Damaged frames found on disk (recovery excluded)",
+            labels=["topic"])
+        writable = GaugeMetricFamily(
+            "messaging_topic_writable", "1 if the topic accepts writes, 0 if it stopped after "
+            "a failed fsync (restart the broker)", labels=["topic"])
+        for topic, damaged, ok in self._collect():
+            corrupt.add_metric([str(topic)], damaged)
+            writable.add_metric([str(topic)], 1 if ok else 0)
+        yield corrupt
+        yield writable

@@ -3,24 +3,43 @@
 A topic lives in its own directory as ``<first index, 20 digits>.seg`` files of frames plus an
 optional ``tombstone`` (``{"first_index": N}``: everything below N was deleted by retention).
 
-Threads: one writer thread appends and syncs; any number of reader threads read. Readers see
-only *committed* frames (see :meth:`Topic.commit`), so a consumer never sees a message that a
-crash could still take back. Followers wait on a future the writer resolves, never on a sleep.
+Threads: one writer thread appends, writes, syncs and commits; any number of reader threads
+read. Readers see only *committed* frames (see :meth:`Topic.commit`), so a consumer never sees
+a message that a crash, or a failed write or fsync, could still take back. Followers wait on a
+future the writer resolves, never on a sleep.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
 import os
 import struct
 import threading
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
-from messaging.errors import BrokerClosedError, CorruptFrameError, TopicTruncatedError
-from messaging.files import fsync_dir, read_json, write_all, write_json_atomic
+from messaging.errors import (
+    BrokerClosedError,
+    CorruptDataError,
+    CorruptFrameError,
+    DiskFullError,
+    MessagingError,
+    StorageError,
+    StorageFailedError,
+    TopicTruncatedError,
+)
+from messaging.files import (
+    fsync_dir,
+    read_json,
+    remove_stale_temporaries,
+    write_all,
+    write_json_atomic,
+)
 from messaging.message import HEADER, HEADER_SIZE, frame_size, scan
 from messaging.notify import Waiters, wake
 
@@ -40,17 +59,17 @@ _unpack_header = HEADER.unpack_from
 _unpack_index_and_length = struct.Struct(">Q14xI").unpack_from
 
 
+def storage_error(doing: str, err: OSError) -> StorageError:
+    """The error a client gets when ``doing`` (e.g. "writing topic 3") failed with ``err``."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFullError(f"disk full: no space left {doing}; writes resume once space "
+                             "is freed")
+    return StorageError(f"{doing} failed: {err.strerror or err}")
+
+
 def segment_name(first_index: int) -> str:
     """The file name of the segment whose first frame has ``first_index``."""
     return f"{first_index:020d}{SEGMENT_SUFFIX}"
-
-
-def _read_at(fd: int, size: int, position: int) -> bytes:
-    data = os.pread(fd, size, position)
-    if len(data) < size:
-        # A short read of a regular file means the file shrank under us: corruption.
-        raise CorruptFrameError(f"short read: {len(data)} of {size} bytes at {position}")
-    return data
 
 
 @dataclass(eq=False)
@@ -73,6 +92,8 @@ class Segment:
     verified_size: int = 0
     following_first: int = 0  # first index of the segment that came next (0: the last one)
     indexed: bool = False
+    created: bool = False  # started in memory; its file is created by the next write
+    damage: CorruptDataError | None = None  # frames from committed_size on cannot be read
     mark_indexes: list[int] = field(default_factory=list)
     mark_positions: list[int] = field(default_factory=list)
     mark_ordinals: list[int] = field(default_factory=list)
@@ -112,6 +133,18 @@ class Segment:
         self.committed_count = self.count
         self.committed_last_index = self.last_index
 
+    def rollback(self) -> None:
+        """Forget everything appended since the last :meth:`commit`."""
+        self.size = self.committed_size
+        self.count = self.committed_count
+        self.last_index = self.committed_last_index
+        self.verified_size = min(self.verified_size, self.committed_size)
+        self.following_first = 0
+        keep = bisect_left(self.mark_positions, self.committed_size)
+        del self.mark_indexes[keep:]
+        del self.mark_positions[keep:]
+        del self.mark_ordinals[keep:]
+
 
 @dataclass
 class TopicStats:
@@ -129,6 +162,17 @@ class Topic:
     Open with :meth:`Topic.open`, which recovers the last segment. Indexes strictly increase
     across the topic; an append of an index not above :attr:`last_index` is skipped as stale, so
     replaying commands after a restart is idempotent.
+
+    Writing is a small transaction driven by one writer thread: :meth:`append` stages frames
+    in memory (no I/O), :meth:`write` writes them, :meth:`sync` makes them durable,
+    :meth:`commit` makes them visible. :meth:`abort` undoes everything since the last commit,
+    in memory and on disk, so a failed or short write never leaves bytes the in-memory state
+    does not account for. A failed fsync stops the topic for writes (see
+    :class:`StorageFailedError`).
+
+    Two locks: ``_lock`` guards the segment list and the committed fields and is held only
+    briefly (readers on the event loop take it); ``_write_lock`` guards the writer's files and
+    is held across disk I/O, so only writer-side threads take it.
     """
 
     def __init__(self, path: Path, topic_id: int, max_segment_size: int) -> None:
@@ -137,22 +181,30 @@ class Topic:
         self.max_segment_size = max_segment_size
         self.stats = TopicStats()
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._segments: list[Segment] = []
         self._firsts: list[int] = []
         self._tombstone = 0
-        self._fd: int | None = None
-        self._staged = bytearray()  # appended to the active segment, not yet written
-        self._unsynced_fds: list[int] = []
-        self._dir_dirty = False
         self._closed = False
         self._waiters = Waiters()
+        # Writer side (under _write_lock): staged runs, the open segment file, what needs fsync.
+        self._staged: list[tuple[Segment, bytearray]] = []
+        self._fd: int | None = None
+        self._fd_segment: Segment | None = None
+        self._unsynced: list[int] = []  # files of segments rolled away from, not yet fsynced
+        self._dirty = False  # bytes written through _fd since its last fsync
+        self._dir_dirty = False
+        self._failed: StorageFailedError | None = None
 
     # -- opening and recovery ---------------------------------------------------------------
 
     @classmethod
     def open(cls, path: Path, topic_id: int,
              max_segment_size: int = DEFAULT_MAX_SEGMENT_SIZE) -> Topic:
-        """Open (creating if needed) the topic in ``path`` and recover its last segment."""
+        """Open (creating if needed) the topic in ``path`` and recover its last segment.
+
+        No file stays open: the active segment is opened by the first write after this.
+        """
         path.mkdir(parents=True, exist_ok=True)
         topic = cls(path, topic_id, max_segment_size)
         topic._recover()
@@ -162,6 +214,7 @@ class Topic:
         tombstone = self.path / TOMBSTONE
         if tombstone.exists():
             self._tombstone = int(read_json(tombstone)["first_index"])
+        remove_stale_temporaries(tombstone)
         for file in sorted(self.path.glob("*" + SEGMENT_SUFFIX)):
             first = int(file.name[: -len(SEGMENT_SUFFIX)])
             if first < self._tombstone:
@@ -183,8 +236,6 @@ class Topic:
         self._firsts = [s.first_index for s in self._segments]
         for segment, following in zip(self._segments, self._segments[1:], strict=False):
             segment.following_first = following.first_index
-        if self._segments:
-            self._fd = os.open(self._segments[-1].path, os.O_WRONLY | os.O_APPEND)
         if self._dir_dirty:
             fsync_dir(self.path)
             self._dir_dirty = False
@@ -212,21 +263,21 @@ class Topic:
     def first_index(self) -> int:
         """The first index that may still be read: the tombstone, else the first segment's."""
         with self._lock:
-            if self._tombstone:
-                return self._tombstone
-            return self._firsts[0] if self._firsts else 0
+            return self._first_index_locked()
+
+    def _first_index_locked(self) -> int:
+        if self._tombstone:
+            return self._tombstone
+        return self._firsts[0] if self._firsts else 0
 
     @property
     def last_index(self) -> int:
-        """The index of the last frame written (committed or not); 0 if none."""
+        """The index of the last frame appended (committed or not); 0 if none."""
         with self._lock:
-            return self._last_index_locked()
-
-    def _last_index_locked(self) -> int:
-        return self._latest_index_locked(committed=False)
+            return self._latest_index_locked(committed=False)
 
     def _latest_index_locked(self, *, committed: bool) -> int:
-        """The last written (or committed) index; below the tombstone if there is none."""
+        """The last appended (or committed) index; below the tombstone if there is none."""
         for segment in reversed(self._segments):
             self._ensure_indexed(segment)
             count = segment.committed_count if committed else segment.count
@@ -240,9 +291,12 @@ class Topic:
         with self._lock:
             return self._committed_index_locked()
 
+    def _committed_index_locked(self) -> int:
+        return self._latest_index_locked(committed=True)
+
     @property
     def size(self) -> int:
-        """Bytes on disk in all segments."""
+        """Bytes in all segments (committed or not)."""
         with self._lock:
             return sum(s.size for s in self._segments)
 
@@ -257,6 +311,16 @@ class Topic:
         """Whether :meth:`close` was called."""
         return self._closed
 
+    @property
+    def failure(self) -> StorageFailedError | None:
+        """Why the topic stopped accepting writes (a failed fsync), or None."""
+        return self._failed
+
+    @property
+    def holds_file(self) -> bool:
+        """Whether the topic keeps a segment file open for writing."""
+        return self._fd is not None
+
     def segments(self) -> list[Segment]:
         """A snapshot of the segment list (oldest first)."""
         with self._lock:
@@ -264,28 +328,31 @@ class Topic:
 
     # -- writing ----------------------------------------------------------------------------
 
-    def append(self, frames: bytes | bytearray | memoryview) -> int:
-        """Append complete frames (indexes already assigned); returns how many were written.
+    def check_writable(self) -> None:
+        """Raise why the topic cannot take writes (closed, or stopped by a failed fsync)."""
+        if self._closed:
+            raise BrokerClosedError(f"topic {self.id} is closed")
+        if self._failed is not None:
+            raise self._failed
 
-        The caller has verified the frames' checksums (the broker does so on publish), so
-        readers need not verify them again. Frames whose index is not above the topic's last
-        index are skipped as stale (replay is idempotent). A new segment starts once the
-        active one is past ``max_segment_size``. Appended bytes are staged in memory and
-        written with one ``write`` by the next :meth:`commit` or :meth:`sync`, so a group of
-        publishes costs one write; they are durable after :meth:`sync` and visible to readers
-        after :meth:`commit`.
+    def append(self, frames: bytes | bytearray | memoryview) -> int:
+        """Stage complete frames (indexes already assigned); returns how many were staged.
+
+        No I/O: :meth:`write` writes what was staged. The caller has verified the frames'
+        checksums (the broker does so on publish), so readers need not verify them again.
+        Frames whose index is not above the topic's last index are skipped as stale (replay is
+        idempotent). A new segment starts once the active one is past ``max_segment_size``.
         """
         view = memoryview(frames)
         size = len(view)
         written = 0
         unpack = _unpack_index_and_length
-        with self._lock:
-            if self._closed:
-                raise BrokerClosedError(f"topic {self.id} is closed")
-            last = self._last_index_locked()
+        with self._write_lock, self._lock:
+            self.check_writable()
+            last = self._latest_index_locked(committed=False)
             offset = run_start = 0
             segment = self._segments[-1] if self._segments else None
-            # Hot loop: locals only; segment fields are written back when a run is flushed.
+            # Hot loop: locals only; segment fields are written back when a run is staged.
             base = next_mark = count = 0
             limit = -1  # no segment yet: the first fresh frame starts one
             if segment is not None:
@@ -299,14 +366,14 @@ class Topic:
                 if end > size:
                     raise CorruptFrameError(f"incomplete frame at byte {offset}")
                 if index <= last:  # stale: a replayed command
-                    self._flush_run(segment, view[run_start:offset], count, last)
+                    self._stage(segment, view[run_start:offset], count, last)
                     offset = run_start = end
                     if segment is not None:
                         base = segment.size
                     continue
                 position = base + offset - run_start
                 if position >= limit:
-                    self._flush_run(segment, view[run_start:offset], count, last)
+                    self._stage(segment, view[run_start:offset], count, last)
                     run_start = offset
                     segment = self._roll(index)
                     base = position = count = next_mark = 0
@@ -319,69 +386,166 @@ class Topic:
                 last = index
                 written += 1
                 offset = end
-            self._flush_run(segment, view[run_start:offset], count, last)
+            self._stage(segment, view[run_start:offset], count, last)
         return written
 
-    def _flush_run(self, segment: Segment | None, run: memoryview, count: int,
-                   last: int) -> None:
+    def _stage(self, segment: Segment | None, run: memoryview, count: int, last: int) -> None:
         if segment is None or not run:
             return
-        self._staged += run
+        if self._staged and self._staged[-1][0] is segment:
+            self._staged[-1][1].extend(run)
+        else:
+            self._staged.append((segment, bytearray(run)))
         if segment.verified_size == segment.size:  # the caller verified what it appends
             segment.verified_size += len(run)
         segment.size += len(run)
         segment.count = count
         segment.last_index = last
 
-    def _write_staged(self) -> None:
-        """Write the staged bytes to the active segment (caller holds the lock)."""
-        if self._staged:
-            assert self._fd is not None
-            write_all(self._fd, self._staged)
-            self._staged.clear()
-
     def _roll(self, first_index: int) -> Segment:
-        self._write_staged()
-        if self._fd is not None:
-            self._unsynced_fds.append(self._fd)
-        path = self.path / segment_name(first_index)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
-        segment = Segment(path, first_index, indexed=True)
+        """Start a new segment in memory; its file is created by the next :meth:`write`."""
+        segment = Segment(self.path / segment_name(first_index), first_index, indexed=True,
+                          created=True)
         if self._segments:
             self._segments[-1].following_first = first_index
         self._segments.append(segment)
         self._firsts.append(first_index)
-        self._dir_dirty = True
         return segment
 
+    def write(self) -> None:
+        """Write what was staged (one ``write`` per segment touched), without fsync.
+
+        On failure raises :class:`DiskFullError` or :class:`StorageError`; the caller then
+        calls :meth:`abort` (the topic's files still hold the partial write until then).
+        """
+        with self._write_lock:
+            self._write_locked()
+
+    def _write_locked(self) -> None:
+        if not self._staged:
+            return
+        try:
+            for segment, data in self._staged:
+                write_all(self._file_for(segment), data)
+                self._dirty = True
+        except OSError as err:
+            raise storage_error(f"writing topic {self.id} in {self.path}", err) from err
+        self._staged.clear()
+
+    def _file_for(self, segment: Segment) -> int:
+        """The open file of ``segment`` (opening it, and creating a new segment's file)."""
+        if self._fd_segment is segment and self._fd is not None:
+            return self._fd
+        if self._fd is not None:
+            if self._dirty:
+                self._unsynced.append(self._fd)
+            else:
+                os.close(self._fd)
+            self._fd = self._fd_segment = None
+            self._dirty = False
+        flags = os.O_WRONLY | os.O_APPEND
+        if segment.created:
+            # Nothing committed can be in a new segment's file: a failed group may have left
+            # a partial one behind (when removing it failed too), so start it empty.
+            flags |= os.O_CREAT | os.O_TRUNC
+        self._fd = os.open(segment.path, flags, 0o644)
+        self._fd_segment = segment
+        if segment.created:
+            segment.created = False
+            self._dir_dirty = True
+        return self._fd
+
     def sync(self) -> None:
-        """Write and fsync what was appended (and any new segment's directory entry)."""
-        with self._lock:
-            self._write_staged()
-            fds, self._unsynced_fds = self._unsynced_fds, []
-            active = self._fd
-            dir_dirty, self._dir_dirty = self._dir_dirty, False
-        for fd in fds:
-            os.fdatasync(fd)
-            os.close(fd)
-        if active is not None:
-            os.fdatasync(active)
-        if dir_dirty:
-            fsync_dir(self.path)
+        """Write what is staged, then fsync it (and any new segment's directory entry).
+
+        A failed fsync stops the topic for writes: after it the kernel may have dropped the
+        dirty pages, so a later fsync would prove nothing about them.
+        """
+        with self._write_lock:
+            if self._failed is not None:
+                raise self._failed
+            self._write_locked()
+            unsynced, self._unsynced = self._unsynced, []
+            try:
+                for fd in unsynced:
+                    os.fdatasync(fd)
+                if self._dirty and self._fd is not None:
+                    os.fdatasync(self._fd)
+                if self._dir_dirty:
+                    fsync_dir(self.path)
+            except OSError as err:
+                self._failed = StorageFailedError(
+                    f"topic {self.id} stopped accepting writes: fsync failed "
+                    f"({err.strerror or err}); restart the broker to re-verify its files")
+                log.error("%s", self._failed)
+                raise self._failed from err
+            finally:
+                for fd in unsynced:
+                    os.close(fd)
+            self._dirty = False
+            self._dir_dirty = False
 
     def commit(self) -> None:
-        """Make everything appended so far visible to readers and wake followers.
+        """Make everything written so far visible to readers and wake followers.
 
-        Safe to call from any thread.
+        Writes first if something is still staged (so ``append`` + ``commit`` works alone).
         """
+        self.write()
         with self._lock:
-            self._write_staged()
             for segment in reversed(self._segments):
                 if segment.committed_size == segment.size:
                     break
                 segment.commit()
             waiting = self._waiters.take()
         wake(waiting)
+
+    def abort(self) -> None:
+        """Undo everything since the last commit: staged frames, written bytes, new segments.
+
+        Segments the failed group created are removed and the active segment's file is cut
+        back to its committed size. If that fails the topic stops accepting writes.
+        """
+        with self._write_lock:
+            self._staged.clear()
+            with self._lock:
+                dropped: list[Segment] = []
+                while self._segments and self._segments[-1].committed_size == 0:
+                    dropped.append(self._segments.pop())
+                    self._firsts.pop()
+                last = self._segments[-1] if self._segments else None
+                if last is not None:
+                    last.rollback()
+            try:  # on disk: remove the new segments' files, cut the active one back
+                if self._fd is not None and self._fd_segment in dropped:
+                    os.close(self._fd)  # its file is removed below: nothing in it to sync
+                    self._fd = self._fd_segment = None
+                    self._dirty = False
+                for segment in dropped:
+                    with contextlib.suppress(FileNotFoundError):
+                        segment.path.unlink()
+                    self._dir_dirty = True
+                if last is not None and last.path.exists():
+                    os.truncate(last.path, last.committed_size)
+            except OSError as err:
+                self._failed = StorageFailedError(
+                    f"topic {self.id} stopped accepting writes: could not roll back a failed "
+                    f"write ({err.strerror or err}); restart the broker to re-verify its files")
+                log.error("%s", self._failed)
+
+    def release(self) -> bool:
+        """Close the segment file kept open for writing, if nothing waits to be synced."""
+        if not self._write_lock.acquire(blocking=False):
+            return False
+        try:
+            if self._fd is None:
+                return True
+            if self._staged or self._dirty or self._unsynced:
+                return False
+            os.close(self._fd)
+            self._fd = self._fd_segment = None
+            return True
+        finally:
+            self._write_lock.release()
 
     # -- waiting ----------------------------------------------------------------------------
 
@@ -390,9 +554,6 @@ class Topic:
         await self._waiters.wait_unless(
             self._lock, lambda: self._closed or self._committed_index_locked() > after_index)
 
-    def _committed_index_locked(self) -> int:
-        return self._latest_index_locked(committed=True)
-
     # -- reading ----------------------------------------------------------------------------
 
     def reader(self, index: int, end: int | None = None, limit: int | None = None) -> TopicReader:
@@ -400,14 +561,17 @@ class Topic:
         return TopicReader(self, index, end, limit)
 
     def _ensure_indexed(self, segment: Segment) -> None:
+        """Build the sparse index of a segment recovery did not read (caller holds the lock).
+
+        A segment damaged part-way keeps its good frames readable; reading past them raises.
+        """
         if segment.indexed:
             return
         with segment.path.open("rb") as f:
             data = f.read()
         error = segment.build_index(data, verify=False)
         if error is not None:
-            self.stats.corrupt_frames += 1
-            raise CorruptFrameError(f"topic {self.id} segment {segment.path.name}: {error}")
+            segment.damage = self.corrupt(segment, error)
 
     def _segment_for(self, index: int) -> int:
         """Position in the segment list of the segment holding ``index`` (or the next one)."""
@@ -427,6 +591,8 @@ class Topic:
             if segment.committed_count and segment.committed_last_index >= index:
                 position, ordinal = self._seek_in(segment, index)
                 return segment, position, ordinal
+            if segment.damage is not None:
+                raise segment.damage  # the index may be in the part that cannot be read
             i += 1
         return None
 
@@ -440,15 +606,15 @@ class Topic:
                       stop_index: int | None = None, count: int | None = None,
                       ) -> tuple[int, int]:
         """Walk frame headers from ``position`` until ``stop_index`` or ``count`` frames."""
-        with segment.path.open("rb") as f:
+        with self._open_segment(segment) as f:
             while position < segment.committed_size:
                 want = min(segment.committed_size - position, 2 * MARK_EVERY)
                 f.seek(position)
                 data = f.read(want)
-                result = scan(data, verify=False, stop_index=stop_index, max_count=count)
+                result = scan(data, verify=False, stop_index=stop_index, max_count=count,
+                              mark_base=position)
                 if result.error is not None:
-                    raise CorruptFrameError(f"topic {self.id} segment {segment.path.name}: "
-                                            f"{result.error}")
+                    raise self.corrupt(segment, result.error)
                 position += result.end
                 ordinal += result.count
                 if count is not None:
@@ -467,6 +633,20 @@ class Topic:
                     if count is not None:
                         count -= 1
         return position, ordinal
+
+    def _open_segment(self, segment: Segment) -> BinaryIO:
+        """Open a segment for reading; a file retention deleted meanwhile is a 410."""
+        try:
+            return segment.path.open("rb")
+        except FileNotFoundError:
+            raise TopicTruncatedError(self.id, self._first_index_locked()) from None
+
+    def corrupt(self, segment: Segment, error: Exception) -> CorruptDataError:
+        """Count and describe damage found in ``segment`` (``error`` names the byte)."""
+        self.stats.corrupt_frames += 1
+        damage = CorruptDataError(f"topic {self.id} segment {segment.path.name}: {error}")
+        log.error("%s", damage)
+        return damage
 
     def index_after(self, after: int, count: int) -> int | None:
         """The index of the ``count``-th committed message at or after ``after``.
@@ -500,7 +680,7 @@ class Topic:
         position = segment.mark_positions[j] if j >= 0 else 0
         start = segment.mark_ordinals[j] if j >= 0 else 0
         position, _ = self._scan_forward(segment, position, start, count=ordinal - start)
-        with segment.path.open("rb") as f:
+        with self._open_segment(segment) as f:
             f.seek(position)
             (index,) = HEADER.unpack_from(f.read(HEADER_SIZE))[:1]
         return int(index)
@@ -513,52 +693,75 @@ class Topic:
         Keeps the active segment and every segment holding an index above ``floor_index``.
         Writes the tombstone before deleting. Returns the number of bytes deleted.
         """
-        deleted = 0
         with self._lock:
+            doomed: list[Segment] = []
             total = sum(s.size for s in self._segments)
-            while len(self._segments) > 1 and total > max_size:
-                oldest = self._segments[0]
+            for oldest, following in zip(self._segments, self._segments[1:], strict=False):
+                if total <= max_size or following.committed_size == 0:
+                    break  # small enough, or the writer is rolling into the next one now
                 self._ensure_indexed(oldest)
-                if oldest.last_index > floor_index:
+                if oldest.committed_last_index > floor_index or oldest.damage is not None:
                     break
-                self._tombstone = self._segments[1].first_index
-                write_json_atomic(self.path / TOMBSTONE, {"first_index": self._tombstone})
-                oldest.path.unlink()
-                del self._segments[0]
-                del self._firsts[0]
+                doomed.append(oldest)
                 total -= oldest.size
-                deleted += oldest.size
-                self.stats.deleted_segments += 1
-                self.stats.deleted_bytes += oldest.size
-                log.info("topic %d: retention deleted %s (%d bytes); first index now %d",
-                         self.id, oldest.path.name, oldest.size, self._tombstone)
-            if deleted:
-                fsync_dir(self.path)
+            if not doomed:
+                return 0
+            first_kept = self._segments[len(doomed)].first_index
+        try:
+            write_json_atomic(self.path / TOMBSTONE, {"first_index": first_kept})
+        except OSError as err:
+            log.error("topic %d: retention could not write its tombstone (%s); nothing "
+                      "deleted", self.id, err.strerror or err)
+            return 0
+        with self._lock:
+            del self._segments[: len(doomed)]
+            del self._firsts[: len(doomed)]
+            self._tombstone = first_kept
+        deleted = 0
+        for segment in doomed:
+            with contextlib.suppress(FileNotFoundError):
+                segment.path.unlink()
+            deleted += segment.size
+            self.stats.deleted_segments += 1
+            self.stats.deleted_bytes += segment.size
+            log.info("topic %d: retention deleted %s (%d bytes); first index now %d",
+                     self.id, segment.path.name, segment.size, first_kept)
+        fsync_dir(self.path)
         return deleted
 
     # -- closing ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Sync, close the files and wake every follower (they then see the topic closed)."""
+        """Sync, close the files (each exactly once) and wake every follower."""
         if self._closed:
             return
-        self.sync()
-        with self._lock:
-            self._closed = True
-            fds = [*self._unsynced_fds, *([self._fd] if self._fd is not None else [])]
-            self._fd = None
-            self._unsynced_fds = []
-            waiting = self._waiters.take()
-        for fd in fds:
-            os.close(fd)
-        wake(waiting)
+        try:
+            if self._failed is None:
+                self.write()
+                self.sync()
+        except MessagingError as err:
+            log.error("topic %d: could not sync on close: %s", self.id, err)
+        finally:
+            with self._write_lock:
+                fds = [*self._unsynced, *([self._fd] if self._fd is not None else [])]
+                self._fd = self._fd_segment = None
+                self._unsynced = []
+                self._staged.clear()
+                for fd in fds:
+                    os.close(fd)
+            with self._lock:
+                self._closed = True
+                waiting = self._waiters.take()
+            wake(waiting)
 
 
 class TopicReader:
     """Reads committed frames of one topic, verifying every CRC and the index order.
 
-    :meth:`read` returns the next chunk of whole frames as bytes (empty at the current end);
-    :meth:`follow` is an async iterator of chunks that waits for the writer at the end.
+    :meth:`read` returns the next chunk of whole frames as bytes (empty at the current end).
+    No file stays open between reads: each read opens, reads and closes, so an idle reader
+    holds no descriptor and a file retention deleted meanwhile is reported (410), never read.
+    Damage on disk is raised as :class:`CorruptDataError` after the good frames before it.
     """
 
     def __init__(self, topic: Topic, index: int, end: int | None = None,
@@ -573,13 +776,10 @@ class TopicReader:
         self._segment: Segment | None = None
         self._position = 0
         self._ordinal = 0  # message number of _position within the segment
-        self._fd: int | None = None
+        self._damage: CorruptDataError | None = None  # raised by the read after the good part
 
     def close(self) -> None:
-        """Release the open segment file."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        """Nothing to release (kept so readers work as context managers)."""
 
     def __enter__(self) -> TopicReader:
         return self
@@ -588,26 +788,21 @@ class TopicReader:
         self.close()
 
     def _position_at_start(self) -> bool:
-        """Find where to start; False if nothing at or after next_index is committed yet."""
+        """Find where to start (topic lock held); False if nothing at or after next_index yet."""
         topic = self.topic
         if topic._tombstone and self.next_index < topic._tombstone:
             raise TopicTruncatedError(topic.id, topic._tombstone)
         located = topic._locate(self.next_index)
         if located is None:
             return False
-        self._open(*located)
+        self._segment, self._position, self._ordinal = located
         return True
-
-    def _open(self, segment: Segment, position: int, ordinal: int) -> None:
-        self.close()
-        self._fd = os.open(segment.path, os.O_RDONLY)
-        self._segment = segment
-        self._position = position
-        self._ordinal = ordinal
 
     def read(self, max_bytes: int = READ_CHUNK) -> bytes:
         """The next chunk of whole, verified frames; ``b""`` when nothing more is committed."""
         while not self.done:
+            if self._damage is not None:
+                raise self._damage
             topic = self.topic
             with topic._lock:
                 if topic._closed:
@@ -620,6 +815,8 @@ class TopicReader:
                 committed = (segment.committed_last_index, segment.committed_count)
                 following: Segment | None = None
                 if self._position >= visible and segment.committed_size == segment.size:
+                    if segment.damage is not None:
+                        raise segment.damage
                     if 0 < segment.following_first < topic._tombstone:
                         # Retention deleted segments this reader had not reached: say so
                         # rather than skip to the next one that is left.
@@ -627,10 +824,11 @@ class TopicReader:
                     i = bisect_right(topic._firsts, segment.first_index)
                     if i < len(topic._segments):
                         following = topic._segments[i]
+                        topic._ensure_indexed(following)
             if self._position >= visible:
                 if following is None:
                     return b""
-                self._open(following, 0, 0)
+                self._segment, self._position, self._ordinal = following, 0, 0
                 continue
             chunk = self._read_verified(visible, committed, max_bytes)
             if chunk is None:
@@ -638,6 +836,23 @@ class TopicReader:
             if chunk:
                 return chunk
         return b""
+
+    def _read_at(self, size: int, position: int) -> bytes:
+        segment = self._segment
+        assert segment is not None
+        try:
+            fd = os.open(segment.path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise TopicTruncatedError(self.topic.id, self.topic.first_index) from None
+        try:
+            data = os.pread(fd, size, position)
+        finally:
+            os.close(fd)
+        if len(data) < size:
+            # A short read of a regular file means it shrank under us: corruption.
+            raise self.topic.corrupt(segment, CorruptFrameError(
+                f"short read at byte {position}: {len(data)} of {size} bytes"))
+        return data
 
     def _read_verified(self, visible: int, committed: tuple[int, int],
                        max_bytes: int) -> bytes | None:
@@ -647,7 +862,7 @@ class TopicReader:
         chunk would reach ``end``).
         """
         segment = self._segment
-        assert self._fd is not None and segment is not None
+        assert segment is not None
         start = self._position
         if self.remaining is not None or segment.verified_size <= start:
             return None
@@ -662,7 +877,7 @@ class TopicReader:
             next_index, ordinal = segment.mark_indexes[j], segment.mark_ordinals[j]
         if self.end is not None and next_index > self.end:
             return None  # every frame before the cut has an index below next_index
-        data = _read_at(self._fd, cut - start, start)
+        data = self._read_at(cut - start, start)
         self.delivered += ordinal - self._ordinal
         self._ordinal = ordinal
         self._position = cut
@@ -670,30 +885,30 @@ class TopicReader:
         self.last_index = next_index - 1
         if self.end is not None and next_index >= self.end:
             self.done = True
-            self.close()
         return data
 
     def _read_frames(self, visible: int, max_bytes: int) -> bytes:
-        assert self._fd is not None and self._segment is not None
         segment = self._segment
+        assert segment is not None
         want = min(visible - self._position, max_bytes)
-        data = _read_at(self._fd, want, self._position)
+        data = self._read_at(want, self._position)
         verify = self._position + want > segment.verified_size
         result = scan(data, after=self.last_index, stop_index=self.end, max_count=self.remaining,
-                      verify=verify)
+                      verify=verify, mark_base=self._position)
         if result.count == 0 and result.incomplete:
             need = frame_size(data) or HEADER_SIZE
             if self._position + need > visible:
-                result.error = CorruptFrameError(f"frame of {need} bytes runs past the end")
+                result.error = CorruptFrameError(
+                    f"frame at byte {self._position} of {need} bytes runs past the end")
             else:
-                data = _read_at(self._fd, need, self._position)
+                data = self._read_at(need, self._position)
                 result = scan(data, after=self.last_index, stop_index=self.end,
-                              max_count=self.remaining, verify=verify)
+                              max_count=self.remaining, verify=verify, mark_base=self._position)
         if result.error is not None:
-            self.topic.stats.corrupt_frames += 1
-            raise CorruptFrameError(
-                f"topic {self.topic.id} segment {self._segment.path.name} "
-                f"at byte {self._position + result.end}: {result.error}") from result.error
+            damage = self.topic.corrupt(segment, result.error)
+            if not result.count:
+                raise damage
+            self._damage = damage  # deliver the good frames first; the next read raises
         if result.count:
             if verify and self._position <= segment.verified_size:
                 segment.verified_size = max(segment.verified_size, self._position + result.end)
@@ -706,7 +921,6 @@ class TopicReader:
                 self.remaining -= result.count
         if result.stopped or (self.end is not None and self.next_index >= self.end):
             self.done = True
-            self.close()
         return data[: result.end] if result.end < len(data) else data
 
     def read_all(self, max_bytes: int = READ_CHUNK) -> bytes:
@@ -717,7 +931,7 @@ class TopicReader:
         return b"".join(parts)
 
     def follow(self, max_bytes: int = READ_CHUNK) -> _FollowIterator:
-        """An async iterator of chunks that waits for new frames at the end (see class doc)."""
+        """An async iterator of chunks that waits for new frames at the end."""
         return _FollowIterator(self, max_bytes)
 
 
@@ -739,5 +953,4 @@ class _FollowIterator:
             if reader.done:
                 break
             await reader.topic.wait_for(reader.last_index)
-        reader.close()
         raise StopAsyncIteration

@@ -157,7 +157,7 @@ async def test_no_leader_answers_503(broker_process, tmp_path: Path) -> None:
             assert "no leader" in resp.headers["X-Broker-Error"]
         async with session.get(f"{lonely.url}/messaging/messages",
                                params={"topicID": "1"}) as resp:
-            assert resp.status == 200  # reads are still served
+            assert resp.status == 404  # reads are still served (topic 1 never existed)
         d = await diagnostics(session, lonely.url)
         assert d["leader"] is None and d["role"] == "follower"
 
