@@ -239,10 +239,7 @@ class Broker:
         touched: set[int] = set()
         try:
             results = self._stage_group(commands, touched)
-            for topic_id in touched:
-                self._topics[topic_id].write()
-            if durable:
-                self.sync(touched)
+            self._write_topics(list(touched), durable=durable)
             self._record_heartbeats(durable=durable)
         except (MessagingError, OSError) as err:
             error = err if isinstance(err, MessagingError) else storage_error(
@@ -289,6 +286,28 @@ class Broker:
             self.metrics.messages_published.inc(messages)
             self.metrics.bytes_published.inc(size)
         return results
+
+    def _write_topics(self, topic_ids: list[int], *, durable: bool) -> None:
+        """Write (and fsync when ``durable``) every topic, within the open-file budget.
+
+        A group touching more topics than ``max_open_files`` goes in slices: each slice is
+        written, fsynced and its files closed before the next one opens any.
+        """
+        budget = self.max_open_files
+        if len(topic_ids) <= budget:
+            for topic_id in topic_ids:
+                self._topics[topic_id].write()
+            if durable:
+                self.sync(topic_ids)
+            return
+        for start in range(0, len(topic_ids), budget):
+            part = topic_ids[start:start + budget]
+            for topic_id in part:
+                self._topics[topic_id].write()
+            self.sync(part)
+            for topic_id in part:
+                if self._topics[topic_id].release():
+                    self._open_files.pop(topic_id, None)
 
     def _abort(self, touched: Iterable[int], index: int) -> None:
         """Undo a failed group: topics cut back to what was committed, index restored."""
