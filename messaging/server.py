@@ -113,19 +113,26 @@ class BrokerServer:
     async def stop(self) -> None:
         """Stop accepting, finish in-flight publishes, fsync, end streams, close."""
         loop = asyncio.get_running_loop()
-        if self._retention is not None:
-            self._retention.cancel()
+        retention, self._retention = self._retention, None
+        site, self._site = self._site, None
+        log_, self.log = self.log, None
+        broker, self.broker = self.broker, None
+        runner, self._runner = self._runner, None
+        if retention is not None:
+            retention.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._retention
-        if self._site is not None:
-            await self._site.stop()
-        if self.log is not None:
-            await self.log.close()
-        if self.broker is not None:
-            await loop.run_in_executor(None, self.broker.close)
-        if self._runner is not None:
-            await self._runner.cleanup()
-        log.info("broker stopped")
+                await retention
+        if site is not None:
+            await site.stop()
+        if log_ is not None:
+            await log_.close()
+        if broker is not None:
+            # Waits for a retention run still going on a thread.
+            await loop.run_in_executor(None, broker.close)
+        if runner is not None:
+            await runner.cleanup()
+        if broker is not None:
+            log.info("broker stopped")
 
     async def __aenter__(self) -> BrokerServer:
         await self.start()

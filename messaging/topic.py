@@ -187,6 +187,7 @@ class Topic:
         self._tombstone = 0
         self._closed = False
         self._waiters = Waiters()
+        self._damage_logged: set[str] = set()
         # Writer side (under _write_lock): staged runs, the open segment file, what needs fsync.
         self._staged: list[tuple[Segment, bytearray]] = []
         self._fd: int | None = None
@@ -642,10 +643,13 @@ class Topic:
             raise TopicTruncatedError(self.id, self._first_index_locked()) from None
 
     def corrupt(self, segment: Segment, error: Exception) -> CorruptDataError:
-        """Count and describe damage found in ``segment`` (``error`` names the byte)."""
-        self.stats.corrupt_frames += 1
+        """Describe damage found in ``segment`` (``error`` names the byte); counted and logged
+        once per place."""
         damage = CorruptDataError(f"topic {self.id} segment {segment.path.name}: {error}")
-        log.error("%s", damage)
+        if str(damage) not in self._damage_logged:  # once per place, not once per reader
+            self._damage_logged.add(str(damage))
+            self.stats.corrupt_frames += 1
+            log.error("%s", damage)
         return damage
 
     def index_after(self, after: int, count: int) -> int | None:

@@ -172,3 +172,37 @@ async def test_sigterm_finishes_streams_and_exits_cleanly(broker_process, tmp_pa
             assert rest == b""
     assert broker.proc.wait(20) == 0
     assert "broker stopped" in broker.log.read_text()
+
+
+@pytest.mark.parametrize("heartbeat", [True, False])
+async def test_retention_after_kill_honours_acknowledged_heartbeats(
+        broker_process, tmp_path: Path, heartbeat: bool) -> None:
+    data = tmp_path / "data"
+    options = ("--max-segment-size", "1K", "--max-topic-size", "2K")
+    broker = broker_process(data, *options).start()
+    async with aiohttp.ClientSession() as session:
+        datas = [f"message {n:03d} ".encode() * 8 for n in range(100)]
+        async with session.post(f"{broker.url}/messaging/messages",
+                                data=encode_batch(1, datas),
+                                headers={"Content-Type": FRAMES_CONTENT_TYPE}) as resp:
+            assert resp.status == 200
+        if heartbeat:
+            async with session.post(f"{broker.url}/messaging/heartbeat",
+                                    params={"topicID": "1", "index": "10",
+                                            "url": "reporter"}) as resp:
+                assert resp.status == 200
+        broker.kill()  # kill -9 right after the 200: nothing else saved the heartbeat
+        broker = broker_process(data, *options).start()
+        async with session.post(f"{broker.url}/messaging/retention") as resp:
+            deleted = (await resp.json())["deleted_bytes"]
+        async with session.get(f"{broker.url}/messaging/messages",
+                               params={"topicID": "1", "index": "11"}) as resp:
+            if heartbeat:
+                assert resp.status == 200
+                got = decode(await resp.read(), after=0)[0]
+                assert [m.index for m in got] == list(range(11, 101))
+            else:  # the control: without the heartbeat, retention does delete that far
+                assert deleted > 0 and resp.status == 410
+        async with session.get(f"{broker.url}/messaging/topics/1") as resp:
+            subscribers = (await resp.json())["subscribers"]
+        assert subscribers == ({"reporter": 10} if heartbeat else {})

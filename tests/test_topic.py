@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from messaging.errors import CorruptDataError, CorruptFrameError, TopicTruncatedError
+from messaging.errors import CorruptDataError, TopicTruncatedError
 from messaging.message import HEADER_SIZE, Message, decode, encode_many
 from messaging.topic import Topic, segment_name
 from tests.conftest import frames
@@ -176,7 +176,8 @@ def test_flipped_bit_in_older_segment_is_reported_on_read(tmp_path: Path) -> Non
     first.write_bytes(raw)
     reopened = Topic.open(tmp_path, 1)
     assert read(reopened, 4) == [4, 5]
-    with pytest.raises(CorruptDataError, match="segment 00000000000000000001.seg: frame at byte 35 .*checksum"):
+    with pytest.raises(CorruptDataError,
+                       match=r"segment 00000000000000000001\.seg: frame at byte 35 .*checksum"):
         read(reopened, 0)
     assert reopened.stats.corrupt_frames == 1
     reopened.close()
