@@ -40,7 +40,7 @@ from messaging.errors import (
 from messaging.files import fsync_dir, read_json, remove_stale_temporaries, write_json_atomic
 from messaging.message import HEADER, HEADER_SIZE, INTERNAL_TYPE, encode, stamp_index
 from messaging.metrics import BrokerMetrics
-from messaging.notify import Waiters, wake
+from messaging.notify import Notifier
 from messaging.topic import DEFAULT_MAX_SEGMENT_SIZE, TOMBSTONE, Topic, storage_error
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class Broker:
         self._subscribers: dict[int, dict[str, Subscriber]] = {}
         self._lock = threading.Lock()
         self._lock_fd: int | None = None
-        self._topic_waiters = Waiters()
+        self._new_topics = Notifier()
         self._save_lock = threading.Lock()  # one broker.json writer at a time
         self._retention_lock = threading.Lock()  # held by a retention run, and by close()
         self._closing = False
@@ -211,7 +211,7 @@ class Broker:
                             err.strerror or err)
             os.close(self._lock_fd)
             self._lock_fd = None
-        self._wake_topic_waiters()
+        self._new_topics.notify()
 
     # -- the state machine ------------------------------------------------------------------
 
@@ -427,7 +427,7 @@ class Broker:
                 raise storage_error(f"creating topic {topic_id}", err) from err
             with self._lock:
                 self._topics[topic_id] = topic
-            self._wake_topic_waiters()
+            self._new_topics.notify()
         return topic
 
     def sync(self, topic_ids: Iterable[int]) -> None:
@@ -461,17 +461,9 @@ class Broker:
 
     async def wait_for_topic(self, topic_id: int) -> Topic | None:
         """The topic, waiting for its first message if needed; None if the broker closed."""
-        def ready() -> bool:
-            return topic_id in self._topics or self._lock_fd is None
-
-        while not ready():
-            await self._topic_waiters.wait_unless(self._lock, ready)
-        return self.topic(topic_id)
-
-    def _wake_topic_waiters(self) -> None:
-        with self._lock:
-            waiting = self._topic_waiters.take()
-        wake(waiting)
+        await self._new_topics.wait_until(
+            lambda: topic_id in self._topics or self._lock_fd is None)
+        return self._topics.get(topic_id)
 
     def subscribers(self, topic_id: int) -> dict[str, int]:
         """Subscriber URL → heartbeated index for one topic."""
@@ -627,7 +619,7 @@ class Broker:
             self.index = int(header["index"])
         self._restore_subscribers(header.get("subscribers", {}))
         self.save_state()
-        self._wake_topic_waiters()
+        self._new_topics.notify()
         log.info("restored snapshot: %d topics, index %d", len(opened), self.index)
 
 

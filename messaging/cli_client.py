@@ -1,4 +1,7 @@
-"""The client-side commands of ``messaging``: publish, tail, topics, ping."""
+"""The client-side commands of ``messaging``: publish, tail, topics, ping.
+
+Every failure is one line on standard error, ``messaging: <message>``, and exit status 1.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +10,14 @@ import asyncio
 import base64
 import json
 import sys
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from messaging.client import Client
+from messaging.errors import MessagingError, NotABrokerError
 from messaging.message import Message
+
+Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 
 def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,22 +29,23 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument("topic", metavar="TOPIC", type=_topic)
     p.add_argument("data", metavar="DATA", nargs="?")
     p.add_argument("--type", type=int, default=1, help="message type (default 1)")
-    p.set_defaults(run=lambda args: asyncio.run(_publish(args)))
+    p.set_defaults(run=_runner(_publish))
 
     p = sub.add_parser("tail", help="print a topic's messages",
                        description="Print messages from --from (default: the first kept); "
                                    "--follow keeps waiting for new ones.")
     p.add_argument("url", metavar="URL")
     p.add_argument("topic", metavar="TOPIC", type=_topic)
-    p.add_argument("--from", dest="start", type=_topic, default=0, metavar="INDEX")
+    p.add_argument("--from", dest="start", type=_topic, default=0, metavar="INDEX",
+                   help="first index to print (default 0: the first kept)")
     p.add_argument("--follow", action="store_true", help="wait for new messages")
     p.add_argument("--format", choices=["text", "json"], default="text",
                    help="text: index, type, data (UTF-8, else hex); json: one object a line")
-    p.set_defaults(run=lambda args: asyncio.run(_tail(args)))
+    p.set_defaults(run=_runner(_tail))
 
     p = sub.add_parser("topics", help="list topics")
     p.add_argument("url", metavar="URL")
-    p.set_defaults(run=lambda args: asyncio.run(_topics(args)))
+    p.set_defaults(run=_runner(_topics))
 
     p = sub.add_parser("cluster", help="change cluster membership",
                        description="join: add a node (already started with --raft-bind and the "
@@ -45,11 +53,32 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument("action", choices=["join", "leave"])
     p.add_argument("url", metavar="URL", help="any member's URL (followers redirect)")
     p.add_argument("address", metavar="RAFT_ADDR", help="the node's raft HOST:PORT")
-    p.set_defaults(run=lambda args: asyncio.run(_cluster(args)))
+    p.set_defaults(run=_runner(_cluster))
 
     p = sub.add_parser("ping", help="check a broker and list the cluster's URLs")
     p.add_argument("url", metavar="URL")
-    p.set_defaults(run=lambda args: asyncio.run(_ping(args)))
+    p.set_defaults(run=_runner(_ping))
+
+
+def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
+    """Run ``command``; a failure becomes one line ``messaging: <message>`` and status 1."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return asyncio.run(command(args))
+        except (BrokenPipeError, KeyboardInterrupt):
+            raise  # the caller handles these: a closed pipe is not an error
+        except MessagingError as err:
+            return _fail(str(err))
+        except Exception as err:  # a bug, but still no traceback for a user
+            return _fail(f"unexpected error ({type(err).__name__}: {err})")
+
+    return run
+
+
+def _fail(message: str) -> int:
+    print(f"messaging: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    return 1
 
 
 def _topic(text: str) -> int:
@@ -105,9 +134,13 @@ async def _topics(args: argparse.Namespace) -> int:
         topics = await client.topics()
     print(f"{'TOPIC':>8} {'FIRST':>12} {'LAST':>12} {'SIZE':>14} {'SEGMENTS':>8}  SUBSCRIBERS")
     for t in topics:
-        subs = ", ".join(f"{u}@{i}" for u, i in sorted(t["subscribers"].items())) or "-"
-        print(f"{t['id']:>8} {t['first_index']:>12} {t['last_index']:>12} {t['size']:>14} "
-              f"{t['segments']:>8}  {subs}")
+        subscribers = t.get("subscribers")
+        subs = "-"
+        if isinstance(subscribers, dict) and subscribers:
+            subs = ", ".join(f"{u}@{i}" for u, i in sorted(subscribers.items()))
+        print(f"{t.get('id', '?'):>8} {t.get('first_index', '?'):>12} "
+              f"{t.get('last_index', '?'):>12} {t.get('size', '?'):>14} "
+              f"{t.get('segments', '?'):>8}  {subs}")
     return 0
 
 
@@ -122,6 +155,11 @@ async def _cluster(args: argparse.Namespace) -> int:
     async with Client(args.url) as client:
         response = await client.request("POST", f"/messaging/cluster/{args.action}",
                                         params={"addr": args.address}, write=True)
-    for url in response.json()["urls"]:
+    body = response.json()
+    urls = body.get("urls") if isinstance(body, dict) else None
+    if not isinstance(urls, list):
+        raise NotABrokerError(f"{response.url} does not look like a messaging broker: its "
+                              'answer is not {"urls": [...]}')
+    for url in urls:
         print(url)
     return 0

@@ -164,6 +164,23 @@ class ConnStateError(ClientError):
     """A :class:`messaging.client.Conn` was used in the wrong state (opened twice, not opened)."""
 
 
+class InvalidURLError(ClientError):
+    """A broker URL the client cannot use: not ``http://HOST:PORT`` or ``https://HOST:PORT``."""
+
+    status = 400
+
+
+class ClientConfigError(ClientError):
+    """The client's ``config_path`` is unreadable or not ``{"urls": [...]}``; names the file."""
+
+
+class NotABrokerError(ClientError):
+    """An answer no messaging broker gives: an error without ``X-Broker-Error``, a missing or
+    invalid broker header, a body that does not parse, or no HTTP at all."""
+
+    status = 502
+
+
 _BY_STATUS: dict[int, type[MessagingError]] = {
     400: BadRequestError,
     404: NotFoundError,

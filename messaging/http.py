@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Protocol
 
 from aiohttp import HttpVersion11, web
@@ -16,7 +17,6 @@ from aiohttp import HttpVersion11, web
 from messaging.broker import ApplyResult
 from messaging.errors import (
     BadRequestError,
-    CorruptFrameError,
     MessageTooLargeError,
     MessagingError,
     NoLeaderError,
@@ -27,11 +27,9 @@ from messaging.log import Log
 from messaging.message import (
     DEFAULT_MAX_MESSAGE_SIZE,
     FRAMES_CONTENT_TYPE,
-    HEADER,
-    HEADER_SIZE,
     INTERNAL_TYPE,
     encode,
-    scan,
+    validate_publish,
 )
 from messaging.metrics import BrokerMetrics
 from messaging.topic import Topic
@@ -41,6 +39,8 @@ log = logging.getLogger(__name__)
 ERROR_HEADER = "X-Broker-Error"
 INDEX_HEADER = "X-Broker-Index"
 DEFAULT_MAX_REQUEST_SIZE = 64 << 20
+#: Publish bodies up to this size are validated on the event loop; bigger ones on a thread.
+VALIDATE_ON_LOOP = 64 << 10
 #: Bytes a stream reads from disk per write; the socket's own buffer bounds the rest.
 STREAM_CHUNK = 1 << 20
 
@@ -83,8 +83,14 @@ class Handlers:
         self._require_leader()
         frames = request.content_type == FRAMES_CONTENT_TYPE
         if frames:
-            body = await request.read()
-            command = self._check_frames(body, _optional_int(request, "topicID"))
+            command = await request.read()
+            topic_id = _optional_int(request, "topicID")
+            if len(command) <= VALIDATE_ON_LOOP:
+                validate_publish(command, topic=topic_id, max_length=self.max_message_size)
+            else:  # a big batch would stall every other request: check it on a thread
+                await asyncio.get_running_loop().run_in_executor(None, partial(
+                    validate_publish, command, topic=topic_id,
+                    max_length=self.max_message_size))
         else:
             topic = _required_int(request, "topicID")
             type_ = _optional_int(request, "type")
@@ -104,26 +110,6 @@ class Handlers:
         if frames:
             return web.json_response(_range(result), headers=headers)
         return web.Response(headers=headers)
-
-    def _check_frames(self, body: bytes, topic: int | None) -> bytes:
-        if not body:
-            raise BadRequestError("empty body: expected frames")
-        result = scan(body, max_length=self.max_message_size)
-        if result.error is not None:
-            raise result.error
-        if result.end != len(body):
-            raise CorruptFrameError(f"incomplete frame at byte {result.end} of {len(body)}")
-        offset = 0
-        while offset < len(body):
-            _index, _crc, type_, frame_topic, length = HEADER.unpack_from(body, offset)
-            if type_ & INTERNAL_TYPE:
-                raise BadRequestError(f"frame at byte {offset}: type {type_:#x} is reserved "
-                                      "for the broker")
-            if topic is not None and frame_topic != topic:
-                raise BadRequestError(f"frame at byte {offset} is for topic {frame_topic}, "
-                                      f"not topicID {topic}")
-            offset += HEADER_SIZE + length
-        return body
 
     async def heartbeat(self, request: web.Request) -> web.Response:
         """POST /messaging/heartbeat: a subscriber has processed a topic through an index."""

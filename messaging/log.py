@@ -9,7 +9,6 @@ answered once its group is durable (``fsync="always"``) and visible to readers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
@@ -19,6 +18,7 @@ from typing import Any, Literal, Protocol
 
 from messaging.broker import ApplyResult, Broker, heartbeat_command
 from messaging.errors import BrokerClosedError, MessagingError
+from messaging.tasks import cancel_and_wait, wait_finished
 
 log = logging.getLogger(__name__)
 
@@ -129,15 +129,13 @@ class LocalLog:
         self._closing = True
         self._wakeup.set()
         for task in self._tasks[:1]:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await wait_finished(task)  # the writer drains the queue and returns
         for task in self._tasks[1:]:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._writer, self._unsynced.flush)
-        self._writer.shutdown(wait=True)
+        # Joining the writer thread blocks: do it on another thread, not on the loop.
+        await loop.run_in_executor(None, self._writer.shutdown)
 
     async def apply(self, command: bytes) -> ApplyResult:
         """Queue a command and wait until it is applied (and durable in ``always`` mode)."""

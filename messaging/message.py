@@ -306,6 +306,43 @@ def scan(buffer: bytes | bytearray | memoryview, *, start: int = 0, after: int |
     return result
 
 
+def validate_publish(body: bytes | bytearray | memoryview, *, topic: int | None = None,
+                     max_length: int = HARD_MAX_MESSAGE_SIZE) -> int:
+    """Check a publish body in one pass; returns how many frames it holds.
+
+    Every frame must be complete, within ``max_length``, of a public type (not broker-
+    internal), for ``topic`` when one is given, and carry a matching CRC-32C. Raises
+    :class:`CorruptFrameError` (or a subclass) naming the first bad frame's byte offset.
+    """
+    view = memoryview(body)
+    size = len(view)
+    if not size:
+        raise CorruptFrameError("empty body: expected frames")
+    offset = count = 0
+    unpack = _unpack_header
+    while offset < size:
+        if size - offset < HEADER_SIZE:
+            raise CorruptFrameError(f"incomplete frame at byte {offset} of {size}")
+        _index, crc, type_, frame_topic, length = unpack(view, offset)
+        if length > max_length:
+            raise FrameTooLargeError(f"frame at byte {offset}: data length {length} exceeds "
+                                     f"{max_length}")
+        end = offset + HEADER_SIZE + length
+        if end > size:
+            raise CorruptFrameError(f"incomplete frame at byte {offset} of {size}")
+        if type_ & INTERNAL_TYPE:
+            raise CorruptFrameError(f"frame at byte {offset}: type {type_:#x} is reserved for "
+                                    "the broker")
+        if topic is not None and frame_topic != topic:
+            raise CorruptFrameError(f"frame at byte {offset} is for topic {frame_topic}, not "
+                                    f"topicID {topic}")
+        if crc32c(view[offset + CRC_START:end]) != crc:
+            raise ChecksumError(f"frame at byte {offset}: checksum mismatch")
+        count += 1
+        offset = end
+    return count
+
+
 class FrameDecoder:
     """A streaming decoder: feed bytes as they arrive, get the complete messages back.
 

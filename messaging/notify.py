@@ -1,61 +1,63 @@
-"""Wake-ups that cross threads: a writer thread resolves futures that asyncio readers await."""
+"""Wake-ups that cross threads, the aiohttp ``streams.py`` way.
+
+A writer thread calls :meth:`Notifier.notify` once per change; it schedules one callback per
+event loop that ever waited (``call_soon_threadsafe``), and that callback resolves the loop's
+waiting futures on the loop itself. Waiters live only on their loop: a reader checks its
+condition and registers its future without yielding, so a change made before the check is
+seen by the check and a change made after it schedules a wake-up that comes after the
+registration; no lock is shared between the loop and the writer. A waiter removes its future
+in ``finally``, whether it was woken, cancelled or timed out.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Callable
 
 
-class Waiters:
-    """Futures waiting for "something changed"; :meth:`wake_all` may run on any thread.
-
-    The owner guards add/take with its own lock, so checking a condition and registering a
-    waiter happen atomically with respect to the writer.
-    """
+class Notifier:
+    """"Something changed" for asyncio waiters, announced from any thread."""
 
     def __init__(self) -> None:
-        self._waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        # loop -> its waiting futures; the set is only touched on its own loop.
+        self._waiting: dict[asyncio.AbstractEventLoop, set[asyncio.Future[None]]] = {}
 
-    def add(self) -> asyncio.Future[None]:
-        """A new future on the running loop, resolved by the next :meth:`wake_all`."""
+    @property
+    def waiting(self) -> int:
+        """How many futures wait right now (on every loop)."""
+        return sum(len(futures) for futures in list(self._waiting.values()))
+
+    async def wait_until(self, ready: Callable[[], bool]) -> None:
+        """Return once ``ready()`` is true, checked now and after every notification.
+
+        ``ready`` runs on the loop and must not block (read plain attributes, take no lock).
+        """
+        while not ready():
+            await self.wait()
+
+    async def wait(self) -> None:
+        """Wait for the next :meth:`notify` (or :meth:`notify` from this loop's thread)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        self._waiting.append((loop, future))
-        return future
-
-    def discard(self, future: asyncio.Future[None]) -> None:
-        """Forget a future whose waiter gave up (cancelled or timed out)."""
-        self._waiting = [(loop, f) for loop, f in self._waiting if f is not future]
-
-    async def wait_unless(self, lock: threading.Lock, ready: Callable[[], bool]) -> None:
-        """Return at once if ``ready()`` (checked under ``lock``), else at the next wake-up."""
-        with lock:
-            if ready():
-                return
-            future = self.add()
+        futures = self._waiting.setdefault(loop, set())
+        futures.add(future)
         try:
             await future
         finally:
+            futures.discard(future)
+
+    def notify(self) -> None:
+        """Wake every waiter (any thread): one callback per loop, not one per waiter."""
+        for loop in list(self._waiting):
+            if loop.is_closed():
+                self._waiting.pop(loop, None)
+                continue
+            # A loop closing right now raises RuntimeError: nobody waits there any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._wake, loop)
+
+    def _wake(self, loop: asyncio.AbstractEventLoop) -> None:
+        for future in self._waiting.get(loop, ()):
             if not future.done():
-                with lock:
-                    self.discard(future)
-
-    def take(self) -> list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]:
-        """Remove and return every waiter (call under the owner's lock, wake outside it)."""
-        waiting, self._waiting = self._waiting, []
-        return waiting
-
-
-def wake(waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]) -> None:
-    """Resolve futures taken from :meth:`Waiters.take`, each on its own loop."""
-    for loop, future in waiting:
-        # A closed loop raises RuntimeError: nobody is waiting there any more.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(_resolve, future)
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+                future.set_result(None)

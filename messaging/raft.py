@@ -14,7 +14,6 @@ identically and frames its topics already hold are skipped as stale.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import pickle
 import struct
@@ -28,6 +27,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from messaging.broker import ApplyResult, Broker, heartbeat_command
 from messaging.errors import BadRequestError, CommitUnknownError, MessagingError, NoLeaderError
 from messaging.log import DeferredSync
+from messaging.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -120,14 +120,12 @@ class RaftLog:
     async def close(self) -> None:
         """Stop the periodic tasks and the Raft node, then fsync."""
         for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
+        loop = asyncio.get_running_loop()
         node = self._node
         if node is not None:
-            await asyncio.get_running_loop().run_in_executor(None, node.destroy_synchronous)
-        self._unsynced.flush()
+            await loop.run_in_executor(None, node.destroy_synchronous)
+        await loop.run_in_executor(None, self._unsynced.flush)
 
     # -- the Log protocol -------------------------------------------------------------------
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from messaging.errors import DataDirectoryError
 from messaging.http import DEFAULT_MAX_REQUEST_SIZE, make_app
 from messaging.log import FsyncMode, LocalLog, Log
 from messaging.message import DEFAULT_MAX_MESSAGE_SIZE
+from messaging.tasks import cancel_and_wait
 from messaging.topic import DEFAULT_MAX_SEGMENT_SIZE
 
 log = logging.getLogger(__name__)
@@ -118,10 +118,7 @@ class BrokerServer:
         log_, self.log = self.log, None
         broker, self.broker = self.broker, None
         runner, self._runner = self._runner, None
-        if retention is not None:
-            retention.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await retention
+        await cancel_and_wait(retention)
         if site is not None:
             await site.stop()
         if log_ is not None:

@@ -11,7 +11,6 @@ future the writer resolves, never on a sleep.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import logging
@@ -41,7 +40,7 @@ from messaging.files import (
     write_json_atomic,
 )
 from messaging.message import HEADER, HEADER_SIZE, frame_size, scan
-from messaging.notify import Waiters, wake
+from messaging.notify import Notifier
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +93,7 @@ class Segment:
     indexed: bool = False
     created: bool = False  # started in memory; its file is created by the next write
     damage: CorruptDataError | None = None  # frames from committed_size on cannot be read
+    index_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     mark_indexes: list[int] = field(default_factory=list)
     mark_positions: list[int] = field(default_factory=list)
     mark_ordinals: list[int] = field(default_factory=list)
@@ -186,7 +186,8 @@ class Topic:
         self._firsts: list[int] = []
         self._tombstone = 0
         self._closed = False
-        self._waiters = Waiters()
+        self._notifier = Notifier()
+        self._committed_last = 0  # last committed index, read without the lock
         self._damage_logged: set[str] = set()
         # Writer side (under _write_lock): staged runs, the open segment file, what needs fsync.
         self._staged: list[tuple[Segment, bytearray]] = []
@@ -237,6 +238,7 @@ class Topic:
         self._firsts = [s.first_index for s in self._segments]
         for segment, following in zip(self._segments, self._segments[1:], strict=False):
             segment.following_first = following.first_index
+        self._committed_last = self._committed_index_locked()
         if self._dir_dirty:
             fsync_dir(self.path)
             self._dir_dirty = False
@@ -288,9 +290,8 @@ class Topic:
 
     @property
     def committed_index(self) -> int:
-        """The index of the last frame readers can see; 0 if none."""
-        with self._lock:
-            return self._committed_index_locked()
+        """The index of the last frame readers can see; 0 if none (no lock: loop-safe)."""
+        return self._committed_last
 
     def _committed_index_locked(self) -> int:
         return self._latest_index_locked(committed=True)
@@ -497,8 +498,8 @@ class Topic:
                 if segment.committed_size == segment.size:
                     break
                 segment.commit()
-            waiting = self._waiters.take()
-        wake(waiting)
+            self._committed_last = self._committed_index_locked()
+        self._notifier.notify()
 
     def abort(self) -> None:
         """Undo everything since the last commit: staged frames, written bytes, new segments.
@@ -551,9 +552,17 @@ class Topic:
     # -- waiting ----------------------------------------------------------------------------
 
     async def wait_for(self, after_index: int) -> None:
-        """Return once a frame with index above ``after_index`` is committed (or on close)."""
-        await self._waiters.wait_unless(
-            self._lock, lambda: self._closed or self._committed_index_locked() > after_index)
+        """Return once a frame with index above ``after_index`` is committed (or on close).
+
+        Runs on the event loop without taking a lock: the writer wakes it once per commit.
+        """
+        await self._notifier.wait_until(
+            lambda: self._closed or self._committed_last > after_index)
+
+    @property
+    def waiting(self) -> int:
+        """How many followers wait for this topic's next commit."""
+        return self._notifier.waiting
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -562,34 +571,52 @@ class Topic:
         return TopicReader(self, index, end, limit)
 
     def _ensure_indexed(self, segment: Segment) -> None:
-        """Build the sparse index of a segment recovery did not read (caller holds the lock).
+        """Build the sparse index of a segment recovery did not read.
 
+        Call it without holding ``_lock``: older segments never change, so indexing one
+        (reading the whole file) needs only the segment's own lock and never stalls the loop.
         A segment damaged part-way keeps its good frames readable; reading past them raises.
         """
         if segment.indexed:
             return
-        with segment.path.open("rb") as f:
-            data = f.read()
-        error = segment.build_index(data, verify=False)
-        if error is not None:
-            segment.damage = self.corrupt(segment, error)
+        with segment.index_lock:
+            if segment.indexed:
+                return
+            try:
+                with segment.path.open("rb") as f:
+                    data: bytes | None = f.read()
+            except FileNotFoundError:
+                data = None
+            if data is not None:
+                error = segment.build_index(data, verify=False)
+                if error is not None:
+                    segment.damage = self.corrupt(segment, error)
+        if data is None:  # retention deleted it meanwhile (raised outside the segment lock)
+            raise TopicTruncatedError(self.id, self.first_index)
 
     def _segment_for(self, index: int) -> int:
         """Position in the segment list of the segment holding ``index`` (or the next one)."""
         return max(bisect_right(self._firsts, index) - 1, 0)
 
+    def _committed_of(self, segment: Segment) -> tuple[int, int]:
+        """A consistent (committed count, committed last index) of a segment."""
+        with self._lock:
+            return segment.committed_count, segment.committed_last_index
+
     def _locate(self, index: int) -> tuple[Segment, int, int] | None:
         """Segment, byte position and ordinal of the first committed frame at or after index.
 
-        Caller holds the lock. None if there is no such frame yet (position at the end).
+        Takes ``_lock`` only to look at the segment list; file I/O happens outside it. None if
+        there is no such frame yet (position at the end).
         """
-        if not self._segments:
-            return None
-        i = self._segment_for(index)
-        while i < len(self._segments):
-            segment = self._segments[i]
+        with self._lock:
+            segments = list(self._segments)
+            i = self._segment_for(index)
+        while i < len(segments):
+            segment = segments[i]
             self._ensure_indexed(segment)
-            if segment.committed_count and segment.committed_last_index >= index:
+            count, last = self._committed_of(segment)
+            if count and last >= index:
                 position, ordinal = self._seek_in(segment, index)
                 return segment, position, ordinal
             if segment.damage is not None:
@@ -660,24 +687,23 @@ class Topic:
         """
         if count < 1:
             raise ValueError("count must be at least 1")
+        located = self._locate(after)
+        if located is None:
+            return None
+        segment, _position, ordinal = located
         with self._lock:
-            located = self._locate(after)
-            if located is None:
-                return None
-            segment, _position, ordinal = located
-            i = self._segments.index(segment)
-            target = ordinal + count - 1
-            last_seen = segment.committed_last_index
-            while i < len(self._segments):
-                segment = self._segments[i]
-                self._ensure_indexed(segment)
-                if target < segment.committed_count:
-                    return self._index_at_ordinal(segment, target)
-                target -= segment.committed_count
-                if segment.committed_count:
-                    last_seen = segment.committed_last_index
-                i += 1
-            return last_seen
+            segments = self._segments[self._segments.index(segment):]
+        target = ordinal + count - 1
+        last_seen = self._committed_of(segment)[1]
+        for segment in segments:
+            self._ensure_indexed(segment)
+            committed_count, committed_last = self._committed_of(segment)
+            if target < committed_count:
+                return self._index_at_ordinal(segment, target)
+            target -= committed_count
+            if committed_count:
+                last_seen = committed_last
+        return last_seen
 
     def _index_at_ordinal(self, segment: Segment, ordinal: int) -> int:
         j = bisect_right(segment.mark_ordinals, ordinal) - 1
@@ -697,14 +723,16 @@ class Topic:
         Keeps the active segment and every segment holding an index above ``floor_index``.
         Writes the tombstone before deleting. Returns the number of bytes deleted.
         """
+        for older in self.segments()[:-1]:
+            self._ensure_indexed(older)  # outside the lock: may read whole files
         with self._lock:
             doomed: list[Segment] = []
             total = sum(s.size for s in self._segments)
             for oldest, following in zip(self._segments, self._segments[1:], strict=False):
                 if total <= max_size or following.committed_size == 0:
                     break  # small enough, or the writer is rolling into the next one now
-                self._ensure_indexed(oldest)
-                if oldest.committed_last_index > floor_index or oldest.damage is not None:
+                if not oldest.indexed or oldest.committed_last_index > floor_index \
+                        or oldest.damage is not None:
                     break
                 doomed.append(oldest)
                 total -= oldest.size
@@ -755,8 +783,7 @@ class Topic:
                     os.close(fd)
             with self._lock:
                 self._closed = True
-                waiting = self._waiters.take()
-            wake(waiting)
+            self._notifier.notify()
 
 
 class TopicReader:
@@ -792,7 +819,7 @@ class TopicReader:
         self.close()
 
     def _position_at_start(self) -> bool:
-        """Find where to start (topic lock held); False if nothing at or after next_index yet."""
+        """Find where to start; False if nothing at or after next_index is committed yet."""
         topic = self.topic
         if topic._tombstone and self.next_index < topic._tombstone:
             raise TopicTruncatedError(topic.id, topic._tombstone)
@@ -808,11 +835,11 @@ class TopicReader:
             if self._damage is not None:
                 raise self._damage
             topic = self.topic
+            if topic.closed:
+                return b""
+            if self._segment is None and not self._position_at_start():
+                return b""
             with topic._lock:
-                if topic._closed:
-                    return b""
-                if self._segment is None and not self._position_at_start():
-                    return b""
                 segment = self._segment
                 assert segment is not None
                 visible = segment.committed_size
@@ -828,10 +855,10 @@ class TopicReader:
                     i = bisect_right(topic._firsts, segment.first_index)
                     if i < len(topic._segments):
                         following = topic._segments[i]
-                        topic._ensure_indexed(following)
             if self._position >= visible:
                 if following is None:
                     return b""
+                topic._ensure_indexed(following)  # outside the lock: may read the whole file
                 self._segment, self._position, self._ordinal = following, 0, 0
                 continue
             chunk = self._read_verified(visible, committed, max_bytes)
@@ -933,28 +960,3 @@ class TopicReader:
         while chunk := self.read(max_bytes):
             parts.append(chunk)
         return b"".join(parts)
-
-    def follow(self, max_bytes: int = READ_CHUNK) -> _FollowIterator:
-        """An async iterator of chunks that waits for new frames at the end."""
-        return _FollowIterator(self, max_bytes)
-
-
-class _FollowIterator:
-    def __init__(self, reader: TopicReader, max_bytes: int) -> None:
-        self._reader = reader
-        self._max_bytes = max_bytes
-
-    def __aiter__(self) -> _FollowIterator:
-        return self
-
-    async def __anext__(self) -> bytes:
-        reader = self._reader
-        loop = asyncio.get_running_loop()
-        while not reader.done and not reader.topic.closed:
-            chunk = await loop.run_in_executor(None, reader.read, self._max_bytes)
-            if chunk:
-                return chunk
-            if reader.done:
-                break
-            await reader.topic.wait_for(reader.last_index)
-        raise StopAsyncIteration

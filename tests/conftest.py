@@ -10,12 +10,13 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from blockbuster import BlockBuster, blockbuster_ctx
 
 from messaging.message import Message, encode_many
 from messaging.server import BrokerConfig, BrokerServer
@@ -29,9 +30,21 @@ def frames(topic: int, indexes: Iterable[int], data: bytes | None = None) -> byt
     )
 
 
+# -- the event loop must never block -------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def blockbuster() -> Iterator[BlockBuster]:
+    """Fail any test in which messaging code blocks the event loop (as aiohttp's tests do).
+
+    Blocking calls (file I/O, sleeps, a contended lock, ...) made from the ``messaging``
+    package on a thread that runs an event loop raise ``BlockingError``.
+    """
+    with blockbuster_ctx("messaging") as bb:
+        yield bb
+
+
 # -- servers --------------------------------------------------------------------------------
-
-
 
 
 StartServer = Callable[..., Awaitable[BrokerServer]]
@@ -80,28 +93,38 @@ class BrokerProcess:
 
     def start(self, timeout: float = 20.0) -> BrokerProcess:
         self.data.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log.open("a")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "messaging.cli", "broker", "--data", str(self.data),
-             "--bind", f"127.0.0.1:{self.port}", *self.args],
-            stdout=subprocess.PIPE, stderr=log, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        with self.log.open("a") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "messaging.cli", "broker", "--data", str(self.data),
+                 "--bind", f"127.0.0.1:{self.port}", *self.args],
+                stdout=subprocess.PIPE, stderr=log, text=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"})
         assert self.proc.stdout is not None
         line = _readline(self.proc, timeout)
         match = re.search(r"listening on (http://\S+)", line)
+        if not match:
+            self.kill()
         assert match, f"broker did not start: {line!r}; log: {self.log.read_text()}"
         self.url = match.group(1)
         return self
 
+    def _reap(self, timeout: float) -> int:
+        assert self.proc is not None
+        code = self.proc.wait(timeout)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return code
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
+        if self.proc is not None:
+            self._reap(10)
 
     def terminate(self, timeout: float = 20.0) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        return self._reap(timeout)
 
 
 def _readline(proc: subprocess.Popen[str], timeout: float) -> str:

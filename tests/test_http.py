@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import struct
 
 import aiohttp
@@ -333,7 +334,7 @@ async def test_stream_overtaken_by_retention_is_broken_off(start_server: StartSe
                                                            http: aiohttp.ClientSession) -> None:
     server = await start_server(max_segment_size=64 << 10, max_topic_size=0)
     body = encode_batch(1, [b"p" * 1000] * 20_000)  # 20 MB: far more than socket buffers
-    async with http.post(f"{server.url}/messaging/messages", data=body,
+    async with http.post(f"{server.url}/messaging/messages", data=io.BytesIO(body),
                          headers=FRAMES) as resp:
         assert resp.status == 200
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)

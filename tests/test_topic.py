@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from messaging.errors import CorruptDataError, TopicTruncatedError
 from messaging.message import HEADER_SIZE, Message, decode, encode_many
-from messaging.topic import Topic, segment_name
+from messaging.topic import Topic, TopicReader, segment_name
 from tests.conftest import frames
 
 
@@ -208,42 +209,77 @@ def test_retention_interrupted_after_tombstone_is_finished_on_open(tmp_path: Pat
     reopened.close()
 
 
+async def follow(reader: TopicReader) -> AsyncIterator[bytes]:
+    """Chunks from ``reader``, waiting for the writer at the end (what a stream does)."""
+    topic = reader.topic
+    while not reader.done and not topic.closed:
+        chunk = await asyncio.to_thread(reader.read)
+        if chunk:
+            yield chunk
+        elif not reader.done:
+            await topic.wait_for(reader.last_index)
+
+
+def store(topic: Topic, indexes: list[int]) -> None:
+    topic.append(frames(1, indexes))
+    topic.commit()
+
+
 async def test_follower_wakes_for_a_later_append(tmp_path: Path) -> None:
-    topic = make(tmp_path, [[1]])
-    reader = topic.reader(0)
-    chunks = reader.follow()
-    assert decode(await asyncio.wait_for(chunks.__anext__(), 5))[0][0].index == 1
-    pending = asyncio.ensure_future(chunks.__anext__())
-    await asyncio.sleep(0)
-    assert not pending.done()
-    loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, lambda: (topic.append(frames(1, [2])), topic.commit()))
+    topic = await asyncio.to_thread(make, tmp_path, [[1]])
+    chunks = follow(topic.reader(0))
+    assert decode(await asyncio.wait_for(anext(chunks), 5))[0][0].index == 1
+    pending = asyncio.ensure_future(anext(chunks))
+    await asyncio.sleep(0.05)
+    assert not pending.done() and topic.waiting == 1
+    await asyncio.to_thread(store, topic, [2])
     chunk = await asyncio.wait_for(pending, 5)
     assert [m.index for m in decode(chunk)[0]] == [2]
-    topic.close()
+    await asyncio.to_thread(topic.close)
     with pytest.raises(StopAsyncIteration):
-        await asyncio.wait_for(chunks.__anext__(), 5)
+        await asyncio.wait_for(anext(chunks), 5)
+    assert topic.waiting == 0
+
+
+async def test_cancelled_waiters_leave_nothing_behind(tmp_path: Path) -> None:
+    topic = await asyncio.to_thread(make, tmp_path, [[1]])
+    for _ in range(1000):
+        waiter = asyncio.ensure_future(topic.wait_for(1))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+    assert topic.waiting == 0
+    await asyncio.to_thread(topic.close)
+
+
+async def test_waiting_takes_no_lock_the_writer_holds(tmp_path: Path) -> None:
+    """A writer busy on disk (holding its locks) never stalls a follower on the loop."""
+    topic = await asyncio.to_thread(make, tmp_path, [[1]])
+    with topic._write_lock:  # as during a long write, roll or fsync
+        assert topic.committed_index == 1
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(topic.wait_for(1), 0.05)
+    await asyncio.to_thread(topic.close)
 
 
 async def test_follower_crosses_segment_rolls(tmp_path: Path) -> None:
-    topic = Topic.open(tmp_path, 1, max_segment_size=200)
+    topic = await asyncio.to_thread(Topic.open, tmp_path, 1, 200)
     seen: list[int] = []
 
-    async def follow() -> None:
-        async for chunk in topic.reader(0).follow():
+    async def consume() -> None:
+        async for chunk in follow(topic.reader(0)):
             seen.extend(m.index for m in decode(chunk)[0])
             if seen[-1] == 30:
                 return
 
-    task = asyncio.ensure_future(follow())
+    task = asyncio.ensure_future(consume())
     for i in range(1, 31):
-        topic.append(frames(1, [i]))
-        topic.commit()
-        await asyncio.sleep(0)
+        await asyncio.to_thread(store, topic, [i])
     await asyncio.wait_for(task, 10)
     assert seen == list(range(1, 31))
     assert topic.segment_count >= 5
-    topic.close()
+    await asyncio.to_thread(topic.close)
 
 
 def test_reader_survives_retention_of_passed_segments(tmp_path: Path) -> None:
@@ -353,22 +389,21 @@ test_topic_state_machine = TopicMachine.TestCase
 
 @pytest.mark.parametrize("end", [4, 6])
 async def test_follow_with_end_finishes(tmp_path: Path, end: int) -> None:
-    topic = make(tmp_path, [[1, 2, 3, 4, 5]])
-    chunks = [chunk async for chunk in topic.reader(0, end=end).follow()]
+    topic = await asyncio.to_thread(make, tmp_path, [[1, 2, 3, 4, 5]])
+    chunks = [chunk async for chunk in follow(topic.reader(0, end=end))]
     assert [m.index for c in chunks for m in decode(c)[0]] == list(range(1, end))
-    topic.close()
+    await asyncio.to_thread(topic.close)
 
 
 async def test_follow_with_end_waits_until_a_frame_reaches_end(tmp_path: Path) -> None:
-    topic = make(tmp_path, [[1, 2, 3, 4, 5]])
+    topic = await asyncio.to_thread(make, tmp_path, [[1, 2, 3, 4, 5]])
 
-    async def follow() -> list[int]:
-        return [m.index async for c in topic.reader(0, end=7).follow() for m in decode(c)[0]]
+    async def consume() -> list[int]:
+        return [m.index async for c in follow(topic.reader(0, end=7)) for m in decode(c)[0]]
 
-    task = asyncio.ensure_future(follow())
+    task = asyncio.ensure_future(consume())
     await asyncio.sleep(0.05)
     assert not task.done()  # index 6 may still come
-    topic.append(frames(1, [8]))
-    topic.commit()
+    await asyncio.to_thread(store, topic, [8])
     assert await asyncio.wait_for(task, 5) == [1, 2, 3, 4, 5]
-    topic.close()
+    await asyncio.to_thread(topic.close)

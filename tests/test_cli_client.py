@@ -1,0 +1,103 @@
+"""``messaging publish/tail/topics/ping`` in subprocesses: failures are one line, and bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+from aiohttp import web
+
+from messaging.client import DEFAULT_RETRY_TIMEOUT, Client
+from tests.conftest import StartServer, cli
+from tests.proxy import dead_url
+from tests.test_client import fake_server, html_404
+
+COMMANDS = [("tail", "1"), ("tail", "1", "--follow"), ("publish", "1", "x"), ("topics",),
+            ("ping",)]
+
+
+async def timed_cli(*args: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess[str],
+                                                              float]:
+    """Run ``messaging ARGS`` off the event loop (so in-process servers keep serving)."""
+    started = time.monotonic()
+    result = await asyncio.to_thread(cli, *args, timeout=timeout)
+    return result, time.monotonic() - started
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], message: str) -> None:
+    assert result.returncode == 1, result
+    assert result.stderr == f"messaging: {message}\n"
+
+
+async def test_no_broker_running_fails_within_three_seconds() -> None:
+    url = dead_url()
+    for command, *rest in COMMANDS:
+        result, elapsed = await timed_cli(command, url, *rest, timeout=20)
+        assert_one_line_error(result, f"cannot connect to {url}: connection refused")
+        assert result.stdout == ""
+        assert elapsed < 3, (command, elapsed)
+
+
+async def test_tail_retries_as_long_as_publish_then_fails() -> None:
+    async def no_leader(request: web.Request) -> web.Response:
+        return web.Response(status=503, text="no leader\n", headers={"X-Broker-Error": "no leader"})
+
+    async with fake_server(no_leader) as url:
+        runs = await asyncio.gather(*(timed_cli(command, url, *rest, timeout=60)
+                                      for command, *rest in COMMANDS[:3]))
+    for result, elapsed in runs:
+        assert_one_line_error(result, "no leader")
+        assert DEFAULT_RETRY_TIMEOUT <= elapsed < DEFAULT_RETRY_TIMEOUT + 15, elapsed
+
+
+async def test_tail_starts_at_the_first_kept_index(start_server: StartServer) -> None:
+    server = await start_server(max_segment_size=100, max_topic_size=0)
+    async with Client(server.url) as client:
+        for i in range(6):
+            await client.publish(1, b"%d" % i * 80)
+        await client.request("POST", "/messaging/retention")
+        assert (await client.topic(1))["first_index"] == 6
+    result, _ = await timed_cli("tail", server.url, "1")
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == "6\t1\t" + "5" * 80 + "\n"
+    result, _ = await timed_cli("tail", server.url, "1", "--from", "2")
+    assert_one_line_error(result, "topic 1: index below 6 was deleted by retention; "
+                                  "first available index is 6")
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "messaging.cli", "tail", server.url, "1", "--follow",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        first = await asyncio.wait_for(proc.stdout.readline(), 20)
+        assert first.decode() == "6\t1\t" + "5" * 80 + "\n"
+        async with Client(server.url) as client:
+            await client.publish(1, b"seven")
+        assert await asyncio.wait_for(proc.stdout.readline(), 20) == b"7\t1\tseven\n"
+    finally:
+        proc.kill()
+        await asyncio.wait_for(proc.wait(), 20)
+
+
+async def test_errors_read_as_a_user_wants() -> None:
+    for command, *rest in COMMANDS:
+        result, elapsed = await timed_cli(command, "ftp://127.0.0.1:21", *rest, timeout=20)
+        assert_one_line_error(result, "invalid broker URL 'ftp://127.0.0.1:21': unsupported "
+                                      "scheme 'ftp', expected http://HOST:PORT or "
+                                      "https://HOST:PORT")
+        assert elapsed < 3
+    async with fake_server(html_404) as url:
+        for command, *rest in COMMANDS:
+            result, _ = await timed_cli(command, url, *rest, timeout=20)
+            assert_one_line_error(result, f"{url} does not look like a messaging broker: it "
+                                          "answered HTTP 404 Not Found")
+
+    async def bad_ping(request: web.Request) -> web.Response:
+        return web.json_response({"nodes": ["http://127.0.0.1:1"]})
+
+    async with fake_server(bad_ping) as url:
+        result, _ = await timed_cli("ping", url)
+        assert_one_line_error(result, f'{url} does not look like a messaging broker: its '
+                                      'answer is not {"urls": [...]}')
