@@ -226,14 +226,16 @@ class Broker:
         return result
 
     def write_group(self, commands: Sequence[bytes | bytearray], *, durable: bool,
-                    ) -> list[ApplyResult | MessagingError]:
+                    notify: bool = True) -> list[ApplyResult | MessagingError]:
         """Apply commands in order as one transaction; every topic is written once.
 
         Stamps indexes, stages the frames in their topics, writes each topic once, fsyncs them
         (when ``durable``), saves the subscriber progress the group recorded, and only then
         makes the group visible. A command that cannot apply (malformed, or for a topic that
         stopped taking writes) gets its own error and the others apply; a failed write, fsync
-        or save undoes the whole group and every command gets that error.
+        or save undoes the whole group and every command gets that error. ``notify=False``
+        leaves waking the topics' followers to the caller (:meth:`notify`), so that it can
+        answer the publishers first.
         """
         before = self.index
         touched: set[int] = set()
@@ -248,9 +250,16 @@ class Broker:
             self._log_failure(len(commands), error)
             return [error] * len(commands)
         for topic_id in touched:
-            self._topics[topic_id].commit()
+            self._topics[topic_id].commit(notify=notify)
         self._release_idle_files(touched)
         return results
+
+    def notify(self, topic_ids: Iterable[int]) -> None:
+        """Wake the followers of topics a :meth:`write_group` with ``notify=False`` changed."""
+        for topic_id in topic_ids:
+            topic = self._topics.get(topic_id)
+            if topic is not None:
+                topic.notify()
 
     def _stage_group(self, commands: Sequence[bytes | bytearray], touched: set[int],
                      ) -> list[ApplyResult | MessagingError]:

@@ -32,7 +32,7 @@ from messaging.message import (
     validate_publish,
 )
 from messaging.metrics import BrokerMetrics
-from messaging.topic import Topic
+from messaging.topic import Topic, TopicReader
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,10 @@ INDEX_HEADER = "X-Broker-Index"
 DEFAULT_MAX_REQUEST_SIZE = 64 << 20
 #: Publish bodies up to this size are validated on the event loop; bigger ones on a thread.
 VALIDATE_ON_LOOP = 64 << 10
-#: Bytes a stream reads from disk per write; the socket's own buffer bounds the rest.
-STREAM_CHUNK = 1 << 20
+#: Bytes a stream reads from disk per write: it starts at the minimum and doubles up to the
+#: maximum while the socket keeps up (see Handlers._send).
+STREAM_CHUNK_MIN = 64 << 10
+STREAM_CHUNK = 256 << 10
 
 
 
@@ -165,7 +167,7 @@ class Handlers:
         # proper status rather than a broken 200.
         first = b""
         if reader is not None and request.method != "HEAD":
-            first = await loop.run_in_executor(None, reader.read, STREAM_CHUNK)
+            first = await loop.run_in_executor(None, reader.read, STREAM_CHUNK_MIN)
         response = web.StreamResponse(headers={
             "Content-Type": FRAMES_CONTENT_TYPE,
             INDEX_HEADER: str(topic.committed_index if topic is not None else 0),
@@ -185,7 +187,8 @@ class Handlers:
                 topic = await self.broker.wait_for_topic(topic_id)
                 reader = topic.reader(index, end, limit) if topic is not None else None
             if reader is not None:
-                await self._send(response, reader, first, streaming, metrics)
+                await self._send(response, reader, first, streaming, metrics,
+                                 request.transport)
         except MessagingError as err:
             # The 200 and its headers are gone: end the stream abruptly, so the reader sees a
             # broken response, reconnects from where it got to, and is told the error then.
@@ -199,33 +202,52 @@ class Handlers:
         await response.write_eof()
         return response
 
-    async def _send(self, response: web.StreamResponse, reader: Any, chunk: bytes,
-                    streaming: bool, metrics: BrokerMetrics) -> None:
-        """Write chunks while the next one is read on a thread (so disk and socket overlap).
+    async def _send(self, response: web.StreamResponse, reader: TopicReader,
+                    chunk: bytes | memoryview, streaming: bool, metrics: BrokerMetrics,
+                    transport: asyncio.Transport | None) -> None:
+        """Write chunks, reading the next one on a thread while the socket keeps up.
 
-        A read in flight is always awaited, whatever happens to the response.
+        Chunks grow from STREAM_CHUNK_MIN to STREAM_CHUNK while each write leaves the socket
+        drained, and drop back (with no read-ahead) when it does not: a subscriber that stops
+        reading pins at most about one STREAM_CHUNK. A follower that has caught up takes each
+        new commit from the topic's in-memory tail, shared with every other follower, with no
+        thread and no system call but the socket write. A read in flight is always awaited,
+        whatever happens to the response.
         """
         loop = asyncio.get_running_loop()
+        topic = reader.topic
         sent = 0
+        size = STREAM_CHUNK_MIN
         while True:
             if chunk:
-                ahead = loop.run_in_executor(None, reader.read, STREAM_CHUNK)
+                caught_up = reader.last_index >= topic.committed_index
+                ahead = (loop.run_in_executor(None, reader.read, size)
+                         if not caught_up and _drained(transport) else None)
                 try:
                     await response.write(chunk)
                 except BaseException:
-                    await asyncio.wait([ahead])  # never leave a read running behind us
-                    if not ahead.cancelled():
-                        ahead.exception()  # retrieved: its error does not matter any more
+                    if ahead is not None:
+                        await asyncio.wait([ahead])  # never leave a read running behind us
+                        if not ahead.cancelled():
+                            ahead.exception()  # retrieved: its error does not matter now
                     raise
                 metrics.bytes_streamed.inc(len(chunk))
                 metrics.messages_streamed.inc(reader.delivered - sent)
                 sent = reader.delivered
-                chunk = await ahead
+                size = min(size * 2, STREAM_CHUNK) if _drained(transport) else STREAM_CHUNK_MIN
+                if ahead is not None:
+                    chunk = await ahead
+                elif caught_up:
+                    chunk = b""
+                else:
+                    chunk = await loop.run_in_executor(None, reader.read, size)
                 continue
-            if reader.done or reader.topic.closed or not streaming:
+            if reader.done or topic.closed or not streaming:
                 return
-            await reader.topic.wait_for(reader.last_index)
-            chunk = await loop.run_in_executor(None, reader.read, STREAM_CHUNK)
+            await topic.wait_for(reader.last_index)
+            tail = reader.read_tail()
+            chunk = tail if tail is not None else await loop.run_in_executor(
+                None, reader.read, size)
 
     async def ping(self, request: web.Request) -> web.Response:
         """GET or POST /messaging/ping: the leader lists the cluster's URLs."""
@@ -262,6 +284,11 @@ class Handlers:
         """GET /metrics in the Prometheus text format."""
         return web.Response(body=self.broker.metrics.render(),
                             headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+def _drained(transport: asyncio.Transport | None) -> bool:
+    """Whether everything written to the socket so far has been handed to the kernel."""
+    return transport is None or transport.get_write_buffer_size() == 0
 
 
 def _range(result: ApplyResult) -> dict[str, int]:

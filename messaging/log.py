@@ -183,13 +183,18 @@ class LocalLog:
                 except Exception as err:  # disk trouble: every waiter hears about it
                     log.exception("writing a group of %d commands failed", len(group))
                     results = [err] * len(group)
+                touched: set[int] = set()
                 for (_, future), result in zip(group, results, strict=True):
+                    if isinstance(result, ApplyResult):
+                        touched |= result.topics
                     if future.done():
                         continue
                     if isinstance(result, BaseException):
                         future.set_exception(result)
                     else:
                         future.set_result(result)
+                # Publishers first, then followers: their wake-ups queue behind the answers.
+                self.broker.notify(touched)
             if self._closing:
                 return
 
@@ -208,7 +213,7 @@ class LocalLog:
         """Apply a group on the writer thread: one write and one fsync, then visible."""
         durable = self.fsync == "always"
         results: list[ApplyResult | BaseException] = list(
-            self.broker.write_group(commands, durable=durable))
+            self.broker.write_group(commands, durable=durable, notify=False))
         if not durable:
             self._unsynced.add(topic for result in results if isinstance(result, ApplyResult)
                                for topic in result.topics)

@@ -52,6 +52,8 @@ DEFAULT_MAX_SEGMENT_SIZE = 10 << 20
 MARK_EVERY = 4096
 #: Default size of one read by a TopicReader.
 READ_CHUNK = 256 << 10
+#: Bytes of recent commits a topic keeps in memory for followers that have caught up.
+TAIL_BYTES = 256 << 10
 
 _unpack_header = HEADER.unpack_from
 # Index and length only: what appending needs from each frame header.
@@ -156,6 +158,25 @@ class TopicStats:
     deleted_bytes: int = 0
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class TailChunk:
+    """Bytes of the active segment a recent commit made visible, kept for followers.
+
+    ``count`` and ``last_index`` describe the segment up to the chunk's end.
+    """
+
+    segment: Segment
+    start: int
+    data: bytearray
+    count: int
+    last_index: int
+
+    @property
+    def end(self) -> int:
+        """The byte position after the chunk."""
+        return self.start + len(self.data)
+
+
 class Topic:
     """One topic: an ordered set of segment files in ``path``.
 
@@ -189,8 +210,12 @@ class Topic:
         self._notifier = Notifier()
         self._committed_last = 0  # last committed index, read without the lock
         self._damage_logged: set[str] = set()
+        #: The newest committed bytes of the active segment, shared by every follower that has
+        #: caught up: they read them from memory, without a thread or a system call.
+        self.tail: tuple[TailChunk, ...] = ()
         # Writer side (under _write_lock): staged runs, the open segment file, what needs fsync.
-        self._staged: list[tuple[Segment, bytearray]] = []
+        self._staged: list[tuple[Segment, int, bytearray]] = []
+        self._written: list[tuple[Segment, int, bytearray]] = []  # since the last commit
         self._fd: int | None = None
         self._fd_segment: Segment | None = None
         self._unsynced: list[int] = []  # files of segments rolled away from, not yet fsynced
@@ -395,9 +420,9 @@ class Topic:
         if segment is None or not run:
             return
         if self._staged and self._staged[-1][0] is segment:
-            self._staged[-1][1].extend(run)
+            self._staged[-1][2].extend(run)
         else:
-            self._staged.append((segment, bytearray(run)))
+            self._staged.append((segment, segment.size, bytearray(run)))
         if segment.verified_size == segment.size:  # the caller verified what it appends
             segment.verified_size += len(run)
         segment.size += len(run)
@@ -427,11 +452,12 @@ class Topic:
         if not self._staged:
             return
         try:
-            for segment, data in self._staged:
+            for segment, _start, data in self._staged:
                 write_all(self._file_for(segment), data)
                 self._dirty = True
         except OSError as err:
             raise storage_error(f"writing topic {self.id} in {self.path}", err) from err
+        self._written.extend(self._staged)
         self._staged.clear()
 
     def _file_for(self, segment: Segment) -> int:
@@ -487,18 +513,44 @@ class Topic:
             self._dirty = False
             self._dir_dirty = False
 
-    def commit(self) -> None:
+    def commit(self, *, notify: bool = True) -> None:
         """Make everything written so far visible to readers and wake followers.
 
         Writes first if something is still staged (so ``append`` + ``commit`` works alone).
+        ``notify=False`` leaves waking the followers to the caller (see :meth:`notify`).
         """
-        self.write()
+        with self._write_lock:
+            self._write_locked()
+            written, self._written = self._written, []
         with self._lock:
             for segment in reversed(self._segments):
                 if segment.committed_size == segment.size:
                     break
                 segment.commit()
             self._committed_last = self._committed_index_locked()
+            if written:
+                self.tail = self._new_tail(written[-1])
+        if notify:
+            self._notifier.notify()
+
+    def _new_tail(self, newest: tuple[Segment, int, bytearray]) -> tuple[TailChunk, ...]:
+        """The tail after a commit whose last written run is ``newest`` (lock held)."""
+        segment, start, data = newest
+        if segment is not self._segments[-1] or len(data) > TAIL_BYTES:
+            return ()
+        chunk = TailChunk(segment, start, data, segment.committed_count,
+                          segment.committed_last_index)
+        kept: list[TailChunk] = []
+        total = len(data)
+        for older in reversed(self.tail):  # newest first, while they fit
+            if older.segment is not segment or total + len(older.data) > TAIL_BYTES:
+                break
+            kept.append(older)
+            total += len(older.data)
+        return (*reversed(kept), chunk)
+
+    def notify(self) -> None:
+        """Wake the followers waiting for this topic's next commit (any thread)."""
         self._notifier.notify()
 
     def abort(self) -> None:
@@ -509,6 +561,7 @@ class Topic:
         """
         with self._write_lock:
             self._staged.clear()
+            self._written.clear()
             with self._lock:
                 dropped: list[Segment] = []
                 while self._segments and self._segments[-1].committed_size == 0:
@@ -867,6 +920,30 @@ class TopicReader:
             if chunk:
                 return chunk
         return b""
+
+    def read_tail(self) -> memoryview | None:
+        """The frames after this reader's position from the topic's in-memory tail.
+
+        No I/O, no thread, no lock: callable on the event loop. None when the tail does not
+        hold this reader's position (read with :meth:`read` then), or when ``end``/``limit``
+        need the frame-by-frame path.
+        """
+        if (self.end is not None or self.remaining is not None or self._segment is None
+                or self._damage is not None):
+            return None
+        position = self._position
+        for chunk in reversed(self.topic.tail):
+            if chunk.segment is not self._segment or chunk.end <= position:
+                return None
+            if chunk.start <= position:
+                data = memoryview(chunk.data)[position - chunk.start:]
+                self.delivered += chunk.count - self._ordinal
+                self._ordinal = chunk.count
+                self._position = chunk.end
+                self.last_index = chunk.last_index
+                self.next_index = chunk.last_index + 1
+                return data
+        return None
 
     def _read_at(self, size: int, position: int) -> bytes:
         segment = self._segment

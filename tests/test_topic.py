@@ -407,3 +407,41 @@ async def test_follow_with_end_waits_until_a_frame_reaches_end(tmp_path: Path) -
     await asyncio.to_thread(store, topic, [8])
     assert await asyncio.wait_for(task, 5) == [1, 2, 3, 4, 5]
     await asyncio.to_thread(topic.close)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=st.lists(st.lists(st.integers(0, 3000), min_size=1, max_size=6), min_size=1,
+                        max_size=25),
+       segment_size=st.sampled_from([300, 5000, 1 << 20]))
+def test_followers_reading_the_in_memory_tail_get_exactly_what_was_committed(
+        batches: list[list[int]], segment_size: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        topic = Topic.open(Path(tmp), 1, segment_size)
+        follower = topic.reader(0)
+        model: list[Message] = []
+        got = bytearray()
+        from_tail = 0
+        index = 0
+        for sizes in batches:
+            batch = []
+            for size in sizes:
+                index += 1
+                batch.append(Message(index, 1, 1, bytes([index % 251]) * size))
+            topic.append(encode_many(batch))
+            topic.commit()
+            model.extend(batch)
+            while True:  # what a stream does after a wake-up: the tail, else the files
+                tail = follower.read_tail()
+                if tail is not None:
+                    from_tail += 1
+                    got += tail
+                    continue
+                chunk = follower.read(max_bytes=4096)
+                if not chunk:
+                    break
+                got += chunk
+        assert decode(got, after=0)[0] == model
+        assert follower.delivered == len(model) and follower.last_index == index
+        if len(batches) > 2 and segment_size == 1 << 20:
+            assert from_tail > 0
+        topic.close()
