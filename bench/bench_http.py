@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Row, command_line, percentile, report
 from bench.procs import bare_server, broker, ensure_tool
-from messaging.message import FRAMES_CONTENT_TYPE, FrameDecoder, encode_batch
+from messaging.message import FRAMES_CONTENT_TYPE, BatchDecoder, encode_batch
 
 DURATION = float(os.environ.get("BENCH_SECONDS", "5"))
 CONNECTIONS = 50
@@ -110,13 +110,13 @@ async def latency(url: str, bare: str, rate: int = 1000) -> tuple[list[float], l
     total = int(rate * DURATION)
     async with aiohttp.ClientSession() as session:
         async def subscribe() -> None:
-            decoder = FrameDecoder(after=0)
+            decoder = BatchDecoder(after=0)
             async with session.get(f"{url}/messaging/messages",
                                    params={"topicID": "77", "streaming": "true"}) as resp:
                 async for data in resp.content.iter_any():
                     now = time.perf_counter()
-                    for message in decoder.feed(data):
-                        received.append(now - sent[int(message.data)])
+                    for batch in decoder.feed(data):
+                        received.extend(now - sent[int(m.data)] for m in batch.messages())
                     if len(received) >= total:
                         return
 

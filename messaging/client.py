@@ -45,10 +45,10 @@ from messaging.files import read_json, write_json_atomic
 from messaging.message import (
     FRAMES_CONTENT_TYPE,
     HEADER_SIZE,
+    BatchDecoder,
     Message,
     decode,
     encode_batch,
-    scan,
 )
 
 log = logging.getLogger(__name__)
@@ -746,21 +746,14 @@ class Conn:
         raise _ReadFailed(failures)
 
     async def _consume(self, resp: aiohttp.ClientResponse) -> bool:
-        pending = bytearray()
+        decoder = BatchDecoder(after=self._received)
         async for data in resp.content.iter_any():
-            pending += data
-            result = scan(pending, after=self._received)
-            if result.error is not None:
-                raise result.error
-            if result.count:
-                batch = MessageBatch(self.topic, bytes(pending[: result.end]), result.count,
-                                     result.first_index, result.last_index)
-                del pending[: result.end]
-                self._received = result.last_index
+            for batch in decoder.feed(data):
+                self._received = batch.last
                 self._from_first = False
-                await self._queue.put(batch)
-        if pending:
-            raise CorruptFrameError(f"stream ended inside a frame ({len(pending)} bytes)")
+                await self._queue.put(MessageBatch(self.topic, batch.buffer, batch.count,
+                                                   batch.first, batch.last))
+        decoder.finish()
         return not self.streaming
 
     async def _heartbeat_loop(self) -> None:

@@ -125,11 +125,6 @@ def encode(type_: int, topic: int, data: bytes | memoryview, index: int = 0) -> 
     return HEADER.pack(index, crc, type_, topic, length) + bytes(data)
 
 
-def encode_message(message: Message) -> bytes:
-    """Encode a :class:`Message` as one frame."""
-    return encode(message.type, message.topic, message.data, message.index)
-
-
 def encode_many(messages: Iterable[Message]) -> bytes:
     """Encode messages as consecutive frames."""
     buffer = bytearray()
@@ -343,35 +338,84 @@ def validate_publish(body: bytes | bytearray | memoryview, *, topic: int | None 
     return count
 
 
-class FrameDecoder:
-    """A streaming decoder: feed bytes as they arrive, get the complete messages back.
+@dataclass(frozen=True, slots=True)
+class FrameBatch:
+    """Whole, verified frames over one buffer: no Python object per message until asked.
 
-    Keeps the incomplete tail between calls and checks that indexes strictly increase.
+    ``offsets`` holds each frame's start in ``buffer`` when the decoder was asked for them.
     """
 
-    def __init__(self, after: int | None = None,
-                 max_length: int = HARD_MAX_MESSAGE_SIZE) -> None:
+    buffer: bytes
+    count: int
+    first: int
+    last: int
+    offsets: array[int] | None = None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def messages(self) -> list[Message]:
+        """Decode every message of the batch."""
+        return decode(self.buffer)[0]
+
+
+class BatchDecoder:
+    """A streaming decoder: feed bytes as they arrive, get batches of verified frames back.
+
+    Keeps an incomplete tail between calls (not an error while streaming; :meth:`finish` says
+    when the stream ended inside a frame). With ``after`` (the index before the first
+    expected frame) indexes must strictly increase. ``max_count`` bounds a batch's frames;
+    ``offsets=True`` records every frame's start. Damage raises :class:`CorruptFrameError`
+    (or a subclass), after the good frames before it were handed out by an earlier call.
+    """
+
+    def __init__(self, after: int | None = None, *, max_length: int = HARD_MAX_MESSAGE_SIZE,
+                 max_count: int | None = None, offsets: bool = False) -> None:
         self._pending = bytearray()
         self._after = after
         self._max_length = max_length
+        self._max_count = max_count
+        self._offsets = offsets
+        self._error: CorruptFrameError | None = None
 
     @property
     def pending(self) -> int:
         """How many bytes of an incomplete frame are buffered."""
         return len(self._pending)
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Message]:
-        """Add ``data`` and return every message it completes."""
+    @property
+    def last_index(self) -> int | None:
+        """The index of the last frame handed out (or the ``after`` given)."""
+        return self._after
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[FrameBatch]:
+        """Add ``data``; return every batch of whole frames it completes."""
+        if self._error is not None:
+            raise self._error
+        self._pending += data
+        batches: list[FrameBatch] = []
+        while True:
+            offsets: array[int] | None = array("q") if self._offsets else None
+            result = scan(self._pending, after=self._after, max_count=self._max_count,
+                          max_length=self._max_length, offsets=offsets)
+            if result.count:
+                batches.append(FrameBatch(bytes(self._pending[:result.end]), result.count,
+                                          result.first_index, result.last_index, offsets))
+                del self._pending[:result.end]
+                if self._after is not None:
+                    self._after = result.last_index
+            if result.error is not None:
+                if not batches:
+                    raise result.error
+                self._error = result.error  # hand out the good frames first
+                return batches
+            if not (result.stopped and result.count):
+                return batches
+
+    def finish(self) -> None:
+        """Raise if the stream ended damaged or inside a frame."""
+        if self._error is not None:
+            raise self._error
         if self._pending:
-            self._pending += data
-            buffer: bytes | bytearray | memoryview = self._pending
-        else:
-            buffer = data
-        messages, used = decode(buffer, self._after, self._max_length)
-        if messages and self._after is not None:
-            self._after = messages[-1].index
-        if buffer is self._pending:
-            del self._pending[:used]
-        else:
-            self._pending = bytearray(memoryview(data)[used:])
-        return messages
+            raise CorruptFrameError(f"the stream ended inside a frame ({len(self._pending)} "
+                                    "bytes)")

@@ -46,7 +46,13 @@ from messaging.errors import (
     TopicTruncatedError,
     error_for_status,
 )
-from messaging.message import FRAMES_CONTENT_TYPE, HEADER_SIZE, encode_batch, scan
+from messaging.message import (
+    FRAMES_CONTENT_TYPE,
+    HEADER_SIZE,
+    BatchDecoder,
+    FrameBatch,
+    encode_batch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -197,31 +203,26 @@ def read_partition(partition: MessagingPartition) -> Iterator[pa.RecordBatch]:
         start = err.first_index
         conn, response = broker.open("GET", "/messaging/messages", {
             "topicID": partition.topic, "index": start, "end": partition.end})
+    decoder = BatchDecoder(after=max(start - 1, 0), max_count=ARROW_BATCH_ROWS, offsets=True)
     try:
-        pending = b""
-        after = max(start - 1, 0)
-        while True:
-            block = response.read(READ_BLOCK)
-            if not block:
-                break
-            pending = pending + block if pending else block
-            offsets: array[int] = array("q")
-            result = scan(pending, after=after, offsets=offsets, max_count=ARROW_BATCH_ROWS)
-            while result.count:
-                if result.error is not None:
-                    raise CorruptFrameError(f"topic {partition.topic}: {result.error}")
-                yield frames_to_arrow(pending, offsets)
-                after = result.last_index
-                pending = pending[result.end:]
-                offsets = array("q")
-                result = scan(pending, after=after, offsets=offsets, max_count=ARROW_BATCH_ROWS)
-            if result.error is not None:
-                raise CorruptFrameError(f"topic {partition.topic}: {result.error}")
-        if pending:
-            raise CorruptFrameError(f"topic {partition.topic}: the broker's answer ended inside "
-                                    f"a frame ({len(pending)} bytes)")
+        while block := response.read(READ_BLOCK):
+            for batch in _decoded(decoder, partition.topic, block):
+                assert batch.offsets is not None
+                yield frames_to_arrow(batch.buffer, batch.offsets)
+        _decoded(decoder, partition.topic, None)
     finally:
         conn.close()
+
+
+def _decoded(decoder: BatchDecoder, topic: int, block: bytes | None) -> list[FrameBatch]:
+    """Feed ``block`` (None: the end) to ``decoder``; damage names the topic."""
+    try:
+        if block is None:
+            decoder.finish()
+            return []
+        return decoder.feed(block)
+    except CorruptFrameError as err:
+        raise CorruptFrameError(f"topic {topic}: {err}") from err
 
 
 class _Options:

@@ -9,7 +9,7 @@ import struct
 import aiohttp
 import pytest
 
-from messaging.message import FRAMES_CONTENT_TYPE, FrameDecoder, decode, encode, encode_batch
+from messaging.message import FRAMES_CONTENT_TYPE, BatchDecoder, decode, encode, encode_batch
 from messaging.server import BrokerServer
 from tests.conftest import StartServer, wait_until
 
@@ -156,13 +156,13 @@ async def test_unknown_topic_reads(server: BrokerServer, http: aiohttp.ClientSes
 async def stream(http: aiohttp.ClientSession, server: BrokerServer, topic: int, count: int,
                  index: int = 0) -> list:
     got: list = []
-    decoder = FrameDecoder(after=0)
+    decoder = BatchDecoder(after=0)
     async with http.get(f"{server.url}/messaging/messages",
                         params={"topicID": str(topic), "index": str(index),
                                 "streaming": "true"}) as resp:
         assert resp.status == 200
         async for data in resp.content.iter_any():
-            got.extend(decoder.feed(data))
+            got.extend(m for batch in decoder.feed(data) for m in batch.messages())
             if len(got) >= count:
                 return got
     return got

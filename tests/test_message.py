@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from messaging.errors import ChecksumError, CorruptFrameError
 from messaging.message import (
     HEADER_SIZE,
-    FrameDecoder,
+    BatchDecoder,
     Message,
     decode,
     decode_one,
@@ -67,15 +67,46 @@ def test_decode_all_at_once(msgs: list[Message]) -> None:
     assert used == len(buffer)
 
 
-@given(st.lists(messages, max_size=8))
-def test_decode_one_byte_at_a_time(msgs: list[Message]) -> None:
-    msgs = increasing(msgs)
-    decoder = FrameDecoder(after=0)
+def batched(decoder: BatchDecoder, pieces: list[bytes]) -> list[Message]:
+    """Feed ``pieces`` and decode the batches' messages, checking each batch's fields."""
     out: list[Message] = []
-    for byte in encode_many(msgs):
-        out.extend(decoder.feed(bytes([byte])))
-    assert out == msgs
-    assert decoder.pending == 0
+    for piece in pieces:
+        for batch in decoder.feed(piece):
+            got = batch.messages()
+            assert (len(got), got[0].index, got[-1].index) == (batch.count, batch.first,
+                                                                batch.last)
+            if batch.offsets is not None:
+                assert list(batch.offsets) == [sum(HEADER_SIZE + len(m.data) for m in got[:k])
+                                               for k in range(len(got))]
+            out.extend(got)
+    return out
+
+
+@given(st.lists(messages, max_size=12), st.sampled_from([None, 1, 3]), st.booleans())
+def test_batch_decoder_whole_and_one_byte_at_a_time(msgs: list[Message],
+                                                    max_count: int | None,
+                                                    offsets: bool) -> None:
+    msgs = increasing(msgs)
+    buffer = encode_many(msgs)
+    whole = BatchDecoder(after=0, max_count=max_count, offsets=offsets)
+    assert batched(whole, [buffer]) == msgs
+    whole.finish()
+    bytewise = BatchDecoder(after=0, max_count=max_count, offsets=offsets)
+    assert batched(bytewise, [bytes([b]) for b in buffer]) == msgs
+    assert bytewise.pending == 0
+    bytewise.finish()
+
+
+@given(st.lists(messages, min_size=1, max_size=8), st.binary(min_size=1, max_size=64))
+def test_batch_decoder_with_trailing_garbage(msgs: list[Message], garbage: bytes) -> None:
+    msgs = increasing(msgs)
+    decoder = BatchDecoder(after=0, max_length=1 << 20)
+    try:
+        out = batched(decoder, [encode_many(msgs) + garbage])
+        decoder.finish()  # garbage is never a clean end: incomplete or corrupt
+    except CorruptFrameError:
+        return
+    raise AssertionError(f"trailing garbage accepted: {out}")
 
 
 @given(st.lists(messages, min_size=1, max_size=8), st.binary(min_size=1, max_size=HEADER_SIZE - 1))
@@ -153,11 +184,19 @@ def test_scan_agrees_with_decode(msgs: list[Message], max_count: int, stop: int)
         assert result.marks[0] == (expected[0].index, 0, 0)
 
 
-def test_decoder_rejects_garbage_in_stream() -> None:
-    decoder = FrameDecoder(after=0)
+def test_decoder_hands_out_good_frames_before_damage() -> None:
+    decoder = BatchDecoder(after=0)
     good = encode(1, 1, b"ok", 1)
     bad = bytearray(encode(1, 1, b"no", 2))
     bad[-1] ^= 1
-    assert decoder.feed(good) == [Message(1, 1, 1, b"ok")]
+    assert [b.messages() for b in decoder.feed(good + bad)] == [[Message(1, 1, 1, b"ok")]]
     with pytest.raises(ChecksumError):
-        decoder.feed(bad)
+        decoder.feed(b"")
+    with pytest.raises(ChecksumError):
+        decoder.finish()
+
+
+def test_decoder_rejects_indexes_that_do_not_increase() -> None:
+    decoder = BatchDecoder(after=5)
+    with pytest.raises(CorruptFrameError, match="does not follow 5"):
+        decoder.feed(encode(1, 1, b"old", 5))
