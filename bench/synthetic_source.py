@@ -18,7 +18,7 @@ from messaging.spark import ARROW_BATCH_ROWS, SCHEMA
 
 
 @dataclass(frozen=True)
-class Range(InputPartition):  # type: ignore[misc]
+class Range(InputPartition):
     start: int
     end: int
     size: int
@@ -35,7 +35,7 @@ def batch(start: int, end: int, size: int) -> pa.RecordBatch:
         names=["topic", "index", "type", "data"])
 
 
-class SyntheticReader(DataSourceStreamReader):  # type: ignore[misc]
+class SyntheticReader(DataSourceStreamReader):
     def __init__(self, options: dict[str, str]) -> None:
         self.rows = int(options.get("rows", "1000000"))
         self.partition_rows = int(options.get("partitionsize", "100000"))
@@ -57,7 +57,7 @@ class SyntheticReader(DataSourceStreamReader):  # type: ignore[misc]
             yield batch(s, min(s + ARROW_BATCH_ROWS, partition.end), partition.size)
 
 
-class SyntheticDataSource(DataSource):  # type: ignore[misc]
+class SyntheticDataSource(DataSource):
     @classmethod
     def name(cls) -> str:
         return "synthetic_messages"

@@ -153,7 +153,7 @@ def _error(response: http.client.HTTPResponse) -> MessagingError:
 
 
 @dataclass(frozen=True)
-class MessagingPartition(InputPartition):  # type: ignore[misc]
+class MessagingPartition(InputPartition):
     """Messages ``start`` <= index < ``end`` of one topic, read straight from a broker."""
 
     urls: tuple[str, ...]
@@ -352,7 +352,7 @@ class _Planner:
         return parts
 
 
-class MessagingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class MessagingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Structured Streaming reads with admission control and Trigger.AvailableNow."""
 
     def __init__(self, options: dict[str, str]) -> None:
@@ -390,7 +390,7 @@ class MessagingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         pass
 
 
-class MessagingBatchReader(DataSourceReader):  # type: ignore[misc]
+class MessagingBatchReader(DataSourceReader):
     """Batch reads of a range: ``startingIndex`` to ``endingIndex`` (exclusive)."""
 
     def __init__(self, options: dict[str, str]) -> None:
@@ -412,7 +412,7 @@ class MessagingBatchReader(DataSourceReader):  # type: ignore[misc]
 
 
 @dataclass
-class PublishedMessage(WriterCommitMessage):  # type: ignore[misc]
+class PublishedMessage(WriterCommitMessage):
     """What one task published."""
 
     count: int
@@ -449,7 +449,7 @@ def publish_rows(urls: Sequence[str], rows: Iterator[Any]) -> PublishedMessage:
     return PublishedMessage(count)
 
 
-class MessagingStreamWriter(DataSourceStreamWriter):  # type: ignore[misc]
+class MessagingStreamWriter(DataSourceStreamWriter):
     """``writeStream.format("messaging")``: at-least-once publishing of every micro-batch."""
 
     def __init__(self, options: dict[str, str]) -> None:
@@ -467,7 +467,7 @@ class MessagingStreamWriter(DataSourceStreamWriter):  # type: ignore[misc]
                     "(at-least-once)", batchId)
 
 
-class MessagingBatchWriter(DataSourceWriter):  # type: ignore[misc]
+class MessagingBatchWriter(DataSourceWriter):
     """``df.write.format("messaging")``: publish every row (at-least-once)."""
 
     def __init__(self, options: dict[str, str]) -> None:
@@ -477,7 +477,7 @@ class MessagingBatchWriter(DataSourceWriter):  # type: ignore[misc]
         return publish_rows(self._stream.urls, iterator)
 
 
-class MessagingDataSource(DataSource):  # type: ignore[misc]
+class MessagingDataSource(DataSource):
     """The ``messaging`` data source: ``spark.dataSource.register(MessagingDataSource)``."""
 
     @classmethod

@@ -75,7 +75,7 @@ def test_snapshot_round_trip_gives_identical_topics(tmp_path: Path) -> None:
         source.apply(encode(1, i % 3, f"message {i}".encode()))
     source.apply(heartbeat_command(1, 7, "sub"))
     commit_all(source)
-    source.topic(0).truncate(0, 2**64)  # type: ignore[union-attr]
+    source.topic(0).truncate(0, 2**64)
     snapshot = io.BytesIO()
     source.write_snapshot(snapshot)
     target = Broker.open(tmp_path / "b", max_segment_size=100)
@@ -85,7 +85,7 @@ def test_snapshot_round_trip_gives_identical_topics(tmp_path: Path) -> None:
     assert contents(target) == contents(source)
     assert target.index == source.index == 30
     assert target.subscribers(1) == {"sub": 7}
-    assert target.topic(0).first_index == source.topic(0).first_index  # type: ignore[union-attr]
+    assert target.topic(0).first_index == source.topic(0).first_index
     for topic in source.topics():
         names = sorted(p.name for p in topic.path.iterdir())
         assert names == sorted(p.name for p in (tmp_path / "b/topics" / str(topic.id)).iterdir())
@@ -104,11 +104,11 @@ def test_retention_keeps_what_live_subscribers_need(tmp_path: Path) -> None:
     broker.set_topic_max_index(1, 5, "slow")
     broker.set_topic_max_index(1, 15, "fast")
     assert broker.enforce_retention() > 0
-    assert broker.topic(1).first_index <= 6  # type: ignore[union-attr]
+    assert broker.topic(1).first_index <= 6
     seen = broker._subscribers[1]["slow"].seen
     assert broker.enforce_retention(now=seen + 61) > 0  # "slow" timed out
-    assert broker.topic(1).first_index > 15  # type: ignore[union-attr]
-    assert broker.topic(1).segment_count == 1  # type: ignore[union-attr]
+    assert broker.topic(1).first_index > 15
+    assert broker.topic(1).segment_count == 1
     broker.close()
 
 

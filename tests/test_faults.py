@@ -48,7 +48,7 @@ def assert_files_match_memory(broker: Broker) -> None:
 
 def reopen(broker: Broker, path: Path, **options: object) -> Broker:
     broker.close()
-    reopened = Broker.open(path, **options)  # type: ignore[arg-type]
+    reopened = Broker.open(path, **options)
     for topic in reopened.topics():
         assert topic.stats.recovered_truncated_bytes == 0, "a failed write left a torn tail"
     return reopened
