@@ -54,6 +54,21 @@ def parse_duration(text: str) -> float:
     return number * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
 
 
+def positive_duration(text: str) -> float:
+    """A duration above zero."""
+    seconds = parse_duration(text)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: must be above zero")
+    return seconds
+
+
+def positive_int(text: str) -> int:
+    """An integer of at least 1 (ASCII digits)."""
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected an integer >= 1")
+    return int(text)
+
+
 def parse_host_port(text: str) -> tuple[str, int]:
     """``HOST:PORT``."""
     host, sep, port = text.rpartition(":")
@@ -71,8 +86,7 @@ def raft_address(text: str) -> str:
 def _broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("broker", help="run a broker", description=BROKER_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, default=Path("./data"),
-                   help="data directory (default ./data)")
+    p.add_argument("--data", default="./data", help="data directory (default ./data)")
     p.add_argument("--bind", type=parse_host_port, default=("127.0.0.1", 8086),
                    help="HTTP address HOST:PORT (default 127.0.0.1:8086)")
     p.add_argument("--fsync", choices=["always", "interval", "never"], default="always",
@@ -89,6 +103,14 @@ def _broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                    help="how often retention runs (default 10m)")
     p.add_argument("--subscriber-timeout", type=parse_duration, default="10m",
                    help="a subscriber silent this long stops holding data back (default 10m)")
+    p.add_argument("--header-timeout", type=positive_duration, default="10s",
+                   help="close a connection that has not sent a complete request head "
+                        "this long after connecting or after its last response (so idle "
+                        "kept-alive connections too; default 10s); requests being served, "
+                        "uploads and streams are not affected")
+    p.add_argument("--max-connections", type=positive_int, default=10_000, metavar="N",
+                   help="connections served at once; more are answered 503 and closed "
+                        "(default 10000)")
     p.add_argument("--raft-bind", metavar="HOST:PORT", type=raft_address,
                    help="cluster mode: this node's Raft address")
     p.add_argument("--peer", action="append", default=[], metavar="HOST:PORT", type=raft_address,
@@ -117,15 +139,19 @@ def build_parser() -> argparse.ArgumentParser:
 def _config(args: argparse.Namespace) -> BrokerConfig:
     if args.peer and not args.raft_bind:
         raise MessagingError("--peer needs --raft-bind")
+    if not args.data.strip():
+        # Path("") is the current directory: a broker would scatter its files there.
+        raise MessagingError("--data is empty: give the data directory (e.g. --data ./data)")
     host, port = args.bind
     return BrokerConfig(
-        data=args.data, host=host, port=port, fsync=args.fsync,
+        data=Path(args.data), host=host, port=port, fsync=args.fsync,
         max_segment_size=args.max_segment_size, max_topic_size=args.max_topic_size,
         max_message_size=args.max_message_size, max_request_size=args.max_request_size,
         truncation_interval=args.truncation_interval,
         subscriber_timeout=args.subscriber_timeout, advertise=args.advertise,
         raft_bind=args.raft_bind, peers=args.peer,
-        raft_snapshot_entries=args.raft_snapshot_entries)
+        raft_snapshot_entries=args.raft_snapshot_entries,
+        header_timeout=args.header_timeout, max_connections=args.max_connections)
 
 
 async def run_broker(config: BrokerConfig) -> None:
@@ -160,8 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(level=args.log_level,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
+            config = _config(args)
             with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-                runner.run(run_broker(_config(args)))
+                runner.run(run_broker(config))
         except MessagingError as err:
             print(f"messaging broker: error: {err}", file=sys.stderr)
             return 1

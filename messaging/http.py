@@ -12,7 +12,10 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, Protocol
 
-from aiohttp import HttpVersion11, web
+from aiohttp import HttpVersion11, hdrs, web
+from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
 from messaging.broker import ApplyResult
 from messaging.errors import (
@@ -45,7 +48,13 @@ VALIDATE_ON_LOOP = 64 << 10
 #: maximum while the socket keeps up (see Handlers._send).
 STREAM_CHUNK_MIN = 64 << 10
 STREAM_CHUNK = 256 << 10
-
+_MAX_U64_DIGITS = len(str(2**64 - 1))
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_MAX_CONNECTIONS = 10_000
+#: Warning lines about rejected requests and connections per second; the rest are counted.
+REJECTIONS_LOGGED_PER_SECOND = 10
+#: How long a connection refused with 503 may take to read it before it is cut.
+_REFUSED_LINGER = 2.0
 
 
 class BrokerView(Protocol):
@@ -296,11 +305,11 @@ def _range(result: ApplyResult) -> dict[str, int]:
 
 
 def _int(value: str, name: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise BadRequestError(f"invalid {name} {value!r}: expected an unsigned integer") from None
-    if number < 0 or number >= 2**64:
+    # ASCII digits only: int() would also take "１２", "1_0", "+7" and " 1 ".
+    if not (value.isascii() and value.isdigit() and len(value) <= _MAX_U64_DIGITS):
+        raise BadRequestError(f"invalid {name} {value!r}: expected an unsigned integer")
+    number = int(value)
+    if number >= 2**64:
         raise BadRequestError(f"invalid {name} {value!r}: expected an unsigned integer")
     return number
 
@@ -326,12 +335,47 @@ def _bool(request: web.Request, name: str) -> bool:
     raise BadRequestError(f"invalid {name} {value!r}: expected true or false")
 
 
+def _printable(text: str) -> str:
+    """``text`` safe for a header line: printable ASCII, everything else escaped."""
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(ch if " " <= ch <= "~" else _escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    if ch in "\r\n\t":
+        return " "
+    return ch.encode("unicode_escape").decode("ascii")
+
+
 def error_response(status: int, message: str, headers: dict[str, str] | None = None,
                    ) -> web.Response:
-    """The error shape of the API: status, ``X-Broker-Error`` and the message as text."""
-    message = message.replace("\r", " ").replace("\n", " ")
+    """The error shape of the API: status, ``X-Broker-Error`` and the message as text.
+
+    The message is made printable ASCII here, once for every error: it often quotes what a
+    client sent (a path with ``%00``, a parameter), and a control character in a header
+    would make aiohttp refuse to send the response at all.
+    """
+    message = _printable(message)
     return web.Response(status=status, text=message + "\n",
                         headers={ERROR_HEADER: message, **(headers or {})})
+
+
+def _payload_error(request: web.Request, err: web.RequestPayloadError) -> str:
+    """What was wrong with a request body that aiohttp could not decode."""
+    encoding = request.headers.get(hdrs.CONTENT_ENCODING, "").strip()
+    if isinstance(err.__cause__, ContentEncodingError) and encoding:
+        return (f"invalid request body: Content-Encoding is {encoding!r} but the body is "
+                f"not valid {encoding} data")
+    return f"invalid request body: {_one_line(str(err.__cause__ or err))}"
+
+
+def _report_rejection(request: web.Request, message: str, *args: object) -> None:
+    protocol = request.protocol
+    if isinstance(protocol, BrokerConnection):
+        protocol.report(message, *args)
+    else:
+        log.warning(message, *args)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -358,6 +402,12 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         elif err.status == 413:
             reason = "request body too large"
         return error_response(err.status, reason or "error")
+    except web.RequestPayloadError as err:
+        message = _payload_error(request, err)
+        _report_rejection(request, "rejected request from %s: %s", request.remote, message)
+        response = error_response(400, message)
+        response.force_close()  # the rest of the body cannot be parsed either
+        return response
     except (ConnectionResetError, asyncio.CancelledError):
         raise
     except Exception as err:
@@ -384,3 +434,207 @@ def make_app(broker: BrokerView, log_: Log, *,
     app.router.add_post("/messaging/cluster/{action:join|leave}", handlers.cluster_change)
     app.router.add_get("/metrics", handlers.metrics)
     return app
+
+
+# -- connections ----------------------------------------------------------------------------
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    """A client-supplied error text as one short line (aiohttp's span several)."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+class RejectionLog:
+    """One warning line per rejected request or connection, at most ``per_second`` a second.
+
+    A flood of malformed requests must not flood the log: past the limit, rejections are
+    counted and one summary line reports the count when the second is over.
+    """
+
+    def __init__(self, logger: logging.Logger = log,
+                 per_second: int = REJECTIONS_LOGGED_PER_SECOND) -> None:
+        self.logger = logger
+        self.per_second = per_second
+        self.suppressed = 0
+        self._window_start = float("-inf")
+        self._lines = 0
+        self._summary: asyncio.TimerHandle | None = None
+
+    def warning(self, message: str, *args: object) -> None:
+        """Log one rejection, or count it if this second's lines are used up."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if now - self._window_start >= 1.0:
+            self._window_start, self._lines = now, 0
+        if self._lines < self.per_second:
+            self._lines += 1
+            self.logger.warning(message, *args)
+            return
+        self.suppressed += 1
+        if self._summary is None:
+            self._summary = loop.call_at(self._window_start + 1.0, self.flush)
+
+    def flush(self) -> None:
+        """Log how many rejections went unlogged since the last summary."""
+        if self._summary is not None:
+            self._summary.cancel()
+            self._summary = None
+        if self.suppressed:
+            self.logger.warning("%d more rejected requests or connections not logged (at most "
+                                "%d lines a second)", self.suppressed, self.per_second)
+            self.suppressed = 0
+
+
+class ConnectionLimits:
+    """The connection policy of one broker: header timeout, connection cap, rejection log."""
+
+    def __init__(self, header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 rejections: RejectionLog | None = None) -> None:
+        if header_timeout <= 0:
+            raise ValueError(f"header timeout must be positive, not {header_timeout}")
+        if max_connections < 1:
+            raise ValueError(f"max connections must be at least 1, not {max_connections}")
+        self.header_timeout = header_timeout
+        self.max_connections = max_connections
+        self.rejections = rejections or RejectionLog()
+        #: Connections being served now (refused ones are not counted).
+        self.open = 0
+        self._refused: set[asyncio.Transport] = set()
+
+    def close(self) -> None:
+        """Cut connections still being refused and log the last summary."""
+        for transport in list(self._refused):
+            transport.abort()
+        self._refused.clear()
+        self.rejections.flush()
+
+    def refuse(self, transport: asyncio.Transport) -> None:
+        """Answer a connection past the cap with 503 and close it once the client has read it."""
+        message = (f"too many connections: this broker serves at most {self.max_connections} "
+                   "at once; retry later")
+        body = (message + "\n").encode("ascii")
+        transport.write(
+            b"HTTP/1.1 503 Service Unavailable\r\n"
+            b"Content-Type: text/plain; charset=utf-8\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\nRetry-After: 1\r\n"
+            b"%s: %s\r\n\r\n%s" % (len(body), ERROR_HEADER.encode(), message.encode(), body))
+        # Half-close and drain rather than close: closing a socket with the client's
+        # request unread sends a reset, which can destroy the 503 before it is read.
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        self._refused.add(transport)
+        asyncio.get_running_loop().call_later(_REFUSED_LINGER, self._cut, transport)
+        self.rejections.warning("refused a connection from %s: %d connections open (the "
+                                "maximum)", _peer(transport), self.open)
+
+    def _cut(self, transport: asyncio.Transport) -> None:
+        if transport in self._refused:
+            self._refused.discard(transport)
+            transport.abort()
+
+    def refused_closed(self, transport: asyncio.Transport | None) -> None:
+        """A refused connection has gone."""
+        self._refused.discard(transport)
+
+
+def _peer(transport: asyncio.BaseTransport | None) -> str:
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "?"
+
+
+class BrokerConnection(RequestHandler):
+    """aiohttp's HTTP/1.1 connection with a header timeout, a connection cap, and rejected
+    requests logged as one rate-limited warning line instead of a traceback.
+
+    The header timeout is aiohttp's keep-alive timer, which closes a connection that has been
+    waiting for a complete request head that long, counted from the connection's start or
+    from the end of its previous response; it never fires while a request is being handled,
+    so uploads and streaming GETs are not cut. Measuring from the connection's state rather
+    than from the first byte of a request also catches a partial request that arrived behind
+    a complete one, and closes kept-alive connections left idle that long (as Apache and
+    Node.js do by default).
+    """
+
+    __slots__ = ("_limits", "_refused", "_reported")
+
+    def __init__(self, manager: web.Server, *, limits: ConnectionLimits, **kwargs: Any) -> None:
+        super().__init__(manager, keepalive_timeout=limits.header_timeout, **kwargs)
+        self._limits = limits
+        self._refused = False
+        self._reported = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Serve the connection, or refuse it with 503 when the broker is at its cap."""
+        limits = self._limits
+        if limits.open >= limits.max_connections:
+            self._refused = True
+            self.transport = transport  # type: ignore[assignment]
+            limits.refuse(transport)  # type: ignore[arg-type]
+            return
+        limits.open += 1
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        """Release the connection's place under the cap."""
+        if self._refused:
+            self._limits.refused_closed(self.transport)
+            self.transport = None
+            return
+        if self._manager is not None:  # aiohttp's own guard against a second call
+            self._limits.open -= 1
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        """Parse as aiohttp does; a refused connection's request is read and dropped."""
+        if not self._refused:
+            super().data_received(data)
+
+    def report(self, message: str, *args: object) -> None:
+        """Log a rejection once per connection (one bad request often trips several checks)."""
+        if self._reported:
+            log.debug(message, *args)
+            return
+        self._reported = True
+        self._limits.rejections.warning(message, *args)
+
+    def handle_error(self, request: BaseRequest, status: int = 500,
+                     exc: BaseException | None = None, message: str | None = None,
+                     ) -> web.StreamResponse:
+        """A request aiohttp could not parse: one warning line and an API error, no traceback."""
+        if status >= 500:  # a bug, not the client's fault: keep aiohttp's traceback
+            return super().handle_error(request, status, exc, message)
+        if isinstance(exc, HttpProcessingError) and exc.message:
+            detail = exc.message
+        else:
+            detail = message or str(exc or "malformed request")
+        detail = _one_line(detail)
+        self.report("rejected a malformed request from %s: %s", request.remote, detail)
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started; cannot send the error")
+        response = error_response(status, f"bad request: {detail}")
+        response.force_close()
+        return response
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """Errors the client caused are reported once, without a traceback; others as usual."""
+        exc = kw.get("exc_info")
+        if isinstance(exc, web.RequestPayloadError | HttpProcessingError | ConnectionError):
+            self.report("rejected a request body from %s: %s", _peer(self.transport),
+                        _one_line(str(exc)))
+            return
+        super().log_exception(*args, **kw)
+
+
+def connection_factory(server: web.Server, limits: ConnectionLimits,
+                       ) -> Callable[[], BrokerConnection]:
+    """A protocol factory for ``loop.create_server`` serving ``server`` (an app runner's)."""
+    loop = asyncio.get_running_loop()
+
+    def connection() -> BrokerConnection:
+        return BrokerConnection(server, limits=limits, loop=loop, access_log=None)
+
+    return connection

@@ -12,13 +12,23 @@ from aiohttp import web
 
 from messaging.broker import DEFAULT_MAX_TOPIC_SIZE, DEFAULT_SUBSCRIBER_TIMEOUT, Broker
 from messaging.errors import DataDirectoryError
-from messaging.http import DEFAULT_MAX_REQUEST_SIZE, make_app
+from messaging.http import (
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_REQUEST_SIZE,
+    ConnectionLimits,
+    connection_factory,
+    make_app,
+)
 from messaging.log import FsyncMode, LocalLog, Log
 from messaging.message import DEFAULT_MAX_MESSAGE_SIZE
 from messaging.tasks import cancel_and_wait
 from messaging.topic import DEFAULT_MAX_SEGMENT_SIZE
 
 log = logging.getLogger(__name__)
+
+#: Connections the kernel queues before the broker accepts them (a burst of clients).
+LISTEN_BACKLOG = 1024
 
 
 @dataclass
@@ -39,6 +49,11 @@ class BrokerConfig:
     raft_bind: str | None = None
     peers: list[str] = field(default_factory=list)
     raft_snapshot_entries: int = 20_000
+    #: Seconds a connection may wait for a complete request head, from connecting or from
+    #: its previous response (slowloris protection; also closes idle kept-alive ones).
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    #: Connections served at once; more are answered 503 and closed.
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
 
 class BrokerServer:
@@ -49,7 +64,8 @@ class BrokerServer:
         self.broker: Broker | None = None
         self.log: Log | None = None
         self._runner: web.AppRunner | None = None
-        self._site: web.BaseSite | None = None
+        self._listener: asyncio.Server | None = None
+        self.connections: ConnectionLimits | None = None
         self._retention: asyncio.Task[None] | None = None
         self.port = config.port
 
@@ -80,8 +96,13 @@ class BrokerServer:
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                      shutdown_timeout=5.0)
         await self._runner.setup()
-        self._site = web.SockSite(self._runner, sock)
-        await self._site.start()
+        assert self._runner.server is not None
+        # The runner's server is a protocol factory; serving it through our own factory
+        # puts BrokerConnection (header timeout, connection cap) on every connection.
+        self.connections = ConnectionLimits(config.header_timeout, config.max_connections)
+        self._listener = await loop.create_server(
+            connection_factory(self._runner.server, self.connections), sock=sock,
+            backlog=LISTEN_BACKLOG)
         self._retention = asyncio.create_task(self._retention_loop(), name="messaging-retention")
         log.info("broker listening on %s (data %s, fsync %s)", self.url, config.data,
                  config.fsync)
@@ -114,13 +135,13 @@ class BrokerServer:
         """Stop accepting, finish in-flight publishes, fsync, end streams, close."""
         loop = asyncio.get_running_loop()
         retention, self._retention = self._retention, None
-        site, self._site = self._site, None
+        listener, self._listener = self._listener, None
         log_, self.log = self.log, None
         broker, self.broker = self.broker, None
         runner, self._runner = self._runner, None
         await cancel_and_wait(retention)
-        if site is not None:
-            await site.stop()
+        if listener is not None:
+            listener.close()
         if log_ is not None:
             await log_.close()
         if broker is not None:
@@ -128,6 +149,8 @@ class BrokerServer:
             await loop.run_in_executor(None, broker.close)
         if runner is not None:
             await runner.cleanup()
+        if self.connections is not None:
+            self.connections.close()
         if broker is not None:
             log.info("broker stopped")
 
@@ -144,7 +167,7 @@ def _bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(1024)
+        sock.listen(LISTEN_BACKLOG)
     except OSError as err:
         sock.close()
         raise DataDirectoryError(f"cannot listen on {host}:{port}: "

@@ -791,7 +791,10 @@ class Topic:
                 total -= oldest.size
             if not doomed:
                 return 0
-            first_kept = self._segments[len(doomed)].first_index
+            # Indexes are shared by all topics, so this topic's are not contiguous: everything
+            # up to the last deleted index is gone, and a read from just after it (a
+            # subscriber resuming past its heartbeat) loses nothing.
+            first_kept = doomed[-1].committed_last_index + 1
         try:
             write_json_atomic(self.path / TOMBSTONE, {"first_index": first_kept})
         except OSError as err:

@@ -112,6 +112,25 @@ def test_retention_keeps_what_live_subscribers_need(tmp_path: Path) -> None:
     broker.close()
 
 
+def test_a_subscriber_resuming_after_retention_is_not_told_data_is_gone(tmp_path: Path,
+                                                                          ) -> None:
+    """Indexes are shared by topics: retention that deletes through a subscriber's heartbeat
+    must still let it resume at heartbeat + 1, though that index is in another topic."""
+    broker = Broker.open(tmp_path, max_segment_size=100, max_topic_size=0)
+    for _ in range(10):  # topics 1 and 2 interleaved: topic 1 holds odd indexes only
+        broker.apply(encode(1, 1, b"x" * 60) + encode(1, 2, b"y" * 60))
+    commit_all(broker)
+    first_segment = broker.topic(1).segments()[0]
+    heartbeat = first_segment.last_index
+    broker.set_topic_max_index(1, heartbeat, "reporter")
+    assert broker.enforce_retention() > 0
+    assert not first_segment.path.exists()
+    with broker.topic(1).reader(heartbeat + 1) as reader:
+        got = [m.index for m in decode(reader.read_all(), after=heartbeat)[0]]
+    assert got == list(range(heartbeat + 2, 21, 2))
+    broker.close()
+
+
 def test_data_directory_is_locked(tmp_path: Path) -> None:
     broker = Broker.open(tmp_path)
     with pytest.raises(DataDirectoryError, match="in use"):

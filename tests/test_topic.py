@@ -46,10 +46,12 @@ def test_reader_vectors_from_the_original_system(tmp_path: Path) -> None:
     assert read(topic, 9) == [10, 12, 13, 14]
     assert read(topic, 15) == []
     assert topic.truncate(max_size=0, floor_index=10) > 0
-    assert json.loads((tmp_path / "tombstone").read_text()) == {"first_index": 12}
+    # Everything up to 10 (the last index deleted) is gone; 11 never was in this topic.
+    assert json.loads((tmp_path / "tombstone").read_text()) == {"first_index": 11}
     with pytest.raises(TopicTruncatedError) as info:
         read(topic, 0)
-    assert info.value.first_index == 12
+    assert info.value.first_index == 11
+    assert read(topic, 11) == [12, 13, 14]
     assert read(topic, 12) == [12, 13, 14]
     topic.close()
 
@@ -364,9 +366,9 @@ class TopicMachine(RuleBasedStateMachine):
         segments = self.topic.segments()
         if deleted:
             assert len(segments) >= 1
-            self.first_retained = segments[0].first_index
-            removed = [m for m in self.model if m.index < self.first_retained]
-            assert all(m.index <= floor for m in removed)
+            removed = [m for m in self.model if m.index < segments[0].first_index]
+            assert removed and all(m.index <= floor for m in removed)
+            self.first_retained = removed[-1].index + 1
             self.model = [m for m in self.model if m.index >= self.first_retained]
             assert self.topic.first_index == self.first_retained
 
