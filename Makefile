@@ -3,7 +3,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest bench bench-storage bench-http bench-client bench-cluster bench-spark clean
+.PHONY: run test lint typecheck pytest bench bench-storage bench-http bench-client bench-cluster bench-spark \
+	bench-streams soak clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +30,7 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-bench: bench-storage bench-http bench-client bench-cluster bench-spark
+bench: bench-storage bench-http bench-client bench-cluster bench-spark bench-streams
 
 bench-storage: $(STAMP)
 	$(BIN)/python bench/bench_storage.py
@@ -45,6 +46,13 @@ bench-cluster: $(STAMP)
 
 bench-spark: $(STAMP)
 	$(BIN)/python bench/bench_spark.py
+
+bench-streams: $(STAMP)
+	$(BIN)/python bench/bench_streams.py
+
+## make soak: one broker under a mixed load for 5 minutes; checks data, log, RSS/fds/p99
+soak: $(STAMP)
+	$(BIN)/python bench/soak.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

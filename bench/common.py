@@ -115,10 +115,14 @@ def report(bench: str, title: str, rows: list[Row], command: str,
                "rows": [asdict(r) | {"ratio": r.ratio} for r in rows]}
     (RESULTS / f"{bench}.json").write_text(json.dumps(payload, indent=2) + "\n")
     _plot(bench, title, rows)
-    section = (f"<!-- {bench}:start -->\n## {title}\n\n"
-               f"{date} on {machine()}.\nCommand: `{command}`\n\n{table}\n"
-               + (f"\n{notes.strip()}\n" if notes else "")
-               + f"\n![{bench}](results/{bench}.png)\n<!-- {bench}:end -->")
+    write_section(bench, title, f"{date} on {machine()}.\nCommand: `{command}`\n\n{table}\n"
+                  + (f"\n{notes.strip()}\n" if notes else "")
+                  + f"\n![{bench}](results/{bench}.png)")
+
+
+def write_section(bench: str, title: str, body: str) -> None:
+    """Replace (or append) the ``<!-- bench:start -->`` section of RESULTS.md."""
+    section = f"<!-- {bench}:start -->\n## {title}\n\n{body}\n<!-- {bench}:end -->"
     text = RESULTS_MD.read_text() if RESULTS_MD.exists() else (
         "# Benchmark results\n\nEach section is rewritten by its benchmark script; figures are "
         "medians, each beside a baseline measured in the same run.\n")

@@ -26,6 +26,7 @@ from messaging.errors import (
     NotFoundError,
     NotLeaderError,
 )
+from messaging.fanout import FanOuts
 from messaging.log import Log
 from messaging.message import (
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -46,8 +47,8 @@ DEFAULT_MAX_REQUEST_SIZE = 64 << 20
 VALIDATE_ON_LOOP = 64 << 10
 #: Bytes a stream reads from disk per write: it starts at the minimum and doubles up to the
 #: maximum while the socket keeps up (see Handlers._send).
-STREAM_CHUNK_MIN = 64 << 10
-STREAM_CHUNK = 256 << 10
+STREAM_CHUNK_MIN = 16 << 10
+STREAM_CHUNK = 64 << 10
 _MAX_U64_DIGITS = len(str(2**64 - 1))
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_MAX_CONNECTIONS = 10_000
@@ -78,6 +79,7 @@ class Handlers:
         self.broker = broker
         self.log = log
         self.max_message_size = max_message_size
+        self.fanouts = FanOuts(broker.metrics)
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -174,9 +176,9 @@ class Handlers:
         loop = asyncio.get_running_loop()
         # Read the first chunk before answering, so an error (410, damage on disk) is a
         # proper status rather than a broken 200.
-        first = b""
+        first: list[bytes] = []  # handed over to _send, which alone then holds the chunk
         if reader is not None and request.method != "HEAD":
-            first = await loop.run_in_executor(None, reader.read, STREAM_CHUNK_MIN)
+            first.append(await loop.run_in_executor(None, reader.read, STREAM_CHUNK_MIN))
         response = web.StreamResponse(headers={
             "Content-Type": FRAMES_CONTENT_TYPE,
             INDEX_HEADER: str(topic.committed_index if topic is not None else 0),
@@ -184,7 +186,7 @@ class Handlers:
         if request.method == "HEAD":
             await response.prepare(request)
             return response
-        if not streaming and request.version >= HttpVersion11:
+        if request.version >= HttpVersion11:  # HTTP/1.0 gets a body ended by closing
             response.enable_chunked_encoding()
         await response.prepare(request)
         metrics = self.broker.metrics
@@ -196,7 +198,8 @@ class Handlers:
                 topic = await self.broker.wait_for_topic(topic_id)
                 reader = topic.reader(index, end, limit) if topic is not None else None
             if reader is not None:
-                await self._send(response, reader, first, streaming, metrics,
+                await self._send(response, reader, first.pop() if first else b"", streaming,
+                                 metrics,
                                  request.transport)
         except MessagingError as err:
             # The 200 and its headers are gone: end the stream abruptly, so the reader sees a
@@ -218,10 +221,10 @@ class Handlers:
 
         Chunks grow from STREAM_CHUNK_MIN to STREAM_CHUNK while each write leaves the socket
         drained, and drop back (with no read-ahead) when it does not: a subscriber that stops
-        reading pins at most about one STREAM_CHUNK. A follower that has caught up takes each
-        new commit from the topic's in-memory tail, shared with every other follower, with no
-        thread and no system call but the socket write. A read in flight is always awaited,
-        whatever happens to the response.
+        reading pins at most about one STREAM_CHUNK. A follower that has caught up parks in
+        the topic's fan-out (:mod:`messaging.fanout`), which writes each new commit from the
+        in-memory tail to its socket. A read in flight is always awaited, whatever happens to
+        the response.
         """
         loop = asyncio.get_running_loop()
         topic = reader.topic
@@ -243,16 +246,23 @@ class Handlers:
                 metrics.bytes_streamed.inc(len(chunk))
                 metrics.messages_streamed.inc(reader.delivered - sent)
                 sent = reader.delivered
-                size = min(size * 2, STREAM_CHUNK) if _drained(transport) else STREAM_CHUNK_MIN
                 if ahead is not None:
                     chunk = await ahead
                 elif caught_up:
                     chunk = b""
+                    continue
                 else:
                     chunk = await loop.run_in_executor(None, reader.read, size)
+                size = min(size * 2, STREAM_CHUNK) if _drained(transport) else STREAM_CHUNK_MIN
                 continue
             if reader.done or topic.closed or not streaming:
                 return
+            if (transport is not None and reader.end is None and reader.remaining is None
+                    and reader.last_index >= topic.committed_index and _drained(transport)):
+                # Caught up, socket drained: park in the fan-out, which writes every new
+                # commit to this socket without waking this task, until it needs the files.
+                sent += await self.fanouts.follow(reader, transport, response.chunked)
+                continue
             await topic.wait_for(reader.last_index)
             tail = reader.read_tail()
             chunk = tail if tail is not None else await loop.run_in_executor(

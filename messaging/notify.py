@@ -22,6 +22,24 @@ class Notifier:
     def __init__(self) -> None:
         # loop -> its waiting futures; the set is only touched on its own loop.
         self._waiting: dict[asyncio.AbstractEventLoop, set[asyncio.Future[None]]] = {}
+        # loop -> callbacks run on that loop at every notification, before the futures.
+        self._listeners: dict[asyncio.AbstractEventLoop, list[Callable[[], None]]] = {}
+
+    def listen(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the running loop at every notification (until :meth:`unlisten`).
+
+        Listeners run before waiting futures are resolved, in one pass: a fan-out writes to
+        many sockets without waking a task per socket.
+        """
+        loop = asyncio.get_running_loop()
+        self._listeners.setdefault(loop, []).append(callback)
+        self._waiting.setdefault(loop, set())  # so that notify() calls this loop
+
+    def unlisten(self, callback: Callable[[], None]) -> None:
+        """Stop running a callback given to :meth:`listen` (on the same loop)."""
+        listeners = self._listeners.get(asyncio.get_running_loop(), [])
+        if callback in listeners:
+            listeners.remove(callback)
 
     @property
     def waiting(self) -> int:
@@ -58,6 +76,8 @@ class Notifier:
                 loop.call_soon_threadsafe(self._wake, loop)
 
     def _wake(self, loop: asyncio.AbstractEventLoop) -> None:
+        for callback in list(self._listeners.get(loop, ())):
+            callback()
         for future in self._waiting.get(loop, ()):
             if not future.done():
                 future.set_result(None)

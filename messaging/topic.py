@@ -18,6 +18,7 @@ import os
 import struct
 import threading
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -616,6 +617,14 @@ class Topic:
     def waiting(self) -> int:
         """How many followers wait for this topic's next commit."""
         return self._notifier.waiting
+
+    def listen(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the running loop after every commit (see :class:`Notifier`)."""
+        self._notifier.listen(callback)
+
+    def unlisten(self, callback: Callable[[], None]) -> None:
+        """Stop running a callback given to :meth:`listen`."""
+        self._notifier.unlisten(callback)
 
     # -- reading ----------------------------------------------------------------------------
 
