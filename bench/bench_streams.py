@@ -207,7 +207,7 @@ async def hold(url: str, topic: int, count: int, index: int, read: bool, rcvbuf:
             if read:
                 transport, _ = await loop.create_connection(Sink, sock=sock)
                 transports.append(transport)
-                transport.write(request)  # type: ignore[attr-defined]
+                transport.write(request)
             else:
                 await loop.sock_sendall(sock, request)  # and never read from it
 
