@@ -17,31 +17,42 @@ its messages, and nothing on disk is left that the in-memory state does not acco
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import resource
-import shutil
 import struct
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from messaging import snapshot
+from messaging.config import (
+    DEFAULT_MAX_SEGMENT_SIZE,
+    DEFAULT_MAX_TOPIC_SIZE,
+    DEFAULT_SUBSCRIBER_TIMEOUT,
+)
 from messaging.errors import (
     CorruptFrameError,
     DataDirectoryError,
     MessagingError,
     StorageFailedError,
 )
-from messaging.files import fsync_dir, read_json, remove_stale_temporaries, write_json_atomic
+from messaging.files import (
+    fsync_dir,
+    read_json,
+    remove_stale_temporaries,
+    storage_error,
+    write_json_atomic,
+)
 from messaging.message import HEADER, HEADER_SIZE, INTERNAL_TYPE, encode, stamp_index
 from messaging.metrics import BrokerMetrics
 from messaging.notify import Notifier
-from messaging.topic import DEFAULT_MAX_SEGMENT_SIZE, TOMBSTONE, Topic, storage_error
+from messaging.subscribers import Subscribers
+from messaging.topic import Topic
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +62,6 @@ FORMAT = 1
 SET_TOPIC_MAX_INDEX = INTERNAL_TYPE | 1
 _U64 = struct.Struct(">Q")
 
-DEFAULT_MAX_TOPIC_SIZE = 1 << 30
-DEFAULT_SUBSCRIBER_TIMEOUT = 600.0
 #: Seconds between two log lines about failed writes (the rest are counted, not logged).
 _FAILURE_LOG_INTERVAL = 1.0
 
@@ -82,14 +91,6 @@ class ApplyResult:
         return self.last - self.first + 1 if self.last else 0
 
 
-@dataclass(slots=True)
-class Subscriber:
-    """A subscriber's heartbeated progress in one topic."""
-
-    index: int
-    seen: float = field(default_factory=time.monotonic)
-
-
 def heartbeat_command(topic: int, index: int, url: str) -> bytes:
     """The internal frame that records a subscriber's progress."""
     return encode(SET_TOPIC_MAX_INDEX, topic, _U64.pack(index) + url.encode())
@@ -117,7 +118,7 @@ class Broker:
         self.metrics.watch_topics(self._topic_rows)
         self.index = 0
         self._topics: dict[int, Topic] = {}
-        self._subscribers: dict[int, dict[str, Subscriber]] = {}
+        self.positions = Subscribers(subscriber_timeout)
         self._lock = threading.Lock()
         self._lock_fd: int | None = None
         self._new_topics = Notifier()
@@ -170,16 +171,9 @@ class Broker:
                 self.metrics.recovered_truncated_bytes.inc(topic.stats.recovered_truncated_bytes)
         self.index = max([int(state.get("index", 0))]
                          + [t.last_index for t in self._topics.values()])
-        self._restore_subscribers(state.get("subscribers", {}))
+        self.positions.restore(state.get("subscribers", {}))
         # Nothing is written here: a broker whose disk is full still starts and serves reads.
         log.info("opened %s: %d topics, index %d", self.path, len(self._topics), self.index)
-
-    def _restore_subscribers(self, saved: dict[str, dict[str, int]]) -> None:
-        # A restart gives every subscriber a fresh timeout: it may be reconnecting right now.
-        self._subscribers = {
-            int(topic): {url: Subscriber(int(index)) for url, index in urls.items()}
-            for topic, urls in saved.items()
-        }
 
     def state(self) -> dict[str, Any]:
         """The broker's own metadata as saved in ``broker.json``."""
@@ -187,8 +181,7 @@ class Broker:
             return {
                 "format": FORMAT,
                 "index": self.index,
-                "subscribers": {str(t): {u: s.index for u, s in subs.items()}
-                                for t, subs in self._subscribers.items()},
+                "subscribers": self.positions.saved(),
             }
 
     def save_state(self, *, durable: bool = True) -> None:
@@ -346,20 +339,11 @@ class Broker:
         heartbeats, self._heartbeats = self._heartbeats, []
         if not heartbeats:
             return
-        with self._lock:
-            saved = {(t, u): self._subscribers.get(t, {}).get(u) for t, _i, u in heartbeats}
-        for topic_id, index, url in heartbeats:
-            self.set_topic_max_index(topic_id, index, url)
+        before = self.positions.record_all(heartbeats)
         try:
             self.save_state(durable=durable)
         except OSError:
-            with self._lock:
-                for (topic_id, url), subscriber in saved.items():
-                    subs = self._subscribers.setdefault(topic_id, {})
-                    if subscriber is None:
-                        subs.pop(url, None)
-                    else:
-                        subs[url] = subscriber
+            self.positions.undo(before)
             raise
 
     def _release_idle_files(self, used: Iterable[int]) -> None:
@@ -417,13 +401,7 @@ class Broker:
 
     def set_topic_max_index(self, topic_id: int, index: int, url: str) -> None:
         """Record that subscriber ``url`` has processed ``topic_id`` through ``index``."""
-        with self._lock:
-            subs = self._subscribers.setdefault(topic_id, {})
-            current = subs.get(url)
-            if current is None or index >= current.index:
-                subs[url] = Subscriber(index)
-            else:
-                current.seen = time.monotonic()
+        self.positions.record(topic_id, index, url)
 
     def _topic_for_write(self, topic_id: int) -> Topic:
         topic = self._topics.get(topic_id)
@@ -476,8 +454,7 @@ class Broker:
 
     def subscribers(self, topic_id: int) -> dict[str, int]:
         """Subscriber URL → heartbeated index for one topic."""
-        with self._lock:
-            return {url: s.index for url, s in self._subscribers.get(topic_id, {}).items()}
+        return self.positions.positions(topic_id)
 
     def topic_info(self, topic: Topic) -> dict[str, Any]:
         """The JSON description of a topic used by the HTTP API."""
@@ -510,10 +487,10 @@ class Broker:
 
     def _subscriber_rows(self) -> list[tuple[int, str, int, int]]:
         rows = []
-        for topic in self.topics():
-            last = topic.committed_index
-            for url, index in self.subscribers(topic.id).items():
-                rows.append((topic.id, url, index, max(last - index, 0)))
+        for topic_id, url, index in self.positions.rows():
+            topic = self._topics.get(topic_id)
+            last = topic.committed_index if topic is not None else 0
+            rows.append((topic_id, url, index, max(last - index, 0)))
         return rows
 
     # -- retention --------------------------------------------------------------------------
@@ -523,11 +500,7 @@ class Broker:
 
         The smallest index a live subscriber heartbeated; unlimited with no live subscriber.
         """
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            live = [s.index for s in self._subscribers.get(topic_id, {}).values()
-                    if now - s.seen <= self.subscriber_timeout]
-        return min(live) if live else 2**64 - 1
+        return self.positions.floor(topic_id, now)
 
     def enforce_retention(self, now: float | None = None) -> int:
         """Delete old segments of every topic over ``max_topic_size``; returns bytes deleted.
@@ -549,87 +522,39 @@ class Broker:
                     topic.stats.deleted_segments - before)
         return deleted
 
-    # -- snapshots --------------------------------------------------------------------------
+    # -- snapshots (see messaging.snapshot) ---------------------------------------------------
 
     def write_snapshot(self, stream: IO[bytes]) -> None:
-        """Write a snapshot: one JSON header line, then every segment's committed bytes.
-
-        Call from the writer thread (no apply may run meanwhile).
-        """
-        topics: list[dict[str, Any]] = []
-        for topic in self.topics():
-            segments = [{"name": s.path.name, "size": s.committed_size}
-                        for s in topic.segments() if s.committed_size]
-            tomb = topic.path / TOMBSTONE
-            tombstone = read_json(tomb)["first_index"] if tomb.exists() else 0
-            topics.append({"id": topic.id, "tombstone": tombstone, "segments": segments,
-                           "last_index": topic.committed_index})
-        header = {**self.state(), "topics": topics}
-        stream.write(json.dumps(header).encode() + b"\n")
-        for topic, described in zip(self.topics(), topics, strict=True):
-            for segment in described["segments"]:
-                with (topic.path / segment["name"]).open("rb") as f:
-                    _copy(f, stream, segment["size"])
+        """Write a snapshot of every topic's committed data (writer thread only)."""
+        snapshot.write(self, stream)
 
     def read_snapshot(self, stream: IO[bytes]) -> bool:
-        """Take the state of a snapshot (writer thread only); returns whether data was copied.
+        """Take the state of a snapshot (writer thread only); returns whether data was copied."""
+        return snapshot.read(self, stream)
 
-        When every topic here already holds at least what the snapshot holds (a restart
-        replaying its own log), only the broker index and subscribers are reset and the
-        segment bytes are skipped: replay then reassigns the same indexes and skips stale
-        frames. Otherwise every topic is replaced by the snapshot's.
-        """
-        header = json.loads(stream.readline())
-        if header.get("format") != FORMAT:
-            raise DataDirectoryError(f"snapshot has format {header.get('format')!r}")
-        if all((t := self.topic(int(d["id"]))) is not None and t.last_index >= d["last_index"]
-               for d in header["topics"]):
-            with self._lock:
-                self.index = int(header["index"])
-            self._restore_subscribers(header.get("subscribers", {}))
-            log.info("snapshot at index %d is already held locally; replaying from there",
-                     self.index)
-            return False
-        self._replace_topics(header, stream)
-        return True
-
-    def _replace_topics(self, header: dict[str, Any], stream: IO[bytes]) -> None:
+    def close_topics(self) -> None:
+        """Close and forget every topic (a snapshot is about to replace them)."""
         for topic in self.topics():
             topic.close()
         with self._lock:
             self._topics = {}
-        staging = self.path / "topics.restore"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
-        for described in header["topics"]:
-            directory = staging / str(described["id"])
-            directory.mkdir()
-            if described["tombstone"]:
-                write_json_atomic(directory / TOMBSTONE, {"first_index": described["tombstone"]})
-            for segment in described["segments"]:
-                with (directory / segment["name"]).open("wb") as f:
-                    _copy(stream, f, segment["size"])
-                    f.flush()
-                    os.fsync(f.fileno())
-        fsync_dir(staging)
-        old = self.path / "topics.old"
-        shutil.rmtree(old, ignore_errors=True)
-        (self.path / "topics").rename(old)
-        staging.rename(self.path / "topics")
-        fsync_dir(self.path)
-        shutil.rmtree(old)
-        opened = {}
-        for described in header["topics"]:
-            topic_id = int(described["id"])
-            opened[topic_id] = Topic.open(self.path / "topics" / str(topic_id), topic_id,
-                                          self.max_segment_size)
+        self._open_files.clear()
+
+    def install(self, topics: dict[int, Topic], index: int,
+                subscribers: dict[str, dict[str, int]]) -> None:
+        """Take over topics opened from a snapshot, with its broker index and subscribers."""
         with self._lock:
-            self._topics = opened
-            self.index = int(header["index"])
-        self._restore_subscribers(header.get("subscribers", {}))
+            self._topics = topics
+            self.index = index
+        self.positions.restore(subscribers)
         self.save_state()
         self._new_topics.notify()
-        log.info("restored snapshot: %d topics, index %d", len(opened), self.index)
+
+    def reset(self, index: int, subscribers: dict[str, dict[str, int]]) -> None:
+        """Set the broker index and subscribers (replay from a snapshot already held)."""
+        with self._lock:
+            self.index = index
+        self.positions.restore(subscribers)
 
 
 def _internal(type_: int, topic_id: int, data: bytes) -> tuple[int, int, str] | None:
@@ -645,13 +570,3 @@ def _internal(type_: int, topic_id: int, data: bytes) -> tuple[int, int, str] | 
         raise CorruptFrameError("heartbeat command with a subscriber id that is not UTF-8"
                                 ) from err
     return topic_id, _U64.unpack_from(data)[0], url
-
-
-def _copy(source: IO[bytes], target: IO[bytes], size: int) -> None:
-    remaining = size
-    while remaining:
-        chunk = source.read(min(remaining, 1 << 20))
-        if not chunk:
-            raise DataDirectoryError(f"snapshot ended {remaining} bytes early")
-        target.write(chunk)
-        remaining -= len(chunk)

@@ -6,17 +6,14 @@ import argparse
 import asyncio
 import logging
 import os
-import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from messaging.config import BrokerConfig, broker_options, parse_host_port
 from messaging.errors import MessagingError
-from messaging.server import BrokerConfig, BrokerServer
-
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
+from messaging.server import BrokerServer
 
 BROKER_HELP = """\
 Run a broker: publishers POST messages, subscribers stream them; every message is stored in
@@ -36,91 +33,19 @@ Sizes take K/M/G suffixes (binary: 10M = 10 MiB); durations take ms/s/m/h (defau
 """
 
 
-def parse_size(text: str) -> int:
-    """``10M``, ``10MiB``, ``1g`` or a plain byte count."""
-    match = _SIZE.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}: use e.g. 1048576, 10M, 1G")
-    number, unit = int(match.group(1)), match.group(2).lower()
-    return number << {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[unit]
-
-
-def parse_duration(text: str) -> float:
-    """``100ms``, ``10s``, ``10m``, ``1h`` or plain seconds."""
-    match = _DURATION.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: use e.g. 500ms, 10s, 10m")
-    number, unit = float(match.group(1)), (match.group(2) or "s").lower()
-    return number * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
-
-
-def positive_duration(text: str) -> float:
-    """A duration above zero."""
-    seconds = parse_duration(text)
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: must be above zero")
-    return seconds
-
-
-def positive_int(text: str) -> int:
-    """An integer of at least 1 (ASCII digits)."""
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected an integer >= 1")
-    return int(text)
-
-
-def parse_host_port(text: str) -> tuple[str, int]:
-    """``HOST:PORT``."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"invalid address {text!r}: expected HOST:PORT")
-    return host.strip("[]"), int(port)
-
-
-def raft_address(text: str) -> str:
-    """A raft ``HOST:PORT``, validated, kept as text."""
-    parse_host_port(text)
-    return text
-
-
 def _broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("broker", help="run a broker", description=BROKER_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default="./data", help="data directory (default ./data)")
-    p.add_argument("--bind", type=parse_host_port, default=("127.0.0.1", 8086),
-                   help="HTTP address HOST:PORT (default 127.0.0.1:8086)")
-    p.add_argument("--fsync", choices=["always", "interval", "never"], default="always",
-                   help="durability mode, see above (default always)")
-    p.add_argument("--max-segment-size", type=parse_size, default="10M",
-                   help="start a new segment file past this size (default 10M)")
-    p.add_argument("--max-topic-size", type=parse_size, default="1G",
-                   help="retention deletes old segments of topics above this (default 1G)")
-    p.add_argument("--max-message-size", type=parse_size, default="1M",
-                   help="largest message data accepted (default 1M)")
-    p.add_argument("--max-request-size", type=parse_size, default="64M",
-                   help="largest batch publish body accepted (default 64M)")
-    p.add_argument("--truncation-interval", type=parse_duration, default="10m",
-                   help="how often retention runs (default 10m)")
-    p.add_argument("--subscriber-timeout", type=parse_duration, default="10m",
-                   help="a subscriber silent this long stops holding data back (default 10m)")
-    p.add_argument("--header-timeout", type=positive_duration, default="10s",
-                   help="close a connection that has not sent a complete request head "
-                        "this long after connecting or after its last response (so idle "
-                        "kept-alive connections too; default 10s); requests being served, "
-                        "uploads and streams are not affected")
-    p.add_argument("--max-connections", type=positive_int, default=10_000, metavar="N",
-                   help="connections served at once; more are answered 503 and closed "
-                        "(default 10000)")
-    p.add_argument("--raft-bind", metavar="HOST:PORT", type=raft_address,
-                   help="cluster mode: this node's Raft address")
-    p.add_argument("--peer", action="append", default=[], metavar="HOST:PORT", type=raft_address,
-                   help="cluster mode: another node's Raft address (repeat per peer)")
-    p.add_argument("--advertise", metavar="URL",
-                   help="the HTTP URL other nodes and clients use for this node")
-    p.add_argument("--raft-snapshot-entries", type=int, default=20_000, metavar="N",
-                   help="cluster mode: snapshot the broker after N raft entries (default "
-                        "20000); a lagging or new node catches up from the latest snapshot")
-    p.add_argument("--log-level", default="INFO",
+    defaults = BrokerConfig()
+    p.add_argument("--bind", type=parse_host_port, default=(defaults.host, defaults.port),
+                   help=f"HTTP address HOST:PORT (default {defaults.host}:{defaults.port})")
+    for name, option, default in broker_options():
+        shown = f" (default {option.show(default)})" if default not in (None, []) else ""
+        p.add_argument(option.flag, dest=name, type=option.parse or str, default=default,
+                       choices=option.choices, metavar=option.metavar,
+                       action="append" if option.repeat else "store",
+                       help=option.help + shown)
+    p.add_argument("--log-level", default="INFO", type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO")
 
 
@@ -137,21 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace) -> BrokerConfig:
-    if args.peer and not args.raft_bind:
+    if args.peers and not args.raft_bind:
         raise MessagingError("--peer needs --raft-bind")
-    if not args.data.strip():
+    if not str(args.data).strip() or args.data == Path():
         # Path("") is the current directory: a broker would scatter its files there.
         raise MessagingError("--data is empty: give the data directory (e.g. --data ./data)")
     host, port = args.bind
-    return BrokerConfig(
-        data=Path(args.data), host=host, port=port, fsync=args.fsync,
-        max_segment_size=args.max_segment_size, max_topic_size=args.max_topic_size,
-        max_message_size=args.max_message_size, max_request_size=args.max_request_size,
-        truncation_interval=args.truncation_interval,
-        subscriber_timeout=args.subscriber_timeout, advertise=args.advertise,
-        raft_bind=args.raft_bind, peers=args.peer,
-        raft_snapshot_entries=args.raft_snapshot_entries,
-        header_timeout=args.header_timeout, max_connections=args.max_connections)
+    return BrokerConfig(host=host, port=port,
+                        **{name: getattr(args, name) for name, _o, _d in broker_options()})
 
 
 async def run_broker(config: BrokerConfig) -> None:

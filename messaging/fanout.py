@@ -15,7 +15,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 from messaging.metrics import BrokerMetrics
-from messaging.topic import Topic, TopicReader
+from messaging.topic import Topic
+from messaging.topic_reader import TopicReader
 
 
 @dataclass(eq=False)

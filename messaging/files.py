@@ -1,13 +1,17 @@
-"""Small durable-file helpers: atomic JSON metadata, directory fsync, whole writes."""
+"""Small durable-file helpers: atomic JSON metadata, directory fsync, whole writes, and what a
+failed file operation means to a client."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from messaging.errors import DiskFullError, StorageError
 
 
 def fsync_dir(path: Path) -> None:
@@ -65,3 +69,11 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         while written < size:
             with whole[written:] as rest:
                 written += os.write(fd, rest)
+
+
+def storage_error(doing: str, err: OSError) -> StorageError:
+    """The error a client gets when ``doing`` (e.g. "writing topic 3") failed with ``err``."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFullError(f"disk full: no space left {doing}; writes resume once space "
+                             "is freed")
+    return StorageError(f"{doing} failed: {err.strerror or err}")

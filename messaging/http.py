@@ -18,6 +18,12 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from messaging.broker import ApplyResult
+from messaging.config import (
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    DEFAULT_MAX_REQUEST_SIZE,
+)
 from messaging.errors import (
     BadRequestError,
     MessageTooLargeError,
@@ -29,20 +35,19 @@ from messaging.errors import (
 from messaging.fanout import FanOuts
 from messaging.log import Log
 from messaging.message import (
-    DEFAULT_MAX_MESSAGE_SIZE,
     FRAMES_CONTENT_TYPE,
     INTERNAL_TYPE,
     encode,
     validate_publish,
 )
 from messaging.metrics import BrokerMetrics
-from messaging.topic import Topic, TopicReader
+from messaging.topic import Topic
+from messaging.topic_reader import TopicReader
 
 log = logging.getLogger(__name__)
 
 ERROR_HEADER = "X-Broker-Error"
 INDEX_HEADER = "X-Broker-Index"
-DEFAULT_MAX_REQUEST_SIZE = 64 << 20
 #: Publish bodies up to this size are validated on the event loop; bigger ones on a thread.
 VALIDATE_ON_LOOP = 64 << 10
 #: Bytes a stream reads from disk per write: it starts at the minimum and doubles up to the
@@ -50,8 +55,6 @@ VALIDATE_ON_LOOP = 64 << 10
 STREAM_CHUNK_MIN = 16 << 10
 STREAM_CHUNK = 64 << 10
 _MAX_U64_DIGITS = len(str(2**64 - 1))
-DEFAULT_HEADER_TIMEOUT = 10.0
-DEFAULT_MAX_CONNECTIONS = 10_000
 #: Warning lines about rejected requests and connections per second; the rest are counted.
 REJECTIONS_LOGGED_PER_SECOND = 10
 #: How long a connection refused with 503 may take to read it before it is cut.

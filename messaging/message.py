@@ -27,26 +27,54 @@ from crc32c import crc32c
 
 from messaging.errors import ChecksumError, CorruptFrameError, FrameTooLargeError
 
-HEADER = struct.Struct(
-    ">"
-    "Q"  # index: assigned by the broker when applied; 0 in a publish request
-    "I"  # crc: CRC-32C of type, topic, length and data
-    "H"  # type: bit 0x8000 marks broker-internal commands
-    "Q"  # topic: topic id
-    "I"  # length: data length in bytes
+#: The header, one row per field: name, struct code, meaning. Everything below (the header
+#: struct, field offsets, partial unpackers) is derived from this table.
+HEADER_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("index", "Q", "assigned by the broker when applied; 0 in a publish request"),
+    ("crc", "I", "CRC-32C of type, topic, length and data"),
+    ("type", "H", "bit 0x8000 marks broker-internal commands"),
+    ("topic", "Q", "topic id"),
+    ("length", "I", "data length in bytes"),
 )
+HEADER = struct.Struct(">" + "".join(code for _name, code, _doc in HEADER_FIELDS))
 HEADER_SIZE = HEADER.size
-INDEX = struct.Struct(">Q")
-CRC_START = struct.calcsize(">QI")  # the checksum covers everything from the type field on
-LENGTH_OFFSET = struct.calcsize(">QIHQ")
-_CHECKSUMMED_FIELDS = struct.Struct(">HQI")  # type, topic, length: the header's CRC'd part
+#: Byte offset and size of each header field.
+FIELD_AT: dict[str, tuple[int, int]] = {}
+_offset = 0
+for _name, _code, _doc in HEADER_FIELDS:
+    FIELD_AT[_name] = (_offset, struct.calcsize(">" + _code))
+    _offset += FIELD_AT[_name][1]
+
+
+def header_unpacker(*names: str) -> struct.Struct:
+    """A struct that unpacks only the named header fields (in header order), skipping the rest.
+
+    ``header_unpacker("index", "length").unpack_from(buffer, offset)`` reads two fields of the
+    frame at ``offset`` without building the others.
+    """
+    codes = []
+    position = 0
+    for name, code, _doc in HEADER_FIELDS:
+        start, size = FIELD_AT[name]
+        if name in names:
+            if start > position:
+                codes.append(f"{start - position}x")
+            codes.append(code)
+            position = start + size
+    return struct.Struct(">" + "".join(codes))
+
+
+INDEX = header_unpacker("index")
+CRC_START = FIELD_AT["type"][0]  # the checksum covers everything from the type field on
+LENGTH_OFFSET = FIELD_AT["length"][0]
+_CHECKSUMMED_FIELDS = struct.Struct(">" + "".join(
+    code for name, code, _doc in HEADER_FIELDS if FIELD_AT[name][0] >= CRC_START))
+_CRC = struct.Struct(">" + dict((n, c) for n, c, _d in HEADER_FIELDS)["crc"])
 
 INTERNAL_TYPE = 0x8000
 MAX_TYPE = 0xFFFF
 MAX_TOPIC = 2**64 - 1
 MAX_INDEX = 2**64 - 1
-#: Default upper bound of one message's data; the broker's ``--max-message-size``.
-DEFAULT_MAX_MESSAGE_SIZE = 1 << 20
 #: Lengths above this can never be valid, whatever the configuration: the decoder treats them
 #: as corruption rather than waiting forever for bytes that will not come.
 HARD_MAX_MESSAGE_SIZE = 1 << 30
@@ -54,8 +82,9 @@ HARD_MAX_MESSAGE_SIZE = 1 << 30
 FRAMES_CONTENT_TYPE = "application/x-messaging-frames"
 
 _unpack_header = HEADER.unpack_from
-_unpack_index_crc_length = struct.Struct(">QI10xI").unpack_from  # what scan() needs
+_unpack_index_crc_length = header_unpacker("index", "crc", "length").unpack_from  # for scan()
 _pack_header = HEADER.pack_into
+_LENGTH = header_unpacker("length")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +142,7 @@ def encode_into(buffer: bytearray, offset: int, index: int, type_: int, topic: i
     _pack_header(buffer, offset, index, 0, type_, topic, length)
     buffer[offset + HEADER_SIZE:end] = data
     crc = crc32c(memoryview(buffer)[offset + CRC_START:end])
-    struct.pack_into(">I", buffer, offset + INDEX.size, crc)
+    _CRC.pack_into(buffer, offset + FIELD_AT["crc"][0], crc)
     return end
 
 
@@ -160,7 +189,7 @@ def frame_size(buffer: bytes | bytearray | memoryview, offset: int = 0) -> int |
     """The full size of the frame starting at ``offset``, or None if its header is incomplete."""
     if len(buffer) - offset < HEADER_SIZE:
         return None
-    length: int = struct.unpack_from(">I", buffer, offset + LENGTH_OFFSET)[0]
+    length: int = _LENGTH.unpack_from(buffer, offset)[0]
     return HEADER_SIZE + length
 
 

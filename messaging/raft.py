@@ -26,7 +26,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
 from messaging.broker import ApplyResult, Broker, heartbeat_command
 from messaging.errors import BadRequestError, CommitUnknownError, MessagingError, NoLeaderError
-from messaging.log import DeferredSync
+from messaging.local_log import DeferredSync
 from messaging.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)

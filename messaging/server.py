@@ -5,55 +5,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from aiohttp import web
 
-from messaging.broker import DEFAULT_MAX_TOPIC_SIZE, DEFAULT_SUBSCRIBER_TIMEOUT, Broker
+from messaging.broker import Broker
+from messaging.config import BrokerConfig
 from messaging.errors import DataDirectoryError
 from messaging.http import (
-    DEFAULT_HEADER_TIMEOUT,
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_REQUEST_SIZE,
     ConnectionLimits,
     connection_factory,
     make_app,
 )
-from messaging.log import FsyncMode, LocalLog, Log
-from messaging.message import DEFAULT_MAX_MESSAGE_SIZE
+from messaging.local_log import LocalLog
+from messaging.log import Log
 from messaging.tasks import cancel_and_wait
-from messaging.topic import DEFAULT_MAX_SEGMENT_SIZE
 
 log = logging.getLogger(__name__)
 
 #: Connections the kernel queues before the broker accepts them (a burst of clients).
 LISTEN_BACKLOG = 1024
-
-
-@dataclass
-class BrokerConfig:
-    """Everything ``messaging broker`` can be told."""
-
-    data: Path = Path("./data")
-    host: str = "127.0.0.1"
-    port: int = 8086
-    fsync: FsyncMode = "always"
-    max_segment_size: int = DEFAULT_MAX_SEGMENT_SIZE
-    max_topic_size: int = DEFAULT_MAX_TOPIC_SIZE
-    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
-    max_request_size: int = DEFAULT_MAX_REQUEST_SIZE
-    truncation_interval: float = 600.0
-    subscriber_timeout: float = DEFAULT_SUBSCRIBER_TIMEOUT
-    advertise: str | None = None
-    raft_bind: str | None = None
-    peers: list[str] = field(default_factory=list)
-    raft_snapshot_entries: int = 20_000
-    #: Seconds a connection may wait for a complete request head, from connecting or from
-    #: its previous response (slowloris protection; also closes idle kept-alive ones).
-    header_timeout: float = DEFAULT_HEADER_TIMEOUT
-    #: Connections served at once; more are answered 503 and closed.
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
 
 class BrokerServer:

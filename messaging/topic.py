@@ -12,24 +12,21 @@ future the writer resolves, never on a sleep.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
-import struct
 import threading
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import NamedTuple, TypeVar
 
+from messaging.config import DEFAULT_MAX_SEGMENT_SIZE
 from messaging.errors import (
     BrokerClosedError,
     CorruptDataError,
     CorruptFrameError,
-    DiskFullError,
     MessagingError,
-    StorageError,
     StorageFailedError,
     TopicTruncatedError,
 )
@@ -37,116 +34,39 @@ from messaging.files import (
     fsync_dir,
     read_json,
     remove_stale_temporaries,
+    storage_error,
     write_all,
     write_json_atomic,
 )
-from messaging.message import HEADER, HEADER_SIZE, frame_size, scan
+from messaging.message import HEADER_SIZE, header_unpacker
 from messaging.notify import Notifier
+from messaging.segment import (
+    MARK_EVERY,
+    SEGMENT_SUFFIX,
+    Segment,
+    TailChunk,
+    segment_name,
+)
+from messaging.topic_reader import TopicReader
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
-SEGMENT_SUFFIX = ".seg"
 TOMBSTONE = "tombstone"
-#: A new segment starts once the active one has grown past this many bytes.
-DEFAULT_MAX_SEGMENT_SIZE = 10 << 20
-#: The sparse index keeps the position of the first frame past every MARK_EVERY bytes.
-MARK_EVERY = 4096
-#: Default size of one read by a TopicReader.
-READ_CHUNK = 256 << 10
 #: Bytes of recent commits a topic keeps in memory for followers that have caught up.
 TAIL_BYTES = 256 << 10
 
-_unpack_header = HEADER.unpack_from
 # Index and length only: what appending needs from each frame header.
-_unpack_index_and_length = struct.Struct(">Q14xI").unpack_from
+_unpack_index_and_length = header_unpacker("index", "length").unpack_from
 
 
-def storage_error(doing: str, err: OSError) -> StorageError:
-    """The error a client gets when ``doing`` (e.g. "writing topic 3") failed with ``err``."""
-    if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return DiskFullError(f"disk full: no space left {doing}; writes resume once space "
-                             "is freed")
-    return StorageError(f"{doing} failed: {err.strerror or err}")
+class SegmentView(NamedTuple):
+    """What readers may see of a segment at one moment (see :meth:`Topic.view`)."""
 
-
-def segment_name(first_index: int) -> str:
-    """The file name of the segment whose first frame has ``first_index``."""
-    return f"{first_index:020d}{SEGMENT_SUFFIX}"
-
-
-@dataclass(eq=False)
-class Segment:
-    """One segment file and its sparse in-memory index.
-
-    ``size``/``count``/``last_index`` count every frame written; the ``committed_*`` fields
-    bound what readers see. ``mark_*`` are parallel lists: for the first frame past every
-    MARK_EVERY bytes, its index, byte position and ordinal (message number in the segment).
-    """
-
-    path: Path
-    first_index: int
-    size: int = 0
-    count: int = 0
-    last_index: int = 0
-    committed_size: int = 0
-    committed_count: int = 0
-    committed_last_index: int = 0
-    verified_size: int = 0
-    following_first: int = 0  # first index of the segment that came next (0: the last one)
-    indexed: bool = False
-    created: bool = False  # started in memory; its file is created by the next write
-    damage: CorruptDataError | None = None  # frames from committed_size on cannot be read
-    index_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    mark_indexes: list[int] = field(default_factory=list)
-    mark_positions: list[int] = field(default_factory=list)
-    mark_ordinals: list[int] = field(default_factory=list)
-
-    def add_mark(self, index: int, position: int, ordinal: int) -> None:
-        """Record a sparse index entry."""
-        self.mark_indexes.append(index)
-        self.mark_positions.append(position)
-        self.mark_ordinals.append(ordinal)
-
-    def next_mark_position(self) -> int:
-        """The byte position from which the next frame gets a mark."""
-        return self.mark_positions[-1] + MARK_EVERY if self.mark_positions else 0
-
-    def build_index(self, data: bytes, *, verify: bool) -> CorruptFrameError | None:
-        """Index the frames in ``data`` (the whole file); returns the error that stopped it."""
-        result = scan(data, after=self.first_index - 1, verify=verify, mark_every=MARK_EVERY)
-        self.mark_indexes.clear()
-        self.mark_positions.clear()
-        self.mark_ordinals.clear()
-        for index, position, ordinal in result.marks:
-            self.add_mark(index, position, ordinal)
-        self.size = self.committed_size = result.end
-        self.count = self.committed_count = result.count
-        self.last_index = self.committed_last_index = result.last_index
-        self.verified_size = result.end if verify else 0
-        self.indexed = True
-        if result.error is not None:
-            return result.error
-        if result.incomplete:
-            return CorruptFrameError(f"incomplete frame at byte {result.end}")
-        return None
-
-    def commit(self) -> None:
-        """Make everything written so far visible to readers."""
-        self.committed_size = self.size
-        self.committed_count = self.count
-        self.committed_last_index = self.last_index
-
-    def rollback(self) -> None:
-        """Forget everything appended since the last :meth:`commit`."""
-        self.size = self.committed_size
-        self.count = self.committed_count
-        self.last_index = self.committed_last_index
-        self.verified_size = min(self.verified_size, self.committed_size)
-        self.following_first = 0
-        keep = bisect_left(self.mark_positions, self.committed_size)
-        del self.mark_indexes[keep:]
-        del self.mark_positions[keep:]
-        del self.mark_ordinals[keep:]
+    size: int  # committed bytes
+    last_index: int
+    messages: int
+    complete: bool  # nothing appended beyond what is committed
 
 
 @dataclass
@@ -157,25 +77,6 @@ class TopicStats:
     corrupt_frames: int = 0
     deleted_segments: int = 0
     deleted_bytes: int = 0
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class TailChunk:
-    """Bytes of the active segment a recent commit made visible, kept for followers.
-
-    ``count`` and ``last_index`` describe the segment up to the chunk's end.
-    """
-
-    segment: Segment
-    start: int
-    data: bytearray
-    count: int
-    last_index: int
-
-    @property
-    def end(self) -> int:
-        """The byte position after the chunk."""
-        return self.start + len(self.data)
 
 
 class Topic:
@@ -308,7 +209,7 @@ class Topic:
     def _latest_index_locked(self, *, committed: bool) -> int:
         """The last appended (or committed) index; below the tombstone if there is none."""
         for segment in reversed(self._segments):
-            self._ensure_indexed(segment)
+            self.ensure_indexed(segment)
             count = segment.committed_count if committed else segment.count
             if count:
                 return segment.committed_last_index if committed else segment.last_index
@@ -626,110 +527,74 @@ class Topic:
         """Stop running a callback given to :meth:`listen`."""
         self._notifier.unlisten(callback)
 
-    # -- reading ----------------------------------------------------------------------------
+    # -- reading (the view a TopicReader reads through) ---------------------------------------
 
     def reader(self, index: int, end: int | None = None, limit: int | None = None) -> TopicReader:
         """A reader of committed frames from ``index`` (inclusive) to ``end`` (exclusive)."""
         return TopicReader(self, index, end, limit)
 
-    def _ensure_indexed(self, segment: Segment) -> None:
-        """Build the sparse index of a segment recovery did not read.
+    def ensure_indexed(self, segment: Segment) -> None:
+        """Index a segment recovery did not read, outside the topic lock.
 
-        Call it without holding ``_lock``: older segments never change, so indexing one
-        (reading the whole file) needs only the segment's own lock and never stalls the loop.
-        A segment damaged part-way keeps its good frames readable; reading past them raises.
+        Damage is recorded on the segment (its good frames stay readable); a file retention
+        deleted meanwhile is a 410.
         """
         if segment.indexed:
             return
-        with segment.index_lock:
-            if segment.indexed:
-                return
-            try:
-                with segment.path.open("rb") as f:
-                    data: bytes | None = f.read()
-            except FileNotFoundError:
-                data = None
-            if data is not None:
-                error = segment.build_index(data, verify=False)
-                if error is not None:
-                    segment.damage = self.corrupt(segment, error)
-        if data is None:  # retention deleted it meanwhile (raised outside the segment lock)
-            raise TopicTruncatedError(self.id, self.first_index)
+        try:
+            error = segment.ensure_indexed()
+        except FileNotFoundError:
+            raise TopicTruncatedError(self.id, self.first_index) from None
+        if error is not None:
+            segment.damage = self.corrupt(segment, error)
 
-    def _segment_for(self, index: int) -> int:
-        """Position in the segment list of the segment holding ``index`` (or the next one)."""
-        return max(bisect_right(self._firsts, index) - 1, 0)
-
-    def _committed_of(self, segment: Segment) -> tuple[int, int]:
-        """A consistent (committed count, committed last index) of a segment."""
-        with self._lock:
-            return segment.committed_count, segment.committed_last_index
-
-    def _locate(self, index: int) -> tuple[Segment, int, int] | None:
+    def locate(self, index: int) -> tuple[Segment, int, int] | None:
         """Segment, byte position and ordinal of the first committed frame at or after index.
 
-        Takes ``_lock`` only to look at the segment list; file I/O happens outside it. None if
-        there is no such frame yet (position at the end).
+        Raises :class:`TopicTruncatedError` below the first retained index. Takes ``_lock``
+        only to look at the segment list; file I/O happens outside it. None if there is no
+        such frame yet.
         """
         with self._lock:
+            if self._tombstone and index < self._tombstone:
+                raise TopicTruncatedError(self.id, self._tombstone)
             segments = list(self._segments)
-            i = self._segment_for(index)
+            i = max(bisect_right(self._firsts, index) - 1, 0)
         while i < len(segments):
             segment = segments[i]
-            self._ensure_indexed(segment)
+            self.ensure_indexed(segment)
             count, last = self._committed_of(segment)
             if count and last >= index:
-                position, ordinal = self._seek_in(segment, index)
+                position, ordinal = self._in_segment(segment, segment.seek, index)
                 return segment, position, ordinal
             if segment.damage is not None:
                 raise segment.damage  # the index may be in the part that cannot be read
             i += 1
         return None
 
-    def _seek_in(self, segment: Segment, index: int) -> tuple[int, int]:
-        j = bisect_right(segment.mark_indexes, index) - 1
-        position = segment.mark_positions[j] if j >= 0 else 0
-        ordinal = segment.mark_ordinals[j] if j >= 0 else 0
-        return self._scan_forward(segment, position, ordinal, stop_index=index)
+    def view(self, segment: Segment) -> SegmentView:
+        """What readers may see of ``segment`` right now, consistently."""
+        with self._lock:
+            return SegmentView(segment.committed_size, segment.committed_last_index,
+                               segment.committed_count,
+                               segment.committed_size == segment.size)
 
-    def _scan_forward(self, segment: Segment, position: int, ordinal: int, *,
-                      stop_index: int | None = None, count: int | None = None,
-                      ) -> tuple[int, int]:
-        """Walk frame headers from ``position`` until ``stop_index`` or ``count`` frames."""
-        with self._open_segment(segment) as f:
-            while position < segment.committed_size:
-                want = min(segment.committed_size - position, 2 * MARK_EVERY)
-                f.seek(position)
-                data = f.read(want)
-                result = scan(data, verify=False, stop_index=stop_index, max_count=count,
-                              mark_base=position)
-                if result.error is not None:
-                    raise self.corrupt(segment, result.error)
-                position += result.end
-                ordinal += result.count
-                if count is not None:
-                    count -= result.count
-                if result.stopped:
-                    break
-                if result.count == 0:
-                    need = frame_size(data) or HEADER_SIZE
-                    f.seek(position)
-                    data = f.read(need)
-                    result = scan(data, verify=False, stop_index=stop_index, max_count=1)
-                    if result.count == 0:
-                        break
-                    position += result.end
-                    ordinal += 1
-                    if count is not None:
-                        count -= 1
-        return position, ordinal
+    def following(self, segment: Segment) -> Segment | None:
+        """The segment after ``segment``, for a reader that finished it; None if none yet.
 
-    def _open_segment(self, segment: Segment) -> BinaryIO:
-        """Open a segment for reading; a file retention deleted meanwhile is a 410."""
-        try:
-            return segment.path.open("rb")
-        except FileNotFoundError:
-            raise TopicTruncatedError(self.id, self._first_index_locked()) from None
+        Raises the damage that ended ``segment`` early, and :class:`TopicTruncatedError` when
+        retention deleted segments the reader had not reached (rather than skip them).
+        """
+        if segment.damage is not None:
+            raise segment.damage
+        with self._lock:
+            if 0 < segment.following_first < self._tombstone:
+                raise TopicTruncatedError(self.id, self._tombstone)
+            i = bisect_right(self._firsts, segment.first_index)
+            following = self._segments[i] if i < len(self._segments) else None
+        if following is not None:
+            self.ensure_indexed(following)
+        return following
 
     def corrupt(self, segment: Segment, error: Exception) -> CorruptDataError:
         """Describe damage found in ``segment`` (``error`` names the byte); counted and logged
@@ -741,6 +606,20 @@ class Topic:
             log.error("%s", damage)
         return damage
 
+    def _committed_of(self, segment: Segment) -> tuple[int, int]:
+        """A consistent (committed count, committed last index) of a segment."""
+        with self._lock:
+            return segment.committed_count, segment.committed_last_index
+
+    def _in_segment(self, segment: Segment, operation: Callable[[int], _T], arg: int) -> _T:
+        """Run a segment read, turning what it finds into this topic's errors."""
+        try:
+            return operation(arg)
+        except FileNotFoundError:
+            raise TopicTruncatedError(self.id, self.first_index) from None
+        except CorruptFrameError as err:
+            raise self.corrupt(segment, err) from err
+
     def index_after(self, after: int, count: int) -> int | None:
         """The index of the ``count``-th committed message at or after ``after``.
 
@@ -749,7 +628,7 @@ class Topic:
         """
         if count < 1:
             raise ValueError("count must be at least 1")
-        located = self._locate(after)
+        located = self.locate(max(after, self.first_index))  # counting starts at what is kept
         if located is None:
             return None
         segment, _position, ordinal = located
@@ -758,24 +637,14 @@ class Topic:
         target = ordinal + count - 1
         last_seen = self._committed_of(segment)[1]
         for segment in segments:
-            self._ensure_indexed(segment)
+            self.ensure_indexed(segment)
             committed_count, committed_last = self._committed_of(segment)
             if target < committed_count:
-                return self._index_at_ordinal(segment, target)
+                return self._in_segment(segment, segment.index_at_ordinal, target)
             target -= committed_count
             if committed_count:
                 last_seen = committed_last
         return last_seen
-
-    def _index_at_ordinal(self, segment: Segment, ordinal: int) -> int:
-        j = bisect_right(segment.mark_ordinals, ordinal) - 1
-        position = segment.mark_positions[j] if j >= 0 else 0
-        start = segment.mark_ordinals[j] if j >= 0 else 0
-        position, _ = self._scan_forward(segment, position, start, count=ordinal - start)
-        with self._open_segment(segment) as f:
-            f.seek(position)
-            (index,) = HEADER.unpack_from(f.read(HEADER_SIZE))[:1]
-        return int(index)
 
     # -- retention --------------------------------------------------------------------------
 
@@ -786,7 +655,7 @@ class Topic:
         Writes the tombstone before deleting. Returns the number of bytes deleted.
         """
         for older in self.segments()[:-1]:
-            self._ensure_indexed(older)  # outside the lock: may read whole files
+            self.ensure_indexed(older)  # outside the lock: may read whole files
         with self._lock:
             doomed: list[Segment] = []
             total = sum(s.size for s in self._segments)
@@ -849,203 +718,3 @@ class Topic:
             with self._lock:
                 self._closed = True
             self._notifier.notify()
-
-
-class TopicReader:
-    """Reads committed frames of one topic, verifying every CRC and the index order.
-
-    :meth:`read` returns the next chunk of whole frames as bytes (empty at the current end).
-    No file stays open between reads: each read opens, reads and closes, so an idle reader
-    holds no descriptor and a file retention deleted meanwhile is reported (410), never read.
-    Damage on disk is raised as :class:`CorruptDataError` after the good frames before it.
-    """
-
-    def __init__(self, topic: Topic, index: int, end: int | None = None,
-                 limit: int | None = None) -> None:
-        self.topic = topic
-        self.next_index = max(index, 0)
-        self.last_index = self.next_index - 1 if self.next_index else 0
-        self.end = end
-        self.remaining = limit
-        self.done = (end is not None and self.next_index >= end) or limit == 0
-        self.delivered = 0
-        self._segment: Segment | None = None
-        self._position = 0
-        self._ordinal = 0  # message number of _position within the segment
-        self._damage: CorruptDataError | None = None  # raised by the read after the good part
-
-    def close(self) -> None:
-        """Nothing to release (kept so readers work as context managers)."""
-
-    def __enter__(self) -> TopicReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _position_at_start(self) -> bool:
-        """Find where to start; False if nothing at or after next_index is committed yet."""
-        topic = self.topic
-        if topic._tombstone and self.next_index < topic._tombstone:
-            raise TopicTruncatedError(topic.id, topic._tombstone)
-        located = topic._locate(self.next_index)
-        if located is None:
-            return False
-        self._segment, self._position, self._ordinal = located
-        return True
-
-    def read(self, max_bytes: int = READ_CHUNK) -> bytes:
-        """The next chunk of whole, verified frames; ``b""`` when nothing more is committed."""
-        while not self.done:
-            if self._damage is not None:
-                raise self._damage
-            topic = self.topic
-            if topic.closed:
-                return b""
-            if self._segment is None and not self._position_at_start():
-                return b""
-            with topic._lock:
-                segment = self._segment
-                assert segment is not None
-                visible = segment.committed_size
-                committed = (segment.committed_last_index, segment.committed_count)
-                following: Segment | None = None
-                if self._position >= visible and segment.committed_size == segment.size:
-                    if segment.damage is not None:
-                        raise segment.damage
-                    if 0 < segment.following_first < topic._tombstone:
-                        # Retention deleted segments this reader had not reached: say so
-                        # rather than skip to the next one that is left.
-                        raise TopicTruncatedError(topic.id, topic._tombstone)
-                    i = bisect_right(topic._firsts, segment.first_index)
-                    if i < len(topic._segments):
-                        following = topic._segments[i]
-            if self._position >= visible:
-                if following is None:
-                    return b""
-                topic._ensure_indexed(following)  # outside the lock: may read the whole file
-                self._segment, self._position, self._ordinal = following, 0, 0
-                continue
-            chunk = self._read_verified(visible, committed, max_bytes)
-            if chunk is None:
-                chunk = self._read_frames(visible, max_bytes)
-            if chunk:
-                return chunk
-        return b""
-
-    def read_tail(self) -> memoryview | None:
-        """The frames after this reader's position from the topic's in-memory tail.
-
-        No I/O, no thread, no lock: callable on the event loop. None when the tail does not
-        hold this reader's position (read with :meth:`read` then), or when ``end``/``limit``
-        need the frame-by-frame path.
-        """
-        if (self.end is not None or self.remaining is not None or self._segment is None
-                or self._damage is not None):
-            return None
-        position = self._position
-        for chunk in reversed(self.topic.tail):
-            if chunk.segment is not self._segment or chunk.end <= position:
-                return None
-            if chunk.start <= position:
-                data = memoryview(chunk.data)[position - chunk.start:]
-                self.delivered += chunk.count - self._ordinal
-                self._ordinal = chunk.count
-                self._position = chunk.end
-                self.last_index = chunk.last_index
-                self.next_index = chunk.last_index + 1
-                return data
-        return None
-
-    def _read_at(self, size: int, position: int) -> bytes:
-        segment = self._segment
-        assert segment is not None
-        try:
-            fd = os.open(segment.path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise TopicTruncatedError(self.topic.id, self.topic.first_index) from None
-        try:
-            data = os.pread(fd, size, position)
-        finally:
-            os.close(fd)
-        if len(data) < size:
-            # A short read of a regular file means it shrank under us: corruption.
-            raise self.topic.corrupt(segment, CorruptFrameError(
-                f"short read at byte {position}: {len(data)} of {size} bytes"))
-        return data
-
-    def _read_verified(self, visible: int, committed: tuple[int, int],
-                       max_bytes: int) -> bytes | None:
-        """Read already-verified frames cut at a sparse-index mark: no per-frame work.
-
-        None when this read needs the frame-by-frame path (a limit, unverified bytes, or the
-        chunk would reach ``end``).
-        """
-        segment = self._segment
-        assert segment is not None
-        start = self._position
-        if self.remaining is not None or segment.verified_size <= start:
-            return None
-        bound = min(visible, start + max_bytes)
-        if bound == visible and visible <= segment.verified_size:
-            cut, next_index, ordinal = visible, committed[0] + 1, committed[1]
-        else:
-            j = bisect_right(segment.mark_positions, min(bound, segment.verified_size)) - 1
-            if j < 0 or segment.mark_positions[j] <= start:
-                return None
-            cut = segment.mark_positions[j]
-            next_index, ordinal = segment.mark_indexes[j], segment.mark_ordinals[j]
-        if self.end is not None and next_index > self.end:
-            return None  # every frame before the cut has an index below next_index
-        data = self._read_at(cut - start, start)
-        self.delivered += ordinal - self._ordinal
-        self._ordinal = ordinal
-        self._position = cut
-        self.next_index = next_index
-        self.last_index = next_index - 1
-        if self.end is not None and next_index >= self.end:
-            self.done = True
-        return data
-
-    def _read_frames(self, visible: int, max_bytes: int) -> bytes:
-        segment = self._segment
-        assert segment is not None
-        want = min(visible - self._position, max_bytes)
-        data = self._read_at(want, self._position)
-        verify = self._position + want > segment.verified_size
-        result = scan(data, after=self.last_index, stop_index=self.end, max_count=self.remaining,
-                      verify=verify, mark_base=self._position)
-        if result.count == 0 and result.incomplete:
-            need = frame_size(data) or HEADER_SIZE
-            if self._position + need > visible:
-                result.error = CorruptFrameError(
-                    f"frame at byte {self._position} of {need} bytes runs past the end")
-            else:
-                data = self._read_at(need, self._position)
-                result = scan(data, after=self.last_index, stop_index=self.end,
-                              max_count=self.remaining, verify=verify, mark_base=self._position)
-        if result.error is not None:
-            damage = self.topic.corrupt(segment, result.error)
-            if not result.count:
-                raise damage
-            self._damage = damage  # deliver the good frames first; the next read raises
-        if result.count:
-            if verify and self._position <= segment.verified_size:
-                segment.verified_size = max(segment.verified_size, self._position + result.end)
-            self.delivered += result.count
-            self._ordinal += result.count
-            self.last_index = result.last_index
-            self.next_index = result.last_index + 1
-            self._position += result.end
-            if self.remaining is not None:
-                self.remaining -= result.count
-        if result.stopped or (self.end is not None and self.next_index >= self.end):
-            self.done = True
-        return data[: result.end] if result.end < len(data) else data
-
-    def read_all(self, max_bytes: int = READ_CHUNK) -> bytes:
-        """Every committed frame from here to the end (or ``end``/``limit``), as one buffer."""
-        parts = []
-        while chunk := self.read(max_bytes):
-            parts.append(chunk)
-        return b"".join(parts)

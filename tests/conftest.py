@@ -18,8 +18,9 @@ import aiohttp
 import pytest
 from blockbuster import BlockBuster, blockbuster_ctx
 
+from messaging.config import BrokerConfig
 from messaging.message import Message, encode_many
-from messaging.server import BrokerConfig, BrokerServer
+from messaging.server import BrokerServer
 
 
 def frames(topic: int, indexes: Iterable[int], data: bytes | None = None) -> bytes:

@@ -105,7 +105,8 @@ def test_retention_keeps_what_live_subscribers_need(tmp_path: Path) -> None:
     broker.set_topic_max_index(1, 15, "fast")
     assert broker.enforce_retention() > 0
     assert broker.topic(1).first_index <= 6
-    seen = broker._subscribers[1]["slow"].seen
+    seen = broker.positions.last_seen(1, "slow")
+    assert seen is not None
     assert broker.enforce_retention(now=seen + 61) > 0  # "slow" timed out
     assert broker.topic(1).first_index > 15
     assert broker.topic(1).segment_count == 1

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from messaging.client import Client, Conn
+from messaging.config import BrokerConfig
 from messaging.errors import (
     ClientConfigError,
     ConnClosedError,
@@ -25,7 +26,7 @@ from messaging.errors import (
     TopicTruncatedError,
 )
 from messaging.message import HEADER_SIZE
-from messaging.server import BrokerConfig, BrokerServer
+from messaging.server import BrokerServer
 from tests.conftest import StartServer, cli, free_port, wait_until
 from tests.proxy import FaultProxy, dead_url
 

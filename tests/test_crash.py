@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from messaging.message import FRAMES_CONTENT_TYPE, decode, encode_batch
-from messaging.topic import segment_name
+from messaging.segment import segment_name
 from tests.conftest import cli
 
 

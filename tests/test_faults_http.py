@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 
 from messaging.message import FRAMES_CONTENT_TYPE, HEADER_SIZE, decode, encode_batch
+from messaging.segment import segment_name
 from messaging.server import BrokerServer
-from messaging.topic import segment_name
 from tests.conftest import StartServer
 from tests.faults import Faults, inject
 

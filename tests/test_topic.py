@@ -17,7 +17,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from messaging.errors import CorruptDataError, TopicTruncatedError
 from messaging.message import HEADER_SIZE, Message, decode, encode_many
-from messaging.topic import Topic, TopicReader, segment_name
+from messaging.segment import segment_name
+from messaging.topic import Topic
+from messaging.topic_reader import TopicReader
 from tests.conftest import frames
 
 

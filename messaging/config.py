@@ -1,0 +1,196 @@
+"""Every setting of a broker: its default, its command-line flag and its help, in one place.
+
+``BrokerConfig`` is the single source of defaults: the modules that need one import the
+``DEFAULT_*`` constants below, and ``messaging broker``'s options are built from the fields'
+metadata (:func:`broker_options`). Sizes are read as ``10M``-style text and durations as
+``10m``-style text by :func:`parse_size` and :func:`parse_duration`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+FsyncMode = Literal["always", "interval", "never"]
+FSYNC_MODES: tuple[FsyncMode, ...] = ("always", "interval", "never")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8086
+#: A new segment starts once the active one has grown past this many bytes.
+DEFAULT_MAX_SEGMENT_SIZE = 10 << 20
+#: Retention deletes old segments of topics larger than this.
+DEFAULT_MAX_TOPIC_SIZE = 1 << 30
+#: Largest message data accepted.
+DEFAULT_MAX_MESSAGE_SIZE = 1 << 20
+#: Largest publish request body accepted (and the size clients cut batches to).
+DEFAULT_MAX_REQUEST_SIZE = 64 << 20
+DEFAULT_TRUNCATION_INTERVAL = 600.0
+#: A subscriber silent this long stops holding data back.
+DEFAULT_SUBSCRIBER_TIMEOUT = 600.0
+#: Seconds a connection may take to send a complete request head.
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_MAX_CONNECTIONS = 10_000
+DEFAULT_RAFT_SNAPSHOT_ENTRIES = 20_000
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
+
+
+def parse_size(text: str) -> int:
+    """``10M``, ``10MiB``, ``1g`` or a plain byte count (ASCII digits)."""
+    match = _SIZE.match(text) if text.isascii() else None
+    if not match:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: use e.g. 1048576, 10M, 1G")
+    number, unit = int(match.group(1)), match.group(2).lower()
+    return number << _SIZE_UNITS[unit]
+
+
+def positive_size(text: str) -> int:
+    """A size above zero."""
+    size = parse_size(text)
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: must be above zero")
+    return size
+
+
+def parse_duration(text: str) -> float:
+    """``100ms``, ``10s``, ``10m``, ``1h`` or plain seconds."""
+    match = _DURATION.match(text) if text.isascii() else None
+    if not match:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: use e.g. 500ms, 10s, 10m")
+    number, unit = float(match.group(1)), (match.group(2) or "s").lower()
+    return number * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
+
+
+def positive_duration(text: str) -> float:
+    """A duration above zero."""
+    seconds = parse_duration(text)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: must be above zero")
+    return seconds
+
+
+def positive_int(text: str) -> int:
+    """An integer of at least 1 (ASCII digits)."""
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected an integer >= 1")
+    return int(text)
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """``HOST:PORT``."""
+    host, sep, port = text.rpartition(":")
+    if (not sep or not host or not (port.isascii() and port.isdigit())
+            or not 0 <= int(port) <= 65535):
+        raise argparse.ArgumentTypeError(f"invalid address {text!r}: expected HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def raft_address(text: str) -> str:
+    """A raft ``HOST:PORT``, validated, kept as text."""
+    parse_host_port(text)
+    return text
+
+
+def show_size(size: int) -> str:
+    """A size as the shortest ``10M``-style text that reads back the same."""
+    for unit, shift in (("T", 40), ("G", 30), ("M", 20), ("K", 10)):
+        if size and size % (1 << shift) == 0:
+            return f"{size >> shift}{unit}"
+    return str(size)
+
+
+def show_duration(seconds: float) -> str:
+    """A duration as ``10m``/``10s``/``500ms`` text."""
+    for unit, length in (("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= length and seconds % length == 0:
+            return f"{int(seconds // length)}{unit}"
+    return f"{round(seconds * 1000)}ms"
+
+
+@dataclass(frozen=True)
+class Option:
+    """How a :class:`BrokerConfig` field appears on the command line."""
+
+    flag: str
+    help: str
+    parse: Callable[[str], Any] | None = None
+    show: Callable[[Any], str] = str
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    repeat: bool = False  # the flag may be given several times (a list field)
+
+
+def _option(default: Any, flag: str, help: str, **how: Any) -> Any:
+    option = Option(flag, help, **how)
+    if isinstance(default, list):
+        return field(default_factory=list, metadata={"option": option})
+    return field(default=default, metadata={"option": option})
+
+
+@dataclass
+class BrokerConfig:
+    """Everything ``messaging broker`` can be told (``--bind`` sets ``host`` and ``port``)."""
+
+    data: Path = _option(Path("./data"), "--data", "data directory", parse=Path)
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    fsync: FsyncMode = _option("always", "--fsync", "durability mode, see above",
+                               choices=FSYNC_MODES)
+    max_segment_size: int = _option(
+        DEFAULT_MAX_SEGMENT_SIZE, "--max-segment-size",
+        "start a new segment file past this size", parse=positive_size, show=show_size)
+    max_topic_size: int = _option(
+        DEFAULT_MAX_TOPIC_SIZE, "--max-topic-size",
+        "retention deletes old segments of topics above this", parse=parse_size,
+        show=show_size)
+    max_message_size: int = _option(
+        DEFAULT_MAX_MESSAGE_SIZE, "--max-message-size", "largest message data accepted",
+        parse=positive_size, show=show_size)
+    max_request_size: int = _option(
+        DEFAULT_MAX_REQUEST_SIZE, "--max-request-size",
+        "largest batch publish body accepted", parse=positive_size, show=show_size)
+    truncation_interval: float = _option(
+        DEFAULT_TRUNCATION_INTERVAL, "--truncation-interval", "how often retention runs",
+        parse=positive_duration, show=show_duration)
+    subscriber_timeout: float = _option(
+        DEFAULT_SUBSCRIBER_TIMEOUT, "--subscriber-timeout",
+        "a subscriber silent this long stops holding data back", parse=positive_duration,
+        show=show_duration)
+    header_timeout: float = _option(
+        DEFAULT_HEADER_TIMEOUT, "--header-timeout",
+        "close a connection that has not sent a complete request head this long after "
+        "connecting or after its last response (so idle kept-alive connections too); "
+        "requests being served, uploads and streams are not affected",
+        parse=positive_duration, show=show_duration)
+    max_connections: int = _option(
+        DEFAULT_MAX_CONNECTIONS, "--max-connections",
+        "connections served at once; more are answered 503 and closed", parse=positive_int,
+        metavar="N")
+    advertise: str | None = _option(
+        None, "--advertise", "the HTTP URL other nodes and clients use for this node",
+        metavar="URL")
+    raft_bind: str | None = _option(
+        None, "--raft-bind", "cluster mode: this node's Raft address", parse=raft_address,
+        metavar="HOST:PORT")
+    peers: list[str] = _option(
+        [], "--peer", "cluster mode: another node's Raft address (repeat per peer)",
+        parse=raft_address, metavar="HOST:PORT", repeat=True)
+    raft_snapshot_entries: int = _option(
+        DEFAULT_RAFT_SNAPSHOT_ENTRIES, "--raft-snapshot-entries",
+        "cluster mode: snapshot the broker after N raft entries; a lagging or new node "
+        "catches up from the latest snapshot", parse=positive_int, metavar="N")
+
+
+def broker_options() -> Iterator[tuple[str, Option, Any]]:
+    """(field name, option, default) of every BrokerConfig field that has a flag."""
+    for f in fields(BrokerConfig):
+        option = f.metadata.get("option")
+        if option is not None:
+            default = [] if option.repeat else f.default
+            yield f.name, option, default

@@ -1,0 +1,109 @@
+"""Snapshots of a broker: write one, read one, install one.
+
+A snapshot is one JSON header line (the broker's state: format, index, subscribers, and per
+topic its tombstone, segments and last index) followed by every segment's committed bytes in
+the order the header lists them. Installing one replaces every topic at once: the segments are
+written to a staging directory, fsynced, and renamed over ``topics/``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from typing import IO, TYPE_CHECKING, Any
+
+from messaging.errors import DataDirectoryError
+from messaging.files import fsync_dir, read_json, write_json_atomic
+from messaging.topic import TOMBSTONE, Topic
+
+if TYPE_CHECKING:
+    from messaging.broker import Broker
+
+log = logging.getLogger(__name__)
+
+
+def write(broker: Broker, stream: IO[bytes]) -> None:
+    """Write a snapshot: one JSON header line, then every segment's committed bytes.
+
+    Call from the writer thread (no apply may run meanwhile).
+    """
+    topics: list[dict[str, Any]] = []
+    for topic in broker.topics():
+        segments = [{"name": s.path.name, "size": s.committed_size}
+                    for s in topic.segments() if s.committed_size]
+        tomb = topic.path / TOMBSTONE
+        tombstone = read_json(tomb)["first_index"] if tomb.exists() else 0
+        topics.append({"id": topic.id, "tombstone": tombstone, "segments": segments,
+                       "last_index": topic.committed_index})
+    header = {**broker.state(), "topics": topics}
+    stream.write(json.dumps(header).encode() + b"\n")
+    for topic, described in zip(broker.topics(), topics, strict=True):
+        for segment in described["segments"]:
+            with (topic.path / segment["name"]).open("rb") as f:
+                _copy(f, stream, segment["size"])
+
+
+def read(broker: Broker, stream: IO[bytes]) -> bool:
+    """Take the state of a snapshot (writer thread only); returns whether data was copied.
+
+    When every topic here already holds at least what the snapshot holds (a restart
+    replaying its own log), only the broker index and subscribers are reset and the segment
+    bytes are skipped: replay then reassigns the same indexes and skips stale frames.
+    Otherwise every topic is replaced by the snapshot's.
+    """
+    header = json.loads(stream.readline())
+    if header.get("format") != broker.state()["format"]:
+        raise DataDirectoryError(f"snapshot has format {header.get('format')!r}")
+    if all((t := broker.topic(int(d["id"]))) is not None and t.last_index >= d["last_index"]
+           for d in header["topics"]):
+        broker.reset(int(header["index"]), header.get("subscribers", {}))
+        log.info("snapshot at index %d is already held locally; replaying from there",
+                 broker.index)
+        return False
+    install(broker, header, stream)
+    return True
+
+
+def install(broker: Broker, header: dict[str, Any], stream: IO[bytes]) -> None:
+    """Replace every topic of ``broker`` with the snapshot's, atomically on disk."""
+    broker.close_topics()
+    root = broker.path
+    staging = root / "topics.restore"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    for described in header["topics"]:
+        directory = staging / str(described["id"])
+        directory.mkdir()
+        if described["tombstone"]:
+            write_json_atomic(directory / TOMBSTONE, {"first_index": described["tombstone"]})
+        for segment in described["segments"]:
+            with (directory / segment["name"]).open("wb") as f:
+                _copy(stream, f, segment["size"])
+                f.flush()
+                os.fsync(f.fileno())
+    fsync_dir(staging)
+    old = root / "topics.old"
+    shutil.rmtree(old, ignore_errors=True)
+    (root / "topics").rename(old)
+    staging.rename(root / "topics")
+    fsync_dir(root)
+    shutil.rmtree(old)
+    opened = {}
+    for described in header["topics"]:
+        topic_id = int(described["id"])
+        opened[topic_id] = Topic.open(root / "topics" / str(topic_id), topic_id,
+                                      broker.max_segment_size)
+    broker.install(opened, int(header["index"]), header.get("subscribers", {}))
+    log.info("restored snapshot: %d topics, index %d", len(opened), broker.index)
+
+
+def _copy(source: IO[bytes], target: IO[bytes], size: int) -> None:
+    remaining = size
+    while remaining:
+        chunk = source.read(min(remaining, 1 << 20))
+        if not chunk:
+            raise DataDirectoryError(f"snapshot ended {remaining} bytes early")
+        target.write(chunk)
+        remaining -= len(chunk)
