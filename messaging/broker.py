@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from messaging import snapshot
 from messaging.config import (
@@ -94,6 +94,21 @@ class ApplyResult:
 def heartbeat_command(topic: int, index: int, url: str) -> bytes:
     """The internal frame that records a subscriber's progress."""
     return encode(SET_TOPIC_MAX_INDEX, topic, _U64.pack(index) + url.encode())
+
+
+class TopicSummary(Protocol):
+    """What :meth:`Broker.topic_info` reads of a topic."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def first_index(self) -> int: ...
+    @property
+    def committed_index(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def segment_count(self) -> int: ...
 
 
 class Broker:
@@ -456,7 +471,7 @@ class Broker:
         """Subscriber URL → heartbeated index for one topic."""
         return self.positions.positions(topic_id)
 
-    def topic_info(self, topic: Topic) -> dict[str, Any]:
+    def topic_info(self, topic: TopicSummary) -> dict[str, Any]:
         """The JSON description of a topic used by the HTTP API."""
         return {
             "id": topic.id,

@@ -12,18 +12,37 @@ when its connection closes, or when the topic closes.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from messaging.metrics import BrokerMetrics
-from messaging.topic import Topic
-from messaging.topic_reader import TopicReader
+
+
+class FollowedTopic(Protocol):
+    """What the fan-out needs of a topic."""
+
+    @property
+    def closed(self) -> bool: ...
+    def listen(self, callback: Callable[[], None]) -> None: ...
+    def unlisten(self, callback: Callable[[], None]) -> None: ...
+
+
+class FollowingReader(Protocol):
+    """What the fan-out needs of a parked stream's reader."""
+
+    @property
+    def topic(self) -> FollowedTopic: ...
+    @property
+    def delivered(self) -> int: ...
+    def read_tail(self) -> memoryview | None: ...
 
 
 @dataclass(eq=False)
 class Follower:
     """One parked stream: its reader, its socket, and the future its task awaits."""
 
-    reader: TopicReader
+    reader: FollowingReader
     transport: asyncio.Transport
     chunked: bool
     released: asyncio.Future[None] = field(
@@ -39,7 +58,7 @@ class Follower:
 class FanOut:
     """The parked followers of one topic."""
 
-    def __init__(self, topic: Topic, metrics: BrokerMetrics) -> None:
+    def __init__(self, topic: FollowedTopic, metrics: BrokerMetrics) -> None:
         self.topic = topic
         self.metrics = metrics
         self.followers: set[Follower] = set()
@@ -80,13 +99,13 @@ class FanOut:
 
 
 class FanOuts:
-    """The fan-out of every topic that has parked followers (one per :class:`Topic`)."""
+    """The fan-out of every topic that has parked followers (one per topic object)."""
 
     def __init__(self, metrics: BrokerMetrics) -> None:
         self.metrics = metrics
-        self._by_topic: dict[Topic, FanOut] = {}
+        self._by_topic: dict[FollowedTopic, FanOut] = {}
 
-    async def follow(self, reader: TopicReader, transport: asyncio.Transport,
+    async def follow(self, reader: FollowingReader, transport: asyncio.Transport,
                      chunked: bool) -> int:
         """Park a caught-up stream until it must take the ordinary path again.
 
