@@ -2,6 +2,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+CORE_STAMP := $(VENV)/.installed-core
+PORT ?= 8086
+DATA ?= ./data
 
 .PHONY: run test lint typecheck pytest bench bench-storage bench-http bench-client bench-cluster bench-spark \
 	bench-streams soak clean
@@ -10,13 +13,19 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# The core package only: what a broker needs to run.
+$(CORE_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $(CORE_STAMP)
+
+# Everything: the Spark extra, test and benchmark tools.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[spark,dev,bench]'
-	touch $(STAMP)
+	touch $(STAMP) $(CORE_STAMP)
 
-## make run: set up .venv and start a single-node broker on 127.0.0.1:8086 with data in ./data
-run: $(STAMP)
-	$(BIN)/messaging broker --data ./data --bind 127.0.0.1:8086
+## make run [PORT=8086] [DATA=./data]: set up .venv (core package only), start a single-node broker
+run: $(CORE_STAMP)
+	$(BIN)/messaging broker --data $(DATA) --bind 127.0.0.1:$(PORT)
 
 ## make test: set up .venv, then ruff, mypy and pytest
 test: lint typecheck pytest
