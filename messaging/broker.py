@@ -140,6 +140,7 @@ class Broker:
         self._save_lock = threading.Lock()  # one broker.json writer at a time
         self._retention_lock = threading.Lock()  # held by a retention run, and by close()
         self._closing = False
+        self._topics_dir_dirty = False
         self._heartbeats: list[tuple[int, int, str]] = []  # recorded by the group being applied
         self._open_files: OrderedDict[int, None] = OrderedDict()  # topics holding a write file
         self._failure_logged = 0.0
@@ -249,6 +250,9 @@ class Broker:
         touched: set[int] = set()
         try:
             results = self._stage_group(commands, touched)
+            if self._topics_dir_dirty:
+                fsync_dir(self.path / "topics")  # the new topics' directories
+                self._topics_dir_dirty = False
             self._write_topics(list(touched), durable=durable)
             self._record_heartbeats(durable=durable)
         except (MessagingError, OSError) as err:
@@ -307,16 +311,20 @@ class Broker:
     def _write_topics(self, topic_ids: list[int], *, durable: bool) -> None:
         """Write (and fsync when ``durable``) every topic, within the open-file budget.
 
-        A group touching more topics than ``max_open_files`` goes in slices: each slice is
-        written, fsynced and its files closed before the next one opens any.
+        Files other topics keep open are closed first as far as this group needs the room.
+        A group touching more topics than ``max_open_files`` goes in slices, those already
+        holding a file first: each slice is written, fsynced and its files closed before the
+        next one opens any.
         """
         budget = self.max_open_files
+        self._make_room(topic_ids)
         if len(topic_ids) <= budget:
             for topic_id in topic_ids:
                 self._topics[topic_id].write()
             if durable:
                 self.sync(topic_ids)
             return
+        topic_ids = sorted(topic_ids, key=lambda topic_id: topic_id not in self._open_files)
         for start in range(0, len(topic_ids), budget):
             part = topic_ids[start:start + budget]
             for topic_id in part:
@@ -360,6 +368,21 @@ class Broker:
         except OSError:
             self.positions.undo(before)
             raise
+
+    def _make_room(self, group: list[int]) -> None:
+        """Close other topics' write files, least recently used first, so that those open
+        while ``group`` is written stay within ``max_open_files`` (a file not yet fsynced,
+        under ``--fsync interval`` or ``never``, stays open)."""
+        files = self._open_files
+        if len(files) + len(group) <= self.max_open_files:
+            return  # room enough even if every topic of the group opens a file
+        members = set(group)
+        others = [topic_id for topic_id in files if topic_id not in members]
+        excess = len(others) - (self.max_open_files - min(len(members), self.max_open_files))
+        for topic_id in others[:max(excess, 0)]:
+            topic = self._topics.get(topic_id)
+            if topic is None or topic.release():
+                del files[topic_id]
 
     def _release_idle_files(self, used: Iterable[int]) -> None:
         """Keep at most ``max_open_files`` topics holding a segment file open for writing."""
@@ -424,11 +447,11 @@ class Broker:
             try:
                 topic = Topic.open(self.path / "topics" / str(topic_id), topic_id,
                                    self.max_segment_size)
-                fsync_dir(self.path / "topics")
             except OSError as err:
                 raise storage_error(f"creating topic {topic_id}", err) from err
             with self._lock:
                 self._topics[topic_id] = topic
+            self._topics_dir_dirty = True  # fsynced once for the group, before it is answered
             self._new_topics.notify()
         return topic
 

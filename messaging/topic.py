@@ -140,18 +140,23 @@ class Topic:
         return topic
 
     def _recover(self) -> None:
+        # One directory listing per topic: start-up with many topics is dominated by it.
+        with os.scandir(self.path) as listing:
+            entries = {entry.name: entry for entry in listing}
         tombstone = self.path / TOMBSTONE
-        if tombstone.exists():
+        if TOMBSTONE in entries:
             self._tombstone = int(read_json(tombstone)["first_index"])
-        remove_stale_temporaries(tombstone)
-        for file in sorted(self.path.glob("*" + SEGMENT_SUFFIX)):
-            first = int(file.name[: -len(SEGMENT_SUFFIX)])
+        if any(name.startswith(TOMBSTONE + ".") for name in entries):
+            remove_stale_temporaries(tombstone)
+        for name in sorted(n for n in entries if n.endswith(SEGMENT_SUFFIX)):
+            file = self.path / name
+            first = int(name[: -len(SEGMENT_SUFFIX)])
             if first < self._tombstone:
                 # Retention wrote the tombstone and then stopped before deleting this file.
                 file.unlink()
                 self._dir_dirty = True
                 continue
-            segment = Segment(file, first, size=file.stat().st_size)
+            segment = Segment(file, first, size=entries[name].stat().st_size)
             segment.committed_size = segment.size
             self._segments.append(segment)
         while self._segments:

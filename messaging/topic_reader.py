@@ -165,7 +165,9 @@ class TopicReader:
     def _read_frames(self, visible: int, max_bytes: int) -> bytes:
         segment = self._segment
         assert segment is not None
-        want = min(visible - self._position, max_bytes)
+        # At least a whole header, so that a frame larger than max_bytes is read whole below
+        # (with less, its size is unknown and the read would return nothing, forever).
+        want = min(visible - self._position, max(max_bytes, HEADER_SIZE))
         data = self._read_at(want, self._position)
         verify = self._position + want > segment.verified_size
         result = scan(data, after=self.last_index, stop_index=self.end, max_count=self.remaining,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -82,12 +83,17 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 class BrokerProcess:
-    """``messaging broker`` in a real subprocess, bound to a free port on 127.0.0.1."""
+    """``messaging broker`` in a real subprocess, bound to a free port on 127.0.0.1.
 
-    def __init__(self, data: Path, *args: str, port: int = 0) -> None:
+    ``nofile``, when given, is the soft RLIMIT_NOFILE the broker runs under (``ulimit -n``).
+    """
+
+    def __init__(self, data: Path, *args: str, port: int = 0, nofile: int | None = None,
+                 ) -> None:
         self.data = data
         self.args = list(args)
         self.port = port
+        self.nofile = nofile
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
         self.log = data.parent / f"{data.name}.log"
@@ -99,7 +105,8 @@ class BrokerProcess:
                 [sys.executable, "-m", "messaging.cli", "broker", "--data", str(self.data),
                  "--bind", f"127.0.0.1:{self.port}", *self.args],
                 stdout=subprocess.PIPE, stderr=log, text=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                preexec_fn=_nofile_limit(self.nofile) if self.nofile is not None else None)
         assert self.proc.stdout is not None
         line = _readline(self.proc, timeout)
         match = re.search(r"listening on (http://\S+)", line)
@@ -116,6 +123,11 @@ class BrokerProcess:
             self.proc.stdout.close()
         return code
 
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
@@ -126,6 +138,16 @@ class BrokerProcess:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         return self._reap(timeout)
+
+
+def _nofile_limit(soft: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that lowers the child's soft RLIMIT_NOFILE to ``soft``."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    return limit
 
 
 def _readline(proc: subprocess.Popen[str], timeout: float) -> str:
@@ -143,8 +165,10 @@ def broker_process(tmp_path: Path):
     """A factory of subprocess brokers; every one still running is killed at the end."""
     started: list[BrokerProcess] = []
 
-    def make(data: Path | None = None, *args: str, port: int = 0) -> BrokerProcess:
-        process = BrokerProcess(data or tmp_path / f"proc{len(started)}", *args, port=port)
+    def make(data: Path | None = None, *args: str, port: int = 0,
+             nofile: int | None = None) -> BrokerProcess:
+        process = BrokerProcess(data or tmp_path / f"proc{len(started)}", *args, port=port,
+                                nofile=nofile)
         started.append(process)
         return process
 
