@@ -121,7 +121,7 @@ class Ledger:
 
 
 class ClientEvents(logging.Handler):
-    """Counts what :mod:`messaging.client` logs: stream reconnects, failed heartbeats."""
+    """Counts what the client and Conn log: stream reconnects, failed heartbeats."""
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
@@ -131,7 +131,7 @@ class ClientEvents(logging.Handler):
         message = record.getMessage()
         if "heartbeat failed" in message:
             self.counts["heartbeat failed"] += 1
-        elif "reconnecting" in message:
+        elif "retrying" in message or "reconnecting" in message:
             self.counts["stream reconnect"] += 1
 
 
@@ -470,10 +470,11 @@ async def run_load(broker: BrokerProcess, seconds: float, interval: float,
                    seed: int) -> tuple[Ledger, list[dict[str, Any]], ClientEvents, int]:
     """Run the whole load for ``seconds``; the ledger, the samples, client events, hung tasks."""
     events = ClientEvents()
-    client_log = logging.getLogger("messaging.client")
-    client_log.addHandler(events)
-    client_log.setLevel(logging.INFO)
-    client_log.propagate = False
+    for name in ("messaging.client", "messaging.conn"):
+        client_log = logging.getLogger(name)
+        client_log.addHandler(events)
+        client_log.setLevel(logging.INFO)
+        client_log.propagate = False
     ledger = Ledger()
     samples: list[dict[str, Any]] = []
     rng = random.Random(seed)

@@ -14,7 +14,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
-from messaging.spark import ARROW_BATCH_ROWS, SCHEMA
+from messaging.spark.arrow import ARROW_BATCH_ROWS, SCHEMA
 
 
 @dataclass(frozen=True)

@@ -158,8 +158,7 @@ async def _cluster(args: argparse.Namespace) -> int:
     body = response.json()
     urls = body.get("urls") if isinstance(body, dict) else None
     if not isinstance(urls, list):
-        raise NotABrokerError(f"{response.url} does not look like a messaging broker: its "
-                              'answer is not {"urls": [...]}')
+        raise NotABrokerError.at(response.url, 'its answer is not {"urls": [...]}')
     for url in urls:
         print(url)
     return 0

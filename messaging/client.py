@@ -1,35 +1,30 @@
-"""The async Python client: Client (publish, ping, topics) and Conn (a subscription).
+"""The async Python client: Client (publish, read, ping, topics, heartbeats).
 
-Failover: a connection that cannot be made moves to the next known URL; a 307 is followed
-and its leader remembered. A publish whose request may have reached a broker is never retried
-blindly (publishes are not idempotent): the caller gets :class:`PublishOutcomeUnknownError`.
-Reads, pings and heartbeats retry with backoff for ``retry_timeout`` seconds; while a client
-has never reached any broker, a refused connection (or an unknown host) on every URL is
-definitive after a few quick rounds. Only :class:`MessagingError` subclasses leave this
-module, worded for users: what failed, where, and why.
+Client owns the HTTP session and turns broker answers (or their absence) into results or
+:class:`MessagingError` subclasses worded for users: what failed, where, and why. Which broker
+to try, redirects and retry timing are :mod:`messaging.failover`'s decisions. A publish whose
+request may have reached a broker is never retried blindly (publishes are not idempotent): the
+caller gets :class:`PublishOutcomeUnknownError`. Subscriptions are :class:`Conn`
+(:mod:`messaging.conn`), re-exported here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
-import logging
-import random
 import socket
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from http import HTTPStatus
 from pathlib import Path
 from typing import Any
-from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 
+from messaging.config import DEFAULT_MAX_REQUEST_SIZE
+from messaging.conn import Conn, MessageBatch
 from messaging.errors import (
     ClientConfigError,
-    ConnClosedError,
     ConnectionFailedError,
     ConnStateError,
     CorruptFrameError,
@@ -40,52 +35,30 @@ from messaging.errors import (
     PublishOutcomeUnknownError,
     TopicTruncatedError,
     error_for_status,
+    is_unsigned,
+)
+from messaging.failover import (
+    DEFAULT_RETRY_TIMEOUT,
+    Brokers,
+    Retry,
+    RetryPolicy,
+    base_url,
+    refused,
+    unique,
 )
 from messaging.files import read_json, write_json_atomic
-from messaging.message import (
-    FRAMES_CONTENT_TYPE,
-    HEADER_SIZE,
-    BatchDecoder,
-    Message,
-    decode,
-    encode_batch,
-)
+from messaging.message import FRAMES_CONTENT_TYPE, HEADER_SIZE, Message, decode, encode_batch
 
-log = logging.getLogger(__name__)
+__all__ = ["DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_RETRY_TIMEOUT", "Client", "Conn",
+           "MessageBatch", "Response"]
 
-DEFAULT_MAX_REQUEST_SIZE = 16 << 20
-DEFAULT_RETRY_TIMEOUT = 15.0
-_BACKOFF_START = 0.05
-_BACKOFF_MAX = 1.0
-_MAX_REDIRECTS = 5
-_QUEUE_CHUNKS = 16
-# Rounds over every URL, all refused, before a client that never reached a broker gives up.
-_REFUSED_ROUNDS = 4
 _CONNECT_TIMEOUT: tuple[type[BaseException], ...] = tuple(
     t for t in [getattr(aiohttp, "ConnectionTimeoutError", None)] if t is not None)
+# Failures of a request that never left this machine (safe to send elsewhere) ...
 _NOT_SENT: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError,
                                                 *_CONNECT_TIMEOUT)
+# ... and of one that may have reached a broker.
 _MAYBE_SENT = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
-_SCHEMES = ("http", "https")
-_URL_SHAPE = "expected http://HOST:PORT or https://HOST:PORT"
-
-
-def _base(url: str) -> str:
-    """``scheme://host:port`` of a broker URL; :class:`InvalidURLError` if it cannot be one."""
-    parts = urlsplit(url.strip())
-    if not parts.scheme or not parts.netloc:
-        raise InvalidURLError(f"invalid broker URL {url!r}: {_URL_SHAPE}")
-    if parts.scheme not in _SCHEMES:
-        raise InvalidURLError(f"invalid broker URL {url!r}: unsupported scheme "
-                              f"{parts.scheme!r}, {_URL_SHAPE}")
-    try:
-        port = parts.port
-    except ValueError as err:
-        raise InvalidURLError(f"invalid broker URL {url!r}: the port must be a number from 1 "
-                              "to 65535") from err
-    if not parts.hostname or port == 0:
-        raise InvalidURLError(f"invalid broker URL {url!r}: {_URL_SHAPE}")
-    return f"{parts.scheme}://{parts.netloc}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +75,7 @@ class Response:
         try:
             return json.loads(self.body)
         except ValueError as err:  # JSONDecodeError and UnicodeDecodeError
-            raise _not_a_broker(self.url, "its answer is not JSON") from err
+            raise NotABrokerError.at(self.url, "its answer is not JSON") from err
 
 
 class Client:
@@ -111,19 +84,15 @@ class Client:
     def __init__(self, urls: Sequence[str] | str, config_path: Path | str | None = None, *,
                  timeout: float = 30.0, retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
                  max_request_size: int = DEFAULT_MAX_REQUEST_SIZE) -> None:
-        given = [urls] if isinstance(urls, str) else list(urls)
         self.config_path = Path(config_path) if config_path is not None else None
         # The config file is read by open(), on a thread: nothing here touches the disk.
-        self.urls = _unique([_base(u) for u in given])
-        if not self.urls and self.config_path is None:
+        self.brokers = Brokers([urls] if isinstance(urls, str) else urls)
+        if not self.brokers.urls and self.config_path is None:
             raise InvalidURLError("no broker URL given")
-        self.leader: str | None = None
         self.timeout = timeout
         self.retry_timeout = retry_timeout
         self.max_request_size = max_request_size
-        self._current = 0
         self._session: aiohttp.ClientSession | None = None
-        self._reached = False  # whether any broker URL ever answered
 
     async def __aenter__(self) -> Client:
         await self.open()
@@ -135,9 +104,8 @@ class Client:
     async def open(self) -> None:
         """Read the config file, create the HTTP session (``async with`` does this)."""
         if self.config_path is not None:
-            saved = await asyncio.to_thread(_saved_urls, self.config_path)
-            self.urls = _unique([*self.urls, *saved])
-            if not self.urls:
+            self.brokers.add(await asyncio.to_thread(_saved_urls, self.config_path))
+            if not self.brokers.urls:
                 raise InvalidURLError(f"no broker URL given, and none in {self.config_path}")
         if self._session is None:
             self._session = aiohttp.ClientSession(
@@ -157,96 +125,131 @@ class Client:
             raise ConnStateError("the client is not open: use 'async with Client(...)'")
         return self._session
 
+    @property
+    def urls(self) -> list[str]:
+        """The broker URLs this client knows (``scheme://host:port``)."""
+        return self.brokers.urls
+
+    @property
+    def leader(self) -> str | None:
+        """The broker a 307 last pointed at, tried first for writes."""
+        return self.brokers.leader
+
+    @property
+    def reached(self) -> bool:
+        """Whether any broker ever answered this client."""
+        return self.brokers.reached
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """Backoff and give-up rules, with ``retry_timeout`` as the time budget."""
+        return RetryPolicy(budget=self.retry_timeout)
+
     # -- requests with failover -------------------------------------------------------------
-
-    def _candidates(self, write: bool) -> list[str]:
-        start = self._current % len(self.urls)
-        ordered = self.urls[start:] + self.urls[:start]
-        if write and self.leader:
-            ordered = [self.leader, *[u for u in ordered if u != self.leader]]
-        return ordered
-
-    def _follow(self, target: str, location: str) -> str:
-        leader = _base(urljoin(target + "/", location))
-        self.leader = leader
-        if leader not in self.urls:
-            self.urls.append(leader)
-        return leader
-
-    def _gives_up_on_refusals(self, refused_rounds: int) -> bool:
-        """Refused everywhere, and no broker ever answered: nothing is listening, say so."""
-        return not self._reached and refused_rounds >= _REFUSED_ROUNDS
 
     async def request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
                       data: bytes | None = None, headers: dict[str, str] | None = None,
                       write: bool = False, idempotent: bool = True) -> Response:
-        """One API call with failover, redirects and (for idempotent calls) retries."""
+        """One API call with failover, redirects and (for idempotent calls) retries.
+
+        Reads, pings and heartbeats retry with backoff for ``retry_timeout`` seconds (503s
+        too); while no broker ever answered, a refused connection (or an unknown host) on
+        every URL is definitive after a few quick rounds. Only :class:`MessagingError`
+        subclasses leave it.
+        """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.retry_timeout
-        backoff = _BACKOFF_START
+        retry = Retry(self.retry_policy, started=loop.time())
         last_error: BaseException | None = None
         failures: dict[str, BaseException] = {}
-        refused_rounds = 0
         query = {k: str(v) for k, v in (params or {}).items() if v is not None}
         while True:
             refused_everywhere = True
-            for base in self._candidates(write):
-                redirects = 0
-                target: str | None = base
-                while target is not None:
-                    try:
-                        response = await self._once(method, target, path, query, data, headers)
-                    except aiohttp.ClientResponseError as err:
-                        raise _not_a_broker(target, "its answer is not valid HTTP") from err
-                    except _NOT_SENT as err:
-                        last_error = failures[target] = err
-                        refused_everywhere = refused_everywhere and _refused(err)
-                        self._rotate(base)
-                        break
-                    except _MAYBE_SENT as err:
-                        if not idempotent:
-                            raise PublishOutcomeUnknownError(
-                                f"{method} {target}{path}: {_describe(err)} after the request "
-                                "was sent; the publish may or may not have been applied",
-                            ) from err
-                        last_error = failures[target] = err
-                        refused_everywhere = False
-                        self._rotate(base)
-                        break
-                    self._reached = True
-                    refused_everywhere = False
-                    if response.status == 307 and redirects < _MAX_REDIRECTS:
-                        target = self._follow(target, response.headers.get("Location", target))
-                        redirects += 1
-                        continue
-                    if response.status == 503 and loop.time() < deadline:
-                        last_error = _error(response)
-                        target = None
-                        break
-                    if response.status >= 300:
-                        raise _error(response)
-                    return response
-            refused_rounds = refused_rounds + 1 if refused_everywhere else 0
-            if loop.time() >= deadline or self._gives_up_on_refusals(refused_rounds):
+            for base in self.brokers.order(write):
+                try:
+                    url, resp = await self._send(method, base, path, query, data, headers)
+                    async with resp:
+                        response = Response(resp.status, dict(resp.headers),
+                                            await _read(url, resp), url)
+                except _Failed as failed:
+                    if not idempotent and failed.sent:
+                        raise PublishOutcomeUnknownError(
+                            f"{method} {failed.url}{path}: {_describe(failed.err)} after the "
+                            "request was sent; the publish may or may not have been applied",
+                        ) from failed.err
+                    last_error = failures[failed.url] = failed.err
+                    refused_everywhere = refused_everywhere and _refused(failed.err)
+                    self.brokers.failed(base)
+                    continue
+                refused_everywhere = False
+                if response.status == 503 and not retry.exhausted(loop.time()):
+                    last_error = error_for_status(503, response.headers, response.url)
+                    continue
+                if response.status >= 300:
+                    raise error_for_status(response.status, response.headers, response.url)
+                return response
+            if not retry.failed(loop.time(), refused_everywhere=refused_everywhere,
+                                reached=self.brokers.reached):
                 if isinstance(last_error, MessagingError):
                     raise last_error
-                raise ConnectionFailedError(_unreachable(failures)) from last_error
-            await asyncio.sleep(min(backoff, max(deadline - loop.time(), 0)))
-            backoff = min(backoff * 2, _BACKOFF_MAX)
-            self.leader = None if isinstance(last_error, NoLeaderError) else self.leader
+                raise ConnectionFailedError(_unreachable(failures),
+                                            refused=refused_everywhere) from last_error
+            await asyncio.sleep(retry.delay(loop.time()))
+            if isinstance(last_error, NoLeaderError):
+                self.brokers.forget_leader()
 
-    async def _once(self, method: str, base: str, path: str, params: dict[str, str],
-                    data: bytes | None, headers: dict[str, str] | None) -> Response:
-        async with self.session.request(method, base + path, params=params, data=data,
-                                        headers=headers, allow_redirects=False) as resp:
-            body = await resp.read()
-            return Response(resp.status, dict(resp.headers), body, base)
+    @contextlib.asynccontextmanager
+    async def stream(self, path: str, params: dict[str, str],
+                     content_type: str) -> AsyncIterator[AsyncIterator[bytes]]:
+        """``GET path`` from the first broker that answers, its body as chunks while open.
 
-    def _rotate(self, failed: str) -> None:
-        if failed == self.leader:
-            self.leader = None
-        if failed in self.urls:
-            self._current = (self.urls.index(failed) + 1) % len(self.urls)
+        One round over the URLs (following 307s) and no retries: the caller resumes from
+        where it got to. :class:`ConnectionFailedError` when no broker could be reached or
+        the body broke off (``refused`` when every URL refused the connection); an error
+        answer, or one that is not ``content_type``, raises its :class:`MessagingError`.
+        """
+        failures: dict[str, BaseException] = {}
+        for base in self.brokers.order(write=False):
+            try:
+                url, resp = await self._send("GET", base, path, params)
+            except _Failed as failed:
+                failures[failed.url] = failed.err
+                self.brokers.failed(base)
+                continue
+            async with resp:
+                if resp.status >= 300:
+                    raise error_for_status(resp.status, resp.headers, url)
+                _check_content_type(url, resp.headers.get("Content-Type", ""), content_type)
+                yield _Chunks(url, resp)
+                return
+        raise ConnectionFailedError(
+            _unreachable(failures),
+            refused=bool(failures) and all(_refused(e) for e in failures.values()))
+
+    async def _send(self, method: str, base: str, path: str, params: dict[str, str],
+                    data: bytes | None = None, headers: dict[str, str] | None = None,
+                    ) -> tuple[str, aiohttp.ClientResponse]:
+        """Send to ``base``, following 307s: the broker that answered and its open answer.
+
+        A failed connection raises :class:`_Failed`; the caller reads and releases the answer.
+        """
+        url, hops = base, 0
+        while True:
+            try:
+                resp = await self.session.request(method, url + path, params=params, data=data,
+                                                  headers=headers, allow_redirects=False)
+            except aiohttp.ClientResponseError as err:
+                raise NotABrokerError.at(url, "its answer is not valid HTTP") from err
+            except _MAYBE_SENT as err:
+                raise _Failed(url, err) from err
+            self.brokers.answered(url)
+            following = None
+            if resp.status == 307:
+                location = resp.headers.get("Location", url)
+                following = self.brokers.redirected(url, location, hops)
+            if following is None:
+                return url, resp
+            resp.release()
+            url, hops = following, hops + 1
 
     # -- the API ----------------------------------------------------------------------------
 
@@ -282,8 +285,7 @@ class Client:
         response = await self.request("POST", "/messaging/ping", write=True)
         urls = _url_list(response)
         if urls:
-            self.urls = urls
-            self._current = 0
+            self.brokers.replace(urls)
             if self.config_path is not None:
                 await _save_urls(self.config_path, urls)
         return urls
@@ -293,7 +295,7 @@ class Client:
         response = await self.request("GET", "/messaging/topics")
         result = response.json()
         if not isinstance(result, list) or not all(isinstance(t, dict) for t in result):
-            raise _not_a_broker(response.url, "its topic list is not a JSON list of objects")
+            raise NotABrokerError.at(response.url, "its topic list is not a JSON list of objects")
         return result
 
     async def topic(self, topic: int, after: int | None = None,
@@ -322,7 +324,8 @@ class Client:
                 raise
             index = params["index"] = err.first_index
             response = await self.request("GET", "/messaging/messages", params=params)
-        _check_frames(response.url, response.headers.get("Content-Type", ""))
+        _check_content_type(response.url, response.headers.get("Content-Type", ""),
+                            FRAMES_CONTENT_TYPE)
         messages, used = decode(response.body, after=max(index - 1, 0))
         if used != len(response.body):
             raise CorruptFrameError("the broker's answer ended inside a frame")
@@ -353,7 +356,7 @@ def _saved_urls(path: Path) -> list[str]:
         raise ClientConfigError(f'invalid client config {path}: expected JSON '
                                 f'{{"urls": ["http://HOST:PORT", ...]}}')
     try:
-        return [_base(u) for u in urls]
+        return [base_url(u) for u in urls]
     except InvalidURLError as err:
         raise ClientConfigError(f"invalid client config {path}: {err}") from err
 
@@ -366,50 +369,26 @@ async def _save_urls(path: Path, urls: list[str]) -> None:
                                 f"{(err.strerror or str(err)).lower()}") from err
 
 
-def _not_a_broker(url: str, why: str) -> NotABrokerError:
-    return NotABrokerError(f"{url or 'the URL'} does not look like a messaging broker: {why}")
-
-
-def _error(response: Response) -> MessagingError:
-    """The error an answer of status >= 300 stands for."""
-    message = response.headers.get("X-Broker-Error")
-    if message is None:  # a web server, a proxy's error page: never dump its body
-        try:
-            phrase = f" {HTTPStatus(response.status).phrase}"
-        except ValueError:
-            phrase = ""
-        return _not_a_broker(response.url, f"it answered HTTP {response.status}{phrase}")
-    first_index = response.headers.get("X-Broker-First-Index")
-    if first_index is not None and not _is_index(first_index):
-        return _not_a_broker(response.url, f"invalid X-Broker-First-Index {first_index!r}")
-    return error_for_status(response.status, message.strip() or f"HTTP {response.status}",
-                            first_index)
-
-
-def _is_index(text: str) -> bool:
-    return text.isascii() and text.isdigit()
-
-
 def _broker_index(response: Response) -> int:
     value = response.headers.get("X-Broker-Index")
     if value is None:
-        raise _not_a_broker(response.url, "its answer has no X-Broker-Index")
-    if not _is_index(value):
-        raise _not_a_broker(response.url, f"invalid X-Broker-Index {value!r}")
+        raise NotABrokerError.at(response.url, "its answer has no X-Broker-Index")
+    if not is_unsigned(value):
+        raise NotABrokerError.at(response.url, f"invalid X-Broker-Index {value!r}")
     return int(value)
 
 
 def _json_object(response: Response) -> dict[str, Any]:
     result = response.json()
     if not isinstance(result, dict):
-        raise _not_a_broker(response.url, "its answer is not a JSON object")
+        raise NotABrokerError.at(response.url, "its answer is not a JSON object")
     return result
 
 
 def _index_field(response: Response, result: dict[str, Any], name: str) -> int:
     value = result.get(name)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise _not_a_broker(response.url, f"its answer has no valid {name!r} index")
+        raise NotABrokerError.at(response.url, f"its answer has no valid {name!r} index")
     return value
 
 
@@ -418,26 +397,22 @@ def _url_list(response: Response) -> list[str]:
     result = response.json()
     urls = result.get("urls") if isinstance(result, dict) else None
     if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
-        raise _not_a_broker(response.url, 'its answer is not {"urls": [...]}')
+        raise NotABrokerError.at(response.url, 'its answer is not {"urls": [...]}')
     try:
-        return _unique([_base(u) for u in urls])
+        return unique(base_url(u) for u in urls)
     except InvalidURLError as err:
-        raise _not_a_broker(response.url, f"it listed an {err}") from err
+        raise NotABrokerError.at(response.url, f"it listed an {err}") from err
 
 
-def _check_frames(url: str, content_type: str) -> None:
-    if content_type.split(";")[0].strip().lower() != FRAMES_CONTENT_TYPE:
-        raise _not_a_broker(url, f"it sent {content_type or 'no content type'}, not frames")
+def _check_content_type(url: str, content_type: str, wanted: str) -> None:
+    if content_type.split(";")[0].strip().lower() != wanted:
+        what = "frames" if wanted == FRAMES_CONTENT_TYPE else wanted
+        raise NotABrokerError.at(url, f"it sent {content_type or 'no content type'}, not {what}")
 
 
 def _refused(err: BaseException) -> bool:
-    """Whether a connection failed definitively: refused, or a host name that does not exist."""
-    if not isinstance(err, aiohttp.ClientConnectorError):
-        return False
-    os_error = err.os_error
-    if isinstance(os_error, socket.gaierror):
-        return os_error.errno == socket.EAI_NONAME
-    return isinstance(os_error, ConnectionRefusedError) or os_error.errno == errno.ECONNREFUSED
+    """Whether a connection failed definitively (see :func:`messaging.failover.refused`)."""
+    return isinstance(err, aiohttp.ClientConnectorError) and refused(err.os_error)
 
 
 def _describe(err: BaseException) -> str:
@@ -460,12 +435,12 @@ def _describe(err: BaseException) -> str:
 
 
 def _describe_os_error(err: OSError) -> str:
-    if isinstance(err, ConnectionRefusedError) or err.errno == errno.ECONNREFUSED:
-        return "connection refused"
     if isinstance(err, socket.gaierror):
         if err.errno == socket.EAI_NONAME:
             return "unknown host"
         return f"host name lookup failed ({(err.strerror or 'no reason given').lower()})"
+    if refused(err):
+        return "connection refused"
     if isinstance(err, TimeoutError):
         return "timed out"
     if err.strerror:
@@ -482,10 +457,6 @@ def _unreachable(failures: dict[str, BaseException]) -> str:
     return f"cannot connect to any broker ({reasons or 'no URL tried'})"
 
 
-def _unique(items: list[str]) -> list[str]:
-    return list(dict.fromkeys(items))
-
-
 def _split(datas: Sequence[bytes], max_bytes: int) -> Iterator[Sequence[bytes]]:
     start = 0
     size = 0
@@ -498,271 +469,44 @@ def _split(datas: Sequence[bytes], max_bytes: int) -> Iterator[Sequence[bytes]]:
     yield datas[start:]
 
 
-@dataclass(frozen=True, slots=True)
-class MessageBatch:
-    """Verified frames of one topic over one buffer; messages are decoded only when asked."""
+class _Failed(Exception):
+    """A connection to ``url`` failed with ``err``; never leaves this module."""
 
-    topic: int
-    buffer: bytes
-    count: int
-    first: int
-    last: int
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __iter__(self) -> Iterator[Message]:
-        return iter(self.messages())
-
-    def messages(self) -> list[Message]:
-        """Decode every message of the batch."""
-        return decode(self.buffer)[0]
-
-
-class _End:
-    """Queued by the reader task when a non-streaming read reached the end of the topic."""
-
-
-class _ReadFailed(Exception):
-    """One read attempt of a Conn failed for reasons worth retrying; never leaves this module."""
-
-    def __init__(self, failures: dict[str, BaseException]) -> None:
-        super().__init__(_unreachable(failures))
-        self.failures = failures
+    def __init__(self, url: str, err: BaseException) -> None:
+        super().__init__(url, err)
+        self.url = url
+        self.err = err
 
     @property
-    def refused(self) -> bool:
-        """Whether every URL refused the connection (nothing listens there)."""
-        return bool(self.failures) and all(_refused(e) for e in self.failures.values())
+    def sent(self) -> bool:
+        """Whether the request may have reached the broker."""
+        return not isinstance(self.err, _NOT_SENT)
 
 
-class Conn:
-    """A subscription: ``await conn.open(index)``, then ``async for message in conn``.
+async def _read(url: str, resp: aiohttp.ClientResponse) -> bytes:
+    """The whole body of an answer; :class:`_Failed` if it breaks off."""
+    try:
+        return await resp.read()
+    except _MAYBE_SENT as err:
+        raise _Failed(url, err) from err
 
-    A background task reads the stream (reconnecting from ``index + 1`` with backoff after a
-    break, so nothing is re-delivered or skipped) and another heartbeats :attr:`index`. When
-    no broker answers for the client's ``retry_timeout`` (or, before any broker ever answered,
-    every URL refuses the connection), iteration raises :class:`ConnectionFailedError`.
-    """
 
-    def __init__(self, client: Client, topic: int, data_url: str | None,
-                 heartbeat_interval: float) -> None:
-        self.client = client
-        self.topic = topic
-        self.data_url = data_url
-        self.heartbeat_interval = heartbeat_interval
-        self.index = 0
-        self.streaming = True
-        self._state = "new"
-        self._queue: asyncio.Queue[MessageBatch | BaseException | _End] = asyncio.Queue(
-            _QUEUE_CHUNKS)
-        self._current: list[Message] = []
-        self._current_batch: MessageBatch | None = None
-        self._position = 0
-        self._tasks: list[asyncio.Task[None]] = []
-        self._received = 0
-        self._from_first = False  # opened at index 0 and nothing received yet
-        self._answered = False  # the last read attempt got a 200
-        self.reconnects = 0
+class _Chunks:
+    """A streaming answer's body as chunks; a break becomes :class:`ConnectionFailedError`."""
 
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._state == "closed"
+    def __init__(self, url: str, response: aiohttp.ClientResponse) -> None:
+        self.url = url
+        self._response = response
 
-    async def open(self, index: int = 0, streaming: bool = True) -> None:
-        """Start reading from ``index`` (inclusive); non-streaming stops at the topic's end.
-
-        ``index`` 0 starts at the first index retention kept; reading from a nonzero index
-        that retention deleted raises :class:`TopicTruncatedError` while iterating.
-        """
-        if self._state == "closed":
-            raise ConnClosedError("this Conn is closed; create a new one")
-        if self._state == "open":
-            raise ConnStateError("this Conn is already open")
-        self._state = "open"
-        self.streaming = streaming
-        self.index = self._received = max(index - 1, 0)
-        self._from_first = index == 0
-        self._tasks.append(asyncio.create_task(self._read_loop(), name="messaging-conn-read"))
-        if self.data_url:
-            self._tasks.append(asyncio.create_task(self._heartbeat_loop(),
-                                                   name="messaging-conn-heartbeat"))
-
-    async def close(self) -> None:
-        """End the iteration and stop the background tasks."""
-        if self._state == "closed":
-            return
-        was_open = self._state == "open"
-        self._state = "closed"
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
-        while not self._queue.empty():
-            self._queue.get_nowait()
-        self._queue.put_nowait(_End())
-        if was_open and self.data_url and self.index:
-            with contextlib.suppress(MessagingError, *_MAYBE_SENT):
-                await self.client.heartbeat(self.topic, self.index, self.data_url)
-
-    async def __aenter__(self) -> Conn:
+    def __aiter__(self) -> _Chunks:
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    def __aiter__(self) -> Conn:
-        return self
-
-    async def __anext__(self) -> Message:
-        if self._position < len(self._current):
-            message = self._current[self._position]
-            self._position += 1
-            self.index = message.index
-            return message
-        batch = await self._next_batch()
-        self._current_batch = batch
-        self._current = batch.messages()
-        self._position = 1
-        message = self._current[0]
-        self.index = message.index
-        return message
-
-    async def batches(self) -> AsyncIterator[MessageBatch]:
-        """Messages in batches over one buffer each (no Python object per message)."""
-        if self._position < len(self._current) and self._current_batch is not None:
-            # Hand over the rest of the current buffer as it came: the publisher's CRCs intact.
-            rest = self._current[self._position:]
-            used = sum(HEADER_SIZE + len(m.data) for m in self._current[:self._position])
-            self._position = len(self._current)
-            self.index = rest[-1].index
-            yield MessageBatch(self.topic, self._current_batch.buffer[used:], len(rest),
-                               rest[0].index, rest[-1].index)
-        while True:
-            try:
-                batch = await self._next_batch()
-            except StopAsyncIteration:
-                return
-            self.index = batch.last
-            yield batch
-
-    async def _next_batch(self) -> MessageBatch:
-        if self._state == "new":
-            raise ConnStateError("open() the Conn before iterating it")
-        if self._state == "closed":
-            raise ConnClosedError("this Conn is closed")
-        item = await self._queue.get()
-        if isinstance(item, _End):
-            if self._state != "closed":
-                self._queue.put_nowait(item)  # a finished read: later calls end too
+    async def __anext__(self) -> bytes:
+        try:
+            data = await self._response.content.readany()
+        except _MAYBE_SENT as err:
+            raise ConnectionFailedError(_unreachable({self.url: err}),
+                                        refused=_refused(err)) from err
+        if not data:
             raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    async def _read_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        backoff = _BACKOFF_START
-        failures = 0
-        refused_rounds = 0
-        failing_since: float | None = None
-        error: MessagingError | None
-        while True:
-            before = self._received
-            self._answered = False
-            try:
-                finished = await self._read_once()
-            except TopicTruncatedError as err:
-                if not self._from_first or err.first_index - 1 <= self._received:
-                    await self._queue.put(err)
-                    return
-                # Opened at 0 ("from the first kept"): start where retention left off.
-                log.info("topic %d: starting at the first kept index %d", self.topic,
-                         err.first_index)
-                self._received = err.first_index - 1
-                continue
-            except _ReadFailed as err:
-                finished, error, refused = False, ConnectionFailedError(str(err)), err.refused
-            except MessagingError as err:  # a broken frame or a 503 may pass; others won't
-                if not isinstance(err, CorruptFrameError) and err.status != 503:
-                    await self._queue.put(err)
-                    return
-                finished, error, refused = False, err, False
-            else:
-                error, refused = None, False
-            if finished:
-                await self._queue.put(_End())
-                return
-            if self._received > before:  # it was making progress: reconnect at once
-                backoff = _BACKOFF_START
-                failures = 0
-            if self._answered:
-                failing_since = None
-            if error is not None:
-                now = loop.time()
-                failing_since = now if failing_since is None else failing_since
-                failures += 1
-                refused_rounds = refused_rounds + 1 if refused else 0
-                log.info("topic %d: read failed after index %d (%s); retrying", self.topic,
-                         self._received, error)
-                if (now - failing_since >= self.client.retry_timeout or failures > 1000
-                        or self.client._gives_up_on_refusals(refused_rounds)):
-                    await self._queue.put(error)
-                    return
-            self.reconnects += 1
-            await asyncio.sleep(backoff * (0.5 + random.random()))
-            backoff = min(backoff * 2, _BACKOFF_MAX)
-
-    async def _read_once(self) -> bool:
-        """One GET; returns whether it reached the end of a non-streaming read."""
-        client = self.client
-        params = {"topicID": str(self.topic), "index": str(self._received + 1),
-                  "streaming": "true" if self.streaming else "false"}
-        failures: dict[str, BaseException] = {}
-        for base in client._candidates(write=False):
-            try:
-                resp = await client.session.get(base + "/messaging/messages", params=params,
-                                                allow_redirects=False)
-            except aiohttp.ClientResponseError as err:
-                raise _not_a_broker(base, "its answer is not valid HTTP") from err
-            except _MAYBE_SENT as err:
-                failures[base] = err
-                client._rotate(base)
-                continue
-            client._reached = True
-            try:
-                async with resp:
-                    if resp.status >= 300:
-                        body = await resp.read()
-                        raise _error(Response(resp.status, dict(resp.headers), body, base))
-                    _check_frames(base, resp.headers.get("Content-Type", ""))
-                    self._answered = True
-                    return await self._consume(resp)
-            except _MAYBE_SENT as err:  # the stream broke: resume from the same broker
-                raise _ReadFailed({base: err}) from err
-        raise _ReadFailed(failures)
-
-    async def _consume(self, resp: aiohttp.ClientResponse) -> bool:
-        decoder = BatchDecoder(after=self._received)
-        async for data in resp.content.iter_any():
-            for batch in decoder.feed(data):
-                self._received = batch.last
-                self._from_first = False
-                await self._queue.put(MessageBatch(self.topic, batch.buffer, batch.count,
-                                                   batch.first, batch.last))
-        decoder.finish()
-        return not self.streaming
-
-    async def _heartbeat_loop(self) -> None:
-        """Heartbeat at once (so retention keeps everything from the starting point on), then
-        every ``heartbeat_interval``."""
-        assert self.data_url is not None
-        while True:
-            try:
-                await self.client.heartbeat(self.topic, self.index, self.data_url)
-            except (MessagingError, *_MAYBE_SENT) as err:
-                log.info("topic %d: heartbeat failed: %s", self.topic, err)
-            await asyncio.sleep(self.heartbeat_interval)
+        return data

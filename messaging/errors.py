@@ -1,10 +1,20 @@
 """The one exception hierarchy of messaging.
 
 Every class carries the HTTP status it maps to; only :mod:`messaging.http` turns exceptions
-into responses, and the client turns responses back into the same classes.
+into responses, and :func:`error_for_status` turns them back into the same classes for the
+clients (from the status and headers, never by parsing the message).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from http import HTTPStatus
+
+#: The header every error answer of a broker carries: the error message.
+ERROR_HEADER = "X-Broker-Error"
+#: Headers of a 410 answer (see :class:`TopicTruncatedError`).
+FIRST_INDEX_HEADER = "X-Broker-First-Index"
+TOPIC_HEADER = "X-Broker-Topic"
 
 
 class MessagingError(Exception):
@@ -83,21 +93,28 @@ class NotFoundError(MessagingError):
 
 
 class TopicTruncatedError(MessagingError):
-    """A read below the first index that retention kept."""
+    """A read below the first index that retention kept.
+
+    ``topic`` is None only when a broker's answer did not name it.
+    """
 
     status = 410
 
-    def __init__(self, topic: int, first_index: int) -> None:
+    def __init__(self, topic: int | None, first_index: int) -> None:
+        where = f"topic {topic}: " if topic is not None else ""
         super().__init__(
-            f"topic {topic}: index below {first_index} was deleted by retention; "
+            f"{where}index below {first_index} was deleted by retention; "
             f"first available index is {first_index}"
         )
         self.topic = topic
         self.first_index = first_index
 
     def headers(self) -> dict[str, str]:
-        """The first index still available, for readers that resume from there."""
-        return {"X-Broker-First-Index": str(self.first_index)}
+        """The topic and its first index still available, for readers that resume there."""
+        headers = {FIRST_INDEX_HEADER: str(self.first_index)}
+        if self.topic is not None:
+            headers[TOPIC_HEADER] = str(self.topic)
+        return headers
 
 
 class NoLeaderError(MessagingError):
@@ -142,9 +159,16 @@ class ClientError(MessagingError):
 
 
 class ConnectionFailedError(ClientError):
-    """No broker URL could be reached."""
+    """No broker URL could be reached (or a stream from one broke).
+
+    ``refused``: every URL refused the connection or named no host, so nothing listens there.
+    """
 
     status = 503
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class PublishOutcomeUnknownError(ClientError):
@@ -157,11 +181,11 @@ class PublishOutcomeUnknownError(ClientError):
 
 
 class ConnClosedError(ClientError):
-    """A :class:`messaging.client.Conn` was used after ``close()``."""
+    """A :class:`messaging.conn.Conn` was used after ``close()``."""
 
 
 class ConnStateError(ClientError):
-    """A :class:`messaging.client.Conn` was used in the wrong state (opened twice, not opened)."""
+    """A :class:`messaging.conn.Conn` was used in the wrong state (opened twice, not opened)."""
 
 
 class InvalidURLError(ClientError):
@@ -180,6 +204,11 @@ class NotABrokerError(ClientError):
 
     status = 502
 
+    @classmethod
+    def at(cls, url: str, why: str) -> NotABrokerError:
+        """``URL does not look like a messaging broker: why``."""
+        return cls(f"{url or 'the URL'} does not look like a messaging broker: {why}")
+
 
 _BY_STATUS: dict[int, type[MessagingError]] = {
     400: BadRequestError,
@@ -191,16 +220,38 @@ _BY_STATUS: dict[int, type[MessagingError]] = {
 }
 
 
-def error_for_status(status: int, message: str, first_index: str | None = None,
-                     ) -> MessagingError:
-    """The exception a client raises for an error response.
+def error_for_status(status: int, headers: Mapping[str, str], url: str = "") -> MessagingError:
+    """The exception an error answer (status >= 300) of the broker at ``url`` stands for.
 
-    ``first_index`` is the ``X-Broker-First-Index`` header of a 410.
+    Read from the status and headers (names in any case), never from the body: the message
+    is ``X-Broker-Error``; a 410 with ``X-Broker-First-Index`` is a
+    :class:`TopicTruncatedError` for the topic in ``X-Broker-Topic``. An answer without
+    ``X-Broker-Error`` (a web server's or a proxy's error page) or with a broker header that
+    is not an unsigned integer is a :class:`NotABrokerError`.
     """
+    found = {name.lower(): (name, value) for name, value in headers.items()}
+    _, message = found.get(ERROR_HEADER.lower(), ("", None))
+    if message is None:
+        try:
+            phrase = f" {HTTPStatus(status).phrase}"
+        except ValueError:
+            phrase = ""
+        return NotABrokerError.at(url, f"it answered HTTP {status}{phrase}")
+    numbers = {}
+    for wanted in (FIRST_INDEX_HEADER, TOPIC_HEADER):
+        name, value = found.get(wanted.lower(), (wanted, None))
+        if value is not None and not is_unsigned(value):
+            return NotABrokerError.at(url, f"invalid {name} {value!r}")
+        numbers[wanted] = None if value is None else int(value)
+    first_index = numbers[FIRST_INDEX_HEADER]
     if status == 410 and first_index is not None:
-        topic = message.split()[1].rstrip(":") if message.startswith("topic ") else "0"
-        return TopicTruncatedError(int(topic) if topic.isdigit() else 0, int(first_index))
+        return TopicTruncatedError(numbers[TOPIC_HEADER], first_index)
     cls = _BY_STATUS.get(status, MessagingError)
-    error = cls(message)
+    error = cls(message.strip() or f"HTTP {status}")
     error.status = status
     return error
+
+
+def is_unsigned(text: str) -> bool:
+    """Whether a header value is an unsigned decimal integer (ASCII digits only)."""
+    return text.isascii() and text.isdigit()

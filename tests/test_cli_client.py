@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -10,6 +11,7 @@ import time
 from aiohttp import web
 
 from messaging.client import DEFAULT_RETRY_TIMEOUT, Client
+from messaging.server import BrokerServer
 from tests.conftest import StartServer, cli
 from tests.proxy import dead_url
 from tests.test_client import fake_server, html_404
@@ -104,3 +106,46 @@ async def test_errors_read_as_a_user_wants() -> None:
         result, _ = await timed_cli("ping", url)
         assert_one_line_error(result, f'{url} does not look like a messaging broker: its '
                                       'answer is not {"urls": [...]}')
+
+
+async def test_cli_commands(server: BrokerServer) -> None:
+    url = server.url
+    run = asyncio.to_thread
+    result = await run(cli, "publish", url, "7", "hello")
+    assert (result.returncode, result.stdout) == (0, "1\n")
+    result = await run(cli, "publish", url, "7", stdin="line one\nline two\n")
+    assert result.stdout.split() == ["2", "3"]
+    async with Client(url) as client:
+        await client.publish(7, b"\xff\x00binary")
+    result = await run(cli, "tail", url, "7")
+    assert result.stdout.splitlines() == ["1\t1\thello", "2\t1\tline one", "3\t1\tline two",
+                                          "4\t1\t0xff0062696e617279"]
+    result = await run(cli, "tail", url, "7", "--from", "3", "--format", "json")
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert lines[0] == {"index": 3, "topic": 7, "type": 1, "data": "line two"}
+    assert lines[1]["data_base64"] == "/wBiaW5hcnk="
+    result = await run(cli, "topics", url)
+    assert result.returncode == 0 and "SUBSCRIBERS" in result.stdout
+    assert result.stdout.splitlines()[1].split()[:3] == ["7", "1", "4"]
+    result = await run(cli, "ping", url)
+    assert result.stdout.strip() == url
+
+
+async def test_cli_tail_into_a_closed_pipe(server: BrokerServer) -> None:
+    async with Client(server.url) as client:
+        await client.publish_batch(8, [b"line %d" % i for i in range(20_000)])
+    proc = await asyncio.create_subprocess_shell(
+        f"{sys.executable} -m messaging.cli tail {server.url} 8 | head -2",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert out.decode().splitlines() == ["1\t1\tline 0", "2\t1\tline 1"]
+    assert b"Traceback" not in err
+
+
+async def test_cli_errors_are_one_line(server: BrokerServer) -> None:
+    url = dead_url()
+    result = await asyncio.to_thread(cli, "ping", url)
+    assert result.returncode == 1
+    assert result.stderr == f"messaging: cannot connect to {url}: connection refused\n"
+    result = await asyncio.to_thread(cli, "tail", server.url, "x")
+    assert result.returncode == 2 and "invalid number 'x'" in result.stderr

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
+import http.server
 import json
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +16,11 @@ from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import SparkSession
 
 from messaging.client import Client
+from messaging.errors import ConnectionFailedError
+from messaging.message import encode_batch
+from messaging.spark.broker_http import BrokerHTTP
 from tests.conftest import BrokerProcess
+from tests.proxy import dead_url
 
 
 def publish(url: str, topic: int, datas: list[bytes]) -> tuple[int, int]:
@@ -196,3 +204,48 @@ def test_example_pipeline_end_to_end(spark: SparkSession, spark_broker: BrokerPr
 
     published = [json.loads(m.data) for m in asyncio.run(read_back())]
     assert sum(p["events"] for p in published) == 500
+
+
+@contextlib.contextmanager
+def redirecting_server(target: str) -> Iterator[str]:
+    """An HTTP server on 127.0.0.1 answering every request with a 307 to ``target``."""
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(307)
+            self.send_header("Location", target + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def test_broker_http_fails_over_and_follows_redirects(spark_broker: BrokerProcess) -> None:
+    url = spark_broker.url
+    _, last = publish(url, 71, [b"h"])
+    broker = BrokerHTTP([dead_url(), url])
+    assert (broker.topic(71) or {}).get("last_index") == last
+    assert broker.brokers.order(write=False)[0] == url  # past the URL that refused
+    with redirecting_server(url) as redirecting:
+        broker = BrokerHTTP([redirecting])
+        broker.publish_frames(encode_batch(71, [b"redirected"], 1))
+        assert broker.brokers.leader == url
+        assert (broker.topic(71) or {}).get("last_index", 0) > last
+    dead = dead_url()
+    with pytest.raises(ConnectionFailedError, match=f"^no broker reachable: {dead}: ") as info:
+        BrokerHTTP([dead]).topic(71)
+    assert info.value.refused

@@ -1,0 +1,290 @@
+"""Conn, a subscription to one topic, and MessageBatch, the verified frames it hands out.
+
+A Conn owns two background tasks: a reader that keeps one GET of the topic open (resuming from
+the last received index + 1 after a break, so nothing is re-delivered or skipped) and a
+heartbeat that reports the processed index. It talks to brokers only through the small
+:class:`BrokerClient` protocol (which :class:`messaging.client.Client` implements) and decides
+when to give up with :mod:`messaging.failover`'s :class:`~messaging.failover.Retry`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from messaging.errors import (
+    ConnClosedError,
+    ConnectionFailedError,
+    ConnStateError,
+    CorruptFrameError,
+    MessagingError,
+    TopicTruncatedError,
+)
+from messaging.failover import Retry, RetryPolicy
+from messaging.message import FRAMES_CONTENT_TYPE, HEADER_SIZE, BatchDecoder, Message, decode
+
+log = logging.getLogger(__name__)
+
+_QUEUE_CHUNKS = 16
+_MESSAGES_PATH = "/messaging/messages"
+
+
+class BrokerClient(Protocol):
+    """What a Conn needs from its client (:class:`messaging.client.Client`)."""
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """How long and how often to retry."""
+        ...
+
+    @property
+    def reached(self) -> bool:
+        """Whether any broker ever answered."""
+        ...
+
+    def stream(self, path: str, params: dict[str, str],
+               content_type: str) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
+        """An open GET's body as chunks; one round over the brokers, no retries."""
+        ...
+
+    async def heartbeat(self, topic: int, index: int, url: str) -> None:
+        """Report that subscriber ``url`` processed ``topic`` through ``index``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class MessageBatch:
+    """Verified frames of one topic over one buffer; messages are decoded only when asked."""
+
+    topic: int
+    buffer: bytes
+    count: int
+    first: int
+    last: int
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[Message]:
+        return iter(self.messages())
+
+    def messages(self) -> list[Message]:
+        """Decode every message of the batch."""
+        return decode(self.buffer)[0]
+
+
+class _End:
+    """Queued by the reader task when a non-streaming read reached the end of the topic."""
+
+
+class Conn:
+    """A subscription: ``await conn.open(index)``, then ``async for message in conn``.
+
+    A background task reads the stream (reconnecting from ``index + 1`` with backoff after a
+    break, so nothing is re-delivered or skipped) and another heartbeats :attr:`index`. When
+    no broker answers for the client's ``retry_timeout`` (or, before any broker ever answered,
+    every URL refuses the connection), iteration raises :class:`ConnectionFailedError`.
+    """
+
+    def __init__(self, client: BrokerClient, topic: int, data_url: str | None,
+                 heartbeat_interval: float) -> None:
+        self.client = client
+        self.topic = topic
+        self.data_url = data_url
+        self.heartbeat_interval = heartbeat_interval
+        self.index = 0
+        self.streaming = True
+        self._state = "new"
+        self._queue: asyncio.Queue[MessageBatch | BaseException | _End] = asyncio.Queue(
+            _QUEUE_CHUNKS)
+        self._current: list[Message] = []
+        self._current_batch: MessageBatch | None = None
+        self._position = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._received = 0
+        self._from_first = False  # opened at index 0 and nothing received yet
+        self._answered = False  # the last read attempt got a 200
+        self.reconnects = 0
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._state == "closed"
+
+    async def open(self, index: int = 0, streaming: bool = True) -> None:
+        """Start reading from ``index`` (inclusive); non-streaming stops at the topic's end.
+
+        ``index`` 0 starts at the first index retention kept; reading from a nonzero index
+        that retention deleted raises :class:`TopicTruncatedError` while iterating.
+        """
+        if self._state == "closed":
+            raise ConnClosedError("this Conn is closed; create a new one")
+        if self._state == "open":
+            raise ConnStateError("this Conn is already open")
+        self._state = "open"
+        self.streaming = streaming
+        self.index = self._received = max(index - 1, 0)
+        self._from_first = index == 0
+        self._tasks.append(asyncio.create_task(self._read_loop(), name="messaging-conn-read"))
+        if self.data_url:
+            self._tasks.append(asyncio.create_task(self._heartbeat_loop(),
+                                                   name="messaging-conn-heartbeat"))
+
+    async def close(self) -> None:
+        """End the iteration and stop the background tasks."""
+        if self._state == "closed":
+            return
+        was_open = self._state == "open"
+        self._state = "closed"
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self._queue.put_nowait(_End())
+        if was_open and self.data_url and self.index:
+            with contextlib.suppress(MessagingError):
+                await self.client.heartbeat(self.topic, self.index, self.data_url)
+
+    async def __aenter__(self) -> Conn:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __aiter__(self) -> Conn:
+        return self
+
+    async def __anext__(self) -> Message:
+        if self._position < len(self._current):
+            message = self._current[self._position]
+            self._position += 1
+            self.index = message.index
+            return message
+        batch = await self._next_batch()
+        self._current_batch = batch
+        self._current = batch.messages()
+        self._position = 1
+        message = self._current[0]
+        self.index = message.index
+        return message
+
+    async def batches(self) -> AsyncIterator[MessageBatch]:
+        """Messages in batches over one buffer each (no Python object per message)."""
+        if self._position < len(self._current) and self._current_batch is not None:
+            # Hand over the rest of the current buffer as it came: the publisher's CRCs intact.
+            rest = self._current[self._position:]
+            used = sum(HEADER_SIZE + len(m.data) for m in self._current[:self._position])
+            self._position = len(self._current)
+            self.index = rest[-1].index
+            yield MessageBatch(self.topic, self._current_batch.buffer[used:], len(rest),
+                               rest[0].index, rest[-1].index)
+        while True:
+            try:
+                batch = await self._next_batch()
+            except StopAsyncIteration:
+                return
+            self.index = batch.last
+            yield batch
+
+    async def _next_batch(self) -> MessageBatch:
+        if self._state == "new":
+            raise ConnStateError("open() the Conn before iterating it")
+        if self._state == "closed":
+            raise ConnClosedError("this Conn is closed")
+        item = await self._queue.get()
+        if isinstance(item, _End):
+            if self._state != "closed":
+                self._queue.put_nowait(item)  # a finished read: later calls end too
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    async def _read_loop(self) -> None:
+        try:
+            await self._read_until_done()
+        except Exception as err:  # a bug: let the iteration raise it rather than hang
+            log.exception("topic %d: the reader failed", self.topic)
+            await self._queue.put(err)
+
+    async def _read_until_done(self) -> None:
+        """Read, resume and retry until the end, a definitive error, or cancellation."""
+        loop = asyncio.get_running_loop()
+        retry = Retry(self.client.retry_policy)
+        error: MessagingError | None
+        while True:
+            before = self._received
+            self._answered = False
+            try:
+                finished = await self._read_once()
+            except TopicTruncatedError as err:
+                if not self._from_first or err.first_index - 1 <= self._received:
+                    await self._queue.put(err)
+                    return
+                # Opened at 0 ("from the first kept"): start where retention left off.
+                log.info("topic %d: starting at the first kept index %d", self.topic,
+                         err.first_index)
+                self._received = err.first_index - 1
+                continue
+            except ConnectionFailedError as err:
+                finished, error, refused = False, err, err.refused
+            except MessagingError as err:  # a broken frame or a 503 may pass; others won't
+                if not isinstance(err, CorruptFrameError) and err.status != 503:
+                    await self._queue.put(err)
+                    return
+                finished, error, refused = False, err, False
+            else:
+                error, refused = None, False
+            if finished:
+                await self._queue.put(_End())
+                return
+            if self._received > before:  # it was making progress: reconnect at once
+                retry.progressed()
+            if self._answered:
+                retry.succeeded()
+            if error is not None:
+                log.info("topic %d: read failed after index %d (%s); retrying", self.topic,
+                         self._received, error)
+                if not retry.failed(loop.time(), refused_everywhere=refused,
+                                    reached=self.client.reached):
+                    await self._queue.put(error)
+                    return
+            self.reconnects += 1
+            await asyncio.sleep(retry.delay(loop.time(), jitter=0.5 + random.random()))
+
+    async def _read_once(self) -> bool:
+        """One GET; returns whether it reached the end of a non-streaming read."""
+        params = {"topicID": str(self.topic), "index": str(self._received + 1),
+                  "streaming": "true" if self.streaming else "false"}
+        async with self.client.stream(_MESSAGES_PATH, params, FRAMES_CONTENT_TYPE) as chunks:
+            self._answered = True
+            decoder = BatchDecoder(after=self._received)
+            async for data in chunks:
+                for batch in decoder.feed(data):
+                    self._received = batch.last
+                    self._from_first = False
+                    await self._queue.put(MessageBatch(self.topic, batch.buffer, batch.count,
+                                                       batch.first, batch.last))
+            decoder.finish()
+        return not self.streaming
+
+    async def _heartbeat_loop(self) -> None:
+        """Heartbeat at once (so retention keeps everything from the starting point on), then
+        every ``heartbeat_interval``."""
+        assert self.data_url is not None
+        while True:
+            try:
+                await self.client.heartbeat(self.topic, self.index, self.data_url)
+            except MessagingError as err:
+                log.info("topic %d: heartbeat failed: %s", self.topic, err)
+            await asyncio.sleep(self.heartbeat_interval)

@@ -1,0 +1,133 @@
+"""BrokerHTTP: the synchronous HTTP client of the Spark data source (driver and executors).
+
+Spark's Python workers have no event loop, so this is :mod:`http.client`, not the async
+:class:`messaging.client.Client`; which broker to try, 307s and retries follow the same rules,
+:mod:`messaging.failover`'s. Error answers become the :mod:`messaging.errors` classes.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+from messaging.errors import (
+    ConnectionFailedError,
+    MessagingError,
+    NoLeaderError,
+    error_for_status,
+)
+from messaging.failover import Brokers, Retry, RetryPolicy, refused
+from messaging.message import FRAMES_CONTENT_TYPE
+
+
+class BrokerHTTP:
+    """Requests to a broker or cluster: failover across URLs, 307 following, retries.
+
+    ``retry_timeout`` is the time budget for retrying failed rounds over the URLs (0, the
+    default: one round, then fail; Spark retries the task).
+    """
+
+    def __init__(self, urls: Sequence[str], timeout: float = 60.0,
+                 retry_timeout: float = 0.0) -> None:
+        if not urls:
+            raise MessagingError("no broker URL given (option url or urls)")
+        self.brokers = Brokers(urls)
+        self.timeout = timeout
+        self.policy = RetryPolicy(budget=retry_timeout)
+
+    def _connect(self, base: str) -> http.client.HTTPConnection:
+        parts = urlsplit(base)
+        assert parts.hostname is not None  # Brokers only holds scheme://host:port
+        if parts.scheme == "https":
+            return http.client.HTTPSConnection(parts.hostname, parts.port or 443,
+                                               timeout=self.timeout)
+        return http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=self.timeout)
+
+    def open(self, method: str, path: str, params: dict[str, Any] | None = None,
+             body: bytes | None = None, headers: dict[str, str] | None = None,
+             ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """Send a request; returns the open connection and response (caller closes)."""
+        query = urlencode({k: v for k, v in (params or {}).items() if v is not None})
+        target = path + ("?" + query if query else "")
+        retry = Retry(self.policy, started=time.monotonic())
+        errors: dict[str, str] = {}
+        last_error: MessagingError | None = None
+        while True:
+            refused_everywhere = True
+            for base in self.brokers.order(write=method != "GET"):
+                url: str | None = base
+                hops = 0
+                while url is not None:
+                    conn = self._connect(url)
+                    try:
+                        conn.request(method, target, body=body, headers=headers or {})
+                        response = conn.getresponse()
+                    except OSError as err:
+                        conn.close()
+                        errors[url] = str(err)
+                        refused_everywhere = refused_everywhere and refused(err)
+                        self.brokers.failed(base)
+                        break
+                    self.brokers.answered(url)
+                    refused_everywhere = False
+                    if response.status < 300:
+                        return conn, response
+                    following = None
+                    if response.status == 307:
+                        following = self.brokers.redirected(
+                            url, response.getheader("Location", url), hops)
+                    response.read()
+                    conn.close()
+                    if following is not None:
+                        url, hops = following, hops + 1
+                        continue
+                    error = error_for_status(response.status, dict(response.getheaders()), url)
+                    if response.status != 503 or retry.exhausted(time.monotonic()):
+                        raise error
+                    last_error = error
+                    break
+            if not retry.failed(time.monotonic(), refused_everywhere=refused_everywhere,
+                                reached=self.brokers.reached):
+                if last_error is not None:
+                    raise last_error
+                reasons = "; ".join(f"{url}: {why}" for url, why in errors.items())
+                raise ConnectionFailedError(f"no broker reachable: {reasons}",
+                                            refused=refused_everywhere)
+            time.sleep(retry.delay(time.monotonic()))
+            if isinstance(last_error, NoLeaderError):
+                self.brokers.forget_leader()
+
+    def json(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        """GET a JSON answer."""
+        conn, response = self.open("GET", path, params)
+        try:
+            return json.loads(response.read())
+        finally:
+            conn.close()
+
+    def topic(self, topic: int, after: int | None = None, count: int | None = None,
+              ) -> dict[str, Any] | None:
+        """A topic's description, or None if it has no messages yet."""
+        try:
+            result: dict[str, Any] = self.json(f"/messaging/topics/{topic}",
+                                               {"after": after, "count": count})
+        except MessagingError as err:
+            if err.status == 404:
+                return None
+            raise
+        return result
+
+    def broker_index(self) -> int:
+        """The broker index (the last index assigned in any topic)."""
+        return int(self.json("/messaging/diagnostics")["index"])
+
+    def publish_frames(self, body: bytes) -> None:
+        """POST a body of frames (all or nothing)."""
+        conn, response = self.open("POST", "/messaging/messages", body=body,
+                                   headers={"Content-Type": FRAMES_CONTENT_TYPE})
+        response.read()
+        conn.close()

@@ -1,0 +1,227 @@
+"""Reading topics into Spark: offsets, planning, partitions and the stream and batch readers.
+
+Offsets are ``{"<topic>": <next index>}``. An input partition is a self-contained (topic,
+index range, broker URLs) chunk that an executor reads with one non-streaming GET, verifying
+every frame's CRC and index order and handing Spark Arrow record batches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from messaging.errors import CorruptFrameError, MessagingError, TopicTruncatedError
+from messaging.message import BatchDecoder, FrameBatch
+from messaging.spark.arrow import ARROW_BATCH_ROWS, frames_to_arrow
+from messaging.spark.broker_http import BrokerHTTP
+from messaging.spark.options import SourceOptions
+
+log = logging.getLogger(__name__)
+
+READ_BLOCK = 4 << 20
+
+
+@dataclass(frozen=True)
+class MessagingPartition(InputPartition):
+    """Messages ``start`` <= index < ``end`` of one topic, read straight from a broker."""
+
+    urls: tuple[str, ...]
+    topic: int
+    start: int
+    end: int
+    fail_on_data_loss: bool
+
+
+def read_partition(partition: MessagingPartition) -> Iterator[pa.RecordBatch]:
+    """Stream one partition's frames, verify every CRC and index order, yield Arrow batches."""
+    broker = BrokerHTTP(partition.urls)
+    start = partition.start
+    try:
+        conn, response = broker.open("GET", "/messaging/messages", {
+            "topicID": partition.topic, "index": start, "end": partition.end})
+    except TopicTruncatedError as err:
+        if partition.fail_on_data_loss:
+            raise TopicTruncatedError(partition.topic, err.first_index) from err
+        log.warning("topic %d: messages %d..%d were deleted by retention; continuing from %d "
+                    "(failOnDataLoss=false)", partition.topic, start, err.first_index - 1,
+                    err.first_index)
+        if err.first_index >= partition.end:
+            return
+        start = err.first_index
+        conn, response = broker.open("GET", "/messaging/messages", {
+            "topicID": partition.topic, "index": start, "end": partition.end})
+    decoder = BatchDecoder(after=max(start - 1, 0), max_count=ARROW_BATCH_ROWS, offsets=True)
+    try:
+        while block := response.read(READ_BLOCK):
+            for batch in _decoded(decoder, partition.topic, block):
+                assert batch.offsets is not None
+                yield frames_to_arrow(batch.buffer, batch.offsets)
+        _decoded(decoder, partition.topic, None)
+    finally:
+        conn.close()
+
+
+def _decoded(decoder: BatchDecoder, topic: int, block: bytes | None) -> list[FrameBatch]:
+    """Feed ``block`` (None: the end) to ``decoder``; damage names the topic."""
+    try:
+        if block is None:
+            decoder.finish()
+            return []
+        return decoder.feed(block)
+    except CorruptFrameError as err:
+        raise CorruptFrameError(f"topic {topic}: {err}") from err
+
+
+class Planner:
+    """Offset resolution and partition planning shared by batch and streaming reads."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self.broker = BrokerHTTP(options.urls)
+
+    def resolve(self, spec: str, topic_ids: list[int]) -> dict[str, int]:
+        """``earliest`` | ``latest`` | JSON ``{"<topic>": index}`` (-2 earliest, -1 latest)."""
+        if spec in ("earliest", "latest"):
+            per_topic: dict[str, Any] = {str(t): -2 if spec == "earliest" else -1
+                                         for t in topic_ids}
+        else:
+            try:
+                per_topic = json.loads(spec)
+                assert isinstance(per_topic, dict)
+            except (ValueError, AssertionError):
+                raise MessagingError(f"index spec {spec!r}: expected earliest, latest or JSON "
+                                     'like {"1": 10}') from None
+        offsets = {}
+        for topic in topic_ids:
+            value = per_topic.get(str(topic))
+            if value is None:
+                raise MessagingError(f"index spec {spec!r} names no index for topic {topic}")
+            offsets[str(topic)] = self._resolve_one(topic, int(value))
+        return offsets
+
+    def _resolve_one(self, topic: int, value: int) -> int:
+        if value >= 0:
+            return value
+        info = self.broker.topic(topic)
+        if value == -2:
+            return int(info["first_index"]) if info else 0
+        if info is not None:
+            return int(info["last_index"]) + 1
+        return self.broker.broker_index() + 1
+
+    def latest(self, topic_ids: list[int]) -> dict[str, int]:
+        """The offset just past each topic's last committed message."""
+        result = {}
+        for topic in topic_ids:
+            info = self.broker.topic(topic)
+            result[str(topic)] = int(info["last_index"]) + 1 if info and info["last_index"] else 0
+        return result
+
+    def advance(self, start: dict[str, int], ceiling: dict[str, int],
+                max_rows: int | None) -> dict[str, int]:
+        """``start`` moved toward ``ceiling``, at most ``max_rows`` messages in all."""
+        end = {}
+        behind = [t for t in start if ceiling.get(t, 0) > start[t]]
+        share = max(1, max_rows // max(len(behind), 1)) if max_rows else None
+        for key, begin in start.items():
+            top = max(ceiling.get(key, begin), begin)
+            if share is None or top <= begin:
+                end[key] = top
+                continue
+            info = self.broker.topic(int(key), after=begin, count=share)
+            nth = info.get("index") if info else None
+            end[key] = top if nth is None else min(int(nth) + 1, top)
+        return end
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[MessagingPartition]:
+        """Chunks of about ``partitionSize`` messages between the two offsets."""
+        parts = []
+        size = self.options.partition_size
+        for key, begin in start.items():
+            stop = end.get(key, begin)
+            topic = int(key)
+            while begin < stop:
+                info = self.broker.topic(topic, after=begin, count=size)
+                nth = info.get("index") if info else None
+                bound = stop if nth is None else min(int(nth) + 1, stop)
+                parts.append(MessagingPartition(self.options.urls, topic, begin, bound,
+                                                self.options.fail_on_data_loss))
+                begin = bound
+        return parts
+
+
+class MessagingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Structured Streaming reads with admission control and Trigger.AvailableNow."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = SourceOptions(options)
+        self.planner = Planner(self.options)
+        self.target: dict[str, int] | None = None
+
+    def initialOffset(self) -> dict[str, int]:
+        """Where a query without a checkpoint starts: option ``startingIndex``."""
+        return self.planner.resolve(self.options.starting, self.options.topics)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """At most ``maxRecordsPerTrigger`` rows per micro-batch, if given."""
+        if self.options.max_records:
+            return ReadMaxRows(self.options.max_records)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Fix the end of an availableNow query: every topic's end now."""
+        self.target = self.planner.latest(self.options.topics)
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        """The end of the next micro-batch, within ``limit``."""
+        ceiling = self.target or self.planner.latest(self.options.topics)
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return self.planner.advance(dict(start), ceiling, max_rows)
+
+    def reportLatestOffset(self) -> dict[str, int]:
+        """Every topic's end (for progress reports)."""
+        return self.planner.latest(self.options.topics)
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[MessagingPartition]:
+        """The micro-batch's chunks."""
+        return self.planner.partitions(start, end)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Read one chunk (on an executor)."""
+        assert isinstance(partition, MessagingPartition)
+        return read_partition(partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Nothing to do: positions live in Spark's checkpoint."""
+
+
+class MessagingBatchReader(DataSourceReader):
+    """Batch reads of a range: ``startingIndex`` to ``endingIndex`` (exclusive)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = SourceOptions(options)
+        self.planner = Planner(self.options)
+
+    def partitions(self) -> list[MessagingPartition]:
+        """The range's chunks."""
+        topics = self.options.topics
+        start = self.planner.resolve(self.options.starting, topics)
+        end = self.planner.resolve(self.options.ending, topics)
+        return self.planner.partitions(start, end)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Read one chunk (on an executor)."""
+        assert isinstance(partition, MessagingPartition)
+        return read_partition(partition)
