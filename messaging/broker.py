@@ -23,11 +23,12 @@ import resource
 import struct
 import threading
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, Protocol, TypeGuard
 
 from messaging import snapshot
 from messaging.config import (
@@ -48,7 +49,15 @@ from messaging.files import (
     storage_error,
     write_json_atomic,
 )
-from messaging.message import HEADER, HEADER_SIZE, INTERNAL_TYPE, encode, stamp_index
+from messaging.message import (
+    HEADER,
+    HEADER_SIZE,
+    INDEX,
+    INTERNAL_TYPE,
+    Command,
+    encode,
+    stamp_index,
+)
 from messaging.metrics import BrokerMetrics
 from messaging.notify import Notifier
 from messaging.subscribers import Subscribers
@@ -94,6 +103,24 @@ class ApplyResult:
 def heartbeat_command(topic: int, index: int, url: str) -> bytes:
     """The internal frame that records a subscriber's progress."""
     return encode(SET_TOPIC_MAX_INDEX, topic, _U64.pack(index) + url.encode())
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Consecutive frames of one command for one topic, stamped; with the frames' offsets and
+    first index when the command was validated (:class:`messaging.message.Command`)."""
+
+    frames: memoryview
+    offsets: array[int] | None = None
+    first: int = 0
+
+
+Stamped = tuple[int, list[tuple[int, Run]], list[tuple[int, int, str]]]
+
+
+def _known(command: bytes | bytearray) -> TypeGuard[Command]:
+    """Whether a command comes validated, single-topic, with its frames' offsets."""
+    return isinstance(command, Command) and command.topic is not None
 
 
 class TopicSummary(Protocol):
@@ -276,12 +303,13 @@ class Broker:
     def _stage_group(self, commands: Sequence[bytes | bytearray], touched: set[int],
                      ) -> list[ApplyResult | MessagingError]:
         """Stamp every command and stage its frames in their topics (no I/O but new topics)."""
-        runs: dict[int, list[memoryview]] = {}
+        runs: dict[int, list[Run]] = {}
         results: list[ApplyResult | MessagingError] = []
         for command in commands:
             before = self.index
             try:
-                first, command_runs, heartbeats = self._stamp(command)
+                first, command_runs, heartbeats = (
+                    self._stamp_known(command) if _known(command) else self._stamp(command))
                 for topic_id, _run in command_runs:
                     topic = self._topics.get(topic_id)
                     if topic is not None:
@@ -298,9 +326,14 @@ class Broker:
             results.append(ApplyResult(first, self.index if first else 0, frozenset(topics)))
         messages = size = 0
         for topic_id, parts in runs.items():
-            frames: bytes | memoryview = parts[0] if len(parts) == 1 else b"".join(parts)
             topic = self._topic_for_write(topic_id)
             touched.add(topic_id)
+            if all(run.offsets is not None for run in parts):
+                for run in parts:  # offsets known: the topic reads no header again
+                    messages += topic.append(run.frames, run.offsets, run.first)
+                    size += len(run.frames)
+                continue
+            frames = parts[0].frames if len(parts) == 1 else b"".join(r.frames for r in parts)
             messages += topic.append(frames)
             size += len(frames)
         if messages:
@@ -399,15 +432,26 @@ class Broker:
                 if len(files) <= self.max_open_files:
                     return
 
-    def _stamp(self, command: bytes | bytearray,
-               ) -> tuple[int, list[tuple[int, memoryview]], list[tuple[int, int, str]]]:
+    def _stamp_known(self, command: Command) -> Stamped:
+        """Assign indexes to a validated single-topic command: one write per frame, no reads."""
+        view = memoryview(bytearray(command))
+        offsets = command.offsets
+        first = self.index + 1
+        pack = INDEX.pack_into
+        for k, offset in enumerate(offsets):
+            pack(view, offset, first + k)
+        self.index += len(offsets)
+        assert command.topic is not None
+        return first, [(command.topic, Run(view, offsets, first))], []
+
+    def _stamp(self, command: bytes | bytearray) -> Stamped:
         """Assign indexes to a command's messages.
 
         Returns its first index, its runs of frames per topic and the heartbeats it records.
         """
         view = memoryview(bytearray(command))
         size = len(view)
-        runs: list[tuple[int, memoryview]] = []
+        runs: list[tuple[int, Run]] = []
         heartbeats: list[tuple[int, int, str]] = []
         first = 0
         offset = run_start = 0
@@ -421,7 +465,7 @@ class Broker:
                 raise CorruptFrameError(f"command has an incomplete frame at byte {offset}")
             if type_ & INTERNAL_TYPE or topic_id != run_topic:
                 if run_topic >= 0 and offset > run_start:
-                    runs.append((run_topic, view[run_start:offset]))
+                    runs.append((run_topic, Run(view[run_start:offset])))
                 run_start, run_topic = offset, topic_id
             if type_ & INTERNAL_TYPE:
                 heartbeat = _internal(type_, topic_id, bytes(view[offset + HEADER_SIZE:end]))
@@ -434,7 +478,7 @@ class Broker:
                 stamp_index(view, offset, self.index)
             offset = end
         if run_topic >= 0 and offset > run_start:
-            runs.append((run_topic, view[run_start:offset]))
+            runs.append((run_topic, Run(view[run_start:offset])))
         return first, runs, heartbeats
 
     def set_topic_max_index(self, topic_id: int, index: int, url: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from array import array
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, Protocol
@@ -37,6 +38,7 @@ from messaging.log import Log
 from messaging.message import (
     FRAMES_CONTENT_TYPE,
     INTERNAL_TYPE,
+    Command,
     encode,
     validate_publish,
 )
@@ -46,6 +48,7 @@ log = logging.getLogger(__name__)
 
 ERROR_HEADER = "X-Broker-Error"
 INDEX_HEADER = "X-Broker-Index"
+_FIRST_FRAME = array("q", [0])  # the offsets of a single-frame command
 #: Publish bodies up to this size are validated on the event loop; bigger ones on a thread.
 VALIDATE_ON_LOOP = 64 << 10
 #: Bytes a stream reads from disk per write: it starts at the minimum and doubles up to the
@@ -139,14 +142,13 @@ class Handlers:
         self._require_leader()
         frames = request.content_type == FRAMES_CONTENT_TYPE
         if frames:
-            command = await request.read()
+            body = await request.read()
             topic_id = _optional_int(request, "topicID")
-            if len(command) <= VALIDATE_ON_LOOP:
-                validate_publish(command, topic=topic_id, max_length=self.max_message_size)
-            else:  # a big batch would stall every other request: check it on a thread
-                await asyncio.get_running_loop().run_in_executor(None, partial(
-                    validate_publish, command, topic=topic_id,
-                    max_length=self.max_message_size))
+            check = partial(validate_publish, body, topic=topic_id,
+                            max_length=self.max_message_size)
+            # A big batch would stall every other request: check it on a thread.
+            command = (check() if len(body) <= VALIDATE_ON_LOOP
+                       else await asyncio.get_running_loop().run_in_executor(None, check))
         else:
             topic = _required_int(request, "topicID")
             type_ = _optional_int(request, "type")
@@ -160,7 +162,7 @@ class Handlers:
             if len(body) > self.max_message_size:
                 raise MessageTooLargeError(f"message of {len(body)} bytes exceeds the maximum "
                                            f"of {self.max_message_size}")
-            command = encode(type_, topic, body)
+            command = Command.of(encode(type_, topic, body), _FIRST_FRAME, topic)
         result = await self.log.apply(command)
         headers = {INDEX_HEADER: str(result.last)}
         if frames:

@@ -330,9 +330,26 @@ def scan(buffer: bytes | bytearray | memoryview, *, start: int = 0, after: int |
     return result
 
 
-def validate_publish(body: bytes | bytearray | memoryview, *, topic: int | None = None,
-                     max_length: int = HARD_MAX_MESSAGE_SIZE) -> int:
-    """Check a publish body in one pass; returns how many frames it holds.
+class Command(bytes):
+    """A publish body already validated: its frames' offsets, and the one topic they are for
+    (None when they are for several), so the state machine and the topic need not walk the
+    headers again. Where a command is replicated as plain bytes, they walk them."""
+
+    offsets: array[int]
+    topic: int | None
+
+    @classmethod
+    def of(cls, body: bytes, offsets: array[int], topic: int | None) -> Command:
+        """Wrap a validated body."""
+        command = cls(body)
+        command.offsets = offsets
+        command.topic = topic
+        return command
+
+
+def validate_publish(body: bytes, *, topic: int | None = None,
+                     max_length: int = HARD_MAX_MESSAGE_SIZE) -> Command:
+    """Check a publish body in one pass; returns it as a :class:`Command`.
 
     Every frame must be complete, within ``max_length``, of a public type (not broker-
     internal), for ``topic`` when one is given, and carry a matching CRC-32C. Raises
@@ -342,7 +359,11 @@ def validate_publish(body: bytes | bytearray | memoryview, *, topic: int | None 
     size = len(view)
     if not size:
         raise CorruptFrameError("empty body: expected frames")
-    offset = count = 0
+    offsets: array[int] = array("q")
+    record = offsets.append
+    offset = 0
+    first_topic = -1
+    single = True
     unpack = _unpack_header
     while offset < size:
         if size - offset < HEADER_SIZE:
@@ -362,9 +383,13 @@ def validate_publish(body: bytes | bytearray | memoryview, *, topic: int | None 
                                     f"topicID {topic}")
         if crc32c(view[offset + CRC_START:end]) != crc:
             raise ChecksumError(f"frame at byte {offset}: checksum mismatch")
-        count += 1
+        if first_topic < 0:
+            first_topic = frame_topic
+        elif frame_topic != first_topic:
+            single = False
+        record(offset)
         offset = end
-    return count
+    return Command.of(body, offsets, first_topic if single else None)
 
 
 @dataclass(frozen=True, slots=True)

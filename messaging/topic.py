@@ -15,7 +15,8 @@ import contextlib
 import logging
 import os
 import threading
-from bisect import bisect_right
+from array import array
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -269,14 +270,23 @@ class Topic:
         if self._failed is not None:
             raise self._failed
 
-    def append(self, frames: bytes | bytearray | memoryview) -> int:
+    def append(self, frames: bytes | bytearray | memoryview, offsets: array[int] | None = None,
+               first: int = 0) -> int:
         """Stage complete frames (indexes already assigned); returns how many were staged.
 
         No I/O: :meth:`write` writes what was staged. The caller has verified the frames'
         checksums (the broker does so on publish), so readers need not verify them again.
         Frames whose index is not above the topic's last index are skipped as stale (replay is
         idempotent). A new segment starts once the active one is past ``max_segment_size``.
+        With ``offsets`` (every frame's start) and ``first`` (the first frame's index, the
+        others following one by one), no header is read again: only the sparse-index marks
+        are looked up, by bisection.
         """
+        if offsets is not None and first:
+            with self._write_lock, self._lock:
+                self.check_writable()
+                if first > self._latest_index_locked(committed=False):
+                    return self._append_known(memoryview(frames), offsets, first)
         view = memoryview(frames)
         size = len(view)
         written = 0
@@ -322,6 +332,29 @@ class Topic:
                 offset = end
             self._stage(segment, view[run_start:offset], count, last)
         return written
+
+    def _append_known(self, view: memoryview, offsets: array[int], first: int) -> int:
+        """Stage fresh frames whose offsets are known (both locks held)."""
+        total = len(offsets)
+        k = 0  # the next frame to place
+        while k < total:
+            segment = self._segments[-1] if self._segments else None
+            if segment is None or segment.size >= self.max_segment_size:
+                segment = self._roll(first + k)
+            base = segment.size - offsets[k]  # segment position of a frame = base + offset
+            # Frames go into this segment while they start below the size limit.
+            end = bisect_left(offsets, self.max_segment_size - base, k + 1)
+            next_mark = segment.next_mark_position()
+            count = segment.count
+            j = bisect_left(offsets, next_mark - base, k, end)
+            while j < end:
+                position = base + offsets[j]
+                segment.add_mark(first + j, position, count + j - k)
+                j = bisect_left(offsets, position + MARK_EVERY - base, j + 1, end)
+            stop = offsets[end] if end < total else len(view)
+            self._stage(segment, view[offsets[k]:stop], count + end - k, first + end - 1)
+            k = end
+        return total
 
     def _stage(self, segment: Segment | None, run: memoryview, count: int, last: int) -> None:
         if segment is None or not run:

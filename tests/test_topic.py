@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+from array import array
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -449,3 +450,39 @@ def test_followers_reading_the_in_memory_tail_get_exactly_what_was_committed(
         if len(batches) > 2 and segment_size == 1 << 20:
             assert from_tail > 0
         topic.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=st.lists(st.lists(st.integers(0, 5000), min_size=1, max_size=40), min_size=1,
+                        max_size=8),
+       segment_size=st.sampled_from([1, 300, 4096, 20_000, 1 << 20]),
+       gaps=st.integers(0, 3))
+def test_appending_with_known_offsets_equals_walking_the_headers(
+        batches: list[list[int]], segment_size: int, gaps: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        walked = Topic.open(Path(tmp) / "walked", 1, segment_size)
+        known = Topic.open(Path(tmp) / "known", 1, segment_size)
+        index = 0
+        for sizes in batches:
+            index += gaps  # other topics took the indexes in between
+            first = index + 1
+            batch = [Message(first + k, 1, 1, bytes([k % 251]) * size)
+                     for k, size in enumerate(sizes)]
+            index += len(batch)
+            body = encode_many(batch)
+            offsets = array("q")
+            offset = 0
+            for message in batch:
+                offsets.append(offset)
+                offset += HEADER_SIZE + len(message.data)
+            assert walked.append(body) == known.append(body, offsets, first) == len(batch)
+            walked.commit()
+            known.commit()
+        for a, b in zip(walked.segments(), known.segments(), strict=True):
+            assert a.path.name == b.path.name
+            assert a.path.read_bytes() == b.path.read_bytes()
+            assert (a.size, a.count, a.last_index, a.mark_indexes, a.mark_positions,
+                    a.mark_ordinals) == (b.size, b.count, b.last_index, b.mark_indexes,
+                                         b.mark_positions, b.mark_ordinals)
+        walked.close()
+        known.close()
