@@ -7,7 +7,7 @@ PORT ?= 8086
 DATA ?= ./data
 
 .PHONY: run test lint typecheck pytest bench bench-storage bench-http bench-client bench-cluster bench-spark \
-	bench-streams soak clean
+	bench-streams soak etcd clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +36,22 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy messaging tests bench examples
 
-pytest: $(STAMP)
+pytest: $(STAMP) etcd
 	$(BIN)/python -m pytest -q
+
+## make etcd: the cluster tests need an etcd server (3.4.22+ or 3.5.6+) on PATH
+etcd:
+	@if ! command -v etcd >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing Debian's etcd-server (the cluster tests start real etcd members)"; \
+			apt-get install -y -qq etcd-server >/dev/null || \
+				{ apt-get update -qq >/dev/null && apt-get install -y -qq etcd-server >/dev/null; }; \
+		else \
+			echo "etcd is missing: install etcd 3.4.22+ or 3.5.6+ (Debian/Ubuntu: sudo apt-get install etcd-server; or a release from github.com/etcd-io/etcd) and run make test again" >&2; \
+			exit 1; \
+		fi; \
+	fi
+	@etcd --version | head -1
 
 bench: bench-storage bench-http bench-client bench-cluster bench-spark bench-streams
 

@@ -1,4 +1,4 @@
-"""The Broker: the state machine every log (local or Raft) drives.
+"""The Broker: the state machine every log (local, or etcd in a cluster) drives.
 
 ``apply(command)`` takes a command (a buffer of frames, index 0), assigns each message the
 next broker index (``previous + 1`` across all topics, from 1), and appends runs of frames to
@@ -25,7 +25,7 @@ import threading
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeGuard
@@ -613,6 +613,12 @@ class Broker:
     def read_snapshot(self, stream: IO[bytes]) -> bool:
         """Take the state of a snapshot (writer thread only); returns whether data was copied."""
         return snapshot.read(self, stream)
+
+    def install_snapshot(self, stream: IO[bytes],
+                         accept: Callable[[dict[str, Any]], None] | None = None,
+                         ) -> dict[str, Any]:
+        """Replace everything with a verified snapshot (see :func:`snapshot.install_verified`)."""
+        return snapshot.install_verified(self, stream, accept)
 
     def close_topics(self) -> None:
         """Close and forget every topic (a snapshot is about to replace them)."""

@@ -62,14 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace) -> BrokerConfig:
-    if args.peers and not args.raft_bind:
-        raise MessagingError("--peer needs --raft-bind")
     if not str(args.data).strip() or args.data == Path():
         # Path("") is the current directory: a broker would scatter its files there.
         raise MessagingError("--data is empty: give the data directory (e.g. --data ./data)")
     host, port = args.bind
-    return BrokerConfig(host=host, port=port,
-                        **{name: getattr(args, name) for name, _o, _d in broker_options()})
+    config = BrokerConfig(host=host, port=port,
+                          etcd_password=os.environ.get("MESSAGING_ETCD_PASSWORD"),
+                          **{name: getattr(args, name) for name, _o, _d in broker_options()})
+    config.etcd_settings()  # refuses bad cluster options before anything starts
+    return config
 
 
 async def run_broker(config: BrokerConfig) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from messaging.client import Client
-from messaging.errors import MessagingError, NotABrokerError
+from messaging.errors import MessagingError
 from messaging.message import Message
 
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
@@ -46,14 +46,6 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p = sub.add_parser("topics", help="list topics")
     p.add_argument("url", metavar="URL")
     p.set_defaults(run=_runner(_topics))
-
-    p = sub.add_parser("cluster", help="change cluster membership",
-                       description="join: add a node (already started with --raft-bind and the "
-                                   "members as --peer); leave: remove one.")
-    p.add_argument("action", choices=["join", "leave"])
-    p.add_argument("url", metavar="URL", help="any member's URL (followers redirect)")
-    p.add_argument("address", metavar="RAFT_ADDR", help="the node's raft HOST:PORT")
-    p.set_defaults(run=_runner(_cluster))
 
     p = sub.add_parser("ping", help="check a broker and list the cluster's URLs")
     p.add_argument("url", metavar="URL")
@@ -148,17 +140,4 @@ async def _ping(args: argparse.Namespace) -> int:
     async with Client(args.url, retry_timeout=3.0) as client:
         for url in await client.ping():
             print(url)
-    return 0
-
-
-async def _cluster(args: argparse.Namespace) -> int:
-    async with Client(args.url) as client:
-        response = await client.request("POST", f"/messaging/cluster/{args.action}",
-                                        params={"addr": args.address}, write=True)
-    body = response.json()
-    urls = body.get("urls") if isinstance(body, dict) else None
-    if not isinstance(urls, list):
-        raise NotABrokerError.at(response.url, 'its answer is not {"urls": [...]}')
-    for url in urls:
-        print(url)
     return 0

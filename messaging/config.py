@@ -13,7 +13,12 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from messaging.errors import BadRequestError
+
+if TYPE_CHECKING:
+    from messaging.etcd_client import EtcdSettings
 
 FsyncMode = Literal["always", "interval", "never"]
 FSYNC_MODES: tuple[FsyncMode, ...] = ("always", "interval", "never")
@@ -34,7 +39,7 @@ DEFAULT_SUBSCRIBER_TIMEOUT = 600.0
 #: Seconds a connection may take to send a complete request head.
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_MAX_CONNECTIONS = 10_000
-DEFAULT_RAFT_SNAPSHOT_ENTRIES = 20_000
+DEFAULT_ETCD_COMPACT_EVERY = 1000
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
@@ -89,12 +94,6 @@ def parse_host_port(text: str) -> tuple[str, int]:
             or not 0 <= int(port) <= 65535):
         raise argparse.ArgumentTypeError(f"invalid address {text!r}: expected HOST:PORT")
     return host.strip("[]"), int(port)
-
-
-def raft_address(text: str) -> str:
-    """A raft ``HOST:PORT``, validated, kept as text."""
-    parse_host_port(text)
-    return text
 
 
 def show_size(size: int) -> str:
@@ -175,16 +174,41 @@ class BrokerConfig:
     advertise: str | None = _option(
         None, "--advertise", "the HTTP URL other nodes and clients use for this node",
         metavar="URL")
-    raft_bind: str | None = _option(
-        None, "--raft-bind", "cluster mode: this node's Raft address", parse=raft_address,
-        metavar="HOST:PORT")
-    peers: list[str] = _option(
-        [], "--peer", "cluster mode: another node's Raft address (repeat per peer)",
-        parse=raft_address, metavar="HOST:PORT", repeat=True)
-    raft_snapshot_entries: int = _option(
-        DEFAULT_RAFT_SNAPSHOT_ENTRIES, "--raft-snapshot-entries",
-        "cluster mode: snapshot the broker after N raft entries; a lagging or new node "
-        "catches up from the latest snapshot", parse=positive_int, metavar="N")
+    etcd: str | None = _option(
+        None, "--etcd", "cluster mode: etcd endpoints; the broker nodes of --cluster share one "
+        "command log in etcd, and a publish is acknowledged once etcd committed it and this "
+        "node applied it (fsynced under --fsync always)", metavar="URL[,URL...]")
+    cluster: str | None = _option(
+        None, "--cluster", "cluster mode: the cluster name (etcd keys under /messaging/NAME/)",
+        metavar="NAME")
+    etcd_ca: Path | None = _option(None, "--etcd-ca", "CA bundle for https etcd URLs",
+                                   parse=Path, metavar="FILE")
+    etcd_cert: Path | None = _option(None, "--etcd-cert", "client certificate for etcd",
+                                     parse=Path, metavar="FILE")
+    etcd_key: Path | None = _option(None, "--etcd-key", "client key for etcd", parse=Path,
+                                    metavar="FILE")
+    etcd_user: str | None = _option(
+        None, "--etcd-user", "etcd user; the password comes from $MESSAGING_ETCD_PASSWORD",
+        metavar="USER")
+    etcd_password: str | None = None  # from the environment, never a flag
+    etcd_compact_every: int = _option(
+        DEFAULT_ETCD_COMPACT_EVERY, "--etcd-compact-every",
+        "compact etcd's history once every node's durable revision moved N revisions",
+        parse=positive_int, metavar="N")
+
+    def etcd_settings(self) -> EtcdSettings | None:
+        """How to reach etcd (None for a single node); checks the cluster options."""
+        if not self.etcd and not self.cluster:
+            return None
+        if not self.etcd or not self.cluster:
+            raise BadRequestError("--etcd and --cluster go together")
+        from messaging.etcd_client import EtcdSettings  # grpc: only in cluster mode
+
+        return EtcdSettings(
+            endpoints=tuple(u.strip() for u in self.etcd.split(",") if u.strip()),
+            cluster=self.cluster, ca=self.etcd_ca, cert=self.etcd_cert, key=self.etcd_key,
+            user=self.etcd_user, password=self.etcd_password if self.etcd_user else None,
+            compact_every=self.etcd_compact_every)
 
 
 def broker_options() -> Iterator[tuple[str, Option, Any]]:

@@ -132,6 +132,22 @@ class CommitUnknownError(MessagingError):
     status = 504
 
 
+class ClusterUnavailableError(MessagingError):
+    """etcd is unreachable or has no quorum: the write was never sent, so it is safe to retry."""
+
+    status = 503
+
+
+class ClusterNoSpaceError(MessagingError):
+    """etcd raised its NOSPACE alarm (backend quota reached) and refuses every write.
+
+    An operator recovers with ``etcdctl compact``, ``etcdctl defrag`` and ``etcdctl alarm
+    disarm`` (see the README).
+    """
+
+    status = 507
+
+
 class NotLeaderError(MessagingError):
     """This node is a follower; the write belongs on the leader at ``leader_url``."""
 

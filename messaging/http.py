@@ -180,21 +180,6 @@ class Handlers:
         await self.log.heartbeat(topic, index, url)
         return web.Response()
 
-    async def cluster_change(self, request: web.Request) -> web.Response:
-        """POST /messaging/cluster/join or /leave with ``addr`` (a Raft HOST:PORT)."""
-        self._require_leader()
-        address = request.query.get("addr", "")
-        if not address:
-            raise BadRequestError("missing parameter addr (the node's raft HOST:PORT)")
-        log_: Any = self.log
-        if not hasattr(log_, "add_node"):
-            raise BadRequestError("this broker is not running in cluster mode")
-        if request.match_info["action"] == "join":
-            await log_.add_node(address)
-        else:
-            await log_.remove_node(address)
-        return web.json_response({"urls": self.log.urls()})
-
     async def retention(self, request: web.Request) -> web.Response:
         """POST /messaging/retention: run retention now (it also runs on a timer)."""
         loop = asyncio.get_running_loop()
@@ -486,7 +471,6 @@ def make_app(broker: BrokerView, log_: Log, *,
     app.router.add_get("/messaging/topics/{id}", handlers.topic)
     app.router.add_get("/messaging/diagnostics", handlers.diagnostics)
     app.router.add_post("/messaging/retention", handlers.retention)
-    app.router.add_post("/messaging/cluster/{action:join|leave}", handlers.cluster_change)
     app.router.add_get("/metrics", handlers.metrics)
     return app
 

@@ -16,7 +16,7 @@ class Log(Protocol):
     """What the HTTP layer and the server need from a log: ordered writes and who leads."""
 
     async def start(self) -> None:
-        """Start background work (writer, Raft node)."""
+        """Start background work (the writer; in a cluster, the watch of the command log)."""
         ...
 
     async def close(self) -> None:

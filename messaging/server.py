@@ -63,6 +63,12 @@ class BrokerServer:
             raise
         app = make_app(self.broker, self.log, max_message_size=config.max_message_size,
                        max_request_size=config.max_request_size)
+        if config.etcd_settings() is not None:
+            from messaging.etcd_log import EtcdLog
+            from messaging.snapshot_http import add_snapshot_route
+
+            assert isinstance(self.log, EtcdLog)
+            add_snapshot_route(app, self.log)  # peers catch up from this node's data
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                      shutdown_timeout=5.0)
         await self._runner.setup()
@@ -79,14 +85,13 @@ class BrokerServer:
 
     async def _start_log(self, broker: Broker) -> Log:
         config = self.config
-        if config.raft_bind:
-            from messaging.raft import RaftLog
+        etcd = config.etcd_settings()
+        if etcd is not None:
+            from messaging.etcd_log import EtcdLog  # grpc: only in cluster mode
 
-            raft = RaftLog(broker, self.url, config.raft_bind, config.peers,
-                           data=config.data / "raft",
-                           snapshot_entries=config.raft_snapshot_entries)
-            await raft.start()
-            return raft
+            cluster = EtcdLog(broker, self.url, etcd, config.fsync)
+            await cluster.start()
+            return cluster
         local = LocalLog(broker, self.url, config.fsync)
         await local.start()
         return local

@@ -11,17 +11,21 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
+from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
-from messaging.errors import DataDirectoryError
+from messaging.errors import CorruptDataError, DataDirectoryError
 from messaging.files import fsync_dir, read_json, write_json_atomic
+from messaging.message import scan
 from messaging.topic import TOMBSTONE, Topic
 
 if TYPE_CHECKING:
     from messaging.broker import Broker
 
 log = logging.getLogger(__name__)
+_SEGMENT_NAME = re.compile(r"\d{20}\.seg")
 
 
 def write(broker: Broker, stream: IO[bytes]) -> None:
@@ -66,24 +70,55 @@ def read(broker: Broker, stream: IO[bytes]) -> bool:
     return True
 
 
+def install_verified(broker: Broker, stream: IO[bytes],
+                     accept: Callable[[dict[str, Any]], None] | None = None,
+                     ) -> dict[str, Any]:
+    """Replace everything (topics, index, subscribers) with a snapshot; returns its header.
+
+    Writer thread only. ``accept`` may refuse the header (raise) before anything is touched.
+    Nothing local is merged in, and a failure (a damaged or short snapshot) leaves the broker
+    as it was.
+    """
+    header = json.loads(stream.readline())
+    if not isinstance(header, dict) or header.get("format") != broker.state()["format"]:
+        raise DataDirectoryError(f"snapshot is not of format {broker.state()['format']}")
+    if accept is not None:
+        accept(header)
+    install(broker, header, stream)
+    return header
+
+
 def install(broker: Broker, header: dict[str, Any], stream: IO[bytes]) -> None:
-    """Replace every topic of ``broker`` with the snapshot's, atomically on disk."""
-    broker.close_topics()
+    """Replace every topic of ``broker`` with the snapshot's, atomically on disk.
+
+    Every segment is verified (frame checksums, index order, its name) while it is staged in
+    ``topics.restore``; only a whole verified snapshot is renamed over ``topics/``.
+    """
     root = broker.path
     staging = root / "topics.restore"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    for described in header["topics"]:
-        directory = staging / str(described["id"])
-        directory.mkdir()
-        if described["tombstone"]:
-            write_json_atomic(directory / TOMBSTONE, {"first_index": described["tombstone"]})
-        for segment in described["segments"]:
-            with (directory / segment["name"]).open("wb") as f:
-                _copy(stream, f, segment["size"])
-                f.flush()
-                os.fsync(f.fileno())
-    fsync_dir(staging)
+    try:
+        for described in header["topics"]:
+            directory = staging / str(int(described["id"]))
+            directory.mkdir()
+            if described["tombstone"]:
+                write_json_atomic(directory / TOMBSTONE,
+                                  {"first_index": int(described["tombstone"])})
+            for segment in described["segments"]:
+                name = str(segment["name"])
+                data = _read_exactly(stream, int(segment["size"]))
+                _verify_segment(int(described["id"]), name, data)
+                with (directory / name).open("wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+            fsync_dir(directory)
+        fsync_dir(staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    broker.close_topics()
     old = root / "topics.old"
     shutil.rmtree(old, ignore_errors=True)
     (root / "topics").rename(old)
@@ -97,6 +132,32 @@ def install(broker: Broker, header: dict[str, Any], stream: IO[bytes]) -> None:
                                       broker.max_segment_size)
     broker.install(opened, int(header["index"]), header.get("subscribers", {}))
     log.info("restored snapshot: %d topics, index %d", len(opened), broker.index)
+
+
+def _read_exactly(source: IO[bytes], size: int) -> bytes:
+    parts = []
+    remaining = size
+    while remaining:
+        chunk = source.read(min(remaining, 1 << 20))
+        if not chunk:
+            raise DataDirectoryError(f"snapshot ended {remaining} bytes early")
+        parts.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(parts)
+
+
+def _verify_segment(topic_id: int, name: str, data: bytes) -> None:
+    """A snapshot's segment must be named for its first index and hold only valid frames."""
+    if not _SEGMENT_NAME.fullmatch(name):
+        raise CorruptDataError(f"snapshot: topic {topic_id} has a segment named {name!r}")
+    first = int(name[:20])
+    result = scan(data, after=first - 1, verify=True)
+    if result.error is not None or result.incomplete or result.end != len(data):
+        reason = result.error or f"incomplete frame at byte {result.end}"
+        raise CorruptDataError(f"snapshot: topic {topic_id} segment {name}: {reason}")
+    if result.count and result.first_index != first:
+        raise CorruptDataError(f"snapshot: topic {topic_id} segment {name} starts at index "
+                               f"{result.first_index}")
 
 
 def _copy(source: IO[bytes], target: IO[bytes], size: int) -> None:

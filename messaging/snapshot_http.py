@@ -1,0 +1,139 @@
+"""Snapshots between cluster peers: ``GET /messaging/snapshot`` and the fetch that reads it.
+
+A snapshot is one JSON header line (broker index, subscribers, every topic's tombstone and
+committed segments, plus the cluster name and the etcd revision it reflects) followed by the
+segments' bytes in header order: the format :meth:`Broker.install_snapshot` reads. The serving
+side captures the header and opens every segment on the writer thread (no apply runs then, so
+the cut is exactly the applied revision), then streams the files from other threads: segments
+are append-only, so the captured committed prefixes do not change under the reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import urllib.parse
+import urllib.request
+from typing import IO, Any, BinaryIO, Protocol
+
+from aiohttp import web
+
+from messaging.broker import Broker
+from messaging.errors import BadRequestError, MessagingError
+from messaging.files import read_json
+from messaging.topic import TOMBSTONE
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_PATH = "/messaging/snapshot"
+SNAPSHOT_CONTENT_TYPE = "application/x-messaging-snapshot"
+REVISION_HEADER = "X-Messaging-Revision"
+_CHUNK = 1 << 20
+
+
+class SnapshotStream:
+    """A consistent snapshot being read: the header line, then each segment's bytes."""
+
+    def __init__(self, header: dict[str, Any], files: list[tuple[BinaryIO, int]]) -> None:
+        self.header = header
+        self._pending: list[tuple[BinaryIO, int]] = files
+        self._head = json.dumps(header).encode() + b"\n"
+
+    @classmethod
+    def capture(cls, broker: Broker, extra: dict[str, Any]) -> SnapshotStream:
+        """Describe and open the broker's committed data (writer thread only)."""
+        topics: list[dict[str, Any]] = []
+        files: list[tuple[BinaryIO, int]] = []
+        try:
+            for topic in broker.topics():
+                segments = []
+                for segment in topic.segments():
+                    if not segment.committed_size:
+                        continue
+                    segments.append({"name": segment.path.name,
+                                     "size": segment.committed_size})
+                    files.append((segment.path.open("rb"), segment.committed_size))
+                tomb = topic.path / TOMBSTONE
+                tombstone = read_json(tomb)["first_index"] if tomb.exists() else 0
+                topics.append({"id": topic.id, "tombstone": tombstone, "segments": segments,
+                               "last_index": topic.committed_index})
+        except BaseException:
+            for f, _size in files:
+                f.close()
+            raise
+        return cls({**broker.state(), **extra, "topics": topics}, files)
+
+    def read(self, max_bytes: int = _CHUNK) -> bytes:
+        """The next bytes of the snapshot; b"" at the end (blocking: call it on a thread)."""
+        if self._head:
+            head, self._head = self._head, b""
+            return head
+        while self._pending:
+            f, remaining = self._pending[0]
+            chunk = f.read(min(max_bytes, remaining)) if remaining else b""
+            if remaining and not chunk:
+                raise MessagingError(f"{f.name} is shorter than its committed size")
+            remaining -= len(chunk)
+            if remaining:
+                self._pending[0] = (f, remaining)
+            else:
+                f.close()
+                self._pending.pop(0)
+            if chunk:
+                return chunk
+        return b""
+
+    def close(self) -> None:
+        """Close the segment files not read to the end."""
+        for f, _size in self._pending:
+            f.close()
+        self._pending = []
+
+
+class SnapshotSource(Protocol):
+    """What serves snapshots: the cluster log (it knows the cluster and the revision)."""
+
+    cluster: str
+
+    async def open_snapshot(self) -> SnapshotStream:
+        """A snapshot taken on the writer thread, at the applied revision."""
+        ...
+
+
+def add_snapshot_route(app: web.Application, source: SnapshotSource) -> None:
+    """Serve ``GET /messaging/snapshot?cluster=NAME`` (read-only) from ``source``."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        cluster = request.query.get("cluster", "")
+        if cluster != source.cluster:
+            raise BadRequestError(f"this node belongs to cluster {source.cluster!r}, "
+                                  f"not {cluster!r}")
+        loop = asyncio.get_running_loop()
+        snapshot = await source.open_snapshot()
+        try:
+            response = web.StreamResponse(headers={
+                "Content-Type": SNAPSHOT_CONTENT_TYPE,
+                REVISION_HEADER: str(snapshot.header["revision"])})
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            while chunk := await loop.run_in_executor(None, snapshot.read, _CHUNK):
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+        finally:
+            await loop.run_in_executor(None, snapshot.close)
+
+    app.router.add_get(SNAPSHOT_PATH, handler)
+
+
+def fetch_snapshot(url: str, cluster: str, timeout: float = 30.0) -> IO[bytes]:
+    """Open a peer's snapshot for reading (blocking: call it on a thread).
+
+    ``timeout`` bounds connecting and every read, so a peer that stops sending cannot hold
+    the caller forever.
+    """
+    query = urllib.parse.urlencode({"cluster": cluster})
+    response: IO[bytes] = urllib.request.urlopen(
+        f"{url.rstrip('/')}{SNAPSHOT_PATH}?{query}", timeout=timeout)
+    return response

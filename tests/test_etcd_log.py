@@ -1,0 +1,666 @@
+"""EtcdLog end to end: three real etcd members and real broker processes on 127.0.0.1.
+
+One etcd cluster serves the whole module; every test uses a cluster name of its own and
+leaves etcd whole (members it stopped are restarted). Load comes from concurrent plain-HTTP
+publishers that record every answer: acknowledged (index known), refused (503 or no
+connection: never sent, so it must never appear) and unknown (504 or a broken response).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from aetcd import rpc
+
+from messaging.etcd_writer import decode_entry, encode_entry
+from messaging.message import FRAMES_CONTENT_TYPE, decode, encode_batch
+from tests.conftest import BrokerProcess, cli, free_port, wait_until
+
+TOPIC = 7
+
+
+# -- etcd ------------------------------------------------------------------------------------
+
+
+class EtcdMember:
+    """One etcd process with its own data directory; stopped by PID."""
+
+    def __init__(self, name: str, data: Path, cluster: str, client_port: int,
+                 peer_port: int) -> None:
+        self.name = name
+        self.data = data
+        self.cluster = cluster
+        self.client_url = f"http://127.0.0.1:{client_port}"
+        self.peer_url = f"http://127.0.0.1:{peer_port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        etcd = shutil.which("etcd")
+        assert etcd is not None
+        with (self.data.parent / f"{self.name}.log").open("ab") as out:
+            self.proc = subprocess.Popen(
+                [etcd, "--name", self.name, "--data-dir", str(self.data),
+                 "--listen-client-urls", self.client_url,
+                 "--advertise-client-urls", self.client_url,
+                 "--listen-peer-urls", self.peer_url,
+                 "--initial-advertise-peer-urls", self.peer_url,
+                 "--initial-cluster", self.cluster, "--initial-cluster-state", "new",
+                 "--initial-cluster-token", "messaging-tests", "--snapshot-count", "2000",
+                 "--logger", "zap", "--log-level", "warn"],
+                stdout=out, stderr=out)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGKILL) -> None:
+        if self.running():
+            assert self.proc is not None
+            os.kill(self.proc.pid, sig)
+            self.proc.wait(15)
+
+
+class EtcdCluster:
+    def __init__(self, tmp: Path, size: int = 3) -> None:
+        ports = [(free_port(), free_port()) for _ in range(size)]
+        initial = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, (_c, p) in enumerate(ports))
+        self.members = [EtcdMember(f"m{i}", tmp / f"m{i}", initial, c, p)
+                        for i, (c, p) in enumerate(ports)]
+
+    @property
+    def endpoints(self) -> str:
+        return ",".join(m.client_url for m in self.members)
+
+    def ensure_running(self) -> None:
+        for member in self.members:
+            if not member.running():
+                member.start()
+
+    async def wait_healthy(self, timeout: float = 30.0) -> None:
+        async def healthy() -> bool:
+            for member in self.members:
+                try:
+                    await _range(member.client_url, b"/health-check")
+                except grpc.aio.AioRpcError:
+                    return False
+            return True
+
+        await wait_until(healthy, timeout=timeout, what="every etcd member serving reads")
+
+    async def leader(self) -> EtcdMember:
+        for member in self.members:
+            if not member.running():
+                continue
+            try:
+                status = await _status(member.client_url)
+            except grpc.aio.AioRpcError:
+                continue
+            if status.leader and status.leader == status.header.member_id:
+                return member
+        raise AssertionError("no etcd leader")
+
+    def stop(self) -> None:
+        for member in self.members:
+            member.stop()
+
+
+async def _range(url: str, key: bytes) -> Any:
+    async with grpc.aio.insecure_channel(url.removeprefix("http://")) as channel:
+        return await rpc.KVStub(channel).Range(rpc.RangeRequest(key=key), timeout=2,
+                                               metadata=(("hasleader", "true"),))
+
+
+async def _status(url: str) -> Any:
+    async with grpc.aio.insecure_channel(url.removeprefix("http://")) as channel:
+        return await rpc.MaintenanceStub(channel).Status(rpc.StatusRequest(), timeout=2)
+
+
+@pytest.fixture(scope="module")
+def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """Three etcd members for the module (``--snapshot-count 2000``)."""
+    if shutil.which("etcd") is None:
+        pytest.fail("etcd is required for the cluster tests: apt-get install etcd-server "
+                    "(3.4.22+) or put etcd 3.5.6+ on PATH")
+    version = subprocess.run(["etcd", "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
+    found = re.search(r"etcd Version: (\d+)\.(\d+)\.(\d+)", version)
+    assert found, f"cannot tell etcd's version from {version!r}"
+    major, minor, patch = map(int, found.groups())
+    if (major, minor) < (3, 4) or (3, 4, 0) <= (major, minor, patch) < (3, 4, 22) \
+            or (3, 5, 0) <= (major, minor, patch) < (3, 5, 6):
+        pytest.fail(f"etcd {major}.{minor}.{patch} is not safe to test against: use 3.4.22+ "
+                    "or 3.5.6+ (3.5.0-3.5.5 have known data-inconsistency bugs)")
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"))
+    cluster.ensure_running()
+    try:
+        asyncio.run(cluster.wait_healthy())
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+async def etcd(etcd_cluster: EtcdCluster) -> EtcdCluster:
+    """The module's etcd cluster, with every member running and serving."""
+    etcd_cluster.ensure_running()
+    await etcd_cluster.wait_healthy()
+    return etcd_cluster
+
+
+# -- broker nodes ----------------------------------------------------------------------------
+
+
+class Nodes:
+    """Broker processes of one etcd-backed cluster, each with a fixed port and data dir."""
+
+    def __init__(self, make: Any, tmp: Path, etcd: EtcdCluster, *extra: str) -> None:
+        self.make = make
+        self.tmp = tmp
+        self.etcd = etcd
+        self.name = f"t{uuid.uuid4().hex[:10]}"
+        self.extra = list(extra)
+        self.ports: list[int] = []
+        self.procs: dict[int, BrokerProcess] = {}
+
+    def data(self, i: int) -> Path:
+        return self.tmp / f"node{i}"
+
+    def url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.ports[i]}"
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.url(i) for i in range(len(self.ports))]
+
+    def _start(self, i: int) -> BrokerProcess:
+        # Each node talks to a different etcd member first, so that any member's death
+        # breaks some node's connection and watch.
+        members = self.etcd.members[i % 3:] + self.etcd.members[:i % 3]
+        endpoints = ",".join(m.client_url for m in members)
+        proc: BrokerProcess = self.make(
+            self.data(i), "--etcd", endpoints, "--cluster", self.name,
+            "--advertise", self.url(i), *self.extra, port=self.ports[i])
+        self.procs[i] = proc
+        proc.start()
+        return proc
+
+    async def start(self, *indexes: int) -> None:
+        while len(self.ports) <= max(indexes):
+            self.ports.append(free_port())
+        await asyncio.gather(*(asyncio.to_thread(self._start, i) for i in indexes))
+
+    def kill(self, i: int) -> None:
+        self.procs[i].kill()
+
+
+async def diagnostics(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with session.get(f"{url}/messaging/diagnostics") as resp:
+        result: dict[str, Any] = await resp.json()
+        return result
+
+
+# -- load ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Load:
+    """Concurrent publishers spread over the nodes; every answer is recorded."""
+
+    urls: list[str]
+    acked: dict[bytes, int] = field(default_factory=dict)
+    refused: set[bytes] = field(default_factory=set)
+    unknown: set[bytes] = field(default_factory=set)
+    statuses: dict[int, int] = field(default_factory=dict)
+    #: Nodes not to publish to: hammering a dead node's port from 127.0.0.1 ends in a TCP
+    #: self-connect that then holds the port its restart needs.
+    down: set[str] = field(default_factory=set)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def start(self, session: aiohttp.ClientSession, workers: int = 6) -> None:
+        for w in range(workers):
+            self.tasks.append(asyncio.ensure_future(self._worker(session, w)))
+
+    async def finish(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(asyncio.gather(*self.tasks), 30)
+
+    async def _worker(self, session: aiohttp.ClientSession, w: int) -> None:
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            url = self.urls[(w + n) % len(self.urls)]
+            if url in self.down:
+                await asyncio.sleep(0.01)
+                continue
+            if n % 3:
+                datas = [f"w{w} n{n}".encode()]
+                await self._publish(session, url, datas, single=True)
+            else:
+                datas = [f"w{w} n{n} k{k}".encode() for k in range(20)]
+                await self._publish(session, url, datas, single=False)
+
+    async def _publish(self, session: aiohttp.ClientSession, url: str, datas: list[bytes],
+                       single: bool) -> None:
+        if single:
+            body, headers = datas[0], {}
+        else:
+            body, headers = encode_batch(TOPIC, datas), {"Content-Type": FRAMES_CONTENT_TYPE}
+        sent = False
+        try:
+            async with session.post(f"{url}/messaging/messages", params={"topicID": str(TOPIC)},
+                                    data=body, headers=headers,
+                                    timeout=aiohttp.ClientTimeout(total=40)) as resp:
+                sent = True
+                self.statuses[resp.status] = self.statuses.get(resp.status, 0) + 1
+                if resp.status == 200:
+                    first = int(resp.headers["X-Broker-Index"]) - len(datas) + 1
+                    for i, data in enumerate(datas):
+                        self.acked[data] = first + i
+                    return
+                await resp.read()
+                (self.refused if resp.status == 503 else self.unknown).update(datas)
+        except aiohttp.ClientConnectorError:
+            self.refused.update(datas)  # never connected: never sent
+            await asyncio.sleep(0.5)
+        except (aiohttp.ClientError, TimeoutError):
+            self.unknown.update(datas)
+        if not sent or resp.status != 200:
+            await asyncio.sleep(0.05)
+
+    async def until_acked(self, more: int, timeout: float, what: str) -> None:
+        target = len(self.acked) + more
+        await wait_until(lambda: _true(len(self.acked) >= target), timeout=timeout, what=what)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+# -- checks ----------------------------------------------------------------------------------
+
+
+async def contents(session: aiohttp.ClientSession, url: str) -> list[tuple[int, bytes]]:
+    async with session.get(f"{url}/messaging/messages", params={"topicID": str(TOPIC)}) as resp:
+        if resp.status == 404:
+            return []
+        assert resp.status == 200, await resp.text()
+        body = await resp.read()
+    messages, used = decode(body, after=0)
+    assert used == len(body)
+    return [(m.index, m.data) for m in messages]
+
+
+async def converge(session: aiohttp.ClientSession, urls: list[str], at_least: int,
+                   timeout: float = 30.0) -> list[tuple[int, bytes]]:
+    """Wait until every node holds the same messages (at least ``at_least`` of them)."""
+    seen: list[list[tuple[int, bytes]]] = []
+
+    async def same() -> bool:
+        try:
+            seen[:] = [await contents(session, u) for u in urls]
+        except aiohttp.ClientError:
+            return False
+        return len(seen[0]) >= at_least and all(c == seen[0] for c in seen)
+
+    await wait_until(same, timeout=timeout,
+                     what=f"{len(urls)} nodes holding the same >= {at_least} messages")
+    return seen[0]
+
+
+def check_log(stored: list[tuple[int, bytes]], load: Load) -> None:
+    """Every acknowledged message once at its index; nothing refused; nothing invented."""
+    by_data: dict[bytes, int] = {}
+    for index, data in stored:
+        assert data not in by_data, f"{data!r} stored twice (indexes {by_data[data]}, {index})"
+        by_data[data] = index
+    for data, index in load.acked.items():
+        assert by_data.get(data) == index, f"acknowledged {data!r} at {index}, " \
+                                           f"stored at {by_data.get(data)}"
+    stored_refused = load.refused & by_data.keys()
+    assert not stored_refused, f"{len(stored_refused)} refused messages were stored"
+    assert by_data.keys() <= load.acked.keys() | load.unknown
+
+
+def segments(data: Path) -> dict[str, bytes]:
+    folder = data / "topics" / str(TOPIC)
+    return {f.name: f.read_bytes() for f in sorted(folder.glob("*.seg"))}
+
+
+async def check_identical(nodes: Nodes, which: list[int] | None = None) -> None:
+    indexes = which if which is not None else list(range(len(nodes.procs)))
+    files = [await asyncio.to_thread(segments, nodes.data(i)) for i in indexes]
+    assert files[0], "no segment files"
+    for other in files[1:]:
+        assert other == files[0], "segment files differ between nodes"
+
+
+async def settled(session: aiohttp.ClientSession, nodes: Nodes, load: Load,
+                  which: list[int] | None = None) -> list[tuple[int, bytes]]:
+    indexes = which if which is not None else list(range(len(nodes.procs)))
+    urls = [nodes.url(i) for i in indexes]
+    stored = await converge(session, urls, len(load.acked))
+    check_log(stored, load)
+    await check_identical(nodes, indexes)
+    return stored
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+
+def test_log_entry_round_trip() -> None:
+    commands = [b"", b"a" * 100, encode_batch(1, [b"x", b"y"])]
+    entry = decode_entry(encode_entry(b"12345678", 9, commands))
+    assert (entry.node, entry.seq, entry.commands) == (b"12345678", 9, commands)
+    value = encode_entry(b"12345678", 9, commands)
+    for bad in (value[:-1], value + b"x", b"nope" + value[4:], b""):
+        with pytest.raises(ValueError):
+            decode_entry(bad)
+
+
+@pytest.mark.parametrize("args", [["--etcd", "http://127.0.0.1:1"],
+                                  ["--cluster", "c"],
+                                  ["--etcd", "nope", "--cluster", "c"],
+                                  ["--etcd", "http://127.0.0.1:1", "--cluster", "a/b"]])
+def test_cluster_flag_errors(args: list[str]) -> None:
+    result = cli("broker", "--bind", "127.0.0.1:0", *args, timeout=30)
+    assert result.returncode != 0
+    assert "error" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_refuses_topics_without_checkpoint(etcd_cluster: EtcdCluster, tmp_path: Path) -> None:
+    (tmp_path / "data" / "topics" / "1").mkdir(parents=True)
+    result = cli("broker", "--data", str(tmp_path / "data"), "--bind", "127.0.0.1:0",
+                 "--etcd", etcd_cluster.endpoints, "--cluster", "refuse", timeout=30)
+    assert result.returncode == 1
+    assert "no cluster.json" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_three_nodes_concurrent_publishes(etcd: EtcdCluster, broker_process,
+                                                tmp_path: Path) -> None:
+    nodes = Nodes(broker_process, tmp_path, etcd)
+    await nodes.start(0, 1, 2)
+    async with aiohttp.ClientSession() as session:
+        load = Load(nodes.urls)
+        load.start(session)
+        await load.until_acked(1500, 30, "1500 acknowledged messages")
+        await load.finish()
+        assert load.statuses.get(200, 0) == sum(load.statuses.values()), load.statuses
+        await settled(session, nodes, load)
+        d = await diagnostics(session, nodes.url(0))
+        assert d["mode"] == "etcd" and d["watch"]["live"] and d["quorum"]
+        assert d["groups"] >= 1 and d["lag"] >= 0
+
+        async def everyone_listed() -> bool:
+            async with session.get(f"{nodes.url(1)}/messaging/ping") as resp:
+                return sorted((await resp.json())["urls"]) == sorted(nodes.urls)
+
+        await wait_until(everyone_listed, timeout=10, what="every node in /messaging/ping")
+        # A publish larger than one etcd request is refused clearly.
+        big = encode_batch(TOPIC, [b"x" * 1_000_000, b"y" * 500_000])
+        async with session.post(f"{nodes.url(0)}/messaging/messages",
+                                params={"topicID": str(TOPIC)}, data=io.BytesIO(big),
+                                headers={"Content-Type": FRAMES_CONTENT_TYPE}) as resp:
+            assert resp.status == 413
+            assert "in cluster mode a publish is limited to" in resp.headers["X-Broker-Error"]
+
+
+async def test_node_killed_under_load_catches_up(etcd: EtcdCluster, broker_process,
+                                                 tmp_path: Path) -> None:
+    nodes = Nodes(broker_process, tmp_path, etcd)
+    await nodes.start(0, 1, 2)
+    async with aiohttp.ClientSession() as session:
+        load = Load(nodes.urls)
+        load.start(session)
+        await load.until_acked(300, 30, "load before the kill")
+        load.down.add(nodes.url(1))
+        nodes.kill(1)
+        await load.until_acked(500, 30, "load while a node is down")
+        await nodes.start(1)
+        load.down.clear()
+        await load.until_acked(300, 30, "load after the restart")
+        await load.finish()
+        await settled(session, nodes, load)
+
+
+async def test_all_nodes_killed_at_once(etcd: EtcdCluster, broker_process,
+                                        tmp_path: Path) -> None:
+    nodes = Nodes(broker_process, tmp_path, etcd)
+    await nodes.start(0, 1, 2)
+    async with aiohttp.ClientSession() as session:
+        load = Load(nodes.urls)
+        load.start(session)
+        await load.until_acked(800, 30, "load before the kill")
+        load.down.update(nodes.urls)
+        for proc in nodes.procs.values():
+            assert proc.proc is not None
+            os.kill(proc.proc.pid, signal.SIGKILL)
+        for i in range(3):
+            nodes.kill(i)
+        await load.finish()
+        await nodes.start(0, 1, 2)
+        stored = await settled(session, nodes, load)
+        # Publishing goes on from the same indexes.
+        async with session.post(f"{nodes.url(2)}/messaging/messages",
+                                params={"topicID": str(TOPIC)}, data=b"after") as resp:
+            assert resp.status == 200
+            assert int(resp.headers["X-Broker-Index"]) > stored[-1][0]
+
+
+async def test_etcd_leader_killed_under_load(etcd: EtcdCluster, broker_process,
+                                             tmp_path: Path) -> None:
+    nodes = Nodes(broker_process, tmp_path, etcd)
+    await nodes.start(0, 1, 2)
+    async with aiohttp.ClientSession() as session:
+        load = Load(nodes.urls)
+        load.start(session)
+        await load.until_acked(300, 30, "load before the kill")
+        leader = await etcd.leader()
+        leader.stop(signal.SIGKILL)
+        killed_at = time.monotonic()
+        await load.until_acked(300, 30, "publishing to resume through the survivors")
+        resumed = time.monotonic() - killed_at
+        await load.finish()
+        print(f"resumed after {resumed:.1f}s; answers {load.statuses}; "
+              f"{len(load.acked)} acknowledged, {len(load.unknown)} unknown")
+        await settled(session, nodes, load)
+        assert resumed < 20, resumed
+    leader.start()
+
+
+async def test_quorum_lost_and_regained(etcd: EtcdCluster, broker_process,
+                                        tmp_path: Path) -> None:
+    nodes = Nodes(broker_process, tmp_path, etcd)
+    await nodes.start(0, 1, 2)
+    async with aiohttp.ClientSession() as session:
+        load = Load(nodes.urls)
+        load.start(session, workers=3)
+        await load.until_acked(200, 30, "load before quorum is lost")
+        for member in etcd.members[1:]:
+            member.stop(signal.SIGKILL)
+
+        async def refused_at_once() -> bool:
+            started = time.monotonic()
+            async with session.post(f"{nodes.url(0)}/messaging/messages",
+                                    params={"topicID": str(TOPIC)}, data=b"probe") as resp:
+                await resp.read()
+                if resp.status == 200:
+                    load.acked[b"probe"] = int(resp.headers["X-Broker-Index"])
+                    return False
+                load.unknown.add(b"probe")  # a 504 may still commit once quorum is back
+                return resp.status == 503 and time.monotonic() - started < 2.0
+
+        await wait_until(refused_at_once, timeout=30, what="a quick 503 without quorum")
+        assert (await diagnostics(session, nodes.url(1)))["quorum"] is False
+        assert set(load.statuses) <= {200, 503, 504}, load.statuses
+        for member in etcd.members[1:]:
+            member.start()
+        await load.until_acked(200, 40, "publishing to resume with quorum back")
+        await load.finish()
+        await settled(session, nodes, load)
+
+
+async def test_node_stopped_longer_than_its_lease(etcd: EtcdCluster, broker_process,
+                                                  tmp_path: Path) -> None:
+    nodes = Nodes(broker_process, tmp_path, etcd)
+    await nodes.start(0, 1, 2)
+    async with aiohttp.ClientSession() as session:
+        load = Load(nodes.urls[:2])
+        load.start(session, workers=4)
+        await load.until_acked(200, 30, "load before the stop")
+
+        async def listed() -> bool:
+            d = await diagnostics(session, nodes.url(0))
+            return nodes.url(2) in d["nodes"]
+
+        await wait_until(listed, timeout=10, what="the node to be registered")
+        stopped = nodes.procs[2].proc
+        assert stopped is not None
+        os.kill(stopped.pid, signal.SIGSTOP)
+        try:
+            async def gone() -> bool:
+                d = await diagnostics(session, nodes.url(0))
+                return nodes.url(2) not in d["nodes"]
+
+            await wait_until(gone, timeout=20, what="the stopped node's lease to expire")
+            await load.until_acked(300, 30, "load while the node is stopped")
+        finally:
+            os.kill(stopped.pid, signal.SIGCONT)
+
+        await wait_until(listed, timeout=20, what="the node to register again")
+        await load.finish()
+        await settled(session, nodes, load)
+
+
+async def test_node_added_after_compaction_installs_a_snapshot(
+        etcd: EtcdCluster, broker_process, tmp_path: Path) -> None:
+    nodes = Nodes(broker_process, tmp_path, etcd, "--etcd-compact-every", "50",
+                  "--max-segment-size", "64K")
+    await nodes.start(0, 1)
+    async with aiohttp.ClientSession() as session:
+        load = Load(nodes.urls)
+        load.start(session, workers=4)
+        first_revision = 0
+
+        async def compacted() -> bool:
+            nonlocal first_revision
+            ds = [await diagnostics(session, url) for url in nodes.urls]
+            first_revision = first_revision or ds[0]["last_entry_applied"]
+            done = max(d["compacted_revision"] for d in ds)  # the first URL compacts
+            return bool(first_revision and done > first_revision + 1)
+
+        await wait_until(compacted, timeout=40, what="etcd compaction past the log's start")
+        await load.finish()
+        await nodes.start(2)
+        await settled(session, nodes, load)
+        d = await diagnostics(session, nodes.url(2))
+        assert d["snapshots_installed"] == 1
+        assert d["watch"]["live"]
+        async with session.post(f"{nodes.url(2)}/messaging/messages",
+                                params={"topicID": str(TOPIC)}, data=b"after") as resp:
+            assert resp.status == 200
+        load.acked[b"after"] = int(resp.headers["X-Broker-Index"])
+        await settled(session, nodes, load)
+
+
+@pytest.mark.parametrize("fsync", ["always", "interval"])
+async def test_in_process_node_never_blocks_the_loop(etcd: EtcdCluster, start_server,
+                                                     fsync: str) -> None:
+    """Publishing, heartbeats, snapshots and shutdown, all under blockbuster."""
+    cluster = f"t{uuid.uuid4().hex[:10]}"
+    server = await start_server(etcd=etcd.endpoints, cluster=cluster, fsync=fsync)
+    base = server.url
+    async with aiohttp.ClientSession() as session:
+        for i in range(20):
+            async with session.post(f"{base}/messaging/messages", params={"topicID": "3"},
+                                    data=f"m{i}".encode()) as resp:
+                assert resp.status == 200, await resp.text()
+                assert int(resp.headers["X-Broker-Index"]) == i + 1
+        async with session.post(f"{base}/messaging/heartbeat",
+                                params={"topicID": "3", "index": "5", "url": "sub"}) as resp:
+            assert resp.status == 200
+        async with session.get(f"{base}/messaging/snapshot",
+                               params={"cluster": cluster}) as resp:
+            assert resp.status == 200
+            header = json.loads((await resp.read()).split(b"\n", 1)[0])
+        assert header["cluster"] == cluster and header["revision"] > 0
+        assert header["index"] == 20 and header["subscribers"] == {"3": {"sub": 5}}
+        async with session.get(f"{base}/messaging/snapshot", params={"cluster": "x"}) as resp:
+            assert resp.status == 400
+        d = await diagnostics(session, base)
+        assert d["applied_revision"] >= header["revision"] and d["index"] == 20
+
+
+async def _alarm(url: str, action: int) -> None:
+    async with grpc.aio.insecure_channel(url.removeprefix("http://")) as channel:
+        await rpc.MaintenanceStub(channel).Alarm(
+            rpc.AlarmRequest(action=action, memberID=0, alarm=rpc.NOSPACE), timeout=5)
+
+
+async def test_nospace_alarm_answers_507(etcd: EtcdCluster, broker_process,
+                                         tmp_path: Path) -> None:
+    nodes = Nodes(broker_process, tmp_path, etcd)
+    await nodes.start(0)
+    url = etcd.members[0].client_url
+    async with aiohttp.ClientSession() as session:
+        async def publish() -> aiohttp.ClientResponse:
+            async with session.post(f"{nodes.url(0)}/messaging/messages",
+                                    params={"topicID": str(TOPIC)}, data=b"x") as resp:
+                await resp.read()
+                return resp
+
+        assert (await publish()).status == 200
+        await _alarm(url, rpc.AlarmRequest.ACTIVATE)
+        try:
+            resp = await publish()
+            assert resp.status == 507
+            assert "NOSPACE" in resp.headers["X-Broker-Error"]
+            assert (await diagnostics(session, nodes.url(0)))["alarm"] == "NOSPACE"
+        finally:
+            await _alarm(url, rpc.AlarmRequest.DEACTIVATE)
+        assert (await publish()).status == 200
+        assert (await diagnostics(session, nodes.url(0)))["alarm"] is None
+
+
+async def test_graceful_stop_checkpoints_and_leaves(etcd: EtcdCluster, broker_process,
+                                                    tmp_path: Path) -> None:
+    nodes = Nodes(broker_process, tmp_path, etcd)
+    await nodes.start(0, 1)
+    async with aiohttp.ClientSession() as session:
+        load = Load(nodes.urls)
+        load.start(session, workers=4)
+        await load.until_acked(300, 30, "some load")
+        await load.finish()
+        await settled(session, nodes, load)
+        applied = (await diagnostics(session, nodes.url(1)))["last_entry_applied"]
+        assert await asyncio.to_thread(nodes.procs[1].terminate) == 0
+        checkpoint = json.loads((nodes.data(1) / "cluster.json").read_text())
+        assert checkpoint["cluster"] == nodes.name and checkpoint["revision"] >= applied
+        log_text = nodes.procs[1].log.read_text()
+        assert "Traceback" not in log_text and " ERROR " not in log_text
+
+        async def left() -> bool:  # its lease was revoked on the way out, not left to expire
+            return nodes.url(1) not in (await diagnostics(session, nodes.url(0)))["nodes"]
+
+        await wait_until(left, timeout=3, what="the stopped node to leave the node list")
+        await nodes.start(1)
+        async with session.post(f"{nodes.url(1)}/messaging/messages",
+                                params={"topicID": str(TOPIC)}, data=b"after") as resp:
+            assert resp.status == 200
+            load.acked[b"after"] = int(resp.headers["X-Broker-Index"])
+        await settled(session, nodes, load)
