@@ -29,6 +29,10 @@ Durability (--fsync):
   never     the operating system decides when to write; a machine crash can lose any amount
             of acknowledged messages. For benchmarks and throwaway data only.
 
+Faults: a full disk answers 507 (reads go on; publishing resumes once space is freed); a
+failed write answers 500 and keeps nothing; a failed fsync stops the topic for writes (503)
+until a restart re-verifies its files. Nothing from a failed publish ever becomes visible.
+
 Sizes take K/M/G suffixes (binary: 10M = 10 MiB); durations take ms/s/m/h (default s).
 """
 
@@ -38,6 +42,7 @@ def _broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     defaults = BrokerConfig()
     p.add_argument("--bind", type=parse_host_port, default=(defaults.host, defaults.port),
+                   metavar="HOST:PORT",
                    help=f"HTTP address HOST:PORT (default {defaults.host}:{defaults.port})")
     for name, option, default in broker_options():
         shown = f" (default {option.show(default)})" if default not in (None, []) else ""

@@ -136,37 +136,40 @@ def _option(default: Any, flag: str, help: str, **how: Any) -> Any:
 class BrokerConfig:
     """Everything ``messaging broker`` can be told (``--bind`` sets ``host`` and ``port``)."""
 
-    data: Path = _option(Path("./data"), "--data", "data directory", parse=Path)
+    data: Path = _option(Path("./data"), "--data", "data directory", parse=Path,
+                         show=lambda path: f"./{path}", metavar="DIR")
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     fsync: FsyncMode = _option("always", "--fsync", "durability mode, see above",
                                choices=FSYNC_MODES)
     max_segment_size: int = _option(
         DEFAULT_MAX_SEGMENT_SIZE, "--max-segment-size",
-        "start a new segment file past this size", parse=positive_size, show=show_size)
+        "start a new segment file past this size", parse=positive_size, show=show_size,
+        metavar="SIZE")
     max_topic_size: int = _option(
         DEFAULT_MAX_TOPIC_SIZE, "--max-topic-size",
         "retention deletes old segments of topics above this", parse=parse_size,
-        show=show_size)
+        show=show_size, metavar="SIZE")
     max_message_size: int = _option(
         DEFAULT_MAX_MESSAGE_SIZE, "--max-message-size", "largest message data accepted",
-        parse=positive_size, show=show_size)
+        parse=positive_size, show=show_size, metavar="SIZE")
     max_request_size: int = _option(
         DEFAULT_MAX_REQUEST_SIZE, "--max-request-size",
-        "largest batch publish body accepted", parse=positive_size, show=show_size)
+        "largest batch publish body accepted", parse=positive_size, show=show_size,
+        metavar="SIZE")
     truncation_interval: float = _option(
         DEFAULT_TRUNCATION_INTERVAL, "--truncation-interval", "how often retention runs",
-        parse=positive_duration, show=show_duration)
+        parse=positive_duration, show=show_duration, metavar="DURATION")
     subscriber_timeout: float = _option(
         DEFAULT_SUBSCRIBER_TIMEOUT, "--subscriber-timeout",
         "a subscriber silent this long stops holding data back", parse=positive_duration,
-        show=show_duration)
+        show=show_duration, metavar="DURATION")
     header_timeout: float = _option(
         DEFAULT_HEADER_TIMEOUT, "--header-timeout",
         "close a connection that has not sent a complete request head this long after "
         "connecting or after its last response (so idle kept-alive connections too); "
         "requests being served, uploads and streams are not affected",
-        parse=positive_duration, show=show_duration)
+        parse=positive_duration, show=show_duration, metavar="DURATION")
     max_connections: int = _option(
         DEFAULT_MAX_CONNECTIONS, "--max-connections",
         "connections served at once; more are answered 503 and closed", parse=positive_int,
