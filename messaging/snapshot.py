@@ -13,7 +13,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING, Any
 
 from messaging.errors import CorruptDataError, DataDirectoryError
@@ -134,16 +134,19 @@ def install(broker: Broker, header: dict[str, Any], stream: IO[bytes]) -> None:
     log.info("restored snapshot: %d topics, index %d", len(opened), broker.index)
 
 
-def _read_exactly(source: IO[bytes], size: int) -> bytes:
-    parts = []
+def _chunks(source: IO[bytes], size: int) -> Iterator[bytes]:
+    """Exactly ``size`` bytes of ``source``, 1 MiB at a time; a short source is an error."""
     remaining = size
     while remaining:
         chunk = source.read(min(remaining, 1 << 20))
         if not chunk:
             raise DataDirectoryError(f"snapshot ended {remaining} bytes early")
-        parts.append(chunk)
+        yield chunk
         remaining -= len(chunk)
-    return b"".join(parts)
+
+
+def _read_exactly(source: IO[bytes], size: int) -> bytes:
+    return b"".join(_chunks(source, size))
 
 
 def _verify_segment(topic_id: int, name: str, data: bytes) -> None:
@@ -161,10 +164,5 @@ def _verify_segment(topic_id: int, name: str, data: bytes) -> None:
 
 
 def _copy(source: IO[bytes], target: IO[bytes], size: int) -> None:
-    remaining = size
-    while remaining:
-        chunk = source.read(min(remaining, 1 << 20))
-        if not chunk:
-            raise DataDirectoryError(f"snapshot ended {remaining} bytes early")
+    for chunk in _chunks(source, size):
         target.write(chunk)
-        remaining -= len(chunk)
