@@ -6,8 +6,8 @@ CORE_STAMP := $(VENV)/.installed-core
 PORT ?= 8086
 DATA ?= ./data
 
-.PHONY: run test lint typecheck pytest bench bench-storage bench-http bench-client bench-cluster bench-spark \
-	bench-streams soak etcd clean
+.PHONY: run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
+	bench-client bench-cluster bench-spark bench-streams soak etcd clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 run: $(CORE_STAMP)
 	$(BIN)/messaging broker --data $(DATA) --bind 127.0.0.1:$(PORT)
 
-## make test: set up .venv, then ruff, mypy and pytest
+## make test: set up .venv, then ruff, mypy and pytest (everything, end-to-end tests too)
 test: lint typecheck pytest
+
+## make test-unit: ruff, mypy and the unit tests only (-m "not e2e": no broker, etcd or CLI
+## processes, no Spark, nothing slow; under 20 s)
+test-unit: lint typecheck pytest-unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check messaging tests bench examples
@@ -38,6 +42,9 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP) etcd
 	$(BIN)/python -m pytest -q
+
+pytest-unit: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not e2e"
 
 ## make etcd: the cluster tests need an etcd server (3.4.22+ or 3.5.6+) on PATH
 etcd:

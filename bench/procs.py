@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import IO
 
 HERE = Path(__file__).resolve().parent
 
@@ -33,16 +34,29 @@ def _first_line(proc: subprocess.Popen[str], timeout: float) -> str:
 
 
 class Proc:
-    """A child process that is stopped (by its PID) when the benchmark ends."""
+    """A child process that is stopped (by its PID) when the benchmark ends.
 
-    def __init__(self, args: list[str], ready: str, timeout: float = 30.0) -> None:
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    Its stderr goes to ``log`` (appended) when given, else nowhere.
+    """
+
+    def __init__(self, args: list[str], ready: str, timeout: float = 30.0,
+                 log: Path | None = None) -> None:
+        err: IO[bytes] | int = log.open("ab") if log is not None else subprocess.DEVNULL
+        try:
+            self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, text=True,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        finally:
+            if not isinstance(err, int):
+                err.close()  # the child keeps its own copy of the descriptor
         line = _first_line(self.proc, timeout)
         if ready not in line:
             self.stop()
             raise RuntimeError(f"{args[:4]} did not start: {line!r}")
         self.line = line
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -53,11 +67,19 @@ class Proc:
                 self.proc.kill()
                 self.proc.wait(5)
 
+    def kill(self) -> None:
+        """SIGKILL, then reap."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
 
-def broker(data: Path, *args: str) -> tuple[Proc, str]:
+
+def broker(data: Path, *args: str, port: int = 0, log: Path | None = None,
+           ) -> tuple[Proc, str]:
     """A ``messaging broker`` process and its URL."""
     proc = Proc([sys.executable, "-m", "messaging.cli", "broker", "--data", str(data),
-                 "--bind", "127.0.0.1:0", "--log-level", "WARNING", *args], "listening on")
+                 "--bind", f"127.0.0.1:{port}", "--log-level", "WARNING", *args],
+                "listening on", log=log)
     match = re.search(r"listening on (http://\S+)", proc.line)
     assert match
     return proc, match.group(1)
@@ -78,3 +100,91 @@ def ensure_tool(name: str, package: str) -> str | None:
     subprocess.run(["apt-get", "install", "-y", "-qq", package], capture_output=True,
                    timeout=300, check=False)
     return shutil.which(name)
+
+
+class Etcd:
+    """One etcd member with its own data directory, started and stopped by its PID.
+
+    Its log goes to ``<data>.log``. Restarting it (``start`` again) reuses the data directory,
+    so it rejoins the cluster it was created in.
+    """
+
+    def __init__(self, name: str, data: Path, initial_cluster: str, client_port: int,
+                 peer_port: int, snapshot_count: int = 2000) -> None:
+        self.name, self.data, self.initial_cluster = name, data, initial_cluster
+        self.client_url = f"http://127.0.0.1:{client_port}"
+        self.peer_url = f"http://127.0.0.1:{peer_port}"
+        self.snapshot_count = snapshot_count
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        etcd = shutil.which("etcd")
+        if etcd is None:
+            raise RuntimeError("etcd is not on PATH (apt-get install etcd-server, 3.4.22+)")
+        with self.data.with_suffix(".log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                [etcd, "--name", self.name, "--data-dir", str(self.data),
+                 "--listen-client-urls", self.client_url,
+                 "--advertise-client-urls", self.client_url,
+                 "--listen-peer-urls", self.peer_url,
+                 "--initial-advertise-peer-urls", self.peer_url,
+                 "--initial-cluster", self.initial_cluster, "--initial-cluster-state", "new",
+                 "--initial-cluster-token", "messaging-bench",
+                 "--snapshot-count", str(self.snapshot_count),
+                 "--logger", "zap", "--log-level", "warn"],
+                stdout=log, stderr=log)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.running and self.proc is not None else None
+
+    def kill(self) -> None:
+        """SIGKILL (kill -9) by PID, then reap."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(15)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def etcd_cluster(tmp: Path, size: int = 3, snapshot_count: int = 2000) -> list[Etcd]:
+    """``size`` etcd members of one new cluster on free 127.0.0.1 ports (not started)."""
+    ports = [(free_port(), free_port()) for _ in range(size)]
+    initial = ",".join(f"e{i}=http://127.0.0.1:{peer}" for i, (_, peer) in enumerate(ports))
+    return [Etcd(f"e{i}", tmp / f"etcd{i}", initial, client, peer, snapshot_count)
+            for i, (client, peer) in enumerate(ports)]
+
+
+def rss_bytes(pid: int | None) -> int:
+    """Resident set size of ``pid`` (0 when it is gone)."""
+    if pid is None:
+        return 0
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds ``pid`` used so far (0 when it is gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0

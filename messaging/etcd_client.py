@@ -35,8 +35,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: A put that has not answered within this many seconds has an unknown outcome.
-PUT_TIMEOUT = 5.0
+#: A put that has not answered within this many seconds has an unknown outcome. etcd holds
+#: a put whose leader died until its own request timeout (about 7 s); a shorter deadline
+#: frees the put's slot for the puts the new leader will take (elections take 1-3 s).
+PUT_TIMEOUT = 2.0
 #: Deadline of the reads that tell whether etcd has quorum (and of other small calls).
 QUICK_TIMEOUT = 1.0
 _REQUIRE_LEADER = ("hasleader", "true")

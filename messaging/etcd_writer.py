@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 MAX_PUT_BYTES = 1 << 20
 #: The largest single command: it goes alone in a put, still under etcd's default limit.
 MAX_COMMAND_BYTES = 1_400_000
-MAX_PUTS_IN_FLIGHT = 4
+#: Puts may be in flight together: enough that puts stuck at a dead etcd leader do not stop
+#: new ones reaching the next one.
+MAX_PUTS_IN_FLIGHT = 8
 #: After its put committed, how long a publisher waits for this node to apply it.
 APPLY_TIMEOUT = 30.0
 #: A quorum proof (a successful read or put) younger than this lets a put go unchecked.

@@ -132,6 +132,7 @@ async def test_no_broker_reachable_fails_fast_when_refused() -> None:
                                    f"{other}: connection refused)")
 
 
+@pytest.mark.e2e  # over a second: left out of the unit run
 async def test_retries_for_retry_timeout_when_a_broker_has_no_leader() -> None:
     async def no_leader(request: web.Request) -> web.Response:
         return web.Response(status=503, text="no leader\n", headers={"X-Broker-Error": "no leader"})

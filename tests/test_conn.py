@@ -130,6 +130,7 @@ async def test_resume_after_cuts_never_loses_or_repeats(server: BrokerServer,
     assert proxy.cuts > 10 and conn.reconnects > 10
 
 
+@pytest.mark.e2e  # over a second: left out of the unit run
 async def test_conn_gives_up_after_retry_timeout_without_a_broker() -> None:
     async with tcp_server(b"") as url, Client(url, retry_timeout=1) as client:
         loop = asyncio.get_running_loop()
@@ -155,6 +156,7 @@ async def test_conn_fails_fast_when_every_url_refuses() -> None:
             await conn.close()
 
 
+@pytest.mark.e2e  # over a second: left out of the unit run
 async def test_a_subscriber_keeps_retrying_while_its_broker_restarts(tmp_path: Path) -> None:
     """Refusals end the wait at once only if no broker ever answered: a restart is not that."""
     config = BrokerConfig(data=tmp_path / "data", host="127.0.0.1", port=free_port())

@@ -1,36 +1,21 @@
-"""The broker process around the app: header timeout, connection cap, CLI checks."""
+"""The broker around the app: the header timeout and the connection cap, in process.
+
+The ``messaging broker`` command (its flags, the data directory) is tests/e2e/test_cli.py.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import aiohttp
 import pytest
 
-import messaging
 from messaging.message import BatchDecoder
 from messaging.server import BrokerServer
 from tests.conftest import StartServer, wait_until
-from tests.test_http_edges import exchange, parse_head, read_response
+from tests.raw_http import PING, closed_after, exchange, parse_head, read_response
 
 TIMEOUT = 0.5  # the header timeout these tests give their brokers
-PING = b"GET /messaging/ping HTTP/1.1\r\nHost: t\r\n\r\n"
-
-
-async def closed_after(reader: asyncio.StreamReader, limit: float = 10.0) -> float:
-    """Seconds until the broker closes the connection (reading and dropping any bytes)."""
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    try:
-        while await asyncio.wait_for(reader.read(65536), limit):
-            pass
-    except ConnectionResetError:
-        pass
-    return loop.time() - started
 
 
 async def open_streaming_get(server: BrokerServer, topic: int,
@@ -46,6 +31,7 @@ async def open_streaming_get(server: BrokerServer, topic: int,
 # -- 9: header timeout --------------------------------------------------------------------
 
 
+@pytest.mark.e2e  # over a second: left out of the unit run
 async def test_slowloris_connections_are_closed_after_the_header_timeout(
         start_server: StartServer, http: aiohttp.ClientSession) -> None:
     server = await start_server(header_timeout=TIMEOUT)
@@ -86,6 +72,7 @@ async def test_slowloris_connections_are_closed_after_the_header_timeout(
     stream.close()
 
 
+@pytest.mark.e2e  # over a second: left out of the unit run
 async def test_requests_that_finish_their_headers_in_time_are_served(
         start_server: StartServer) -> None:
     server = await start_server(header_timeout=TIMEOUT)
@@ -113,6 +100,7 @@ async def test_requests_that_finish_their_headers_in_time_are_served(
     writer.close()
 
 
+@pytest.mark.e2e  # 0.5 s a case, over two in all: left out of the unit run
 @pytest.mark.parametrize("case", ["idle", "partial-second", "pipelined-partial",
                                   "declined-upgrade-tail"])
 async def test_kept_alive_connections_are_held_to_the_header_timeout(
@@ -179,57 +167,3 @@ async def test_refused_connection_that_never_closes_is_cut(start_server: StartSe
     assert await closed_after(reader) < 5
     writer.close()
     _held[1].close()
-
-
-# -- the flags, end to end ----------------------------------------------------------------
-
-
-async def test_broker_flags_set_the_header_timeout_and_the_cap(broker_process) -> None:
-    proc = broker_process(None, "--header-timeout", "500ms", "--max-connections", "2").start()
-    port = int(proc.url.rsplit(":", 1)[1])
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"GET /messaging/ping HTTP/1.1\r\nHo")
-    _held, held_writer = await asyncio.open_connection("127.0.0.1", port)
-    raw = await exchange(port, PING)  # a third connection
-    assert parse_head(raw)[0] == 503
-    assert await closed_after(reader) < 3
-    writer.close()
-    held_writer.close()
-    for request in [b"G\x00T / HTTP/1.1\r\n\r\n", b"GET /x%00 HTTP/1.1\r\n\r\n"] * 20:
-        assert parse_head(await exchange(port, request))[0] in (400, 404, 503)
-    assert proc.terminate() == 0
-    log = proc.log.read_text()
-    assert "Traceback" not in log
-    assert log.count(" WARNING ") <= 25, log
-
-
-# -- 11: the data directory -------------------------------------------------------------------
-
-
-def run_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``messaging`` from this source tree, run in ``cwd``."""
-    source = str(Path(messaging.__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [source, *filter(None, [os.environ.get("PYTHONPATH")])])}
-    return subprocess.run([sys.executable, "-m", "messaging.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=60)
-
-
-@pytest.mark.parametrize("data", ["", "   "])
-def test_broker_refuses_an_empty_data_directory(tmp_path: Path, data: str) -> None:
-    result = run_cli(tmp_path, "broker", "--data", data, "--bind", "127.0.0.1:0")
-    assert result.returncode != 0
-    assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--data" in lines[0] and "error" in lines[0], result.stderr
-    assert list(tmp_path.iterdir()) == []  # nothing written into the current directory
-
-
-@pytest.mark.parametrize(("flag", "value"), [("--header-timeout", "0"),
-                                             ("--max-connections", "0"),
-                                             ("--max-connections", "１０")])
-def test_broker_refuses_limits_that_cannot_work(tmp_path: Path, flag: str, value: str) -> None:
-    result = run_cli(tmp_path, "broker", "--data", str(tmp_path / "d"), flag, value)
-    assert result.returncode == 2
-    assert flag in result.stderr.strip().splitlines()[-1]
-    assert list(tmp_path.iterdir()) == []

@@ -1,4 +1,8 @@
-"""Topic storage: appends, segments, recovery, reading, retention, following."""
+"""Topic storage: appends, commits, recovery, retention, waiting, and a stateful model.
+
+Reading (TopicReader, following) is tests/test_topic_reader.py; the sparse index is
+tests/test_segment.py.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,6 @@ import os
 import shutil
 import tempfile
 from array import array
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -16,11 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from messaging.errors import CorruptDataError, TopicTruncatedError
+from messaging.errors import TopicTruncatedError
 from messaging.message import HEADER_SIZE, Message, decode, encode_many
 from messaging.segment import segment_name
 from messaging.topic import Topic
-from messaging.topic_reader import TopicReader
 from tests.conftest import frames
 
 
@@ -41,31 +43,6 @@ def make(path: Path, segments: list[list[int]], topic_id: int = 1) -> Topic:
     topic.sync()
     topic.commit()
     return topic
-
-
-def test_reader_vectors_from_the_original_system(tmp_path: Path) -> None:
-    topic = make(tmp_path, [[6, 7, 10], [12], [13, 14]])
-    assert [s.path.name for s in topic.segments()] == [segment_name(i) for i in (6, 12, 13)]
-    assert read(topic, 9) == [10, 12, 13, 14]
-    assert read(topic, 15) == []
-    assert topic.truncate(max_size=0, floor_index=10) > 0
-    # Everything up to 10 (the last index deleted) is gone; 11 never was in this topic.
-    assert json.loads((tmp_path / "tombstone").read_text()) == {"first_index": 11}
-    with pytest.raises(TopicTruncatedError) as info:
-        read(topic, 0)
-    assert info.value.first_index == 11
-    assert read(topic, 11) == [12, 13, 14]
-    assert read(topic, 12) == [12, 13, 14]
-    topic.close()
-
-
-def test_end_and_limit(tmp_path: Path) -> None:
-    topic = make(tmp_path, [[1, 2, 3], [5, 8], [9]])
-    assert read(topic, 0, end=8) == [1, 2, 3, 5]
-    assert read(topic, 2, limit=3) == [2, 3, 5]
-    assert read(topic, 2, end=9, limit=10) == [2, 3, 5, 8]
-    assert read(topic, 0, limit=0) == []
-    topic.close()
 
 
 def test_stale_appends_are_skipped(tmp_path: Path) -> None:
@@ -95,21 +72,6 @@ def test_index_after_counts_across_segments(tmp_path: Path) -> None:
     assert topic.index_after(11, 100) == 14
     assert topic.index_after(15, 1) is None
     topic.close()
-
-
-def test_seek_uses_sparse_marks(tmp_path: Path) -> None:
-    topic = Topic.open(tmp_path, 1)
-    topic.append(frames(1, range(1, 20001), data=b"x" * 100))
-    topic.commit()
-    segment = topic.segments()[0]
-    assert len(segment.mark_indexes) > 400
-    assert read(topic, 12345, limit=2) == [12345, 12346]
-    assert topic.index_after(100, 1000) == 1099
-    topic.close()
-    reopened = Topic.open(tmp_path, 1)
-    assert reopened.segments()[0].mark_indexes == segment.mark_indexes
-    assert reopened.index_after(100, 1000) == 1099
-    reopened.close()
 
 
 def write_segment(path: Path, indexes: list[int]) -> bytes:
@@ -173,22 +135,6 @@ def test_flipped_bit_in_last_frame_truncates_there(data) -> None:
         topic.close()
 
 
-def test_flipped_bit_in_older_segment_is_reported_on_read(tmp_path: Path) -> None:
-    topic = make(tmp_path, [[1, 2, 3], [4, 5]])
-    topic.close()
-    first = tmp_path / segment_name(1)
-    raw = bytearray(first.read_bytes())
-    raw[HEADER_SIZE + 30] ^= 0x01  # inside the data of frame 2
-    first.write_bytes(raw)
-    reopened = Topic.open(tmp_path, 1)
-    assert read(reopened, 4) == [4, 5]
-    with pytest.raises(CorruptDataError,
-                       match=r"segment 00000000000000000001\.seg: frame at byte 35 .*checksum"):
-        read(reopened, 0)
-    assert reopened.stats.corrupt_frames == 1
-    reopened.close()
-
-
 def test_retention_honours_floor_and_keeps_active(tmp_path: Path) -> None:
     topic = make(tmp_path, [[1, 2], [3, 4], [5, 6]])
     assert topic.truncate(max_size=0, floor_index=2) > 0
@@ -214,38 +160,6 @@ def test_retention_interrupted_after_tombstone_is_finished_on_open(tmp_path: Pat
     reopened.close()
 
 
-async def follow(reader: TopicReader) -> AsyncIterator[bytes]:
-    """Chunks from ``reader``, waiting for the writer at the end (what a stream does)."""
-    topic = reader.topic
-    while not reader.done and not topic.closed:
-        chunk = await asyncio.to_thread(reader.read)
-        if chunk:
-            yield chunk
-        elif not reader.done:
-            await topic.wait_for(reader.last_index)
-
-
-def store(topic: Topic, indexes: list[int]) -> None:
-    topic.append(frames(1, indexes))
-    topic.commit()
-
-
-async def test_follower_wakes_for_a_later_append(tmp_path: Path) -> None:
-    topic = await asyncio.to_thread(make, tmp_path, [[1]])
-    chunks = follow(topic.reader(0))
-    assert decode(await asyncio.wait_for(anext(chunks), 5))[0][0].index == 1
-    pending = asyncio.ensure_future(anext(chunks))
-    await asyncio.sleep(0.05)
-    assert not pending.done() and topic.waiting == 1
-    await asyncio.to_thread(store, topic, [2])
-    chunk = await asyncio.wait_for(pending, 5)
-    assert [m.index for m in decode(chunk)[0]] == [2]
-    await asyncio.to_thread(topic.close)
-    with pytest.raises(StopAsyncIteration):
-        await asyncio.wait_for(anext(chunks), 5)
-    assert topic.waiting == 0
-
-
 async def test_cancelled_waiters_leave_nothing_behind(tmp_path: Path) -> None:
     topic = await asyncio.to_thread(make, tmp_path, [[1]])
     for _ in range(1000):
@@ -266,49 +180,6 @@ async def test_waiting_takes_no_lock_the_writer_holds(tmp_path: Path) -> None:
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(topic.wait_for(1), 0.05)
     await asyncio.to_thread(topic.close)
-
-
-async def test_follower_crosses_segment_rolls(tmp_path: Path) -> None:
-    topic = await asyncio.to_thread(Topic.open, tmp_path, 1, 200)
-    seen: list[int] = []
-
-    async def consume() -> None:
-        async for chunk in follow(topic.reader(0)):
-            seen.extend(m.index for m in decode(chunk)[0])
-            if seen[-1] == 30:
-                return
-
-    task = asyncio.ensure_future(consume())
-    for i in range(1, 31):
-        await asyncio.to_thread(store, topic, [i])
-    await asyncio.wait_for(task, 10)
-    assert seen == list(range(1, 31))
-    assert topic.segment_count >= 5
-    await asyncio.to_thread(topic.close)
-
-
-def test_reader_survives_retention_of_passed_segments(tmp_path: Path) -> None:
-    topic = make(tmp_path, [[1, 2], [3, 4], [5]])
-    reader = topic.reader(0)
-    first = decode(reader.read(max_bytes=HEADER_SIZE + 20))[0]
-    assert [m.index for m in first] == [1]
-    reader.read()  # finish segment 1
-    topic.truncate(max_size=0, floor_index=2)
-    rest = decode(reader.read_all())[0]
-    assert [m.index for m in rest] == [3, 4, 5]
-    topic.close()
-
-
-def test_reader_overtaken_by_retention_gets_an_error_not_a_gap(tmp_path: Path) -> None:
-    topic = make(tmp_path, [[1, 2], [3, 4], [5, 6], [7]])
-    reader = topic.reader(0)
-    assert [m.index for m in decode(reader.read())[0]] == [1, 2]  # still in segment 1
-    topic.truncate(max_size=0, floor_index=100)  # no subscriber protects the reader
-    assert [s.first_index for s in topic.segments()] == [7]
-    with pytest.raises(TopicTruncatedError) as info:
-        reader.read_all()
-    assert info.value.first_index == 7
-    topic.close()
 
 
 class TopicMachine(RuleBasedStateMachine):
@@ -392,66 +263,7 @@ TopicMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=2
 test_topic_state_machine = TopicMachine.TestCase
 
 
-@pytest.mark.parametrize("end", [4, 6])
-async def test_follow_with_end_finishes(tmp_path: Path, end: int) -> None:
-    topic = await asyncio.to_thread(make, tmp_path, [[1, 2, 3, 4, 5]])
-    chunks = [chunk async for chunk in follow(topic.reader(0, end=end))]
-    assert [m.index for c in chunks for m in decode(c)[0]] == list(range(1, end))
-    await asyncio.to_thread(topic.close)
-
-
-async def test_follow_with_end_waits_until_a_frame_reaches_end(tmp_path: Path) -> None:
-    topic = await asyncio.to_thread(make, tmp_path, [[1, 2, 3, 4, 5]])
-
-    async def consume() -> list[int]:
-        return [m.index async for c in follow(topic.reader(0, end=7)) for m in decode(c)[0]]
-
-    task = asyncio.ensure_future(consume())
-    await asyncio.sleep(0.05)
-    assert not task.done()  # index 6 may still come
-    await asyncio.to_thread(store, topic, [8])
-    assert await asyncio.wait_for(task, 5) == [1, 2, 3, 4, 5]
-    await asyncio.to_thread(topic.close)
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(batches=st.lists(st.lists(st.integers(0, 3000), min_size=1, max_size=6), min_size=1,
-                        max_size=25),
-       segment_size=st.sampled_from([300, 5000, 1 << 20]))
-def test_followers_reading_the_in_memory_tail_get_exactly_what_was_committed(
-        batches: list[list[int]], segment_size: int) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        topic = Topic.open(Path(tmp), 1, segment_size)
-        follower = topic.reader(0)
-        model: list[Message] = []
-        got = bytearray()
-        from_tail = 0
-        index = 0
-        for sizes in batches:
-            batch = []
-            for size in sizes:
-                index += 1
-                batch.append(Message(index, 1, 1, bytes([index % 251]) * size))
-            topic.append(encode_many(batch))
-            topic.commit()
-            model.extend(batch)
-            while True:  # what a stream does after a wake-up: the tail, else the files
-                tail = follower.read_tail()
-                if tail is not None:
-                    from_tail += 1
-                    got += tail
-                    continue
-                chunk = follower.read(max_bytes=4096)
-                if not chunk:
-                    break
-                got += chunk
-        assert decode(got, after=0)[0] == model
-        assert follower.delivered == len(model) and follower.last_index == index
-        if len(batches) > 2 and segment_size == 1 << 20:
-            assert from_tail > 0
-        topic.close()
-
-
+@pytest.mark.e2e  # over a second: left out of the unit run
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=st.lists(st.lists(st.integers(0, 5000), min_size=1, max_size=40), min_size=1,
                         max_size=8),

@@ -1,39 +1,221 @@
-"""Reads after a restart are exact: segments recovery did not index are read like any other.
+"""TopicReader: reads by index with end and limit, CRC checks, following the writer, reads
+that retention overtakes, the in-memory tail, and reads after a restart.
 
-A broker is written through ``write_group`` (several topics interleaved), closed and opened
+Reads after a restart are exact: segments recovery did not index are read like any other. A
+broker is written through ``write_group`` (several topics interleaved), closed and opened
 again; every read then enters segments that only the reader indexes. Each read, with any
 ``index``/``end``/``limit`` and chunk size, must return exactly the frames a model holds (the
 same indexes and the same bytes), and so must the read after it, which runs on the sparse
-index the first one built. The end-to-end tests do the same over HTTP against a broker
-process that was killed (SIGKILL) or stopped (SIGTERM).
+index the first one built. tests/e2e/test_restart_reads.py does the same over HTTP against a
+broker process that was killed (SIGKILL) or stopped (SIGTERM).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
-import re
 import shutil
 import tempfile
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from messaging.broker import ApplyResult, Broker
-from messaging.message import (
-    FRAMES_CONTENT_TYPE,
-    HEADER_SIZE,
-    Message,
-    decode,
-    encode,
-    encode_many,
-)
-from messaging.topic_reader import READ_CHUNK
+from messaging.errors import CorruptDataError, TopicTruncatedError
+from messaging.message import HEADER_SIZE, Message, decode, encode, encode_many
+from messaging.segment import segment_name
+from messaging.topic import Topic
+from messaging.topic_reader import READ_CHUNK, TopicReader
+from tests.conftest import frames
+from tests.test_topic import make, read
+
+
+def test_reader_vectors_from_the_original_system(tmp_path: Path) -> None:
+    topic = make(tmp_path, [[6, 7, 10], [12], [13, 14]])
+    assert [s.path.name for s in topic.segments()] == [segment_name(i) for i in (6, 12, 13)]
+    assert read(topic, 9) == [10, 12, 13, 14]
+    assert read(topic, 15) == []
+    assert topic.truncate(max_size=0, floor_index=10) > 0
+    # Everything up to 10 (the last index deleted) is gone; 11 never was in this topic.
+    assert json.loads((tmp_path / "tombstone").read_text()) == {"first_index": 11}
+    with pytest.raises(TopicTruncatedError) as info:
+        read(topic, 0)
+    assert info.value.first_index == 11
+    assert read(topic, 11) == [12, 13, 14]
+    assert read(topic, 12) == [12, 13, 14]
+    topic.close()
+
+
+def test_end_and_limit(tmp_path: Path) -> None:
+    topic = make(tmp_path, [[1, 2, 3], [5, 8], [9]])
+    assert read(topic, 0, end=8) == [1, 2, 3, 5]
+    assert read(topic, 2, limit=3) == [2, 3, 5]
+    assert read(topic, 2, end=9, limit=10) == [2, 3, 5, 8]
+    assert read(topic, 0, limit=0) == []
+    topic.close()
+
+
+def test_flipped_bit_in_older_segment_is_reported_on_read(tmp_path: Path) -> None:
+    topic = make(tmp_path, [[1, 2, 3], [4, 5]])
+    topic.close()
+    first = tmp_path / segment_name(1)
+    raw = bytearray(first.read_bytes())
+    raw[HEADER_SIZE + 30] ^= 0x01  # inside the data of frame 2
+    first.write_bytes(raw)
+    reopened = Topic.open(tmp_path, 1)
+    assert read(reopened, 4) == [4, 5]
+    with pytest.raises(CorruptDataError,
+                       match=r"segment 00000000000000000001\.seg: frame at byte 35 .*checksum"):
+        read(reopened, 0)
+    assert reopened.stats.corrupt_frames == 1
+    reopened.close()
+
+
+def test_reader_survives_retention_of_passed_segments(tmp_path: Path) -> None:
+    topic = make(tmp_path, [[1, 2], [3, 4], [5]])
+    reader = topic.reader(0)
+    first = decode(reader.read(max_bytes=HEADER_SIZE + 20))[0]
+    assert [m.index for m in first] == [1]
+    reader.read()  # finish segment 1
+    topic.truncate(max_size=0, floor_index=2)
+    rest = decode(reader.read_all())[0]
+    assert [m.index for m in rest] == [3, 4, 5]
+    topic.close()
+
+
+def test_reader_overtaken_by_retention_gets_an_error_not_a_gap(tmp_path: Path) -> None:
+    topic = make(tmp_path, [[1, 2], [3, 4], [5, 6], [7]])
+    reader = topic.reader(0)
+    assert [m.index for m in decode(reader.read())[0]] == [1, 2]  # still in segment 1
+    topic.truncate(max_size=0, floor_index=100)  # no subscriber protects the reader
+    assert [s.first_index for s in topic.segments()] == [7]
+    with pytest.raises(TopicTruncatedError) as info:
+        reader.read_all()
+    assert info.value.first_index == 7
+    topic.close()
+
+
+# -- following the writer ------------------------------------------------------------------
+
+
+async def follow(reader: TopicReader) -> AsyncIterator[bytes]:
+    """Chunks from ``reader``, waiting for the writer at the end (what a stream does)."""
+    topic = reader.topic
+    while not reader.done and not topic.closed:
+        chunk = await asyncio.to_thread(reader.read)
+        if chunk:
+            yield chunk
+        elif not reader.done:
+            await topic.wait_for(reader.last_index)
+
+
+def store(topic: Topic, indexes: list[int]) -> None:
+    topic.append(frames(1, indexes))
+    topic.commit()
+
+
+async def test_follower_wakes_for_a_later_append(tmp_path: Path) -> None:
+    topic = await asyncio.to_thread(make, tmp_path, [[1]])
+    chunks = follow(topic.reader(0))
+    assert decode(await asyncio.wait_for(anext(chunks), 5))[0][0].index == 1
+    pending = asyncio.ensure_future(anext(chunks))
+    await asyncio.sleep(0.05)
+    assert not pending.done() and topic.waiting == 1
+    await asyncio.to_thread(store, topic, [2])
+    chunk = await asyncio.wait_for(pending, 5)
+    assert [m.index for m in decode(chunk)[0]] == [2]
+    await asyncio.to_thread(topic.close)
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(anext(chunks), 5)
+    assert topic.waiting == 0
+
+
+async def test_follower_crosses_segment_rolls(tmp_path: Path) -> None:
+    topic = await asyncio.to_thread(Topic.open, tmp_path, 1, 200)
+    seen: list[int] = []
+
+    async def consume() -> None:
+        async for chunk in follow(topic.reader(0)):
+            seen.extend(m.index for m in decode(chunk)[0])
+            if seen[-1] == 30:
+                return
+
+    task = asyncio.ensure_future(consume())
+    for i in range(1, 31):
+        await asyncio.to_thread(store, topic, [i])
+    await asyncio.wait_for(task, 10)
+    assert seen == list(range(1, 31))
+    assert topic.segment_count >= 5
+    await asyncio.to_thread(topic.close)
+
+
+@pytest.mark.parametrize("end", [4, 6])
+async def test_follow_with_end_finishes(tmp_path: Path, end: int) -> None:
+    topic = await asyncio.to_thread(make, tmp_path, [[1, 2, 3, 4, 5]])
+    chunks = [chunk async for chunk in follow(topic.reader(0, end=end))]
+    assert [m.index for c in chunks for m in decode(c)[0]] == list(range(1, end))
+    await asyncio.to_thread(topic.close)
+
+
+async def test_follow_with_end_waits_until_a_frame_reaches_end(tmp_path: Path) -> None:
+    topic = await asyncio.to_thread(make, tmp_path, [[1, 2, 3, 4, 5]])
+
+    async def consume() -> list[int]:
+        return [m.index async for c in follow(topic.reader(0, end=7)) for m in decode(c)[0]]
+
+    task = asyncio.ensure_future(consume())
+    await asyncio.sleep(0.05)
+    assert not task.done()  # index 6 may still come
+    await asyncio.to_thread(store, topic, [8])
+    assert await asyncio.wait_for(task, 5) == [1, 2, 3, 4, 5]
+    await asyncio.to_thread(topic.close)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=st.lists(st.lists(st.integers(0, 3000), min_size=1, max_size=6), min_size=1,
+                        max_size=25),
+       segment_size=st.sampled_from([300, 5000, 1 << 20]))
+def test_followers_reading_the_in_memory_tail_get_exactly_what_was_committed(
+        batches: list[list[int]], segment_size: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        topic = Topic.open(Path(tmp), 1, segment_size)
+        follower = topic.reader(0)
+        model: list[Message] = []
+        got = bytearray()
+        from_tail = 0
+        index = 0
+        for sizes in batches:
+            batch = []
+            for size in sizes:
+                index += 1
+                batch.append(Message(index, 1, 1, bytes([index % 251]) * size))
+            topic.append(encode_many(batch))
+            topic.commit()
+            model.extend(batch)
+            while True:  # what a stream does after a wake-up: the tail, else the files
+                tail = follower.read_tail()
+                if tail is not None:
+                    from_tail += 1
+                    got += tail
+                    continue
+                chunk = follower.read(max_bytes=4096)
+                if not chunk:
+                    break
+                got += chunk
+        assert decode(got, after=0)[0] == model
+        assert follower.delivered == len(model) and follower.last_index == index
+        if len(batches) > 2 and segment_size == 1 << 20:
+            assert from_tail > 0
+        topic.close()
+
+
+# -- reads after a restart ----------------------------------------------------------------
 
 TOPICS = (1, 2, 7, 1 << 40)
 #: (max segment size, largest message): from segments smaller than one frame to segments
@@ -166,6 +348,7 @@ def run_read_case(broker: Broker, model: Model, case: ReadCase) -> None:
     check_read(broker, model, topic, index, end, limit, max_bytes)
 
 
+@pytest.mark.e2e  # over a second: left out of the unit run
 @settings(max_examples=100, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(workload=workloads(), seed=st.integers(0, 2**32 - 1),
@@ -323,124 +506,4 @@ class RestartMachine(RuleBasedStateMachine):
 RestartMachine.TestCase.settings = settings(
     max_examples=50, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
-test_restart_state_machine = RestartMachine.TestCase
-
-
-# -- end to end: a broker process, killed or stopped, then read over HTTP -------------------
-
-async def publish_over_http(session: aiohttp.ClientSession, url: str, rng: random.Random,
-                            total: int) -> dict[int, list[Message]]:
-    """About ``total`` bytes in a few hundred messages over three topics, in single and batch
-    POSTs; returns every acknowledged message by topic (indexes from the answers)."""
-    by_topic: dict[int, list[Message]] = {1: [], 2: [], 3: []}
-    sent = 0
-    posts = 0
-    while sent < total and posts < 1000:
-        posts += 1
-        count = 1 if rng.random() < 0.4 else rng.randrange(2, 12)
-        batch = []
-        for _ in range(count):
-            topic = rng.choices((1, 2, 3), weights=(6, 3, 1))[0]
-            size = rng.randrange(10, 3000) if rng.random() < 0.3 else rng.randrange(8000, 24000)
-            batch.append((topic, payload(rng, size)))
-            sent += size
-        if count == 1:
-            (topic, data), = batch
-            async with session.post(f"{url}/messaging/messages",
-                                    params={"topicID": str(topic)}, data=data) as resp:
-                assert resp.status == 200, await resp.text()
-                first = int(resp.headers["X-Broker-Index"])
-        else:
-            body = b"".join(encode(1, topic, data) for topic, data in batch)
-            async with session.post(f"{url}/messaging/messages", data=body,
-                                    headers={"Content-Type": FRAMES_CONTENT_TYPE}) as resp:
-                assert resp.status == 200, await resp.text()
-                answer = await resp.json()
-                first = answer["first"]
-                assert answer["count"] == count
-        for k, (topic, data) in enumerate(batch):
-            by_topic[topic].append(Message(first + k, 1, topic, data))
-    return by_topic
-
-
-async def get_frames(session: aiohttp.ClientSession, url: str, topic: int,
-                     **params: str) -> tuple[bytes, int]:
-    async with session.get(f"{url}/messaging/messages",
-                           params={"topicID": str(topic), **params}) as resp:
-        assert resp.status == 200, await resp.text()
-        return await resp.read(), int(resp.headers["X-Broker-Index"])
-
-
-def select(messages: list[Message], index: int = 0, end: int | None = None,
-           limit: int | None = None) -> list[Message]:
-    chosen = [m for m in messages if m.index >= index and (end is None or m.index < end)]
-    return chosen if limit is None else chosen[:limit]
-
-
-def assert_frames(raw: bytes, expected: list[Message], what: str) -> None:
-    messages, used = decode(raw, after=0)
-    assert [m.index for m in messages] == [m.index for m in expected], what
-    assert used == len(raw) and raw == encode_many(expected), what
-
-
-@pytest.mark.parametrize("stop", ["sigkill", "sigterm"])
-@pytest.mark.parametrize("segment_size", ["1500K", "4K"])
-async def test_http_reads_after_restart_are_exact(broker_process, tmp_path: Path,
-                                                  segment_size: str, stop: str) -> None:
-    rng = random.Random(f"{segment_size}-{stop}")
-    data = tmp_path / "data"
-    broker = broker_process(data, "--max-segment-size", segment_size).start()
-    timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        by_topic = await publish_over_http(session, broker.url, rng, 3_500_000)
-    assert sum(len(m.data) for ms in by_topic.values() for m in ms) >= 3_500_000
-    assert 150 <= sum(map(len, by_topic.values())) <= 600
-    if stop == "sigkill":
-        broker.kill()  # every acknowledged message was fsynced: all must be read back
-    else:
-        assert broker.terminate() == 0
-    restarted = broker_process(data, "--max-segment-size", segment_size).start()
-    segments = sorted((data / "topics" / "1").glob("*.seg"))
-    assert len(segments) >= 2  # reads cross segments the recovery did not index
-    if segment_size == "1500K":
-        assert segments[0].stat().st_size > 1 << 20  # more than one 1 MiB read chunk
-    url = restarted.url
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        # First a bounded read, before anything has read (and indexed) the old segments.
-        raw, _ = await get_frames(session, url, 1, index="0", end="150")
-        assert_frames(raw, select(by_topic[1], end=150), "index=0&end=150, cold")
-        for topic, messages in by_topic.items():
-            for attempt in range(3):
-                raw, last = await get_frames(session, url, topic)
-                assert_frames(raw, messages, f"topic {topic}: full read {attempt + 1}")
-                assert last == messages[-1].index
-        for topic, messages in by_topic.items():
-            middle = messages[len(messages) // 2].index
-            cases: list[dict[str, int]] = [
-                {"index": 0, "end": 150}, {"limit": 1}, {"limit": 7}, {"limit": 100},
-                {"index": middle, "limit": 9}, {"index": middle + 1, "end": middle + 60},
-                {"index": 0, "end": middle, "limit": 25}, {"index": messages[-1].index + 1},
-            ]
-            for case in cases:
-                raw, _ = await get_frames(session, url, topic,
-                                          **{k: str(v) for k, v in case.items()})
-                assert_frames(raw, select(messages, **case), f"topic {topic} {case}")
-            async with session.get(f"{url}/messaging/topics/{topic}",
-                                   params={"after": str(middle), "count": "10"}) as resp:
-                info = await resp.json()
-            later = select(messages, middle)
-            assert info["index"] == later[min(10, len(later)) - 1].index
-            # A streaming read with an end in the middle ends by itself.
-            async with session.get(f"{url}/messaging/messages", params={
-                    "topicID": str(topic), "streaming": "true", "end": str(middle)}) as resp:
-                raw = await asyncio.wait_for(resp.read(), 30)
-            assert_frames(raw, select(messages, end=middle), f"topic {topic} streaming")
-        async with session.get(f"{url}/metrics") as resp:
-            assert resp.status == 200
-            metrics = await resp.text()
-    streamed = re.search(r"^messaging_messages_streamed_total (\S+)$", metrics, re.M)
-    assert streamed is not None and float(streamed.group(1)) > 0
-    assert restarted.terminate() == 0
-    log = restarted.log.read_text()
-    assert "Traceback" not in log
-    assert "broken off" not in log
+test_restart_state_machine = pytest.mark.e2e(RestartMachine.TestCase)  # over a second

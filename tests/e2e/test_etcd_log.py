@@ -28,7 +28,6 @@ import grpc
 import pytest
 from aetcd import rpc
 
-from messaging.etcd_writer import decode_entry, encode_entry
 from messaging.message import FRAMES_CONTENT_TYPE, decode, encode_batch
 from tests.conftest import BrokerProcess, cli, free_port, wait_until
 
@@ -361,16 +360,6 @@ async def settled(session: aiohttp.ClientSession, nodes: Nodes, load: Load,
 
 
 # -- tests -----------------------------------------------------------------------------------
-
-
-def test_log_entry_round_trip() -> None:
-    commands = [b"", b"a" * 100, encode_batch(1, [b"x", b"y"])]
-    entry = decode_entry(encode_entry(b"12345678", 9, commands))
-    assert (entry.node, entry.seq, entry.commands) == (b"12345678", 9, commands)
-    value = encode_entry(b"12345678", 9, commands)
-    for bad in (value[:-1], value + b"x", b"nope" + value[4:], b""):
-        with pytest.raises(ValueError):
-            decode_entry(bad)
 
 
 @pytest.mark.parametrize("args", [["--etcd", "http://127.0.0.1:1"],

@@ -24,9 +24,7 @@ from types import TracebackType
 import aiohttp
 import pytest
 
-from messaging.broker import ApplyResult, Broker
-from messaging.message import FRAMES_CONTENT_TYPE, Message, decode, encode, encode_many
-from messaging.topic import Topic
+from messaging.message import FRAMES_CONTENT_TYPE, Message, decode, encode_many
 from tests.conftest import BrokerProcess
 
 NOFILE = 1024
@@ -231,36 +229,3 @@ async def test_twenty_thousand_topics_under_ulimit_1024(broker_process,
     assert "Traceback" not in log and "Too many open files" not in log
     print(f"start-up {start_seconds:.2f} s; descriptor peaks {peaks}; "
           f"on segment files {segment_peaks}")
-
-
-def test_groups_never_hold_more_write_files_than_the_budget(tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch,
-                                                            ) -> None:
-    """Files other topics still hold are closed before a group opens its own, in slices too."""
-    budget = 8
-    broker = Broker.open(tmp_path, max_open_files=budget)
-    peak = 0
-    write = Topic.write
-
-    def counting_write(topic: Topic) -> None:
-        nonlocal peak
-        write(topic)
-        peak = max(peak, sum(t.holds_file for t in broker.topics()))
-
-    monkeypatch.setattr(Topic, "write", counting_write)
-    rng = random.Random(budget)
-    model: dict[int, list[Message]] = {}
-    try:
-        for _ in range(40):
-            topics = rng.sample(range(1, 41), rng.choice([1, 3, budget, 3 * budget]))
-            command = b"".join(encode(1, topic, b"%d" % topic) for topic in topics)
-            result = broker.write_group([command], durable=True)[0]
-            assert isinstance(result, ApplyResult)
-            for k, topic in enumerate(topics):
-                model.setdefault(topic, []).append(Message(result.first + k, 1, topic,
-                                                           b"%d" % topic))
-            assert peak <= budget
-        for topic, messages in model.items():
-            assert broker.topic(topic).reader(0).read_all() == encode_many(messages)
-    finally:
-        broker.close()

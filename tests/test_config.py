@@ -1,0 +1,81 @@
+"""Broker settings: sizes and durations as text and back, and flags built from BrokerConfig."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from messaging.config import (
+    BrokerConfig,
+    broker_options,
+    parse_duration,
+    parse_size,
+    show_duration,
+    show_size,
+)
+
+
+@given(st.integers(0, 1 << 50))
+def test_a_shown_size_reads_back_the_same(size: int) -> None:
+    assert parse_size(show_size(size)) == size
+
+
+@pytest.mark.parametrize(("size", "text"), [(0, "0"), (1, "1"), (1023, "1023"), (1024, "1K"),
+                                            (1536, "1536"), (10 << 20, "10M"), (1 << 30, "1G"),
+                                            (3 << 40, "3T"), (2048 << 30, "2T")])
+def test_sizes_are_shown_in_the_largest_exact_unit(size: int, text: str) -> None:
+    assert show_size(size) == text
+
+
+@pytest.mark.parametrize(("text", "size"), [("10M", 10 << 20), ("10MiB", 10 << 20),
+                                            ("10mb", 10 << 20), ("1g", 1 << 30), (" 7 ", 7),
+                                            ("4K", 4096), ("0", 0), ("2T", 2 << 40)])
+def test_sizes_are_read_with_or_without_a_unit(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-1", "1.5M", "10X", "１０", "1 0"])
+def test_sizes_that_are_not_sizes_are_refused(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="invalid size"):
+        parse_size(text)
+
+
+@given(st.integers(1, 10**6), st.sampled_from([1, 60, 3600]))
+def test_a_shown_duration_reads_back_the_same(count: int, unit: int) -> None:
+    seconds = float(count * unit)
+    assert parse_duration(show_duration(seconds)) == seconds
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(0.001, "1ms"), (0.5, "500ms"), (1.5, "1500ms"),
+                                               (10.0, "10s"), (90.0, "90s"), (600.0, "10m"),
+                                               (3600.0, "1h"), (5400.0, "90m")])
+def test_durations_are_shown_in_the_largest_exact_unit(seconds: float, text: str) -> None:
+    assert show_duration(seconds) == text
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("100ms", 0.1), ("10s", 10), ("10m", 600),
+                                               ("1h", 3600), ("2.5", 2.5), (" 5 S ", 5)])
+def test_durations_are_read_with_or_without_a_unit(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "soon", "-1s", "10d", "１s", "1e3"])
+def test_durations_that_are_not_durations_are_refused(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="invalid duration"):
+        parse_duration(text)
+
+
+def test_flag_defaults_are_broker_config_defaults() -> None:
+    config = BrokerConfig()
+    options = list(broker_options())
+    assert len(options) >= 10
+    flags = [option.flag for _name, option, _default in options]
+    assert len(set(flags)) == len(flags) and all(f.startswith("--") for f in flags)
+    for name, option, default in options:
+        assert default == getattr(config, name), name
+        if option.parse is not None and default is not None:  # --help shows it: it reads back
+            assert option.parse(option.show(default)) == default, name
