@@ -18,12 +18,17 @@ from typing import Protocol
 
 from messaging.metrics import BrokerMetrics
 
+#: Followers written to in one loop callback.
+SLICE = 64
+
 
 class FollowedTopic(Protocol):
     """What the fan-out needs of a topic."""
 
     @property
     def closed(self) -> bool: ...
+    @property
+    def committed_index(self) -> int: ...
     def listen(self, callback: Callable[[], None]) -> None: ...
     def unlisten(self, callback: Callable[[], None]) -> None: ...
 
@@ -35,6 +40,8 @@ class FollowingReader(Protocol):
     def topic(self) -> FollowedTopic: ...
     @property
     def delivered(self) -> int: ...
+    @property
+    def last_index(self) -> int: ...
     def read_tail(self) -> memoryview | None: ...
 
 
@@ -77,25 +84,36 @@ class FanOut:
             self.topic.unlisten(self.broadcast)
 
     def broadcast(self) -> None:
-        """Write what the last commit added to every parked follower's socket."""
-        closed = self.topic.closed
-        for follower in list(self.followers):
+        """Write what the last commits added to every parked follower's socket.
+
+        In slices of SLICE followers, each slice a callback of its own: a publish that
+        arrives meanwhile is served between two slices instead of after every socket.
+        """
+        self._write_slice(list(self.followers))
+
+    def _write_slice(self, followers: list[Follower]) -> None:
+        topic = self.topic
+        closed = topic.closed
+        for follower in followers[:SLICE]:
+            if follower not in self.followers:
+                continue  # left meanwhile
             transport = follower.transport
             if closed or transport.is_closing() or transport.get_write_buffer_size():
                 self.unpark(follower)  # the task decides: end, or go on at socket speed
                 continue
             reader = follower.reader
-            tail = reader.read_tail()
-            if tail is None:
-                self.unpark(follower)  # behind the tail, or into a new segment: read files
-                continue
-            if follower.chunked:
-                transport.writelines((b"%x\r\n" % len(tail), tail, b"\r\n"))
-            else:
-                transport.write(tail)
-            self.metrics.bytes_streamed.inc(len(tail))
+            while (tail := reader.read_tail()) is not None:
+                if follower.chunked:
+                    transport.writelines((b"%x\r\n" % len(tail), tail, b"\r\n"))
+                else:
+                    transport.write(tail)
+                self.metrics.bytes_streamed.inc(len(tail))
             self.metrics.messages_streamed.inc(reader.delivered - follower.messages_sent)
             follower.messages_sent = reader.delivered
+            if reader.last_index < topic.committed_index:
+                self.unpark(follower)  # behind the tail, or into a new segment: read files
+        if len(followers) > SLICE:
+            asyncio.get_running_loop().call_soon(self._write_slice, followers[SLICE:])
 
 
 class FanOuts:
