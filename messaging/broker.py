@@ -511,11 +511,6 @@ class Broker:
         if failure is not None:
             raise failure
 
-    def commit(self, topic_ids: Iterable[int]) -> None:
-        """Make what was applied to the given topics visible to readers."""
-        for topic_id in topic_ids:
-            self._topics[topic_id].commit()
-
     # -- reading ----------------------------------------------------------------------------
 
     def topic(self, topic_id: int) -> Topic | None:
@@ -610,10 +605,6 @@ class Broker:
         """Write a snapshot of every topic's committed data (writer thread only)."""
         snapshot.write(self, stream)
 
-    def read_snapshot(self, stream: IO[bytes]) -> bool:
-        """Take the state of a snapshot (writer thread only); returns whether data was copied."""
-        return snapshot.read(self, stream)
-
     def install_snapshot(self, stream: IO[bytes],
                          accept: Callable[[dict[str, Any]], None] | None = None,
                          ) -> dict[str, Any]:
@@ -638,11 +629,6 @@ class Broker:
         self.save_state()
         self._new_topics.notify()
 
-    def reset(self, index: int, subscribers: dict[str, dict[str, int]]) -> None:
-        """Set the broker index and subscribers (replay from a snapshot already held)."""
-        with self._lock:
-            self.index = index
-        self.positions.restore(subscribers)
 
 
 def _internal(type_: int, topic_id: int, data: bytes) -> tuple[int, int, str] | None:

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from messaging.errors import CorruptDataError, DataDirectoryError
@@ -28,46 +29,37 @@ log = logging.getLogger(__name__)
 _SEGMENT_NAME = re.compile(r"\d{20}\.seg")
 
 
+def describe(broker: Broker) -> tuple[dict[str, Any], list[tuple[Path, int]]]:
+    """The header of a snapshot of ``broker``'s committed data, and the segment files (with
+    the committed size of each) whose bytes follow it, in header order.
+
+    Call from the writer thread (no apply may run meanwhile), so the cut is consistent.
+    """
+    topics: list[dict[str, Any]] = []
+    files: list[tuple[Path, int]] = []
+    for topic in broker.topics():
+        segments = []
+        for segment in topic.segments():
+            if segment.committed_size:
+                segments.append({"name": segment.path.name, "size": segment.committed_size})
+                files.append((segment.path, segment.committed_size))
+        tomb = topic.path / TOMBSTONE
+        tombstone = read_json(tomb)["first_index"] if tomb.exists() else 0
+        topics.append({"id": topic.id, "tombstone": tombstone, "segments": segments,
+                       "last_index": topic.committed_index})
+    return {**broker.state(), "topics": topics}, files
+
+
 def write(broker: Broker, stream: IO[bytes]) -> None:
     """Write a snapshot: one JSON header line, then every segment's committed bytes.
 
     Call from the writer thread (no apply may run meanwhile).
     """
-    topics: list[dict[str, Any]] = []
-    for topic in broker.topics():
-        segments = [{"name": s.path.name, "size": s.committed_size}
-                    for s in topic.segments() if s.committed_size]
-        tomb = topic.path / TOMBSTONE
-        tombstone = read_json(tomb)["first_index"] if tomb.exists() else 0
-        topics.append({"id": topic.id, "tombstone": tombstone, "segments": segments,
-                       "last_index": topic.committed_index})
-    header = {**broker.state(), "topics": topics}
+    header, files = describe(broker)
     stream.write(json.dumps(header).encode() + b"\n")
-    for topic, described in zip(broker.topics(), topics, strict=True):
-        for segment in described["segments"]:
-            with (topic.path / segment["name"]).open("rb") as f:
-                _copy(f, stream, segment["size"])
-
-
-def read(broker: Broker, stream: IO[bytes]) -> bool:
-    """Take the state of a snapshot (writer thread only); returns whether data was copied.
-
-    When every topic here already holds at least what the snapshot holds (a restart
-    replaying its own log), only the broker index and subscribers are reset and the segment
-    bytes are skipped: replay then reassigns the same indexes and skips stale frames.
-    Otherwise every topic is replaced by the snapshot's.
-    """
-    header = json.loads(stream.readline())
-    if header.get("format") != broker.state()["format"]:
-        raise DataDirectoryError(f"snapshot has format {header.get('format')!r}")
-    if all((t := broker.topic(int(d["id"]))) is not None and t.last_index >= d["last_index"]
-           for d in header["topics"]):
-        broker.reset(int(header["index"]), header.get("subscribers", {}))
-        log.info("snapshot at index %d is already held locally; replaying from there",
-                 broker.index)
-        return False
-    install(broker, header, stream)
-    return True
+    for path, size in files:
+        with path.open("rb") as f:
+            _copy(f, stream, size)
 
 
 def install_verified(broker: Broker, stream: IO[bytes],

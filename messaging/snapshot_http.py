@@ -19,10 +19,9 @@ from typing import IO, Any, BinaryIO, Protocol
 
 from aiohttp import web
 
+from messaging import snapshot
 from messaging.broker import Broker
 from messaging.errors import BadRequestError, MessagingError
-from messaging.files import read_json
-from messaging.topic import TOMBSTONE
 
 log = logging.getLogger(__name__)
 
@@ -43,26 +42,16 @@ class SnapshotStream:
     @classmethod
     def capture(cls, broker: Broker, extra: dict[str, Any]) -> SnapshotStream:
         """Describe and open the broker's committed data (writer thread only)."""
-        topics: list[dict[str, Any]] = []
+        header, paths = snapshot.describe(broker)
         files: list[tuple[BinaryIO, int]] = []
         try:
-            for topic in broker.topics():
-                segments = []
-                for segment in topic.segments():
-                    if not segment.committed_size:
-                        continue
-                    segments.append({"name": segment.path.name,
-                                     "size": segment.committed_size})
-                    files.append((segment.path.open("rb"), segment.committed_size))
-                tomb = topic.path / TOMBSTONE
-                tombstone = read_json(tomb)["first_index"] if tomb.exists() else 0
-                topics.append({"id": topic.id, "tombstone": tombstone, "segments": segments,
-                               "last_index": topic.committed_index})
+            for path, size in paths:
+                files.append((path.open("rb"), size))
         except BaseException:
             for f, _size in files:
                 f.close()
             raise
-        return cls({**broker.state(), **extra, "topics": topics}, files)
+        return cls({**header, **extra}, files)
 
     def read(self, max_bytes: int = _CHUNK) -> bytes:
         """The next bytes of the snapshot; b"" at the end (blocking: call it on a thread)."""

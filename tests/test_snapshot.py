@@ -25,7 +25,7 @@ def test_snapshot_round_trip_gives_identical_topics(tmp_path: Path) -> None:
     target = Broker.open(tmp_path / "b", max_segment_size=100)
     target.apply(encode(1, 99, b"to be replaced"))
     snapshot.seek(0)
-    target.read_snapshot(snapshot)
+    target.install_snapshot(snapshot)
     assert contents(target) == contents(source)
     assert target.index == source.index == 30
     assert target.subscribers(1) == {"sub": 7}
