@@ -20,6 +20,7 @@ import fcntl
 import logging
 import os
 import resource
+import shutil
 import struct
 import threading
 import time
@@ -31,12 +32,20 @@ from pathlib import Path
 from typing import IO, Any, Protocol, TypeGuard
 
 from messaging import snapshot
+from messaging.catalog import (
+    NAMED_TOPIC_BASE,
+    STREAM_OP,
+    Catalog,
+    Decision,
+    StreamOutcome,
+)
 from messaging.config import (
     DEFAULT_MAX_SEGMENT_SIZE,
     DEFAULT_MAX_TOPIC_SIZE,
     DEFAULT_SUBSCRIBER_TIMEOUT,
 )
 from messaging.errors import (
+    BadRequestError,
     CorruptFrameError,
     DataDirectoryError,
     MessagingError,
@@ -56,6 +65,7 @@ from messaging.message import (
     INTERNAL_TYPE,
     Command,
     encode,
+    set_topic,
     stamp_index,
 )
 from messaging.metrics import BrokerMetrics
@@ -70,6 +80,9 @@ FORMAT = 1
 #: the topic.
 SET_TOPIC_MAX_INDEX = INTERNAL_TYPE | 1
 _U64 = struct.Struct(">Q")
+
+_NAMED_RANGE = (f"topic ids from {NAMED_TOPIC_BASE} up belong to named streams: write to them "
+                "through /v1/stream/{name}")
 
 #: Seconds between two log lines about failed writes (the rest are counted, not logged).
 _FAILURE_LOG_INTERVAL = 1.0
@@ -93,6 +106,7 @@ class ApplyResult:
     first: int
     last: int
     topics: frozenset[int]
+    stream: StreamOutcome | None = None
 
     @property
     def count(self) -> int:
@@ -115,7 +129,7 @@ class Run:
     first: int = 0
 
 
-Stamped = tuple[int, list[tuple[int, Run]], list[tuple[int, int, str]]]
+Stamped = tuple[int, list[tuple[int, Run]], list[tuple[int, int, str]], StreamOutcome | None]
 
 
 def _known(command: bytes | bytearray) -> TypeGuard[Command]:
@@ -161,6 +175,10 @@ class Broker:
         self.index = 0
         self._topics: dict[int, Topic] = {}
         self.positions = Subscribers(subscriber_timeout)
+        #: Named topics (streams): changed only by commands, in the group transaction.
+        self.catalog = Catalog()
+        #: Woken after every group that changed the catalog (closure, deletion, creation).
+        self.streams_changed = Notifier()
         self._lock = threading.Lock()
         self._lock_fd: int | None = None
         self._new_topics = Notifier()
@@ -212,11 +230,49 @@ class Broker:
                 topic = Topic.open(entry, int(entry.name), self.max_segment_size)
                 self._topics[topic.id] = topic
                 self.metrics.recovered_truncated_bytes.inc(topic.stats.recovered_truncated_bytes)
+        self.catalog.restore(state.get("catalog"))
+        self._reconcile_streams()
         self.index = max([int(state.get("index", 0))]
                          + [t.last_index for t in self._topics.values()])
         self.positions.restore(state.get("subscribers", {}))
         # Nothing is written here: a broker whose disk is full still starts and serves reads.
         log.info("opened %s: %d topics, index %d", self.path, len(self._topics), self.index)
+
+    def _reconcile_streams(self) -> None:
+        """Make the named topics on disk match the catalog saved with them (start-up).
+
+        A group is acknowledged only after ``broker.json`` (the catalog) is saved, so frames
+        a named topic holds beyond its stream's tail were never acknowledged: they go, as do
+        the directories of named topics the catalog does not know (a create or a delete that
+        a crash interrupted).
+        """
+        for topic_id in [t for t in self._topics if t >= NAMED_TOPIC_BASE]:
+            name = self.catalog.name_of(topic_id)
+            if name is None:
+                self._remove_topic(topic_id)
+                continue
+            stream = self.catalog.streams[name]
+            topic = self._topics[topic_id]
+            if topic.last_index > stream.tail[0]:
+                topic.cut_after(stream.tail[0])
+                self._topics[topic_id] = Topic.open(topic.path, topic_id, self.max_segment_size)
+
+    def _remove_topic(self, topic_id: int) -> None:
+        """Close a topic and delete its files (a deleted stream's, after its group committed)."""
+        with self._lock:
+            topic = self._topics.pop(topic_id, None)
+        self._open_files.pop(topic_id, None)
+        path = self.path / "topics" / str(topic_id)
+        if topic is not None:
+            topic.close()
+        try:
+            shutil.rmtree(path, ignore_errors=False)
+            fsync_dir(self.path / "topics")
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            # The catalog no longer names it: the next start-up removes what is left.
+            log.warning("could not remove %s: %s", path, err.strerror or err)
 
     def state(self) -> dict[str, Any]:
         """The broker's own metadata as saved in ``broker.json``."""
@@ -225,6 +281,7 @@ class Broker:
                 "format": FORMAT,
                 "index": self.index,
                 "subscribers": self.positions.saved(),
+                "catalog": self.catalog.saved(),
             }
 
     def save_state(self, *, durable: bool = True) -> None:
@@ -290,7 +347,12 @@ class Broker:
             return [error] * len(commands)
         for topic_id in touched:
             self._topics[topic_id].commit(notify=notify)
-        self._release_idle_files(touched)
+        removed, changed = self.catalog.commit()
+        for topic_id in removed:
+            self._remove_topic(topic_id)
+        self._release_idle_files(t for t in touched if t not in removed)
+        if changed or removed:
+            self.streams_changed.notify()
         return results
 
     def notify(self, topic_ids: Iterable[int]) -> None:
@@ -307,8 +369,9 @@ class Broker:
         results: list[ApplyResult | MessagingError] = []
         for command in commands:
             before = self.index
+            mark = self.catalog.mark()
             try:
-                first, command_runs, heartbeats = (
+                first, command_runs, heartbeats, outcome = (
                     self._stamp_known(command) if _known(command) else self._stamp(command))
                 for topic_id, _run in command_runs:
                     topic = self._topics.get(topic_id)
@@ -316,6 +379,7 @@ class Broker:
                         topic.check_writable()
             except MessagingError as err:
                 self.index = before
+                self.catalog.rollback(mark)
                 results.append(err)
                 continue
             topics = []
@@ -323,7 +387,8 @@ class Broker:
                 runs.setdefault(topic_id, []).append(run)
                 topics.append(topic_id)
             self._heartbeats.extend(heartbeats)
-            results.append(ApplyResult(first, self.index if first else 0, frozenset(topics)))
+            results.append(ApplyResult(first, self.index if first else 0, frozenset(topics),
+                                       outcome))
         messages = size = 0
         for topic_id, parts in runs.items():
             topic = self._topic_for_write(topic_id)
@@ -372,6 +437,7 @@ class Broker:
         for topic_id in touched:
             self._topics[topic_id].abort()
         self._heartbeats.clear()
+        self.catalog.rollback()
         self.index = index
 
     def _log_failure(self, commands: int, error: MessagingError) -> None:
@@ -391,9 +457,12 @@ class Broker:
         self._failures_unlogged = 0
 
     def _record_heartbeats(self, *, durable: bool) -> None:
-        """Apply the group's heartbeats and save them; on failure leave them unapplied."""
+        """Apply the group's heartbeats and save them with the catalog's changes; on failure
+        leave them unapplied (the caller rolls the catalog back)."""
         heartbeats, self._heartbeats = self._heartbeats, []
         if not heartbeats:
+            if self.catalog.pending:
+                self.save_state(durable=durable)
             return
         before = self.positions.record_all(heartbeats)
         try:
@@ -436,18 +505,23 @@ class Broker:
         """Assign indexes to a validated single-topic command: one write per frame, no reads."""
         view = memoryview(bytearray(command))
         offsets = command.offsets
+        assert command.topic is not None
+        if command.topic >= NAMED_TOPIC_BASE:
+            raise BadRequestError(_NAMED_RANGE)
         first = self.index + 1
         pack = INDEX.pack_into
         for k, offset in enumerate(offsets):
             pack(view, offset, first + k)
         self.index += len(offsets)
-        assert command.topic is not None
-        return first, [(command.topic, Run(view, offsets, first))], []
+        return first, [(command.topic, Run(view, offsets, first))], [], None
 
     def _stamp(self, command: bytes | bytearray) -> Stamped:
         """Assign indexes to a command's messages.
 
-        Returns its first index, its runs of frames per topic and the heartbeats it records.
+        Returns its first index, its runs of frames per topic, the heartbeats it records and
+        what its stream operation did. The frames after a stream operation (:data:`STREAM_OP`)
+        go to that stream's topic (their topic field and checksum are set here) or, when the
+        operation decides so (a retried append, a repeated create), are skipped.
         """
         view = memoryview(bytearray(command))
         size = len(view)
@@ -456,6 +530,9 @@ class Broker:
         first = 0
         offset = run_start = 0
         run_topic = -1
+        decision: Decision | None = None
+        decision_first = 0
+        outcome: StreamOutcome | None = None
         while offset < size:
             if size - offset < HEADER_SIZE:
                 raise CorruptFrameError(f"command has an incomplete frame at byte {offset}")
@@ -463,14 +540,29 @@ class Broker:
             end = offset + HEADER_SIZE + length
             if end > size:
                 raise CorruptFrameError(f"command has an incomplete frame at byte {offset}")
+            if decision is not None and not type_ & INTERNAL_TYPE:
+                if decision.topic is None:  # skipped: nothing of it is stored
+                    offset = run_start = end
+                    continue
+                topic_id = decision.topic
+                set_topic(view, offset, topic_id)
+            elif topic_id >= NAMED_TOPIC_BASE and not type_ & INTERNAL_TYPE:
+                raise BadRequestError(_NAMED_RANGE)
             if type_ & INTERNAL_TYPE or topic_id != run_topic:
                 if run_topic >= 0 and offset > run_start:
                     runs.append((run_topic, Run(view[run_start:offset])))
                 run_start, run_topic = offset, topic_id
             if type_ & INTERNAL_TYPE:
-                heartbeat = _internal(type_, topic_id, bytes(view[offset + HEADER_SIZE:end]))
-                if heartbeat is not None:
-                    heartbeats.append(heartbeat)
+                data = bytes(view[offset + HEADER_SIZE:end])
+                if type_ == STREAM_OP:
+                    if decision is not None:
+                        raise CorruptFrameError("a command holds one stream operation at most")
+                    decision = self.catalog.apply(data, self._topic_known)
+                    decision_first = self.index + 1
+                else:
+                    heartbeat = _internal(type_, topic_id, data)
+                    if heartbeat is not None:
+                        heartbeats.append(heartbeat)
                 run_start, run_topic = end, -1
             else:
                 self.index += 1
@@ -479,7 +571,13 @@ class Broker:
             offset = end
         if run_topic >= 0 and offset > run_start:
             runs.append((run_topic, Run(view[run_start:offset])))
-        return first, runs, heartbeats
+        if decision is not None:
+            appended = self.index if self.index >= decision_first else 0
+            outcome = self.catalog.appended(decision, appended)
+        return first, runs, heartbeats, outcome
+
+    def _topic_known(self, topic_id: int) -> bool:
+        return topic_id in self._topics or (self.path / "topics" / str(topic_id)).exists()
 
     def set_topic_max_index(self, topic_id: int, index: int, url: str) -> None:
         """Record that subscriber ``url`` has processed ``topic_id`` through ``index``."""
@@ -620,12 +718,15 @@ class Broker:
         self._open_files.clear()
 
     def install(self, topics: dict[int, Topic], index: int,
-                subscribers: dict[str, dict[str, int]]) -> None:
-        """Take over topics opened from a snapshot, with its broker index and subscribers."""
+                subscribers: dict[str, dict[str, int]],
+                catalog: dict[str, Any] | None = None) -> None:
+        """Take over topics opened from a snapshot, with its broker index, subscribers and
+        catalog."""
         with self._lock:
             self._topics = topics
             self.index = index
         self.positions.restore(subscribers)
+        self.catalog.restore(catalog)
         self.save_state()
         self._new_topics.notify()
 

@@ -35,6 +35,7 @@ DEFAULT_MAX_MESSAGE_SIZE = 1 << 20
 DEFAULT_MAX_REQUEST_SIZE = 64 << 20
 DEFAULT_TRUNCATION_INTERVAL = 600.0
 #: A subscriber silent this long stops holding data back.
+DEFAULT_LONG_POLL_TIMEOUT = 10.0
 DEFAULT_SUBSCRIBER_TIMEOUT = 600.0
 #: Seconds a connection may take to send a complete request head.
 DEFAULT_HEADER_TIMEOUT = 10.0
@@ -164,6 +165,10 @@ class BrokerConfig:
         DEFAULT_SUBSCRIBER_TIMEOUT, "--subscriber-timeout",
         "a subscriber silent this long stops holding data back", parse=positive_duration,
         show=show_duration, metavar="DURATION")
+    long_poll_timeout: float = _option(
+        DEFAULT_LONG_POLL_TIMEOUT, "--long-poll-timeout",
+        "a Durable Streams long-poll with no new data answers 204 after this long",
+        parse=positive_duration, show=show_duration, metavar="DURATION")
     header_timeout: float = _option(
         DEFAULT_HEADER_TIMEOUT, "--header-timeout",
         "close a connection that has not sent a complete request head this long after "

@@ -85,6 +85,7 @@ _unpack_header = HEADER.unpack_from
 _unpack_index_crc_length = header_unpacker("index", "crc", "length").unpack_from  # for scan()
 _pack_header = HEADER.pack_into
 _LENGTH = header_unpacker("length")
+_TOPIC = struct.Struct(">" + dict((n, c) for n, c, _d in HEADER_FIELDS)["topic"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +197,15 @@ def frame_size(buffer: bytes | bytearray | memoryview, offset: int = 0) -> int |
 def stamp_index(buffer: bytearray | memoryview, offset: int, index: int) -> None:
     """Write the broker-assigned ``index`` into the frame at ``offset`` (the CRC is unchanged)."""
     INDEX.pack_into(buffer, offset, index)
+
+
+def set_topic(buffer: bytearray | memoryview, offset: int, topic: int) -> None:
+    """Set the topic of the frame at ``offset`` and its checksum (which covers the topic)."""
+    _TOPIC.pack_into(buffer, offset + FIELD_AT["topic"][0], topic)
+    length = _LENGTH.unpack_from(buffer, offset)[0]
+    end = offset + HEADER_SIZE + length
+    _CRC.pack_into(buffer, offset + FIELD_AT["crc"][0],
+                   crc32c(memoryview(buffer)[offset + CRC_START:end]))
 
 
 def decode(buffer: bytes | bytearray | memoryview, after: int | None = None,

@@ -18,6 +18,7 @@ from messaging.http import (
 )
 from messaging.local_log import LocalLog
 from messaging.log import Log
+from messaging.streams import StreamHandlers
 from messaging.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ class BrokerServer:
             raise
         app = make_app(self.broker, self.log, max_message_size=config.max_message_size,
                        max_request_size=config.max_request_size)
+        StreamHandlers(self.broker, self.log, config.max_message_size,
+                       long_poll_timeout=config.long_poll_timeout).install(app)
         if config.etcd_settings() is not None:
             from messaging.etcd_log import EtcdLog
             from messaging.snapshot_http import add_snapshot_route

@@ -122,7 +122,8 @@ def install(broker: Broker, header: dict[str, Any], stream: IO[bytes]) -> None:
         topic_id = int(described["id"])
         opened[topic_id] = Topic.open(root / "topics" / str(topic_id), topic_id,
                                       broker.max_segment_size)
-    broker.install(opened, int(header["index"]), header.get("subscribers", {}))
+    broker.install(opened, int(header["index"]), header.get("subscribers", {}),
+                   header.get("catalog"))
     log.info("restored snapshot: %d topics, index %d", len(opened), broker.index)
 
 

@@ -733,6 +733,36 @@ class Topic:
         fsync_dir(self.path)
         return deleted
 
+    def cut_after(self, index: int) -> int:
+        """Remove every frame above ``index`` from the files (at start-up, before any write).
+
+        For frames a crash left behind that the catalog never accepted (they were never
+        acknowledged). Closes this topic: open it again afterwards. Returns bytes removed.
+        """
+        located = self.locate(index + 1) if self.last_index > index else None
+        self.close()
+        if located is None:
+            return 0
+        segment, position, _ordinal = located
+        removed = 0
+        for later in self._segments[self._segments.index(segment) + 1:]:
+            removed += later.size
+            later.path.unlink()
+        removed += segment.size - position
+        if position:
+            fd = os.open(segment.path, os.O_WRONLY)
+            try:
+                os.ftruncate(fd, position)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        else:
+            segment.path.unlink()
+        fsync_dir(self.path)
+        log.warning("topic %d: removed %d bytes after index %d that were never acknowledged",
+                    self.id, removed, index)
+        return removed
+
     # -- closing ----------------------------------------------------------------------------
 
     def close(self) -> None:

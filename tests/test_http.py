@@ -593,7 +593,7 @@ async def test_numbers_are_ascii_digits_only(server: BrokerServer, http: aiohttp
 
 
 async def test_plain_numbers_still_work(server: BrokerServer, http: aiohttp.ClientSession) -> None:
-    for topic in ("007", str(2**64 - 1)):
+    for topic in ("007", str(2**63 - 1)):
         async with http.post(f"{server.url}/messaging/messages", params={"topicID": topic},
                              data=b"x") as resp:
             assert resp.status == 200, await resp.text()
