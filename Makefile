@@ -5,9 +5,11 @@ STAMP := $(VENV)/.installed
 CORE_STAMP := $(VENV)/.installed-core
 PORT ?= 8086
 DATA ?= ./data
+CONFORMANCE_LOCK := conformance/package-lock.json
+CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 
 .PHONY: run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
-	bench-client bench-cluster bench-spark bench-streams soak etcd clean
+	bench-client bench-cluster bench-spark bench-streams soak etcd conformance clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,7 +42,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy messaging tests bench examples
 
-pytest: $(STAMP) etcd
+pytest: $(STAMP) etcd conformance
 	$(BIN)/python -m pytest -q
 
 pytest-unit: $(STAMP)
@@ -59,6 +61,19 @@ etcd:
 		fi; \
 	fi
 	@etcd --version | head -1
+
+## make conformance: install the Durable Streams conformance suite (Node 20+ and npm) from
+## conformance/package-lock.json; run it with node conformance/run.mjs <url> [-t <pattern>]
+conformance:
+	@if ! command -v npm >/dev/null 2>&1 || ! command -v node >/dev/null 2>&1 || \
+		! node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)'; then \
+		echo "the Durable Streams conformance suite (conformance/) needs Node 20+ and npm on PATH: install them (https://nodejs.org) and run make test again" >&2; \
+		exit 1; \
+	fi
+	@if [ ! -f $(CONFORMANCE_INSTALLED) ] || [ $(CONFORMANCE_INSTALLED) -ot $(CONFORMANCE_LOCK) ]; then \
+		echo "cd conformance && npm ci --no-audit --no-fund"; \
+		cd conformance && npm ci --no-audit --no-fund; \
+	fi
 
 bench: bench-storage bench-http bench-client bench-cluster bench-spark bench-streams
 
