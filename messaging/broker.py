@@ -544,8 +544,12 @@ class Broker:
                 if decision.topic is None:  # skipped: nothing of it is stored
                     offset = run_start = end
                     continue
-                topic_id = decision.topic
-                set_topic(view, offset, topic_id)
+                if topic_id != decision.topic:
+                    if topic_id:
+                        raise BadRequestError(f"a publish to topic {decision.topic} holds a "
+                                              f"frame of topic {topic_id}")
+                    topic_id = decision.topic
+                    set_topic(view, offset, topic_id)
             elif topic_id >= NAMED_TOPIC_BASE and not type_ & INTERNAL_TYPE:
                 raise BadRequestError(_NAMED_RANGE)
             if type_ & INTERNAL_TYPE or topic_id != run_topic:
@@ -572,8 +576,9 @@ class Broker:
         if run_topic >= 0 and offset > run_start:
             runs.append((run_topic, Run(view[run_start:offset])))
         if decision is not None:
-            appended = self.index if self.index >= decision_first else 0
-            outcome = self.catalog.appended(decision, appended)
+            stored = self.index >= decision_first
+            outcome = self.catalog.appended(decision, decision_first if stored else 0,
+                                            self.index if stored else 0)
         return first, runs, heartbeats, outcome
 
     def _topic_known(self, topic_id: int) -> bool:
@@ -632,8 +637,12 @@ class Broker:
         return self.positions.positions(topic_id)
 
     def topic_info(self, topic: TopicSummary) -> dict[str, Any]:
-        """The JSON description of a topic used by the HTTP API."""
-        return {
+        """The JSON description of a topic used by the HTTP API (with its stream's name)."""
+        info: dict[str, Any] = {}
+        name = self.catalog.name_of(topic.id)
+        if name is not None:
+            info["name"] = name
+        return info | {
             "id": topic.id,
             "first_index": topic.first_index,
             "last_index": topic.committed_index,

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -141,11 +142,79 @@ class ProducerSequenceGapError(MessagingError):
 
 @dataclass(slots=True)
 class Producer:
-    """An idempotent producer's state on one stream."""
+    """An idempotent producer's state on one topic: its epoch, the last sequence number it
+    had accepted (with the index range that stored it), and when it was last used."""
 
     epoch: int
     seq: int
     used: float
+    first: int = 0
+    last: int = 0
+
+
+_DIGITS = re.compile(r"[0-9]+")
+_MAX_SAFE_INTEGER = 2**53 - 1
+
+
+def parse_producer(headers: Mapping[str, str]) -> tuple[str, int, int] | None:
+    """``Producer-Id``/``-Epoch``/``-Seq`` of a request: all three or none (400 otherwise)."""
+    pid = headers.get("Producer-Id")
+    epoch = headers.get("Producer-Epoch")
+    seq = headers.get("Producer-Seq")
+    if pid is None and epoch is None and seq is None:
+        return None
+    if pid is None or epoch is None or seq is None:
+        raise BadRequestError("Producer-Id, Producer-Epoch and Producer-Seq go together")
+    if not pid:
+        raise BadRequestError("Producer-Id must not be empty")
+    numbers = []
+    for label, text in (("Producer-Epoch", epoch), ("Producer-Seq", seq)):
+        if not _DIGITS.fullmatch(text) or int(text) > _MAX_SAFE_INTEGER:
+            raise BadRequestError(f"invalid {label} {text!r}: an integer 0..2^53-1")
+        numbers.append(int(text))
+    return pid, numbers[0], numbers[1]
+
+
+def check_producer(producers: dict[str, Producer], producer: list[Any], now: float,
+                   ) -> tuple[Producer | None, Producer | None]:
+    """Validate ``[id, epoch, seq]`` against a topic's producers (PROTOCOL.md §5.2.1).
+
+    Returns ``(new state, None)`` to accept, ``(None, state)`` for a duplicate; raises
+    :class:`ProducerFencedError` (403), :class:`ProducerSequenceGapError` (409) or
+    :class:`BadRequestError` (a new epoch not starting at 0).
+    """
+    pid, epoch, seq = str(producer[0]), int(producer[1]), int(producer[2])
+    state = producers.get(pid)
+    if state is not None and now - state.used > PRODUCER_TTL:
+        state = None
+    if state is None:
+        if seq != 0:
+            raise ProducerSequenceGapError(
+                f"producer {pid!r} is new here and must start at seq 0", 0, seq)
+        return Producer(epoch, 0, now), None
+    if epoch < state.epoch:
+        raise ProducerFencedError(f"producer {pid!r} epoch {epoch} is stale (the topic has "
+                                  f"epoch {state.epoch})", state.epoch)
+    if epoch > state.epoch:
+        if seq != 0:
+            raise BadRequestError(f"producer {pid!r}: a new epoch must start at seq 0")
+        return Producer(epoch, 0, now), None
+    if seq <= state.seq:
+        return None, state
+    if seq == state.seq + 1:
+        return Producer(epoch, seq, now), None
+    raise ProducerSequenceGapError(f"producer {pid!r} sent seq {seq}, expected {state.seq + 1}",
+                                   state.seq + 1, seq)
+
+
+def trim_producers(producers: dict[str, Producer], now: float) -> None:
+    """Forget producers unused for PRODUCER_TTL, and the oldest beyond MAX_PRODUCERS."""
+    for pid in [p for p, s in producers.items() if now - s.used > PRODUCER_TTL]:
+        del producers[pid]
+    if len(producers) > MAX_PRODUCERS:
+        oldest = sorted(producers, key=lambda p: producers[p].used)
+        for pid in oldest[:len(producers) - MAX_PRODUCERS]:
+            del producers[pid]
 
 
 @dataclass(slots=True)
@@ -216,6 +285,8 @@ class StreamOutcome:
     duplicate: bool = False
     producer: tuple[int, int] | None = None  # (epoch, highest accepted seq)
     content_type: str = ""
+    first: int = 0  # a native publish's index range (a duplicate's: the original's)
+    last: int = 0
 
 
 def stream_command(op: dict[str, Any], frames: bytes = b"") -> bytes:
@@ -247,7 +318,11 @@ class Catalog:
         self.by_topic: dict[int, str] = {}
         self.next_topic = self._committed_next = NAMED_TOPIC_BASE
         self._pending: dict[str, Stream | None] = {}  # None: removed by the group
-        self._undo: list[tuple[str, Any]] = []  # (name, overlay entry before, or _MISSING)
+        #: Idempotent producers of numeric topics (native publishes), by topic.
+        self.native: dict[int, dict[str, Producer]] = {}
+        self._native_pending: dict[int, dict[str, Producer]] = {}
+        # (name or native topic, overlay entry before, or _MISSING)
+        self._undo: list[tuple[str | int, Any]] = []
         self.dirty = False
         self.removed: list[int] = []  # topics whose files the committed group frees
         self.changed: set[int] = set()  # topics whose stream metadata changed
@@ -258,8 +333,11 @@ class Catalog:
         """The catalog as kept in ``broker.json`` and snapshots: the committed streams with
         the group being applied (it is saved just before it commits)."""
         streams = {**self.streams, **self._pending}
+        native = {**self.native, **self._native_pending}
         return {"next_topic": self.next_topic,
-                "streams": [s.saved() for s in streams.values() if s is not None]}
+                "streams": [s.saved() for s in streams.values() if s is not None],
+                "native": {str(topic): {pid: asdict(state) for pid, state in producers.items()}
+                           for topic, producers in native.items() if producers}}
 
     def restore(self, data: dict[str, Any] | None) -> None:
         """Replace everything with :meth:`saved` output (None: empty)."""
@@ -271,6 +349,9 @@ class Catalog:
             streams[stream.name] = stream
         self.streams = streams
         self.by_topic = {s.topic: s.name for s in streams.values()}
+        self.native = {int(topic): {pid: Producer(**state) for pid, state in producers.items()}
+                       for topic, producers in data.get("native", {}).items()}
+        self._native_pending.clear()
         self._pending.clear()
         self._undo.clear()
         self.removed.clear()
@@ -287,11 +368,13 @@ class Catalog:
         """Undo every change since ``mark`` (None: since the last :meth:`commit`)."""
         undo, removed, next_topic = mark or (0, 0, self._committed_next)
         while len(self._undo) > undo:
-            name, before = self._undo.pop()
+            key, before = self._undo.pop()
+            pending: dict[Any, Any] = (self._native_pending if isinstance(key, int)
+                                       else self._pending)
             if before is _MISSING:
-                self._pending.pop(name, None)
+                pending.pop(key, None)
             else:
-                self._pending[name] = before
+                pending[key] = before
         self.next_topic = next_topic
         del self.removed[removed:]
         if mark is None:
@@ -300,7 +383,8 @@ class Catalog:
     @property
     def pending(self) -> bool:
         """Whether the group being applied changed the catalog (it must be saved with it)."""
-        return bool(self._pending) or self.next_topic != self._committed_next
+        return (bool(self._pending) or bool(self._native_pending)
+                or self.next_topic != self._committed_next)
 
     def commit(self) -> tuple[list[int], set[int]]:
         """Fold the group's changes in; returns the topics to remove and those whose stream
@@ -314,7 +398,9 @@ class Catalog:
             if stream is not None:
                 self.streams[name] = stream
                 self.by_topic[stream.topic] = name
+        self.native.update(self._native_pending)
         self._pending.clear()
+        self._native_pending.clear()
         self._undo.clear()
         self._committed_next = self.next_topic
         removed, self.removed = self.removed, []
@@ -326,6 +412,10 @@ class Catalog:
         if name in self._pending:
             return self._pending[name]
         return self.streams.get(name)
+
+    def _set_native(self, topic: int, producers: dict[str, Producer]) -> None:
+        self._undo.append((topic, self._native_pending.get(topic, _MISSING)))
+        self._native_pending[topic] = producers
 
     def _set(self, name: str, stream: Stream | None) -> None:
         self._undo.append((name, self._pending.get(name, _MISSING)))
@@ -400,11 +490,21 @@ class Catalog:
             return self._append(op)
         if kind in ("delete", "expire"):
             return self._delete(op)
+        if kind == "produce":
+            return self._produce(op)
         raise CorruptFrameError(f"unknown stream command {kind!r}")
 
-    def appended(self, decision: Decision, last: int) -> StreamOutcome:
-        """Record the data a command appended (``last`` index, 0 for none); its outcome."""
+    def appended(self, decision: Decision, first: int, last: int) -> StreamOutcome:
+        """Record the data a command appended (indexes ``first``..``last``, 0 for none);
+        returns its outcome."""
         op = decision.op
+        native: Producer | None = op.get("native")
+        if native is not None or op["op"] == "produce":
+            if native is not None:
+                native.first, native.last = first, last
+            extra = op.get("outcome", {})
+            return StreamOutcome("", (last, 0), False, **{"first": first, "last": last,
+                                                           **extra})
         stream = self._get(op["name"])
         if stream is None:
             return StreamOutcome(op["name"], (0, 0), False, **op.get("outcome", {}))
@@ -415,6 +515,10 @@ class Catalog:
             stream = stream if op.get("fresh") else self._replace(stream)
             if last:
                 stream.tail = (last, 0)
+                producer = op.get("producer")
+                state = stream.producers.get(str(producer[0])) if producer else None
+                if state is not None:
+                    state.first, state.last = first, last
             if op.get("close") and not stream.closed:
                 stream.closed = True
                 producer = op.get("producer")
@@ -530,32 +634,12 @@ class Catalog:
         outcome: dict[str, Any] = {}
         new_state: Producer | None = None
         if producer is not None:
-            pid, epoch, seq = str(producer[0]), int(producer[1]), int(producer[2])
-            state = stream.producers.get(pid)
-            if state is not None and now - state.used > PRODUCER_TTL:
-                state = None
-            if state is None:
-                if seq != 0:
-                    raise ProducerSequenceGapError(
-                        f"producer {pid!r} is new here and must start at seq 0", 0, seq)
-                new_state = Producer(epoch, 0, now)
-            elif epoch < state.epoch:
-                raise ProducerFencedError(f"producer {pid!r} epoch {epoch} is stale (the "
-                                          f"stream has epoch {state.epoch})", state.epoch)
-            elif epoch > state.epoch:
-                if seq != 0:
-                    raise BadRequestError(f"producer {pid!r}: a new epoch must start at seq 0")
-                new_state = Producer(epoch, 0, now)
-            elif seq <= state.seq:
+            new_state, duplicate = check_producer(stream.producers, producer, now)
+            if duplicate is not None:
                 op["done"] = True
-                op["outcome"] = {"duplicate": True, "producer": (epoch, state.seq)}
+                op["outcome"] = {"duplicate": True, "producer": (duplicate.epoch, duplicate.seq)}
                 return Decision(None, op)
-            elif seq == state.seq + 1:
-                new_state = Producer(epoch, seq, now)
-            else:
-                raise ProducerSequenceGapError(
-                    f"producer {pid!r} sent seq {seq}, expected {state.seq + 1}",
-                    state.seq + 1, seq)
+            assert new_state is not None
             outcome["producer"] = (new_state.epoch, new_state.seq)
         seq_text = op.get("seq")
         if seq_text is not None and stream.seq is not None and seq_text <= stream.seq:
@@ -566,22 +650,33 @@ class Catalog:
             op["fresh"] = True
             if new_state is not None and producer is not None:
                 stream.producers[str(producer[0])] = new_state
-                self._trim_producers(stream, now)
+                trim_producers(stream.producers, now)
             if seq_text is not None:
                 stream.seq = seq_text
         op["outcome"] = outcome
         return Decision(stream.topic, op)
 
-    @staticmethod
-    def _trim_producers(stream: Stream, now: float) -> None:
-        """Forget producers unused for PRODUCER_TTL, and the oldest beyond MAX_PRODUCERS."""
-        producers = stream.producers
-        for pid in [p for p, s in producers.items() if now - s.used > PRODUCER_TTL]:
-            del producers[pid]
-        if len(producers) > MAX_PRODUCERS:
-            oldest = sorted(producers, key=lambda p: producers[p].used)
-            for pid in oldest[:len(producers) - MAX_PRODUCERS]:
-                del producers[pid]
+    def _produce(self, op: dict[str, Any]) -> Decision:
+        """A native publish with producer headers: deduplicated like a stream append."""
+        topic = int(op["topic"])
+        if topic >= NAMED_TOPIC_BASE:
+            raise BadRequestError(f"topic {topic} belongs to a named stream")
+        producers = self._native_pending.get(topic, self.native.get(topic, {}))
+        now = float(op.get("now", 0.0))
+        new_state, duplicate = check_producer(producers, op["producer"], now)
+        if duplicate is not None:
+            op["done"] = True
+            op["outcome"] = {"duplicate": True, "producer": (duplicate.epoch, duplicate.seq),
+                             "first": duplicate.first, "last": duplicate.last}
+            return Decision(None, op)
+        assert new_state is not None
+        changed = dict(producers)
+        changed[str(op["producer"][0])] = new_state
+        trim_producers(changed, now)
+        self._set_native(topic, changed)
+        op["native"] = new_state
+        op["outcome"] = {"producer": (new_state.epoch, new_state.seq)}
+        return Decision(topic, op)
 
     def _delete(self, op: dict[str, Any], *, quiet: bool = False) -> Decision:
         name = op["name"]

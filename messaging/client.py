@@ -2,10 +2,12 @@
 
 Client owns the HTTP session and turns broker answers (or their absence) into results or
 :class:`MessagingError` subclasses worded for users: what failed, where, and why. Which broker
-to try, redirects and retry timing are :mod:`messaging.failover`'s decisions. A publish whose
-request may have reached a broker is never retried blindly (publishes are not idempotent): the
-caller gets :class:`PublishOutcomeUnknownError`. Subscriptions are :class:`Conn`
-(:mod:`messaging.conn`), re-exported here.
+to try, redirects and retry timing are :mod:`messaging.failover`'s decisions. Publishes are
+idempotent by default (:mod:`messaging.producer`): each carries producer headers, so one whose
+answer was lost is sent again and the broker stores it once. With ``idempotent=False`` a
+publish that may have reached a broker is never retried: the caller gets
+:class:`PublishOutcomeUnknownError`. Subscriptions are :class:`Conn` (:mod:`messaging.conn`),
+re-exported here.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from messaging.failover import (
 )
 from messaging.files import read_json, write_json_atomic
 from messaging.message import FRAMES_CONTENT_TYPE, HEADER_SIZE, Message, decode, encode_batch
+from messaging.producer import Lanes
 
 __all__ = ["DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_RETRY_TIMEOUT", "Client", "Conn",
            "MessageBatch", "Response"]
@@ -83,7 +86,8 @@ class Client:
 
     def __init__(self, urls: Sequence[str] | str, config_path: Path | str | None = None, *,
                  timeout: float = 30.0, retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
-                 max_request_size: int = DEFAULT_MAX_REQUEST_SIZE) -> None:
+                 max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
+                 idempotent: bool = True, producer_id: str | None = None) -> None:
         self.config_path = Path(config_path) if config_path is not None else None
         # The config file is read by open(), on a thread: nothing here touches the disk.
         self.brokers = Brokers([urls] if isinstance(urls, str) else urls)
@@ -92,6 +96,8 @@ class Client:
         self.timeout = timeout
         self.retry_timeout = retry_timeout
         self.max_request_size = max_request_size
+        #: Producer lanes of idempotent publishes (None: publishes are not idempotent).
+        self.producers = Lanes(producer_id) if idempotent else None
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Client:
@@ -181,7 +187,8 @@ class Client:
                     self.brokers.failed(base)
                     continue
                 refused_everywhere = False
-                if response.status == 503 and not retry.exhausted(loop.time()):
+                if (response.status == 503 or (response.status == 504 and idempotent)) and (
+                        not retry.exhausted(loop.time())):
                     last_error = error_for_status(503, response.headers, response.url)
                     continue
                 if response.status >= 300:
@@ -254,10 +261,24 @@ class Client:
     # -- the API ----------------------------------------------------------------------------
 
     async def publish(self, topic: int, data: bytes, type: int = 1) -> int:
-        """Publish one message; returns its index once the broker acknowledged it."""
-        response = await self.request(
-            "POST", "/messaging/messages", params={"topicID": topic, "type": type}, data=data,
-            headers={"Content-Type": "application/octet-stream"}, write=True, idempotent=False)
+        """Publish one message; returns its index once the broker acknowledged it.
+
+        Idempotent (unless the client was made with ``idempotent=False``): retried until the
+        broker answers, and stored once however often it was sent.
+        """
+        lane = self.producers.take(topic) if self.producers is not None else None
+        try:
+            response = await self.request(
+                "POST", "/messaging/messages", params={"topicID": topic, "type": type},
+                data=data, headers={"Content-Type": "application/octet-stream",
+                                    **(lane.headers() if lane is not None else {})},
+                write=True, idempotent=lane is not None)
+        except BaseException as err:
+            if lane is not None and self.producers is not None:
+                self.producers.give_back(lane, err)
+            raise
+        if lane is not None and self.producers is not None:
+            self.producers.give_back(lane)
         return _broker_index(response)
 
     async def publish_batch(self, topic: int, datas: Sequence[bytes],
@@ -270,11 +291,22 @@ class Client:
         if not datas:
             raise MessagingError("publish_batch needs at least one message")
         first = last = 0
+        lanes = self.producers
         for chunk in _split(datas, self.max_request_size):
-            response = await self.request(
-                "POST", "/messaging/messages", params={"topicID": topic},
-                data=encode_batch(topic, chunk, type),
-                headers={"Content-Type": FRAMES_CONTENT_TYPE}, write=True, idempotent=False)
+            lane = lanes.take(topic) if lanes is not None else None
+            try:
+                response = await self.request(
+                    "POST", "/messaging/messages", params={"topicID": topic},
+                    data=encode_batch(topic, chunk, type),
+                    headers={"Content-Type": FRAMES_CONTENT_TYPE,
+                             **(lane.headers() if lane is not None else {})},
+                    write=True, idempotent=lane is not None)
+            except BaseException as err:
+                if lane is not None and lanes is not None:
+                    lanes.give_back(lane, err)
+                raise
+            if lane is not None and lanes is not None:
+                lanes.give_back(lane)
             result = _json_object(response)
             first = first or _index_field(response, result, "first")
             last = _index_field(response, result, "last")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from array import array
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
@@ -18,7 +19,7 @@ from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from messaging.broker import ApplyResult
+from messaging.catalog import parse_producer, stream_command
 from messaging.config import (
     DEFAULT_HEADER_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
@@ -48,6 +49,8 @@ log = logging.getLogger(__name__)
 
 ERROR_HEADER = "X-Broker-Error"
 INDEX_HEADER = "X-Broker-Index"
+#: Set on the answer to an idempotent publish that was already stored (a retry).
+DUPLICATE_HEADER = "X-Broker-Duplicate"
 _FIRST_FRAME = array("q", [0])  # the offsets of a single-frame command
 #: Publish bodies up to this size are validated on the event loop; bigger ones on a thread.
 VALIDATE_ON_LOOP = 64 << 10
@@ -163,10 +166,32 @@ class Handlers:
                 raise MessageTooLargeError(f"message of {len(body)} bytes exceeds the maximum "
                                            f"of {self.max_message_size}")
             command = Command.of(encode(type_, topic, body), _FIRST_FRAME, topic)
-        result = await self.log.apply(command)
-        headers = {INDEX_HEADER: str(result.last)}
+        producer = parse_producer(request.headers)
+        headers: dict[str, str] = {}
+        if producer is not None:
+            # Idempotent: the state machine stores it once whatever retries bring.
+            if command.topic is None:
+                raise BadRequestError("a publish with producer headers goes to one topic: "
+                                      "give topicID")
+            payload: bytes = stream_command({"op": "produce", "topic": command.topic,
+                                             "producer": list(producer), "now": time.time()},
+                                            command)
+        else:
+            payload = command
+        result = await self.log.apply(payload)
+        first, last = result.first, result.last
+        outcome = result.stream
+        if outcome is not None and outcome.producer is not None:
+            first, last = outcome.first, outcome.last
+            headers["Producer-Epoch"] = str(outcome.producer[0])
+            headers["Producer-Seq"] = str(outcome.producer[1])
+            if outcome.duplicate:
+                headers[DUPLICATE_HEADER] = "true"
+        headers[INDEX_HEADER] = str(last)
         if frames:
-            return web.json_response(_range(result), headers=headers)
+            count = last - first + 1 if last else 0
+            return web.json_response({"first": first, "last": last, "count": count},
+                                     headers=headers)
         return web.Response(headers=headers)
 
     async def heartbeat(self, request: web.Request) -> web.Response:
@@ -338,10 +363,6 @@ class Handlers:
 def _drained(transport: asyncio.Transport | None) -> bool:
     """Whether everything written to the socket so far has been handed to the kernel."""
     return transport is None or transport.get_write_buffer_size() == 0
-
-
-def _range(result: ApplyResult) -> dict[str, int]:
-    return {"first": result.first, "last": result.last, "count": result.count}
 
 
 def _int(value: str, name: str) -> int:

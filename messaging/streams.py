@@ -39,6 +39,7 @@ from messaging.catalog import (
     StreamGoneError,
     StreamNotFoundError,
     media_type,
+    parse_producer,
     parse_token,
     stream_command,
     token,
@@ -59,7 +60,6 @@ DEFAULT_SSE_LIFETIME = 60.0
 EXPIRY_SWEEP_INTERVAL = 5.0
 _CURSOR_EPOCH = datetime.fromisoformat("2024-10-09T00:00:00+00:00").timestamp()
 _CURSOR_INTERVAL = 20
-_MAX_SAFE_INTEGER = 2**53 - 1
 _INTEGER = re.compile(r"(0|[1-9][0-9]*)")
 _DIGITS = re.compile(r"[0-9]+")
 _MEDIA_TYPE = re.compile(r"[\w-]+/[\w-]+")
@@ -320,7 +320,7 @@ class StreamHandlers:
         """POST: append (one message; JSON arrays are flattened one level) and/or close."""
         headers = request.headers
         close = _is_true(headers.get("Stream-Closed"))
-        producer = self._producer(request)
+        producer = parse_producer(headers)
         seq = headers.get("Stream-Seq")
         body = await request.read()
         if not body and not close:
@@ -360,26 +360,6 @@ class StreamHandlers:
         if outcome.duplicate or not messages:
             return web.Response(status=204, headers=answer)
         return web.Response(status=200 if producer is not None else 204, headers=answer)
-
-    @staticmethod
-    def _producer(request: web.Request) -> tuple[str, int, int] | None:
-        """``Producer-Id``/``-Epoch``/``-Seq``: all three or none (400 otherwise)."""
-        headers = request.headers
-        pid = headers.get("Producer-Id")
-        epoch = headers.get("Producer-Epoch")
-        seq = headers.get("Producer-Seq")
-        if pid is None and epoch is None and seq is None:
-            return None
-        if pid is None or epoch is None or seq is None:
-            raise BadRequestError("Producer-Id, Producer-Epoch and Producer-Seq go together")
-        if not pid:
-            raise BadRequestError("Producer-Id must not be empty")
-        numbers = []
-        for label, text in (("Producer-Epoch", epoch), ("Producer-Seq", seq)):
-            if not _DIGITS.fullmatch(text) or int(text) > _MAX_SAFE_INTEGER:
-                raise BadRequestError(f"invalid {label} {text!r}: an integer 0..2^53-1")
-            numbers.append(int(text))
-        return pid, numbers[0], numbers[1]
 
     # -- delete and head --------------------------------------------------------------------
 

@@ -217,7 +217,8 @@ def spark():
 
     from messaging.spark import MessagingDataSource
 
-    session = (SparkSession.builder.master("local[2]").appName("messaging-tests")
+    # local[2,2]: two cores, and a failed task is tried once more (the sink tests need it).
+    session = (SparkSession.builder.master("local[2,2]").appName("messaging-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.driver.bindAddress", "127.0.0.1")

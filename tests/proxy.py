@@ -21,13 +21,15 @@ class FaultProxy:
     ``cut_after``: close a connection once it has carried that many response bytes (so a
     stream is cut wherever that falls, usually inside a frame). ``drop_responses``: forward
     requests but close the client connection as soon as the answer starts, so the client never
-    learns the outcome.
+    learns the outcome. ``drop_connections``: the same, for those connections only (numbered
+    from 1 in the order they came).
     """
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.cut_after: int | None = None
         self.drop_responses = False
+        self.drop_connections: set[int] = set()
         self.connections = 0
         self.cuts = 0
         self._server: asyncio.base_events.Server | None = None
@@ -57,6 +59,7 @@ class FaultProxy:
         assert task is not None
         self._tasks.add(task)
         self.connections += 1
+        drop = self.drop_responses or self.connections in self.drop_connections
         try:
             up_r, up_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         except OSError:
@@ -64,7 +67,7 @@ class FaultProxy:
             return
         upward = asyncio.ensure_future(self._pump(client_r, up_w, None))
         try:
-            await self._pump(up_r, client_w, self.cut_after, drop=self.drop_responses)
+            await self._pump(up_r, client_w, self.cut_after, drop=drop)
         finally:
             upward.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

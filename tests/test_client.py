@@ -179,7 +179,7 @@ async def test_redirect_is_followed_and_remembered(server: BrokerServer) -> None
 async def test_publish_cut_mid_request_is_outcome_unknown(server: BrokerServer,
                                                           proxy: FaultProxy) -> None:
     proxy.drop_responses = True
-    async with Client(proxy.url) as client:
+    async with Client(proxy.url, idempotent=False) as client:
         with pytest.raises(PublishOutcomeUnknownError, match="may or may not") as info:
             await client.publish(1, b"did it land?")
     assert str(info.value) == (
@@ -188,6 +188,34 @@ async def test_publish_cut_mid_request_is_outcome_unknown(server: BrokerServer,
     async with Client(server.url) as direct:
         # It did land: retrying blindly would have stored it twice.
         assert [m.data for m in await direct.read(1)] == [b"did it land?"]
+
+
+async def test_idempotent_publish_whose_answer_is_lost_is_stored_once(
+        server: BrokerServer, proxy: FaultProxy) -> None:
+    """The default client sends a publish again when its answer is lost; the broker's
+    producer state stores it once, single and batch alike."""
+    proxy.drop_connections = {1, 2}  # the first two answers are lost, the third arrives
+    async with Client(proxy.url) as client:
+        index = await client.publish(1, b"exactly once")
+    assert proxy.connections == 3
+    proxy.drop_connections = {4}
+    async with Client(proxy.url) as client:  # a new connection, whose answer is lost
+        first, last = await client.publish_batch(1, [b"a", b"b", b"c"])
+    assert proxy.connections == 5
+    async with Client(server.url) as direct:
+        messages = await direct.read(1)
+    assert [m.data for m in messages] == [b"exactly once", b"a", b"b", b"c"]
+    assert [m.index for m in messages] == [index, first, first + 1, last]
+
+
+async def test_concurrent_idempotent_publishes_take_lanes(server: BrokerServer) -> None:
+    """Concurrent publishes to one topic each use a producer lane of their own: none is
+    refused as out of order, and each is stored once."""
+    async with Client(server.url) as client:
+        indexes = await asyncio.gather(*(client.publish(2, b"%d" % i) for i in range(50)))
+        assert client.producers is not None
+        assert [m.data for m in await client.read(2)] == [
+            b"%d" % i for i in sorted(range(50), key=lambda i: indexes[i])]
 
 
 async def test_ping_persists_urls(server: BrokerServer, tmp_path: Path) -> None:

@@ -125,9 +125,14 @@ class BrokerHTTP:
         """The broker index (the last index assigned in any topic)."""
         return int(self.json("/messaging/diagnostics")["index"])
 
-    def publish_frames(self, body: bytes) -> None:
-        """POST a body of frames (all or nothing)."""
-        conn, response = self.open("POST", "/messaging/messages", body=body,
-                                   headers={"Content-Type": FRAMES_CONTENT_TYPE})
+    def publish_frames(self, body: bytes,
+                       producer: tuple[str, int, int] | None = None) -> None:
+        """POST a body of frames (all or nothing); with ``(id, epoch, seq)`` it is stored
+        once however often it is sent."""
+        headers = {"Content-Type": FRAMES_CONTENT_TYPE}
+        if producer is not None:
+            headers.update({"Producer-Id": producer[0], "Producer-Epoch": str(producer[1]),
+                            "Producer-Seq": str(producer[2])})
+        conn, response = self.open("POST", "/messaging/messages", body=body, headers=headers)
         response.read()
         conn.close()

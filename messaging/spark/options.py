@@ -45,6 +45,11 @@ def broker_urls(options: dict[str, str]) -> tuple[str, ...]:
     return found
 
 
+def max_publish_bytes(options: dict[str, str], default: int) -> int:
+    """Option ``maxPublishBytes`` of a writer: the size of one publish request."""
+    return _positive(lower_case(options), "maxPublishBytes") or default
+
+
 def _positive(options: dict[str, str], name: str) -> int | None:
     value = options.get(name.lower())
     if value is None:

@@ -7,9 +7,12 @@ import contextlib
 import datetime
 import http.server
 import json
+import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.errors.exceptions.captured import CapturedException
@@ -20,7 +23,7 @@ from messaging.errors import ConnectionFailedError
 from messaging.message import encode_batch
 from messaging.spark.broker_http import BrokerHTTP
 from tests.conftest import BrokerProcess
-from tests.proxy import dead_url
+from tests.proxy import FaultProxy, dead_url
 
 
 def publish(url: str, topic: int, datas: list[bytes]) -> tuple[int, int]:
@@ -249,3 +252,83 @@ def test_broker_http_fails_over_and_follows_redirects(spark_broker: BrokerProces
     with pytest.raises(ConnectionFailedError, match=f"^no broker reachable: {dead}: ") as info:
         BrokerHTTP([dead]).topic(71)
     assert info.value.refused
+
+
+def test_sink_exactly_once_across_task_retries_and_restarts(
+        spark: SparkSession, spark_broker: BrokerProcess, tmp_path: Path) -> None:
+    """Publishes whose answers are lost fail their tasks, which Spark retries; a streaming
+    query that fails mid-batch is restarted from its checkpoint: every row is stored once."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType
+
+    url = spark_broker.url
+
+    async def read_back(topic: int) -> list[int]:
+        async with Client(url) as client:
+            return [int(m.data) for m in await client.read(topic)]
+
+    # A task retry: the proxy forwards a publish but drops its answer, so the task that sent
+    # it fails after part of its rows (and that publish) were stored; Spark runs it again.
+    with _proxy_in_thread(int(url.rsplit(":", 1)[1])) as proxy:
+        proxy.drop_connections = {6}
+        rows = spark.range(0, 2000, numPartitions=2).select(
+            F.lit(61).alias("topic"), F.col("id").cast("string").alias("data"))
+        rows.write.format("messaging").option("url", proxy.url) \
+            .option("maxPublishBytes", "600").mode("append").save()
+        assert proxy.connections > 6, proxy.connections
+    stored = asyncio.run(read_back(61))
+    assert sorted(stored) == list(range(2000)), (len(stored), len(set(stored)))
+
+    # A restarted query: one partition of the micro-batch is published, the other fails
+    # (twice: Spark's retry too); the restart runs the whole micro-batch again.
+    publish(url, 62, [b"%d" % i for i in range(1000)])
+    flag = tmp_path / "fail"
+    flag.write_text("fail")
+    flag_path = str(flag)
+
+    def fail_while_flagged(value: int) -> int:
+        if value == 900 and os.path.exists(flag_path):
+            time.sleep(1.0)  # the other partition finishes meanwhile
+            raise RuntimeError("injected query failure")
+        return value
+
+    fail_stream = F.udf(fail_while_flagged, LongType(), useArrow=False)
+
+    def start() -> Any:
+        source = (spark.readStream.format("messaging").option("url", url)
+                  .option("topics", "62").option("partitionSize", "500").load())
+        out = source.select(F.lit(63).alias("topic"),
+                            fail_stream(F.col("data").cast("string").cast("long"))
+                            .cast("string").alias("data"))
+        return (out.writeStream.format("messaging").option("url", url)
+                .option("maxPublishBytes", "600")
+                .option("checkpointLocation", str(tmp_path / "exactly-once"))
+                .trigger(availableNow=True).start())
+
+    first = start()
+    with pytest.raises(Exception, match="injected query failure"):
+        first.awaitTermination(240)
+    partial = asyncio.run(read_back(63))
+    assert 0 < len(partial) < 1000  # one partition was published before the failure
+    flag.unlink()
+    second = start()
+    assert second.awaitTermination(240)
+    assert second.exception() is None
+    stored = asyncio.run(read_back(63))
+    assert sorted(stored) == list(range(1000)), (len(stored), len(set(stored)))
+
+
+@contextlib.contextmanager
+def _proxy_in_thread(port: int) -> Iterator[FaultProxy]:
+    """A :class:`FaultProxy` to ``port`` served by a loop on its own thread."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    proxy = asyncio.run_coroutine_threadsafe(FaultProxy(port).start(), loop).result(10)
+    try:
+        yield proxy
+    finally:
+        asyncio.run_coroutine_threadsafe(proxy.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
