@@ -561,7 +561,7 @@ class Broker:
                 if type_ == STREAM_OP:
                     if decision is not None:
                         raise CorruptFrameError("a command holds one stream operation at most")
-                    decision = self.catalog.apply(data, self._topic_known)
+                    decision = self.catalog.apply(data)
                     decision_first = self.index + 1
                 else:
                     heartbeat = _internal(type_, topic_id, data)
@@ -580,9 +580,6 @@ class Broker:
             outcome = self.catalog.appended(decision, decision_first if stored else 0,
                                             self.index if stored else 0)
         return first, runs, heartbeats, outcome
-
-    def _topic_known(self, topic_id: int) -> bool:
-        return topic_id in self._topics or (self.path / "topics" / str(topic_id)).exists()
 
     def set_topic_max_index(self, topic_id: int, index: int, url: str) -> None:
         """Record that subscriber ``url`` has processed ``topic_id`` through ``index``."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -434,10 +434,6 @@ class Catalog:
         self._set(stream.name, None)
         self.removed.append(stream.topic)
 
-    def _topic_taken(self, topic: int) -> bool:
-        return topic in self.by_topic or any(
-            s is not None and s.topic == topic for s in self._pending.values())
-
     # -- reading ----------------------------------------------------------------------------
 
     def get(self, name: str) -> Stream | None:
@@ -473,7 +469,7 @@ class Catalog:
 
     # -- the state machine ------------------------------------------------------------------
 
-    def apply(self, data: bytes, topic_exists: Callable[[int], bool]) -> Decision:
+    def apply(self, data: bytes) -> Decision:
         """Apply one stream operation; the frames after it go to ``Decision.topic``.
 
         Raises a :class:`MessagingError` when the command must not apply at all (the caller
@@ -485,7 +481,7 @@ class Catalog:
         except (ValueError, KeyError, TypeError) as err:
             raise CorruptFrameError(f"stream command is not valid JSON: {err}") from err
         if kind == "create":
-            return self._create(op, topic_exists)
+            return self._create(op)
         if kind == "append":
             return self._append(op)
         if kind in ("delete", "expire"):
@@ -528,7 +524,7 @@ class Catalog:
         return StreamOutcome(stream.name, stream.tail, stream.closed,
                              content_type=stream.content_type, **extra)
 
-    def _create(self, op: dict[str, Any], topic_exists: Callable[[int], bool]) -> Decision:
+    def _create(self, op: dict[str, Any]) -> Decision:
         name = op["name"]
         existing = self._get(name)
         if existing is not None and op.get("replaces") == existing.topic:
@@ -545,9 +541,7 @@ class Catalog:
             op["outcome"] = {"created": False}
             op["name"] = name
             return Decision(None, op)
-        topic = self.next_topic
-        while topic_exists(topic) or self._topic_taken(topic):
-            topic += 1
+        topic = self.next_topic  # a function of the commands alone: the same on every node
         self.next_topic = topic + 1
         wanted.topic = topic
         if wanted.fork is not None:

@@ -211,6 +211,7 @@ class EtcdLog:
             self.broker.install_snapshot(io.BytesIO(json.dumps(empty).encode() + b"\n"))
             checkpoint = {"revision": 0, "index": 0}
             self._write_checkpoint(0, 0)
+        self.broker.catalog.restore(checkpoint.get("catalog"))
         return credentials, checkpoint
 
     async def close(self) -> None:
@@ -420,8 +421,11 @@ class EtcdLog:
         self._checkpoint_at = time.monotonic()
 
     def _write_checkpoint(self, revision: int, index: int, *, installing: bool = False) -> None:
+        # The catalog as of this revision: replaying the log from here must decide every
+        # stream command (a retried append, a fenced producer) exactly as the first time.
         state: dict[str, Any] = {"format": FORMAT, "cluster": self.cluster,
-                                 "revision": revision, "index": index}
+                                 "revision": revision, "index": index,
+                                 "catalog": self.broker.catalog.saved()}
         if installing:
             state["installing"] = True
         write_json_atomic(self._checkpoint_path, state)

@@ -653,3 +653,96 @@ async def test_graceful_stop_checkpoints_and_leaves(etcd: EtcdCluster, broker_pr
             assert resp.status == 200
             load.acked[b"after"] = int(resp.headers["X-Broker-Index"])
         await settled(session, nodes, load)
+
+
+# -- Durable Streams through the cluster -------------------------------------------------------
+
+
+async def _stream(session: aiohttp.ClientSession, method: str, url: str, name: str,
+                  body: bytes = b"", **headers: str) -> tuple[int, dict[str, str], bytes]:
+    """One request on ``/v1/stream/{name}`` of node ``url``: status, headers, body."""
+    async with session.request(method, f"{url}/v1/stream/{name}", data=body,
+                               headers={k.replace("_", "-"): v for k, v in headers.items()},
+                               ) as resp:
+        return resp.status, dict(resp.headers), await resp.read()
+
+
+async def _streams_agree(session: aiohttp.ClientSession, urls: list[str],
+                         names: list[str]) -> bool:
+    """Whether every node answers the same status, tail, closure and content per stream."""
+    for name in names:
+        seen = set()
+        for url in urls:
+            status, headers, _ = await _stream(session, "HEAD", url, name)
+            _, _, body = await _stream(session, "GET", url, name)
+            seen.add((status, headers.get("Stream-Next-Offset"), headers.get("Stream-Closed"),
+                      body if status == 200 else b""))
+        if len(seen) != 1:
+            return False
+    return True
+
+
+async def test_durable_streams_through_any_node(etcd: EtcdCluster, broker_process,
+                                                tmp_path: Path) -> None:
+    """Streams created, appended (idempotently), forked, closed and deleted through any node
+    read the same on every node, through a kill -9 and a node that joins from a snapshot."""
+    nodes = Nodes(broker_process, tmp_path, etcd, "--etcd-compact-every", "50")
+    await nodes.start(0, 1)
+    a, b = nodes.url(0), nodes.url(1)
+    names = ["text", "json", "fork"]
+    async with aiohttp.ClientSession() as session:
+        assert (await _stream(session, "PUT", a, "text", b"first;",
+                              Content_Type="text/plain"))[0] == 201
+        assert (await _stream(session, "PUT", b, "text", Content_Type="text/plain"))[0] == 200
+        assert (await _stream(session, "PUT", b, "json", b"[1,2]",
+                              Content_Type="application/json"))[0] == 201
+        for seq in range(120):  # alternate nodes; enough revisions for compaction
+            status, headers, _ = await _stream(
+                session, "POST", nodes.url(seq % 2), "text", b"%d;" % seq,
+                Content_Type="text/plain", Producer_Id="p", Producer_Epoch="0",
+                Producer_Seq=str(seq))
+            assert status == 200, (seq, headers)
+        # The last one again, through the other node: stored once.
+        status, headers, _ = await _stream(session, "POST", a, "text", b"119;",
+                                           Content_Type="text/plain", Producer_Id="p",
+                                           Producer_Epoch="0", Producer_Seq="119")
+        assert status == 204 and headers["Producer-Seq"] == "119"
+        # A new epoch through one node fences the old one on the other.
+        assert (await _stream(session, "POST", a, "text", b"e1;", Content_Type="text/plain",
+                              Producer_Id="p", Producer_Epoch="1", Producer_Seq="0"))[0] == 200
+        status, headers, _ = await _stream(session, "POST", b, "text", b"zombie;",
+                                           Content_Type="text/plain", Producer_Id="p",
+                                           Producer_Epoch="0", Producer_Seq="120")
+        assert status == 403 and headers["Producer-Epoch"] == "1"
+        assert (await _stream(session, "PUT", b, "fork", Content_Type="text/plain",
+                              Stream_Forked_From="text"))[0] == 201
+
+        nodes.kill(1)
+        assert (await _stream(session, "POST", a, "fork", b"forked;",
+                              Content_Type="text/plain", Producer_Id="q", Producer_Epoch="0",
+                              Producer_Seq="0"))[0] == 200
+        assert (await _stream(session, "POST", a, "text", Stream_Closed="true",
+                              Producer_Id="p", Producer_Epoch="1", Producer_Seq="1"))[0] == 204
+        assert (await _stream(session, "DELETE", a, "json"))[0] == 204
+        await nodes.start(1, 2)  # 1 replays its log; 2 joins past compaction: a snapshot
+        await wait_until(lambda: _streams_agree(session, nodes.urls, names), timeout=60,
+                         what="every node to read every stream alike")
+        c = nodes.url(2)
+        status, headers, body = await _stream(session, "GET", c, "text")
+        assert body == b"first;" + b"".join(b"%d;" % i for i in range(120)) + b"e1;"
+        assert headers["Stream-Closed"] == "true"
+        assert (await _stream(session, "GET", c, "fork"))[2] == body + b"forked;"
+        assert (await _stream(session, "HEAD", c, "json"))[0] == 404
+        # Producer state came through the snapshot too: retries on the new node are
+        # duplicates, of an append and of the close.
+        status, headers, _ = await _stream(session, "POST", c, "fork", b"forked;",
+                                           Content_Type="text/plain", Producer_Id="q",
+                                           Producer_Epoch="0", Producer_Seq="0")
+        assert status == 204 and headers["Producer-Seq"] == "0"
+        status, headers, _ = await _stream(session, "POST", c, "text", Stream_Closed="true",
+                                           Producer_Id="p", Producer_Epoch="1",
+                                           Producer_Seq="1")
+        assert status == 204 and headers["Stream-Closed"] == "true"
+        assert (await _stream(session, "GET", c, "fork"))[2] == body + b"forked;"
+        d = await diagnostics(session, c)
+        assert d["snapshots_installed"] == 1
