@@ -392,12 +392,16 @@ class Catalog:
         if self.pending:
             self.dirty = True
         for name, stream in self._pending.items():
-            old = self.streams.pop(name, None)
-            if old is not None:
-                self.by_topic.pop(old.topic, None)
+            # One store per stream, never pop-then-set: readers on other threads always find
+            # a stream that exists.
+            old = self.streams.get(name)
             if stream is not None:
-                self.streams[name] = stream
                 self.by_topic[stream.topic] = name
+                self.streams[name] = stream
+            else:
+                self.streams.pop(name, None)
+            if old is not None and (stream is None or old.topic != stream.topic):
+                self.by_topic.pop(old.topic, None)
         self.native.update(self._native_pending)
         self._pending.clear()
         self._native_pending.clear()
