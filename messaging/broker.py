@@ -68,7 +68,7 @@ from messaging.message import (
     set_topic,
     stamp_index,
 )
-from messaging.metrics import BrokerMetrics
+from messaging.metrics import BrokerMetrics, TopicRow
 from messaging.notify import Notifier
 from messaging.subscribers import Subscribers
 from messaging.topic import Topic
@@ -470,6 +470,9 @@ class Broker:
         except OSError:
             self.positions.undo(before)
             raise
+        for (topic_id, url), previous in before.items():
+            if previous is None:
+                log.info("topic %d: new subscriber %r", topic_id, url)
 
     def _make_room(self, group: list[int]) -> None:
         """Close other topics' write files, least recently used first, so that those open
@@ -597,6 +600,8 @@ class Broker:
                 self._topics[topic_id] = topic
             self._topics_dir_dirty = True  # fsynced once for the group, before it is answered
             self._new_topics.notify()
+            name = self.catalog.name_of(topic_id)
+            log.info("topic %d created%s", topic_id, f" (stream {name!r})" if name else "")
         return topic
 
     def sync(self, topic_ids: Iterable[int]) -> None:
@@ -633,6 +638,10 @@ class Broker:
         """Subscriber URL → heartbeated index for one topic."""
         return self.positions.positions(topic_id)
 
+    def stream_name(self, topic_id: int) -> str | None:
+        """The name of a named topic (a Durable Streams stream), None for a numeric one."""
+        return self.catalog.name_of(topic_id)
+
     def topic_info(self, topic: TopicSummary) -> dict[str, Any]:
         """The JSON description of a topic used by the HTTP API (with its stream's name)."""
         info: dict[str, Any] = {}
@@ -662,9 +671,11 @@ class Broker:
         return {"index": self.index, "path": str(self.path), "topics": topics,
                 "open_files": len(self._open_files), "max_open_files": self.max_open_files}
 
-    def _topic_rows(self) -> list[tuple[int, int, bool]]:
-        """(topic, corrupt frames seen, writable) for every topic, for the metrics."""
-        return [(t.id, t.stats.corrupt_frames, t.failure is None) for t in self.topics()]
+    def _topic_rows(self) -> list[TopicRow]:
+        """Every topic's figures and health, for the metrics."""
+        return [TopicRow(t.id, t.stats.corrupt_frames, t.failure is None, t.size,
+                         t.first_index, t.committed_index, t.segment_count)
+                for t in self.topics()]
 
     def _subscriber_rows(self) -> list[tuple[int, str, int, int]]:
         rows = []

@@ -9,8 +9,10 @@ import argparse
 import asyncio
 import base64
 import json
+import os
 import sys
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from messaging.client import Client
@@ -29,6 +31,7 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument("topic", metavar="TOPIC", type=_topic)
     p.add_argument("data", metavar="DATA", nargs="?")
     p.add_argument("--type", type=int, default=1, help="message type (default 1)")
+    add_connection_options(p)
     p.set_defaults(run=_runner(_publish))
 
     p = sub.add_parser("tail", help="print a topic's messages",
@@ -41,15 +44,32 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument("--follow", action="store_true", help="wait for new messages")
     p.add_argument("--format", choices=["text", "json"], default="text",
                    help="text: index, type, data (UTF-8, else hex); json: one object a line")
+    add_connection_options(p)
     p.set_defaults(run=_runner(_tail))
 
     p = sub.add_parser("topics", help="list topics")
     p.add_argument("url", metavar="URL")
+    add_connection_options(p)
     p.set_defaults(run=_runner(_topics))
 
     p = sub.add_parser("ping", help="check a broker and list the cluster's URLs")
     p.add_argument("url", metavar="URL")
+    add_connection_options(p)
     p.set_defaults(run=_runner(_ping))
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """``--token`` and ``--ca``, shared by every client command."""
+    parser.add_argument("--token", default=os.environ.get("MESSAGING_TOKEN"),
+                        help="bearer token (default $MESSAGING_TOKEN)")
+    parser.add_argument("--ca", type=Path, default=os.environ.get("MESSAGING_CA"),
+                        metavar="FILE", help="CA file that signed the broker's certificate "
+                        "(https URLs; default $MESSAGING_CA, else the system's CAs)")
+
+
+def _client(args: argparse.Namespace, **options: Any) -> Client:
+    """A Client for the command's URL, token and CA."""
+    return Client(args.url, token=args.token, ca=args.ca, **options)
 
 
 def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
@@ -80,7 +100,7 @@ def _topic(text: str) -> int:
 
 
 async def _publish(args: argparse.Namespace) -> int:
-    async with Client(args.url) as client:
+    async with _client(args) as client:
         if args.data is not None:
             print(await client.publish(args.topic, args.data.encode(), args.type))
             return 0
@@ -110,7 +130,7 @@ def format_message(message: Message, fmt: str) -> str:
 
 
 async def _tail(args: argparse.Namespace) -> int:
-    async with Client(args.url) as client:
+    async with _client(args) as client:
         conn = client.conn(args.topic)
         await conn.open(index=args.start, streaming=args.follow)
         try:
@@ -122,7 +142,7 @@ async def _tail(args: argparse.Namespace) -> int:
 
 
 async def _topics(args: argparse.Namespace) -> int:
-    async with Client(args.url) as client:
+    async with _client(args) as client:
         topics = await client.topics()
     print(f"{'TOPIC':>8} {'FIRST':>12} {'LAST':>12} {'SIZE':>14} {'SEGMENTS':>8}  SUBSCRIBERS")
     for t in topics:
@@ -137,7 +157,7 @@ async def _topics(args: argparse.Namespace) -> int:
 
 
 async def _ping(args: argparse.Namespace) -> int:
-    async with Client(args.url, retry_timeout=3.0) as client:
+    async with _client(args, retry_timeout=3.0) as client:
         for url in await client.ping():
             print(url)
     return 0

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import ssl
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,7 +88,8 @@ class Client:
     def __init__(self, urls: Sequence[str] | str, config_path: Path | str | None = None, *,
                  timeout: float = 30.0, retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
                  max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
-                 idempotent: bool = True, producer_id: str | None = None) -> None:
+                 idempotent: bool = True, producer_id: str | None = None,
+                 token: str | None = None, ca: Path | str | None = None) -> None:
         self.config_path = Path(config_path) if config_path is not None else None
         # The config file is read by open(), on a thread: nothing here touches the disk.
         self.brokers = Brokers([urls] if isinstance(urls, str) else urls)
@@ -98,6 +100,8 @@ class Client:
         self.max_request_size = max_request_size
         #: Producer lanes of idempotent publishes (None: publishes are not idempotent).
         self.producers = Lanes(producer_id) if idempotent else None
+        self.token = token  # sent as Authorization: Bearer on every request
+        self.ca = Path(ca) if ca is not None else None  # verifies https brokers' certificates
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Client:
@@ -114,9 +118,13 @@ class Client:
             if not self.brokers.urls:
                 raise InvalidURLError(f"no broker URL given, and none in {self.config_path}")
         if self._session is None:
+            context: ssl.SSLContext | bool = True
+            if self.ca is not None:
+                context = await asyncio.to_thread(_ssl_context, self.ca)
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeout),
-                connector=aiohttp.TCPConnector(limit=0))
+                connector=aiohttp.TCPConnector(limit=0, ssl=context),
+                headers={"Authorization": f"Bearer {self.token}"} if self.token else None)
 
     async def close(self) -> None:
         """Close the HTTP session."""
@@ -370,6 +378,14 @@ class Client:
 
 
 # -- turning what came back (or did not) into MessagingErrors -------------------------------
+
+
+def _ssl_context(ca: Path) -> ssl.SSLContext:
+    """A TLS context that trusts the CA in ``ca`` (a PEM file)."""
+    try:
+        return ssl.create_default_context(cafile=str(ca))
+    except (OSError, ssl.SSLError) as err:
+        raise ClientConfigError(f"cannot use CA file {ca}: {err}") from err
 
 
 def _saved_urls(path: Path) -> list[str]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable, Iterator
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from messaging.errors import BadRequestError
+from messaging.errors import BadRequestError, MessagingError
 
 if TYPE_CHECKING:
     from messaging.etcd_client import EtcdSettings
@@ -41,6 +42,17 @@ DEFAULT_SUBSCRIBER_TIMEOUT = 600.0
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_MAX_CONNECTIONS = 10_000
 DEFAULT_ETCD_COMPACT_EVERY = 1000
+#: Streaming reads (native streams, long-polls, SSE) served at once; more are answered 503.
+DEFAULT_MAX_STREAMS = 10_000
+#: Subscribers (consumer ids) a topic may have registered; a new one beyond is refused (429).
+DEFAULT_MAX_SUBSCRIBERS = 1000
+#: Longest subscriber (consumer) id accepted.
+MAX_SUBSCRIBER_ID = 256
+#: Uploads slower than this (bytes per second, after UPLOAD_GRACE seconds) are cut (408).
+DEFAULT_MIN_UPLOAD_RATE = 1024
+UPLOAD_GRACE = 10.0
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("text", "json")
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
@@ -79,6 +91,13 @@ def positive_duration(text: str) -> float:
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"invalid duration {text!r}: must be above zero")
     return seconds
+
+
+def natural(text: str) -> int:
+    """An integer of at least 0 (ASCII digits)."""
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected an integer >= 0")
+    return int(text)
 
 
 def positive_int(text: str) -> int:
@@ -124,12 +143,15 @@ class Option:
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
     repeat: bool = False  # the flag may be given several times (a list field)
+    switch: bool = False  # a flag without a value (a bool field)
 
 
 def _option(default: Any, flag: str, help: str, **how: Any) -> Any:
     option = Option(flag, help, **how)
     if isinstance(default, list):
         return field(default_factory=list, metadata={"option": option})
+    if isinstance(default, bool):
+        option = Option(flag, help, switch=True, **how)
     return field(default=default, metadata={"option": option})
 
 
@@ -203,6 +225,44 @@ class BrokerConfig:
         DEFAULT_ETCD_COMPACT_EVERY, "--etcd-compact-every",
         "compact etcd's history once every node's durable revision moved N revisions",
         parse=positive_int, metavar="N")
+    tokens: Path | None = _option(
+        None, "--tokens", "bearer tokens and their scopes (see messaging token create); "
+        "reread on SIGHUP. Without it every request is allowed, which is refused unless the "
+        "broker binds a loopback address or --insecure is given", parse=Path, metavar="FILE")
+    insecure: bool = _option(
+        False, "--insecure", "serve a non-loopback address without --tokens (anyone who "
+        "reaches the port may read, write and delete)")
+    peer_token: str | None = None  # $MESSAGING_PEER_TOKEN: peers' snapshots need admin
+    tls_cert: Path | None = _option(None, "--tls-cert", "serve HTTPS with this certificate "
+                                    "(PEM, chain included)", parse=Path, metavar="FILE")
+    tls_key: Path | None = _option(None, "--tls-key", "the private key of --tls-cert",
+                                   parse=Path, metavar="FILE")
+    peer_ca: Path | None = _option(
+        None, "--peer-ca", "cluster mode: the CA of the other nodes' HTTPS certificates (for "
+        "snapshot fetches; the system's CAs otherwise)", parse=Path, metavar="FILE")
+    tls_client_ca: Path | None = _option(
+        None, "--tls-client-ca", "require client certificates signed by this CA", parse=Path,
+        metavar="FILE")
+    max_streams: int = _option(
+        DEFAULT_MAX_STREAMS, "--max-streams", "streaming reads (native streams, long-polls, "
+        "SSE) at once; more are answered 503", parse=positive_int, metavar="N")
+    max_subscribers: int = _option(
+        DEFAULT_MAX_SUBSCRIBERS, "--max-subscribers", "registered subscribers per topic; a "
+        "heartbeat of a new one beyond is answered 429", parse=positive_int, metavar="N")
+    min_upload_rate: int = _option(
+        DEFAULT_MIN_UPLOAD_RATE, "--min-upload-rate", "request bodies slower than this many "
+        f"bytes per second (after {UPLOAD_GRACE:g} s) are cut off with 408 (0: never)",
+        parse=parse_size, show=show_size, metavar="SIZE")
+    max_append_rate: int = _option(
+        0, "--max-append-rate", "appends per second per topic; more are answered 429 with "
+        "Retry-After (0: no limit)", parse=natural, metavar="N")
+    access_log: bool = _option(False, "--access-log",
+                               "log one line per request (method, path, status, bytes, "
+                               "duration, token name)")
+    log_format: str = _option("text", "--log-format", "text or json (one object per line)",
+                              choices=LOG_FORMATS)
+    log_level: str = _option("INFO", "--log-level", "DEBUG, INFO, WARNING or ERROR (any case)",
+                             parse=str.upper, choices=LOG_LEVELS)
 
     def etcd_settings(self) -> EtcdSettings | None:
         """How to reach etcd (None for a single node); checks the cluster options."""
@@ -226,3 +286,78 @@ def broker_options() -> Iterator[tuple[str, Option, Any]]:
         if option is not None:
             default = [] if option.repeat else f.default
             yield f.name, option, default
+
+
+#: Environment variables ``MESSAGING_<FIELD>`` (e.g. ``MESSAGING_MAX_SEGMENT_SIZE``) set
+#: options too, as do the keys of a TOML ``--config`` file (``max-segment-size = "64M"``).
+ENV_PREFIX = "MESSAGING_"
+
+
+class ConfigError(MessagingError):
+    """A configuration file, environment variable or option that cannot be used."""
+
+
+def load_config(explicit: Mapping[str, Any], environ: Mapping[str, str],
+                config_file: Path | None) -> BrokerConfig:
+    """A BrokerConfig from, by precedence: command-line options given (``explicit``), then
+    ``MESSAGING_*`` environment variables, then the TOML config file, then the defaults."""
+    options = {name: option for name, option, _default in broker_options()}
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        try:
+            with config_file.open("rb") as f:
+                data = tomllib.load(f)
+        except OSError as err:
+            raise ConfigError(f"cannot read config file {config_file}: "
+                              f"{err.strerror or err}") from err
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"config file {config_file} is not valid TOML: {err}") from err
+        for key, raw in data.items():
+            name = key.replace("-", "_")
+            where = f"{config_file}: {key}"
+            if name == "bind":
+                values["host"], values["port"] = _parsed(parse_host_port, str(raw), where)
+            elif name in options:
+                values[name] = _value(options[name], raw, where)
+            else:
+                raise ConfigError(f"{where}: unknown setting (settings are the broker's "
+                                  "options without the leading dashes, e.g. max-segment-size)")
+    if ENV_PREFIX + "BIND" in environ:
+        values["host"], values["port"] = _parsed(parse_host_port, environ[ENV_PREFIX + "BIND"],
+                                                 ENV_PREFIX + "BIND")
+    for name, option in options.items():
+        variable = ENV_PREFIX + name.upper()
+        if variable in environ:
+            values[name] = _value(option, environ[variable], variable)
+    values.update(explicit)
+    values["etcd_password"] = environ.get(ENV_PREFIX + "ETCD_PASSWORD")
+    values["peer_token"] = environ.get(ENV_PREFIX + "PEER_TOKEN")
+    return BrokerConfig(**values)
+
+
+def _parsed(parse: Callable[[str], Any], text: str, where: str) -> Any:
+    try:
+        return parse(text)
+    except (argparse.ArgumentTypeError, ValueError) as err:
+        raise ConfigError(f"{where}: {err}") from err
+
+
+def _value(option: Option, raw: Any, where: str) -> Any:
+    """A setting's value from a config file or the environment, parsed like its flag."""
+    if option.switch:
+        text = str(raw).strip().lower()
+        if isinstance(raw, bool):
+            return raw
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off", ""):
+            return False
+        raise ConfigError(f"{where}: expected true or false, not {raw!r}")
+    if option.repeat:
+        items = raw if isinstance(raw, list) else str(raw).split(",")
+        return [_value(Option(option.flag, option.help, option.parse), item, where)
+                for item in items]
+    value = _parsed(option.parse or str, str(raw), where)
+    if option.choices is not None and value not in option.choices:
+        raise ConfigError(f"{where}: {raw!r} is not one of {', '.join(option.choices)}")
+    return value

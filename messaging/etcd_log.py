@@ -104,7 +104,8 @@ class EtcdLog:
     """The Log protocol over etcd: every node accepts writes and applies the same log."""
 
     def __init__(self, broker: Broker, url: str, settings: EtcdSettings,
-                 fsync: FsyncMode = "always") -> None:
+                 fsync: FsyncMode = "always", *, peer_token: str | None = None,
+                 peer_ca: str | None = None) -> None:
         if fsync not in FSYNC_MODES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}")
         self.broker = broker
@@ -112,6 +113,8 @@ class EtcdLog:
         self.settings = settings
         self.cluster = settings.cluster
         self.fsync = fsync
+        self.peer_token = peer_token  # peers that require tokens serve snapshots to admins
+        self.peer_ca = peer_ca
         prefix = f"/messaging/{settings.cluster}/".encode()
         self._log_key = prefix + b"log"
         self._checkpoint_path = broker.path / CHECKPOINT
@@ -265,6 +268,18 @@ class EtcdLog:
     def urls(self) -> list[str]:
         """The URLs of the live (registered) nodes, this one included."""
         return self._membership.urls()
+
+    def not_ready(self) -> str | None:
+        """Why this node cannot take writes: stopped, watch down, no etcd quorum."""
+        if self._closing:
+            return "shutting down"
+        if self._failure is not None:
+            return str(self._failure)
+        if not self._watch_live:
+            return f"the watch of etcd's log is not live: {self._watch_error or 'starting'}"
+        if not self._writes.quorum:
+            return f"no etcd quorum: {self._writes.quorum_error or 'not checked yet'}"
+        return None
 
     def diagnostics(self) -> dict[str, Any]:
         """etcd endpoints, revisions, lag, nodes, watch and quorum state."""
@@ -556,7 +571,8 @@ class EtcdLog:
 
         previous = (self._checkpointed, self._applied_index)
         try:
-            with fetch_snapshot(url, self.cluster) as stream:
+            with fetch_snapshot(url, self.cluster, token=self.peer_token,
+                                ca=self.peer_ca) as stream:
                 header = self.broker.install_snapshot(stream, accept)
         except BaseException:
             if self._checkpoint_path.exists():

@@ -76,8 +76,15 @@ class Membership:
             self._registered_at = now
 
     async def refresh(self) -> None:
-        """Read the live nodes of this cluster."""
-        self.nodes = await self._read_nodes(self._prefix)
+        """Read the live nodes of this cluster (membership changes are logged)."""
+        nodes = await self._read_nodes(self._prefix)
+        joined = sorted(set(nodes) - set(self.nodes) - {self.url})
+        left = sorted(set(self.nodes) - set(nodes) - {self.url})
+        if joined:
+            log.info("cluster nodes joined: %s", ", ".join(joined))
+        if left:
+            log.info("cluster nodes left: %s", ", ".join(left))
+        self.nodes = nodes
 
     async def maybe_compact(self) -> None:
         """If this is the first live node, compact below every node's durable revision."""

@@ -290,6 +290,8 @@ class LogWriter:
 
     def _quorum_proved(self) -> None:
         self._quorum_at = time.monotonic()
+        if self.quorum_error is not None:
+            log.info("etcd quorum regained")
         self.quorum_error = None
 
     def _put_failed(self, err: MessagingError) -> None:
@@ -297,6 +299,8 @@ class LogWriter:
             self.alarm = "NOSPACE"
             self._log_once("nospace", logging.ERROR, "%s", err)
         elif isinstance(err, ClusterUnavailableError):
+            if self.quorum_error is None:
+                log.warning("etcd quorum lost: %s", err)
             self.quorum_error = str(err)
             self._quorum_failed_at = time.monotonic()
             self._log_once("unavailable", logging.WARNING, "%s", err)

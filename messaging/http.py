@@ -19,6 +19,8 @@ from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+from messaging import __version__ as VERSION
+from messaging.auth import ANYONE, Principal, Tokens
 from messaging.catalog import parse_producer, stream_command
 from messaging.config import (
     DEFAULT_HEADER_TIMEOUT,
@@ -35,7 +37,9 @@ from messaging.errors import (
     NotLeaderError,
 )
 from messaging.fanout import FanOuts
+from messaging.limits import Limits
 from messaging.log import Log
+from messaging.logs import AccessLogger
 from messaging.message import (
     FRAMES_CONTENT_TYPE,
     INTERNAL_TYPE,
@@ -116,6 +120,8 @@ class BrokerView(Protocol):
     def topic(self, topic_id: int) -> TopicView | None: ...
     def topics(self) -> Sequence[TopicView]: ...
     def topic_info(self, topic: TopicView) -> dict[str, Any]: ...
+    def subscribers(self, topic_id: int) -> dict[str, int]: ...
+    def stream_name(self, topic_id: int) -> str | None: ...
     async def wait_for_topic(self, topic_id: int) -> TopicView | None: ...
     def diagnostics(self) -> dict[str, Any]: ...
     def enforce_retention(self, now: float | None = None) -> int: ...
@@ -124,10 +130,14 @@ class BrokerView(Protocol):
 class Handlers:
     """The request handlers, bound to one broker and one log."""
 
-    def __init__(self, broker: BrokerView, log: Log, max_message_size: int) -> None:
+    def __init__(self, broker: BrokerView, log: Log, max_message_size: int,
+                 max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
+                 limits: Limits | None = None) -> None:
         self.broker = broker
         self.log = log
         self.max_message_size = max_message_size
+        self.max_request_size = max_request_size
+        self.limits = limits or Limits()
         self.fanouts = FanOuts(broker.metrics)
 
     # -- writes -----------------------------------------------------------------------------
@@ -143,10 +153,16 @@ class Handlers:
     async def publish(self, request: web.Request) -> web.Response:
         """POST /messaging/messages: one message's data, or a body of frames."""
         self._require_leader()
+        principal = principal_of(request)
         frames = request.content_type == FRAMES_CONTENT_TYPE
         if frames:
-            body = await request.read()
             topic_id = _optional_int(request, "topicID")
+            if topic_id is None and not principal.can("write"):
+                raise BadRequestError("give topicID: this token may write to some topics only")
+            if topic_id is not None:
+                principal.require("write", str(topic_id), f"topic {topic_id}")
+                self.limits.admit_append(f"topic {topic_id}")
+            body = await self.limits.read_body(request, self.max_request_size)
             check = partial(validate_publish, body, topic=topic_id,
                             max_length=self.max_message_size)
             # A big batch would stall every other request: check it on a thread.
@@ -154,6 +170,8 @@ class Handlers:
                        else await asyncio.get_running_loop().run_in_executor(None, check))
         else:
             topic = _required_int(request, "topicID")
+            principal.require("write", str(topic), f"topic {topic}")
+            self.limits.admit_append(f"topic {topic}")
             type_ = _optional_int(request, "type")
             type_ = 1 if type_ is None else type_
             if type_ & INTERNAL_TYPE or type_ > 0xFFFF:
@@ -161,7 +179,7 @@ class Handlers:
             if (request.content_length or 0) > self.max_message_size:
                 raise MessageTooLargeError(f"message of {request.content_length} bytes exceeds "
                                            f"the maximum of {self.max_message_size}")
-            body = await request.read()
+            body = await self.limits.read_body(request, self.max_request_size)
             if len(body) > self.max_message_size:
                 raise MessageTooLargeError(f"message of {len(body)} bytes exceeds the maximum "
                                            f"of {self.max_message_size}")
@@ -202,11 +220,14 @@ class Handlers:
         url = request.query.get("url", "")
         if not url:
             raise BadRequestError("missing parameter url (the subscriber's id)")
+        principal_of(request).require("consume", url, f"subscriber {url!r}")
+        self.limits.check_subscriber(url, self.broker.subscribers(topic))
         await self.log.heartbeat(topic, index, url)
         return web.Response()
 
     async def retention(self, request: web.Request) -> web.Response:
         """POST /messaging/retention: run retention now (it also runs on a timer)."""
+        principal_of(request).require("admin")
         loop = asyncio.get_running_loop()
         deleted = await loop.run_in_executor(None, self.broker.enforce_retention)
         return web.json_response({"deleted_bytes": deleted})
@@ -220,10 +241,18 @@ class Handlers:
         for the topic's first message. HEAD answers the headers a GET would, without a body.
         """
         topic_id = _required_int(request, "topicID")
+        self._require_read(request, topic_id)
         index = _optional_int(request, "index") or 0
         end = _optional_int(request, "end")
         limit = _optional_int(request, "limit")
         streaming = _bool(request, "streaming")
+        if streaming and request.method != "HEAD":
+            with self.limits.stream():
+                return await self._read(request, topic_id, index, end, limit, streaming)
+        return await self._read(request, topic_id, index, end, limit, streaming)
+
+    async def _read(self, request: web.Request, topic_id: int, index: int, end: int | None,
+                    limit: int | None, streaming: bool) -> web.StreamResponse:
         topic = self.broker.topic(topic_id)
         if topic is None and not streaming:
             raise NotFoundError(f"topic {topic_id} not found")
@@ -323,18 +352,33 @@ class Handlers:
             chunk = tail if tail is not None else await loop.run_in_executor(
                 None, reader.read, size)
 
+    def _readable(self, principal: Principal, topic_id: int) -> bool:
+        """Whether the principal may read a topic (by id, or by its stream's name)."""
+        if principal.can("read", str(topic_id)):
+            return True
+        name = self.broker.stream_name(topic_id)
+        return name is not None and principal.can("read", name)
+
+    def _require_read(self, request: web.Request, topic_id: int) -> None:
+        principal = principal_of(request)
+        if not self._readable(principal, topic_id):
+            principal.require("read", str(topic_id), f"topic {topic_id}")
+
     async def ping(self, request: web.Request) -> web.Response:
         """GET or POST /messaging/ping: the leader lists the cluster's URLs."""
         self._require_leader()
         return web.json_response({"urls": self.log.urls()})
 
     async def topics(self, request: web.Request) -> web.Response:
-        """GET /messaging/topics."""
-        return web.json_response([self.broker.topic_info(t) for t in self.broker.topics()])
+        """GET /messaging/topics (those the token may read)."""
+        principal = principal_of(request)
+        return web.json_response([self.broker.topic_info(t) for t in self.broker.topics()
+                                  if self._readable(principal, t.id)])
 
     async def topic(self, request: web.Request) -> web.Response:
         """GET /messaging/topics/{id}, with ``after`` and ``count`` for count-based batching."""
         topic_id = _int(request.match_info["id"], "topic id")
+        self._require_read(request, topic_id)
         topic = self.broker.topic(topic_id)
         if topic is None:
             raise NotFoundError(f"topic {topic_id} not found")
@@ -351,13 +395,55 @@ class Handlers:
         return web.json_response(info)
 
     async def diagnostics(self, request: web.Request) -> web.Response:
-        """GET /messaging/diagnostics."""
-        return web.json_response({**self.broker.diagnostics(), **self.log.diagnostics()})
+        """GET /messaging/diagnostics (file system paths only for admin tokens)."""
+        report = {"version": VERSION, **self.broker.diagnostics(), **self.log.diagnostics()}
+        if not principal_of(request).can("admin"):
+            report = _without_paths(report)
+        return web.json_response(report)
 
     async def metrics(self, request: web.Request) -> web.Response:
         """GET /metrics in the Prometheus text format."""
+        principal_of(request).require("admin")
         return web.Response(body=self.broker.metrics.render(),
                             headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+#: Where :func:`auth_middleware` keeps who sent a request.
+PRINCIPAL = web.RequestKey("principal", Principal)
+
+
+def principal_of(request: web.BaseRequest) -> Principal:
+    """Who sent the request (set by :func:`auth_middleware`; everyone when auth is off)."""
+    principal: Principal = request.get(PRINCIPAL, ANYONE)
+    return principal
+
+
+#: Paths anyone may request, with or without a token.
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+def auth_middleware(tokens: Tokens | None) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Authenticate every request with a bearer token (when a tokens file is in use).
+
+    ``/healthz``, ``/readyz`` and CORS preflights are open; handlers check scopes.
+    """
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if tokens is not None and request.path not in OPEN_PATHS and request.method != "OPTIONS":
+            request[PRINCIPAL] = tokens.principal(request.headers.get(hdrs.AUTHORIZATION))
+        return await handler(request)
+
+    return middleware
+
+
+def _without_paths(value: Any) -> Any:
+    """A diagnostics report without the file system paths in it."""
+    if isinstance(value, dict):
+        return {k: _without_paths(v) for k, v in value.items() if k != "path"}
+    if isinstance(value, list):
+        return [_without_paths(v) for v in value]
+    return value
 
 
 def _drained(transport: asyncio.Transport | None) -> bool:
@@ -478,10 +564,11 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 def make_app(broker: BrokerView, log_: Log, *,
              max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-             max_request_size: int = DEFAULT_MAX_REQUEST_SIZE) -> web.Application:
-    """The aiohttp application for one broker and its log."""
-    handlers = Handlers(broker, log_, max_message_size)
-    app = web.Application(middlewares=[errors_middleware],
+             max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
+             tokens: Tokens | None = None, limits: Limits | None = None) -> web.Application:
+    """The aiohttp application for one broker and its log (``tokens``: authenticate)."""
+    handlers = Handlers(broker, log_, max_message_size, max_request_size, limits)
+    app = web.Application(middlewares=[errors_middleware, auth_middleware(tokens)],
                           client_max_size=max(max_request_size, max_message_size + 1024))
     app.router.add_post("/messaging/messages", handlers.publish)
     app.router.add_get("/messaging/messages", handlers.read)
@@ -690,11 +777,14 @@ class BrokerConnection(RequestHandler):
 
 
 def connection_factory(server: web.Server, limits: ConnectionLimits,
+                       access_log: logging.Logger | None = None,
                        ) -> Callable[[], BrokerConnection]:
-    """A protocol factory for ``loop.create_server`` serving ``server`` (an app runner's)."""
+    """A protocol factory for ``loop.create_server`` serving ``server`` (an app runner's);
+    ``access_log``: log every request there (:class:`messaging.logs.AccessLogger`)."""
     loop = asyncio.get_running_loop()
 
     def connection() -> BrokerConnection:
-        return BrokerConnection(server, limits=limits, loop=loop, access_log=None)
+        return BrokerConnection(server, limits=limits, loop=loop, access_log=access_log,
+                                access_log_class=AccessLogger)
 
     return connection

@@ -128,6 +128,10 @@ class LocalLog:
         """Just this node."""
         return [self.url]
 
+    def not_ready(self) -> str | None:
+        """Why this node cannot take writes (None: it can)."""
+        return "shutting down" if self._closing else None
+
     def diagnostics(self) -> dict[str, Any]:
         """Role and write-path figures."""
         return {"role": "standalone", "leader": self.url, "peers": [], "fsync": self.fsync,

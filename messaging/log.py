@@ -46,3 +46,7 @@ class Log(Protocol):
     def diagnostics(self) -> dict[str, Any]:
         """Role, leader, peers and positions."""
         ...
+
+    def not_ready(self) -> str | None:
+        """Why this node cannot take writes right now (None: it can)."""
+        ...

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -13,6 +14,8 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+
+from messaging import __version__
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
@@ -101,6 +104,8 @@ class BrokerMetrics:
             "messaging_retention_deleted_bytes", "Bytes deleted by retention", registry=r)
         self.retention_deleted_segments = Counter(
             "messaging_retention_deleted_segments", "Segments deleted by retention", registry=r)
+        self.build_info = Info("messaging_build", "The broker's version", registry=r)
+        self.build_info.info({"version": __version__})
         self.write_failures = Counter(
             "messaging_write_failures", "Groups of commands that failed and were undone, by "
             "reason (disk_full, stopped: a topic stopped after a failed fsync, error)",
@@ -110,8 +115,8 @@ class BrokerMetrics:
         """Export subscriber progress: ``collect`` returns (topic, url, index, lag) rows."""
         self.registry.register(_SubscriberCollector(collect))
 
-    def watch_topics(self, collect: Callable[[], list[tuple[int, int, bool]]]) -> None:
-        """Export per-topic health: ``collect`` returns (topic, corrupt frames, writable) rows."""
+    def watch_topics(self, collect: Callable[[], list[TopicRow]]) -> None:
+        """Export per-topic figures and health: ``collect`` returns :class:`TopicRow` rows."""
         self.registry.register(_TopicCollector(collect))
 
     def render(self) -> bytes:
@@ -139,19 +144,41 @@ class _SubscriberCollector(Collector):
         yield count
 
 
+class TopicRow(NamedTuple):
+    """One topic's figures for the metrics."""
+
+    topic: int
+    corrupt_frames: int
+    writable: bool
+    size: int
+    first_index: int
+    last_index: int
+    segments: int
+
+
 class _TopicCollector(Collector):
-    def __init__(self, collect: Callable[[], list[tuple[int, int, bool]]]) -> None:
+    def __init__(self, collect: Callable[[], list[TopicRow]]) -> None:
         self._collect = collect
 
     def collect(self) -> Iterator[Metric]:
+        rows = self._collect()
+        for name, doc, attribute in (
+                ("messaging_topic_size_bytes", "Bytes of the topic's segment files", "size"),
+                ("messaging_topic_first_index", "First index still readable", "first_index"),
+                ("messaging_topic_last_index", "Last committed index", "last_index"),
+                ("messaging_topic_segments", "Segment files", "segments")):
+            gauge = GaugeMetricFamily(name, doc, labels=["topic"])
+            for row in rows:
+                gauge.add_metric([str(row.topic)], getattr(row, attribute))
+            yield gauge
         corrupt = CounterMetricFamily(
             "messaging_corrupt_frames", "Damaged frames found on disk (recovery excluded)",
             labels=["topic"])
         writable = GaugeMetricFamily(
             "messaging_topic_writable", "1 if the topic accepts writes, 0 if it stopped after "
             "a failed fsync (restart the broker)", labels=["topic"])
-        for topic, damaged, ok in self._collect():
-            corrupt.add_metric([str(topic)], damaged)
-            writable.add_metric([str(topic)], 1 if ok else 0)
+        for row in rows:
+            corrupt.add_metric([str(row.topic)], row.corrupt_frames)
+            writable.add_metric([str(row.topic)], 1 if row.writable else 0)
         yield corrupt
         yield writable

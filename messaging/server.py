@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import socket
+import ssl
 
 from aiohttp import web
 
+from messaging.auth import Tokens
 from messaging.broker import Broker
-from messaging.config import BrokerConfig
+from messaging.config import BrokerConfig, ConfigError
 from messaging.errors import DataDirectoryError
+from messaging.health import add_health_routes
 from messaging.http import (
     ConnectionLimits,
     connection_factory,
     make_app,
 )
+from messaging.limits import Limits
 from messaging.local_log import LocalLog
 from messaging.log import Log
+from messaging.logs import ACCESS_LOGGER
 from messaging.streams import StreamHandlers
 from messaging.tasks import cancel_and_wait
 
@@ -39,16 +45,22 @@ class BrokerServer:
         self.connections: ConnectionLimits | None = None
         self._retention: asyncio.Task[None] | None = None
         self.port = config.port
+        self.tokens: Tokens | None = None
 
     @property
     def url(self) -> str:
         """The URL this broker advertises."""
-        return self.config.advertise or f"http://{self.config.host}:{self.port}"
+        scheme = "https" if self.config.tls_cert is not None else "http"
+        return self.config.advertise or f"{scheme}://{self.config.host}:{self.port}"
 
     async def start(self) -> None:
         """Bind, recover the data directory, start the log and serve."""
         config = self.config
         loop = asyncio.get_running_loop()
+        check_security(config)
+        tls = await loop.run_in_executor(None, tls_context, config)
+        if config.tokens is not None:
+            self.tokens = await loop.run_in_executor(None, Tokens, config.tokens)
         sock = _bind(config.host, config.port)
         self.port = sock.getsockname()[1]
         try:
@@ -62,10 +74,16 @@ class BrokerServer:
             if self.broker is not None:
                 await loop.run_in_executor(None, self.broker.close)
             raise
+        limits = Limits(max_streams=config.max_streams, max_subscribers=config.max_subscribers,
+                        min_upload_rate=config.min_upload_rate,
+                        max_append_rate=config.max_append_rate)
         app = make_app(self.broker, self.log, max_message_size=config.max_message_size,
-                       max_request_size=config.max_request_size)
+                       max_request_size=config.max_request_size, tokens=self.tokens,
+                       limits=limits)
+        add_health_routes(app, self.broker, self.log)
         StreamHandlers(self.broker, self.log, config.max_message_size,
-                       long_poll_timeout=config.long_poll_timeout).install(app)
+                       long_poll_timeout=config.long_poll_timeout,
+                       max_request_size=config.max_request_size, limits=limits).install(app)
         if config.etcd_settings() is not None:
             from messaging.etcd_log import EtcdLog
             from messaging.snapshot_http import add_snapshot_route
@@ -80,8 +98,10 @@ class BrokerServer:
         # puts BrokerConnection (header timeout, connection cap) on every connection.
         self.connections = ConnectionLimits(config.header_timeout, config.max_connections)
         self._listener = await loop.create_server(
-            connection_factory(self._runner.server, self.connections), sock=sock,
-            backlog=LISTEN_BACKLOG)
+            connection_factory(self._runner.server, self.connections,
+                               logging.getLogger(ACCESS_LOGGER) if config.access_log else None),
+            sock=sock,
+            backlog=LISTEN_BACKLOG, ssl=tls)
         self._retention = asyncio.create_task(self._retention_loop(), name="messaging-retention")
         log.info("broker listening on %s (data %s, fsync %s)", self.url, config.data,
                  config.fsync)
@@ -92,7 +112,9 @@ class BrokerServer:
         if etcd is not None:
             from messaging.etcd_log import EtcdLog  # grpc: only in cluster mode
 
-            cluster = EtcdLog(broker, self.url, etcd, config.fsync)
+            cluster = EtcdLog(broker, self.url, etcd, config.fsync,
+                              peer_token=config.peer_token,
+                              peer_ca=str(config.peer_ca) if config.peer_ca else None)
             await cluster.start()
             return cluster
         local = LocalLog(broker, self.url, config.fsync)
@@ -138,6 +160,44 @@ class BrokerServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (or ``localhost``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_security(config: BrokerConfig) -> None:
+    """Refuse to serve a non-loopback address to everyone by accident."""
+    if config.tokens is None and not config.insecure and not is_loopback(config.host):
+        raise ConfigError(
+            f"refusing to serve {config.host}:{config.port} without authentication: give "
+            "--tokens FILE (see messaging token create), or --insecure to let anyone who "
+            "reaches the port read, write and delete")
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    if config.tls_client_ca is not None and config.tls_cert is None:
+        raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key")
+
+
+def tls_context(config: BrokerConfig) -> ssl.SSLContext | None:
+    """The server's TLS context (None without --tls-cert); reads the files (blocking)."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+        if config.tls_client_ca is not None:
+            context.load_verify_locations(cafile=config.tls_client_ca)
+            context.verify_mode = ssl.CERT_REQUIRED
+    except (OSError, ssl.SSLError) as err:
+        raise ConfigError(f"cannot use the TLS files: {err}") from err
+    return context
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 import urllib.parse
 import urllib.request
 from typing import IO, Any, BinaryIO, Protocol
@@ -116,13 +117,18 @@ def add_snapshot_route(app: web.Application, source: SnapshotSource) -> None:
     app.router.add_get(SNAPSHOT_PATH, handler)
 
 
-def fetch_snapshot(url: str, cluster: str, timeout: float = 30.0) -> IO[bytes]:
+def fetch_snapshot(url: str, cluster: str, timeout: float = 30.0, *,
+                   token: str | None = None, ca: str | None = None) -> IO[bytes]:
     """Open a peer's snapshot for reading (blocking: call it on a thread).
 
     ``timeout`` bounds connecting and every read, so a peer that stops sending cannot hold
-    the caller forever.
+    the caller forever. ``token``: an admin token, when the peers require tokens; ``ca``:
+    the CA that signed the peers' certificates (https).
     """
     query = urllib.parse.urlencode({"cluster": cluster})
-    response: IO[bytes] = urllib.request.urlopen(
-        f"{url.rstrip('/')}{SNAPSHOT_PATH}?{query}", timeout=timeout)
+    request = urllib.request.Request(f"{url.rstrip('/')}{SNAPSHOT_PATH}?{query}")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    context = ssl.create_default_context(cafile=ca) if ca else None
+    response: IO[bytes] = urllib.request.urlopen(request, timeout=timeout, context=context)
     return response

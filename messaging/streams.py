@@ -44,8 +44,10 @@ from messaging.catalog import (
     stream_command,
     token,
 )
-from messaging.config import DEFAULT_LONG_POLL_TIMEOUT
+from messaging.config import DEFAULT_LONG_POLL_TIMEOUT, DEFAULT_MAX_REQUEST_SIZE
 from messaging.errors import BadRequestError, MessageTooLargeError, MessagingError
+from messaging.http import principal_of
+from messaging.limits import Limits
 from messaging.log import Log
 from messaging.message import encode
 from messaging.notify import Notifier
@@ -120,10 +122,14 @@ class StreamHandlers:
 
     def __init__(self, broker: StreamsBroker, log_: Log, max_message_size: int, *,
                  long_poll_timeout: float = DEFAULT_LONG_POLL_TIMEOUT,
-                 sse_lifetime: float = DEFAULT_SSE_LIFETIME) -> None:
+                 sse_lifetime: float = DEFAULT_SSE_LIFETIME,
+                 max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
+                 limits: Limits | None = None) -> None:
         self.broker = broker
         self.log = log_
         self.max_message_size = max_message_size
+        self.max_request_size = max_request_size
+        self.limits = limits or Limits()
         self.long_poll_timeout = long_poll_timeout
         self.sse_lifetime = sse_lifetime
         self._used: dict[str, float] = {}  # name -> last read or write here (sliding TTL)
@@ -178,6 +184,9 @@ class StreamHandlers:
         if handler is None:
             raise web.HTTPMethodNotAllowed(method, ["GET", "HEAD", "PUT", "POST", "DELETE",
                                                     "OPTIONS"])
+        # Reads need read, writes write, deleting a stream admin, on the stream's name.
+        kind = {"GET": "read", "HEAD": "read", "DELETE": "admin"}.get(method, "write")
+        principal_of(request).require(kind, name, f"stream {name!r}")
         return await handler(request, name)
 
     # -- lookups and expiry -----------------------------------------------------------------
@@ -245,6 +254,7 @@ class StreamHandlers:
             if source_name.startswith(PREFIX):
                 source_name = source_name[len(PREFIX):]
             source_name = source_name.lstrip("/")
+            principal_of(request).require("read", source_name, f"stream {source_name!r}")
             sub = 0
             if sub_text is not None:
                 if not _INTEGER.fullmatch(sub_text.strip()):
@@ -275,7 +285,7 @@ class StreamHandlers:
         if existing is not None and not existing.deleted and self._expired(existing,
                                                                             time.time()):
             op["replaces"] = existing.topic
-        body = await request.read()
+        body = await self.limits.read_body(request, self.max_request_size)
         if json_mode:
             messages = stream_reads.json_messages(body, allow_empty=True) if body else []
         else:
@@ -322,7 +332,8 @@ class StreamHandlers:
         close = _is_true(headers.get("Stream-Closed"))
         producer = parse_producer(headers)
         seq = headers.get("Stream-Seq")
-        body = await request.read()
+        self.limits.admit_append(f"stream {name!r}")
+        body = await self.limits.read_body(request, self.max_request_size)
         if not body and not close:
             raise BadRequestError("an append needs a body (or Stream-Closed: true to close)")
         content_type = headers.get("Content-Type")
@@ -419,7 +430,8 @@ class StreamHandlers:
         self._touch(name)
         client_cursor = request.query.get("cursor")
         if live == "sse":
-            return await self._sse(request, stream, position, client_cursor)
+            with self.limits.stream():
+                return await self._sse(request, stream, position, client_cursor)
         if start_text == "now" and live is None:
             answer = {"Content-Type": stream.content_type,
                       "Stream-Next-Offset": token(stream.tail), "Stream-Up-To-Date": "true",
@@ -432,7 +444,9 @@ class StreamHandlers:
         if not items and live == "long-poll":
             if stream.closed and position >= stream.tail:
                 return self._no_content(stream, position, None, closed=True)
-            items, stream = await self._wait(name, stream, position, self.long_poll_timeout)
+            with self.limits.stream():
+                items, stream = await self._wait(name, stream, position,
+                                                 self.long_poll_timeout)
             self._touch(name)
             if not items:
                 return self._no_content(stream, position, client_cursor,

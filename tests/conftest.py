@@ -109,7 +109,7 @@ class BrokerProcess:
                 preexec_fn=_nofile_limit(self.nofile) if self.nofile is not None else None)
         assert self.proc.stdout is not None
         line = _readline(self.proc, timeout)
-        match = re.search(r"listening on (http://\S+)", line)
+        match = re.search(r"listening on (https?://\S+)", line)
         if not match:
             self.kill()
         assert match, f"broker did not start: {line!r}; log: {self.log.read_text()}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -79,3 +80,34 @@ def test_flag_defaults_are_broker_config_defaults() -> None:
         assert default == getattr(config, name), name
         if option.parse is not None and default is not None:  # --help shows it: it reads back
             assert option.parse(option.show(default)) == default, name
+
+
+def test_config_file_environment_and_flags_precedence(tmp_path: Path) -> None:
+    from messaging.config import ConfigError, load_config
+
+    file = tmp_path / "broker.toml"
+    file.write_text('bind = "127.0.0.1:9000"\nmax-segment-size = "64M"\nfsync = "never"\n'
+                    'access-log = true\nmax_topic_size = 1048576\n')
+    config = load_config({}, {}, file)
+    assert (config.host, config.port, config.max_segment_size) == ("127.0.0.1", 9000, 64 << 20)
+    assert config.fsync == "never" and config.access_log and config.max_topic_size == 1 << 20
+    environ = {"MESSAGING_MAX_SEGMENT_SIZE": "32M", "MESSAGING_BIND": "127.0.0.1:9001",
+               "MESSAGING_ACCESS_LOG": "false", "MESSAGING_LOG_LEVEL": "debug"}
+    config = load_config({}, environ, file)
+    assert (config.port, config.max_segment_size, config.access_log) == (9001, 32 << 20, False)
+    assert config.log_level == "DEBUG"
+    config = load_config({"max_segment_size": 1 << 20}, environ, file)
+    assert config.max_segment_size == 1 << 20  # the command line wins
+    file.write_text("max-segmnt-size = 1\n")
+    with pytest.raises(ConfigError, match=r"broker.toml: max-segmnt-size: unknown setting"):
+        load_config({}, {}, file)
+    file.write_text("fsync = 'sometimes'\n")
+    with pytest.raises(ConfigError, match="'sometimes' is not one of always, interval, never"):
+        load_config({}, {}, file)
+    file.write_text("this is not toml")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        load_config({}, {}, file)
+    with pytest.raises(ConfigError, match="MESSAGING_MAX_TOPIC_SIZE: invalid size"):
+        load_config({}, {"MESSAGING_MAX_TOPIC_SIZE": "lots"}, None)
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config({}, {}, tmp_path / "absent.toml")

@@ -7,8 +7,10 @@ Spark's Python workers have no event loop, so this is :mod:`http.client`, not th
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
+import ssl
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -24,6 +26,15 @@ from messaging.failover import Brokers, Retry, RetryPolicy, refused
 from messaging.message import FRAMES_CONTENT_TYPE
 
 
+@functools.lru_cache(maxsize=8)
+def _tls_context(ca: str) -> ssl.SSLContext:
+    """A context trusting ``ca`` (kept per process: Spark pickles BrokerHTTP, not this)."""
+    try:
+        return ssl.create_default_context(cafile=ca)
+    except (OSError, ssl.SSLError) as err:
+        raise MessagingError(f"option ca: cannot use {ca}: {err}") from err
+
+
 class BrokerHTTP:
     """Requests to a broker or cluster: failover across URLs, 307 following, retries.
 
@@ -32,19 +43,25 @@ class BrokerHTTP:
     """
 
     def __init__(self, urls: Sequence[str], timeout: float = 60.0,
-                 retry_timeout: float = 0.0) -> None:
+                 retry_timeout: float = 0.0, *, token: str | None = None,
+                 ca: str | None = None) -> None:
         if not urls:
             raise MessagingError("no broker URL given (option url or urls)")
         self.brokers = Brokers(urls)
         self.timeout = timeout
         self.policy = RetryPolicy(budget=retry_timeout)
+        self.token = token
+        self.ca = ca
+        if ca:
+            _tls_context(ca)  # a bad CA file fails here, on the driver
 
     def _connect(self, base: str) -> http.client.HTTPConnection:
         parts = urlsplit(base)
         assert parts.hostname is not None  # Brokers only holds scheme://host:port
         if parts.scheme == "https":
-            return http.client.HTTPSConnection(parts.hostname, parts.port or 443,
-                                               timeout=self.timeout)
+            return http.client.HTTPSConnection(
+                parts.hostname, parts.port or 443, timeout=self.timeout,
+                context=_tls_context(self.ca) if self.ca else None)
         return http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=self.timeout)
 
     def open(self, method: str, path: str, params: dict[str, Any] | None = None,
@@ -63,8 +80,11 @@ class BrokerHTTP:
                 hops = 0
                 while url is not None:
                     conn = self._connect(url)
+                    sent = dict(headers or {})
+                    if self.token:
+                        sent["Authorization"] = f"Bearer {self.token}"
                     try:
-                        conn.request(method, target, body=body, headers=headers or {})
+                        conn.request(method, target, body=body, headers=sent)
                         response = conn.getresponse()
                     except OSError as err:
                         conn.close()
@@ -125,14 +145,15 @@ class BrokerHTTP:
         """The broker index (the last index assigned in any topic)."""
         return int(self.json("/messaging/diagnostics")["index"])
 
-    def publish_frames(self, body: bytes,
-                       producer: tuple[str, int, int] | None = None) -> None:
-        """POST a body of frames (all or nothing); with ``(id, epoch, seq)`` it is stored
-        once however often it is sent."""
+    def publish_frames(self, body: bytes, producer: tuple[str, int, int] | None = None,
+                       topic: int | None = None) -> None:
+        """POST a body of frames (all or nothing; all of ``topic`` when given); with
+        ``(id, epoch, seq)`` it is stored once however often it is sent."""
         headers = {"Content-Type": FRAMES_CONTENT_TYPE}
         if producer is not None:
             headers.update({"Producer-Id": producer[0], "Producer-Epoch": str(producer[1]),
                             "Producer-Seq": str(producer[2])})
-        conn, response = self.open("POST", "/messaging/messages", body=body, headers=headers)
+        conn, response = self.open("POST", "/messaging/messages", {"topicID": topic},
+                                   body=body, headers=headers)
         response.read()
         conn.close()

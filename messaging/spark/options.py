@@ -14,6 +14,8 @@ class SourceOptions:
     def __init__(self, given: dict[str, str]) -> None:
         options = lower_case(given)
         self.urls = broker_urls(options)
+        self.token = options.get("token") or None
+        self.ca = options.get("ca") or None
         topics = options.get("topics") or options.get("topic") or ""
         try:
             self.topics = [int(t) for t in topics.split(",") if t.strip()]

@@ -44,10 +44,11 @@ class PublishedMessage(WriterCommitMessage):
 
 
 def publish_rows(urls: Sequence[str], rows: Iterator[Any], producer: str | None = None,
-                 max_bytes: int = MAX_PUBLISH_BYTES) -> PublishedMessage:
+                 max_bytes: int = MAX_PUBLISH_BYTES, *, token: str | None = None,
+                 ca: str | None = None) -> PublishedMessage:
     """Publish rows with ``topic``, ``data`` and optional ``type`` in batch requests; as
     idempotent producer ``producer`` (epoch 0, one sequence per topic) when given."""
-    broker = BrokerHTTP(urls)
+    broker = BrokerHTTP(urls, token=token, ca=ca)
     pending: dict[tuple[int, int], list[bytes]] = {}
     sequence: dict[int, int] = {}
     size = 0
@@ -58,7 +59,7 @@ def publish_rows(urls: Sequence[str], rows: Iterator[Any], producer: str | None 
         for (topic, type_), datas in pending.items():
             seq = sequence.get(topic, 0)
             broker.publish_frames(encode_batch(topic, datas, type_),
-                                  (producer, 0, seq) if producer is not None else None)
+                                  (producer, 0, seq) if producer is not None else None, topic)
             sequence[topic] = seq + 1
         pending.clear()
         size = 0
@@ -105,11 +106,14 @@ class MessagingStreamWriter(DataSourceStreamWriter):
 
     def __init__(self, options: dict[str, str]) -> None:
         self.urls = broker_urls(lower_case(options))
+        self.token = lower_case(options).get("token") or None
+        self.ca = lower_case(options).get("ca") or None
         self.max_bytes = max_publish_bytes(options, MAX_PUBLISH_BYTES)
 
     def write(self, iterator: Iterator[Any]) -> PublishedMessage:
         """Publish one task's rows (on an executor), idempotently."""
-        return publish_rows(self.urls, iterator, task_producer(micro_batch()), self.max_bytes)
+        return publish_rows(self.urls, iterator, task_producer(micro_batch()), self.max_bytes,
+                            token=self.token, ca=self.ca)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Log what the micro-batch published."""
@@ -128,9 +132,12 @@ class MessagingBatchWriter(DataSourceWriter):
 
     def __init__(self, options: dict[str, str]) -> None:
         self.urls = broker_urls(lower_case(options))
+        self.token = lower_case(options).get("token") or None
+        self.ca = lower_case(options).get("ca") or None
         self.max_bytes = max_publish_bytes(options, MAX_PUBLISH_BYTES)
         self.job = uuid.uuid4().hex  # made on the driver: the same in every task attempt
 
     def write(self, iterator: Iterator[Any]) -> PublishedMessage:
         """Publish one task's rows (on an executor), idempotently."""
-        return publish_rows(self.urls, iterator, task_producer(self.job), self.max_bytes)
+        return publish_rows(self.urls, iterator, task_producer(self.job), self.max_bytes,
+                            token=self.token, ca=self.ca)

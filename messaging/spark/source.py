@@ -38,6 +38,8 @@ class MessagingPartition(InputPartition):
     """Messages ``start`` <= index < ``end`` of one topic, read straight from a broker."""
 
     urls: tuple[str, ...]
+    token: str | None
+    ca: str | None
     topic: int
     start: int
     end: int
@@ -46,7 +48,7 @@ class MessagingPartition(InputPartition):
 
 def read_partition(partition: MessagingPartition) -> Iterator[pa.RecordBatch]:
     """Stream one partition's frames, verify every CRC and index order, yield Arrow batches."""
-    broker = BrokerHTTP(partition.urls)
+    broker = BrokerHTTP(partition.urls, token=partition.token, ca=partition.ca)
     start = partition.start
     try:
         conn, response = broker.open("GET", "/messaging/messages", {
@@ -89,7 +91,7 @@ class Planner:
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        self.broker = BrokerHTTP(options.urls)
+        self.broker = BrokerHTTP(options.urls, token=options.token, ca=options.ca)
 
     def resolve(self, spec: str, topic_ids: list[int]) -> dict[str, int]:
         """``earliest`` | ``latest`` | JSON ``{"<topic>": index}`` (-2 earliest, -1 latest)."""
@@ -156,7 +158,8 @@ class Planner:
                 info = self.broker.topic(topic, after=begin, count=size)
                 nth = info.get("index") if info else None
                 bound = stop if nth is None else min(int(nth) + 1, stop)
-                parts.append(MessagingPartition(self.options.urls, topic, begin, bound,
+                parts.append(MessagingPartition(self.options.urls, self.options.token,
+                                                self.options.ca, topic, begin, bound,
                                                 self.options.fail_on_data_loss))
                 begin = bound
         return parts

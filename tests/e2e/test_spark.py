@@ -272,16 +272,16 @@ def test_sink_exactly_once_across_task_retries_and_restarts(
     with _proxy_in_thread(int(url.rsplit(":", 1)[1])) as proxy:
         proxy.drop_connections = {6}
         rows = spark.range(0, 2000, numPartitions=2).select(
-            F.lit(61).alias("topic"), F.col("id").cast("string").alias("data"))
+            F.lit(81).alias("topic"), F.col("id").cast("string").alias("data"))
         rows.write.format("messaging").option("url", proxy.url) \
             .option("maxPublishBytes", "600").mode("append").save()
         assert proxy.connections > 6, proxy.connections
-    stored = asyncio.run(read_back(61))
+    stored = asyncio.run(read_back(81))
     assert sorted(stored) == list(range(2000)), (len(stored), len(set(stored)))
 
     # A restarted query: one partition of the micro-batch is published, the other fails
     # (twice: Spark's retry too); the restart runs the whole micro-batch again.
-    publish(url, 62, [b"%d" % i for i in range(1000)])
+    publish(url, 82, [b"%d" % i for i in range(1000)])
     flag = tmp_path / "fail"
     flag.write_text("fail")
     flag_path = str(flag)
@@ -296,8 +296,8 @@ def test_sink_exactly_once_across_task_retries_and_restarts(
 
     def start() -> Any:
         source = (spark.readStream.format("messaging").option("url", url)
-                  .option("topics", "62").option("partitionSize", "500").load())
-        out = source.select(F.lit(63).alias("topic"),
+                  .option("topics", "82").option("partitionSize", "500").load())
+        out = source.select(F.lit(83).alias("topic"),
                             fail_stream(F.col("data").cast("string").cast("long"))
                             .cast("string").alias("data"))
         return (out.writeStream.format("messaging").option("url", url)
@@ -308,13 +308,13 @@ def test_sink_exactly_once_across_task_retries_and_restarts(
     first = start()
     with pytest.raises(Exception, match="injected query failure"):
         first.awaitTermination(240)
-    partial = asyncio.run(read_back(63))
+    partial = asyncio.run(read_back(83))
     assert 0 < len(partial) < 1000  # one partition was published before the failure
     flag.unlink()
     second = start()
     assert second.awaitTermination(240)
     assert second.exception() is None
-    stored = asyncio.run(read_back(63))
+    stored = asyncio.run(read_back(83))
     assert sorted(stored) == list(range(1000)), (len(stored), len(set(stored)))
 
 
@@ -332,3 +332,54 @@ def _proxy_in_thread(port: int) -> Iterator[FaultProxy]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+def test_spark_over_tls_with_a_token(spark: SparkSession, broker_process,
+                                     tmp_path: Path) -> None:
+    """The source and the sink verify the broker's certificate (option ca) and send a bearer
+    token (option token)."""
+    from messaging.auth import new_token, parse_scope, token_line
+    from tests.tls import make_certificates
+
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    make_certificates(certs)
+    token = new_token()
+    tokens = tmp_path / "tokens"
+    tokens.write_text(token_line("spark", token, [parse_scope("read=71"),
+                                                   parse_scope("write=72")]) + "\n")
+    broker = broker_process(tmp_path / "data", "--tokens", str(tokens),
+                            "--tls-cert", str(certs / "server.pem"),
+                            "--tls-key", str(certs / "server-key.pem")).start()
+    try:
+        url, ca = broker.url, str(certs / "ca.pem")
+
+        async def setup() -> None:
+            async with Client(url, token=token, ca=ca) as client:
+                with pytest.raises(Exception, match="no write scope"):
+                    await client.publish(71, b"refused")
+            admin = new_token()
+            with tokens.open("a") as f:
+                f.write(token_line("admin", admin, [parse_scope("admin")]) + "\n")
+            os.kill(broker.pid, __import__("signal").SIGHUP)
+            for _ in range(100):
+                try:
+                    async with Client(url, token=admin, ca=ca, retry_timeout=0.2) as client:
+                        await client.publish_batch(71, [b"%d" % i for i in range(20)])
+                        return
+                except Exception:
+                    await asyncio.sleep(0.1)
+            raise AssertionError("the admin token was not accepted after SIGHUP")
+
+        asyncio.run(setup())
+        rows = (spark.read.format("messaging").option("url", url).option("topics", "71")
+                .option("ca", ca).option("token", token).load().collect())
+        assert sorted(int(r.data) for r in rows) == list(range(20))
+        spark.createDataFrame([(72, b"tls write")], "topic long, data binary").write.format(
+            "messaging").option("url", url).option("ca", ca).option("token", token) \
+            .mode("append").save()
+        with pytest.raises(CapturedException, match="certificate"):
+            spark.read.format("messaging").option("url", url).option("topics", "71") \
+                .option("token", token).load().collect()
+    finally:
+        broker.terminate()

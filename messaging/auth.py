@@ -1,0 +1,177 @@
+"""Bearer tokens with scopes: who may read, write, consume as whom, or administer.
+
+A tokens file has one token per line, ``NAME sha256:HEX SCOPE...`` (``#`` starts a comment);
+only the SHA-256 of a token is stored, never the token. A scope is ``KIND`` (everything) or
+``KIND=TARGET[,TARGET...]``:
+
+- ``read=...``, ``write=...``: topic ids (``7``) and stream names or name prefixes
+  (``chat``, ``chat/*``); ``read`` also lists topics and pings.
+- ``consume=...``: subscriber (consumer) ids, or prefixes (``reporter-*``), that the token
+  may heartbeat as; nobody can move another consumer's position.
+- ``admin``: retention, deleting streams, diagnostics with paths, metrics, snapshots.
+
+``messaging token create --name N --scope read=1,2`` makes a token and prints the line.
+The broker rereads the file on SIGHUP.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from messaging.errors import MessagingError
+
+log = logging.getLogger(__name__)
+
+KINDS = ("read", "write", "consume", "admin")
+HASH_PREFIX = "sha256:"
+
+
+class UnauthorizedError(MessagingError):
+    """No credentials, or credentials no token matches."""
+
+    status = 401
+
+    def headers(self) -> dict[str, str]:
+        """How to authenticate."""
+        return {"WWW-Authenticate": 'Bearer realm="messaging"'}
+
+
+class ForbiddenError(MessagingError):
+    """A valid token without the scope a request needs."""
+
+    status = 403
+
+
+class TokensFileError(MessagingError):
+    """A tokens file that cannot be used (the message names the file and line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """One kind of access, to everything (``targets`` None) or to the targets listed."""
+
+    kind: str
+    targets: tuple[str, ...] | None = None
+
+    def allows(self, target: str | None) -> bool:
+        """Whether this scope covers ``target`` (a topic id, stream name or consumer id)."""
+        if self.targets is None:
+            return True
+        if target is None:
+            return False
+        return any(target == t or (t.endswith("*") and target.startswith(t[:-1]))
+                   for t in self.targets)
+
+    def __str__(self) -> str:
+        return self.kind if self.targets is None else f"{self.kind}={','.join(self.targets)}"
+
+
+def parse_scope(text: str) -> Scope:
+    """``KIND`` or ``KIND=TARGET,...`` (raises ValueError with a reason)."""
+    kind, sep, rest = text.strip().partition("=")
+    kind = kind.strip().lower()
+    if kind not in KINDS:
+        raise ValueError(f"unknown scope {text!r}: expected one of {', '.join(KINDS)}, "
+                         "optionally =TARGET,...")
+    if not sep:
+        return Scope(kind)
+    targets = tuple(t.strip() for t in rest.split(",") if t.strip())
+    if not targets:
+        raise ValueError(f"scope {text!r} lists no targets")
+    if kind == "admin":
+        raise ValueError("admin takes no targets")
+    return Scope(kind, targets)
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a request comes from: a token's name and scopes."""
+
+    name: str
+    scopes: tuple[Scope, ...] = field(default_factory=tuple)
+
+    def can(self, kind: str, target: str | None = None) -> bool:
+        """Whether the principal holds ``kind`` for ``target`` (admin holds everything)."""
+        return any(s.kind == "admin" or (s.kind == kind and s.allows(target))
+                   for s in self.scopes)
+
+    def require(self, kind: str, target: str | None = None, what: str = "") -> None:
+        """Raise :class:`ForbiddenError` unless :meth:`can`."""
+        if not self.can(kind, target):
+            where = f" on {what}" if what else (f" on {target}" if target else "")
+            raise ForbiddenError(f"token {self.name!r} has no {kind} scope{where}")
+
+
+#: The principal of every request when authentication is off (loopback, no tokens file).
+ANYONE = Principal("anonymous", (Scope("admin"),))
+
+
+def hash_token(token: str) -> str:
+    """What a tokens file stores of a token."""
+    return HASH_PREFIX + hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    """A new random token (256 bits)."""
+    return "msg_" + secrets.token_urlsafe(32)
+
+
+def token_line(name: str, token: str, scopes: list[Scope]) -> str:
+    """The tokens-file line of a token."""
+    return f"{name} {hash_token(token)} {' '.join(str(s) for s in scopes)}"
+
+
+class Tokens:
+    """The tokens of a tokens file, by hash; :meth:`reload` rereads it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._by_hash: dict[str, Principal] = {}
+        self.reload()
+
+    def reload(self) -> None:
+        """Read the file; on any error keep the tokens read before (and raise)."""
+        try:
+            text = self.path.read_text()
+        except OSError as err:
+            raise TokensFileError(f"cannot read tokens file {self.path}: "
+                                  f"{err.strerror or err}") from err
+        by_hash: dict[str, Principal] = {}
+        for number, raw in enumerate(text.splitlines(), 1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            parts = line.split()
+            if len(parts) < 3 or not parts[1].startswith(HASH_PREFIX):
+                raise TokensFileError(f"{self.path}:{number}: expected NAME sha256:HEX "
+                                      "SCOPE...")
+            try:
+                scopes = tuple(parse_scope(p) for p in parts[2:])
+            except ValueError as err:
+                raise TokensFileError(f"{self.path}:{number}: {err}") from err
+            by_hash[parts[1].lower()] = Principal(parts[0], scopes)
+        self._by_hash = by_hash
+        log.info("read %d tokens from %s", len(by_hash), self.path)
+
+    def __len__(self) -> int:
+        return len(self._by_hash)
+
+    def principal(self, authorization: str | None) -> Principal:
+        """The principal of an ``Authorization`` header (401 without a valid token)."""
+        if not authorization:
+            raise UnauthorizedError("authentication required: send Authorization: Bearer "
+                                    "<token>")
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise UnauthorizedError("authentication required: send Authorization: Bearer "
+                                    "<token>")
+        digest = hash_token(token.strip())
+        for stored, principal in self._by_hash.items():
+            if hmac.compare_digest(stored, digest):
+                return principal
+        raise UnauthorizedError("invalid token")
