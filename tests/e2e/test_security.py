@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -121,3 +122,36 @@ async def test_tls_and_tokens_for_client_and_cli(broker_process, tmp_path: Path)
     log = broker.log.read_text()
     assert '"logger": "messaging.access"' in log and '"token": "ops"' in log
     assert admin not in log and reader not in log
+
+
+async def test_client_certificates_required(broker_process, tmp_path: Path) -> None:
+    """With --tls-client-ca, a connection without a certificate signed by that CA fails."""
+    import ssl
+
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    await asyncio.to_thread(make_certificates, certs)
+    broker: BrokerProcess = broker_process(
+        tmp_path / "data", "--tls-cert", str(certs / "server.pem"),
+        "--tls-key", str(certs / "server-key.pem"), "--tls-client-ca", str(certs / "ca.pem"))
+    await asyncio.to_thread(broker.start)
+    try:
+        def fetch(with_certificate: bool) -> int:
+            context = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+            if with_certificate:
+                context.load_cert_chain(certs / "client.pem", certs / "client-key.pem")
+            with urllib.request.urlopen(f"{broker.url}/healthz", context=context,
+                                        timeout=10) as resp:
+                return int(resp.status)
+
+        assert await asyncio.to_thread(fetch, True) == 200
+        with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+            await asyncio.to_thread(fetch, False)
+    finally:
+        broker.terminate()
+
+
+def test_python_dash_m_messaging() -> None:
+    result = subprocess.run([sys.executable, "-m", "messaging", "--version"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("messaging ")

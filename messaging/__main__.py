@@ -1,0 +1,7 @@
+"""``python -m messaging``: the ``messaging`` command."""
+
+import sys
+
+from messaging.cli import main
+
+sys.exit(main())
