@@ -26,6 +26,14 @@ from messaging.config import (
     DEFAULT_MAX_MESSAGE_SIZE,
     DEFAULT_MAX_REQUEST_SIZE,
 )
+from messaging.consumers_http import (
+    CONSUMER_INDEX_HEADER,
+    ConsumerHandlers,
+    PositionsView,
+    add_routes,
+    check_name,
+    start_index,
+)
 from messaging.errors import (
     BadRequestError,
     MessageTooLargeError,
@@ -119,6 +127,12 @@ class BrokerView(Protocol):
     async def wait_for_topic(self, topic_id: int) -> TopicView | None: ...
     def diagnostics(self) -> dict[str, Any]: ...
     def enforce_retention(self, now: float | None = None) -> int: ...
+    # Stored consumer positions (messaging.consumers_http).
+    def subscribers(self, topic_id: int) -> dict[str, int]: ...
+    @property
+    def positions(self) -> PositionsView: ...
+    @property
+    def subscriber_timeout(self) -> float: ...
 
 
 class Handlers:
@@ -225,6 +239,14 @@ class Handlers:
         limit = _optional_int(request, "limit")
         streaming = _bool(request, "streaming")
         topic = self.broker.topic(topic_id)
+        extra: dict[str, str] = {}
+        if "consumer" in request.query:  # start right after a consumer's stored position
+            if "index" in request.query:
+                raise BadRequestError("give index or consumer, not both")
+            index, position = start_index(
+                self.broker.subscribers(topic_id), check_name(request.query["consumer"]),
+                topic.first_index if topic is not None else 0)
+            extra[CONSUMER_INDEX_HEADER] = str(position)
         if topic is None and not streaming:
             raise NotFoundError(f"topic {topic_id} not found")
         reader = topic.reader(index, end, limit) if topic is not None else None
@@ -236,7 +258,7 @@ class Handlers:
             first.append(await loop.run_in_executor(None, reader.read, STREAM_CHUNK_MIN))
         response = web.StreamResponse(headers={
             "Content-Type": FRAMES_CONTENT_TYPE,
-            INDEX_HEADER: str(topic.committed_index if topic is not None else 0),
+            INDEX_HEADER: str(topic.committed_index if topic is not None else 0), **extra,
         })
         if request.method == "HEAD":
             await response.prepare(request)
@@ -493,6 +515,7 @@ def make_app(broker: BrokerView, log_: Log, *,
     app.router.add_get("/messaging/diagnostics", handlers.diagnostics)
     app.router.add_post("/messaging/retention", handlers.retention)
     app.router.add_get("/metrics", handlers.metrics)
+    add_routes(app, ConsumerHandlers(broker, log_, handlers._require_leader))
     return app
 
 
