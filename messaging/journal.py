@@ -244,7 +244,7 @@ class Receiver:
             try:
                 return await self.try_fetch_entry()
             except CaughtUp:
-                await self._wait()
+                await self.wait()
 
     def _next_buffered(self) -> Entry | Checkpoint | None:
         while self._buffer:
@@ -286,7 +286,7 @@ class Receiver:
         committed = response.headers.get("X-Broker-Index", "0")
         return int(committed) if committed.isdigit() else 0
 
-    async def _wait(self) -> None:
+    async def wait(self) -> None:
         """Wait (a streaming read, no polling) until the broker has a message after
         ``index``; buffer what arrives first."""
         loop = asyncio.get_running_loop()
