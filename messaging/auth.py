@@ -23,6 +23,8 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aiohttp import web
+
 from messaging.errors import MessagingError
 
 log = logging.getLogger(__name__)
@@ -109,6 +111,14 @@ class Principal:
 
 #: The principal of every request when authentication is off (loopback, no tokens file).
 ANYONE = Principal("anonymous", (Scope("admin"),))
+#: Where the HTTP layer keeps who sent a request.
+PRINCIPAL = web.RequestKey("principal", Principal)
+
+
+def principal_of(request: web.BaseRequest) -> Principal:
+    """Who sent the request (set by the HTTP layer; everyone when auth is off)."""
+    principal: Principal = request.get(PRINCIPAL, ANYONE)
+    return principal
 
 
 def hash_token(token: str) -> str:

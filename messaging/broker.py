@@ -6,7 +6,8 @@ their topics. Assignment is a pure function of the applied command sequence, and
 indexes not above their own, so replaying commands after a restart is idempotent.
 
 Broker-internal frames (type bit 0x8000) take no index and are never stored in a topic: they
-record subscriber progress (:data:`SET_TOPIC_MAX_INDEX`).
+record subscriber progress (:data:`SET_TOPIC_MAX_INDEX`) and consumer position resets and
+deletes (:data:`messaging.subscribers.CONSUMER_OP`).
 
 A group of commands is one transaction (:meth:`Broker.write_group`): every topic it touches is
 written once and fsynced once, subscriber progress it records is saved, and only then does any
@@ -70,7 +71,12 @@ from messaging.message import (
 )
 from messaging.metrics import BrokerMetrics, TopicRow
 from messaging.notify import Notifier
-from messaging.subscribers import Subscribers
+from messaging.subscribers import (
+    CONSUMER_OP,
+    PositionChange,
+    Subscribers,
+    parse_consumer_command,
+)
 from messaging.topic import Topic
 
 log = logging.getLogger(__name__)
@@ -129,7 +135,7 @@ class Run:
     first: int = 0
 
 
-Stamped = tuple[int, list[tuple[int, Run]], list[tuple[int, int, str]], StreamOutcome | None]
+Stamped = tuple[int, list[tuple[int, Run]], list[PositionChange], StreamOutcome | None]
 
 
 def _known(command: bytes | bytearray) -> TypeGuard[Command]:
@@ -186,7 +192,7 @@ class Broker:
         self._retention_lock = threading.Lock()  # held by a retention run, and by close()
         self._closing = False
         self._topics_dir_dirty = False
-        self._heartbeats: list[tuple[int, int, str]] = []  # recorded by the group being applied
+        self._heartbeats: list[PositionChange] = []  # recorded by the group being applied
         self._open_files: OrderedDict[int, None] = OrderedDict()  # topics holding a write file
         self._failure_logged = 0.0
         self._failures_unlogged = 0
@@ -529,7 +535,7 @@ class Broker:
         view = memoryview(bytearray(command))
         size = len(view)
         runs: list[tuple[int, Run]] = []
-        heartbeats: list[tuple[int, int, str]] = []
+        heartbeats: list[PositionChange] = []
         first = 0
         offset = run_start = 0
         run_topic = -1
@@ -749,8 +755,10 @@ class Broker:
 
 
 
-def _internal(type_: int, topic_id: int, data: bytes) -> tuple[int, int, str] | None:
-    """The heartbeat an internal frame records, or None for a type this broker ignores."""
+def _internal(type_: int, topic_id: int, data: bytes) -> PositionChange | None:
+    """The position change an internal frame records, or None for a type this broker ignores."""
+    if type_ == CONSUMER_OP:
+        return parse_consumer_command(topic_id, data)
     if type_ != SET_TOPIC_MAX_INDEX:
         log.warning("ignoring unknown internal command type %#x", type_)
         return None
@@ -761,4 +769,4 @@ def _internal(type_: int, topic_id: int, data: bytes) -> tuple[int, int, str] | 
     except UnicodeDecodeError as err:
         raise CorruptFrameError("heartbeat command with a subscriber id that is not UTF-8"
                                 ) from err
-    return topic_id, _U64.unpack_from(data)[0], url
+    return PositionChange(topic_id, _U64.unpack_from(data)[0], url)

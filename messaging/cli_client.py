@@ -1,4 +1,4 @@
-"""The client-side commands of ``messaging``: publish, tail, topics, ping.
+"""The client-side commands of ``messaging``: publish, tail, consumers, topics, ping.
 
 Every failure is one line on standard error, ``messaging: <message>``, and exit status 1.
 """
@@ -44,8 +44,28 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument("--follow", action="store_true", help="wait for new messages")
     p.add_argument("--format", choices=["text", "json"], default="text",
                    help="text: index, type, data (UTF-8, else hex); json: one object a line")
+    p.add_argument("--consumer", metavar="NAME",
+                   help="start right after NAME's stored position and commit what is printed "
+                        "as NAME's position (instead of --from)")
+    p.add_argument("--commit-every", type=_positive, default=1, metavar="N",
+                   help="with --consumer: commit after every N messages printed, and at the "
+                        "end (default 1)")
     add_connection_options(p)
     p.set_defaults(run=_runner(_tail))
+
+    p = sub.add_parser("consumers", help="list, reset or delete stored consumer positions",
+                       description="List every consumer's stored position (of TOPIC), the "
+                                   "topic's last index, the lag and when it was last seen.")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("topic", metavar="TOPIC", type=_topic, nargs="?")
+    p.add_argument("--reset", metavar="NAME",
+                   help="set NAME's position in TOPIC to --to (also backwards)")
+    p.add_argument("--to", type=_topic, metavar="INDEX", help="the index --reset sets")
+    p.add_argument("--delete", metavar="NAME",
+                   help="forget NAME (in TOPIC, or in every topic)")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    add_connection_options(p)
+    p.set_defaults(run=_runner(_consumers))
 
     p = sub.add_parser("topics", help="list topics")
     p.add_argument("url", metavar="URL")
@@ -93,6 +113,12 @@ def _fail(message: str) -> int:
     return 1
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: expected a positive integer")
+    return int(text)
+
+
 def _topic(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected an unsigned integer")
@@ -130,14 +156,50 @@ def format_message(message: Message, fmt: str) -> str:
 
 
 async def _tail(args: argparse.Namespace) -> int:
+    if args.consumer is not None and args.start:
+        return _fail("give --from or --consumer, not both")
+    if args.consumer == "":
+        return _fail("--consumer needs a name")
     async with _client(args) as client:
-        conn = client.conn(args.topic)
+        # With --consumer, commits are explicit (heartbeat_interval 0): only what was printed.
+        conn = client.conn(args.topic, heartbeat_interval=0, consumer=args.consumer)
         await conn.open(index=args.start, streaming=args.follow)
+        printed = 0
         try:
             async for message in conn:
-                print(format_message(message, args.format), flush=args.follow)
+                print(format_message(message, args.format),
+                      flush=args.follow or args.consumer is not None)
+                printed += 1
+                if args.consumer is not None and printed % args.commit_every == 0:
+                    await conn.commit(message.index)
         finally:
-            await conn.close()
+            await conn.close()  # commits the last message printed, with --consumer
+    return 0
+
+
+async def _consumers(args: argparse.Namespace) -> int:
+    async with _client(args) as client:
+        if args.reset is not None:
+            if args.topic is None or args.to is None:
+                return _fail("--reset NAME needs TOPIC and --to INDEX")
+            await client.reset_consumer(args.reset, args.topic, args.to)
+        elif args.delete is not None:
+            await client.delete_consumer(args.delete, args.topic)
+        elif args.to is not None:
+            return _fail("--to goes with --reset NAME")
+        consumers = await client.consumers(args.topic)
+    if args.format == "json":
+        for row in consumers:
+            print(json.dumps(row))
+        return 0
+    print(f"{'TOPIC':>8} {'INDEX':>12} {'LAST':>12} {'LAG':>10} {'IDLE':>9}  NAME")
+    for c in consumers:
+        idle = c.get("idle")
+        shown = f"{idle:.1f}s" if isinstance(idle, int | float) else "?"
+        if c.get("live") is False:
+            shown += "*"
+        print(f"{c.get('topic', '?'):>8} {c.get('index', '?'):>12} {c.get('last_index', '?'):>12} "
+              f"{c.get('lag', '?'):>10} {shown:>9}  {c.get('name', '?')}")
     return 0
 
 

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 
@@ -54,7 +55,7 @@ from messaging.message import FRAMES_CONTENT_TYPE, HEADER_SIZE, Message, decode,
 from messaging.producer import Lanes
 
 __all__ = ["DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_RETRY_TIMEOUT", "Client", "Conn",
-           "MessageBatch", "Response"]
+           "MessageBatch", "Published", "Response"]
 
 _CONNECT_TIMEOUT: tuple[type[BaseException], ...] = tuple(
     t for t in [getattr(aiohttp, "ConnectionTimeoutError", None)] if t is not None)
@@ -372,9 +373,70 @@ class Client:
         return messages
 
     def conn(self, topic: int, data_url: str | None = None,
-             heartbeat_interval: float = 1.0) -> Conn:
-        """A subscription to ``topic``; ``data_url`` names it for heartbeats."""
-        return Conn(self, topic, data_url, heartbeat_interval)
+             heartbeat_interval: float = 1.0, *, consumer: str | None = None) -> Conn:
+        """A subscription to ``topic``; ``data_url`` names it for heartbeats.
+
+        With ``consumer`` it starts right after that consumer's stored position and
+        heartbeats as it; ``heartbeat_interval`` 0 leaves committing to :meth:`Conn.commit`.
+        """
+        return Conn(self, topic, data_url, heartbeat_interval, consumer)
+
+    # -- stored consumer positions and explicit producers (messaging.consumer, .journal) ---
+
+    async def consumers(self, topic: int | None = None,
+                        name: str | None = None) -> list[dict[str, Any]]:
+        """Stored consumer positions: topic, name, index, last_index, lag, last_seen, live."""
+        response = await self.request("GET", "/messaging/consumers",
+                                      params={"topicID": topic, "name": name})
+        result = response.json()
+        if not isinstance(result, list) or not all(isinstance(c, dict) for c in result):
+            raise NotABrokerError.at(response.url, "its consumer list is not a JSON list")
+        return result
+
+    async def reset_consumer(self, name: str, topic: int, index: int) -> None:
+        """Set consumer ``name``'s position in ``topic`` to ``index`` (also backwards)."""
+        await self.request("PUT", f"/messaging/consumers/{quote(name, safe='')}",
+                           params={"topicID": topic, "index": index}, write=True)
+
+    async def delete_consumer(self, name: str, topic: int | None = None) -> list[int]:
+        """Forget consumer ``name`` (in ``topic``, or everywhere); returns the topics."""
+        response = await self.request("DELETE", f"/messaging/consumers/{quote(name, safe='')}",
+                                      params={"topicID": topic}, write=True)
+        topics = _json_object(response).get("topics")
+        return [int(t) for t in topics] if isinstance(topics, list) else []
+
+    async def publish_as(self, topic: int, datas: Sequence[bytes],
+                         producer: tuple[str, int, int], type: int = 1) -> Published:
+        """Publish ``datas`` as one all-or-nothing request with explicit producer headers.
+
+        ``producer`` is ``(id, epoch, seq)``: sending the same one again (after a crash, by
+        another process) is stored once; the answer says whether this one was a duplicate
+        (then the indexes are the original's). Retried like any idempotent publish; a fenced
+        epoch (403) or a sequence gap (409) raises.
+        """
+        if not datas:
+            raise MessagingError("publish_as needs at least one message")
+        pid, epoch, seq = producer
+        response = await self.request(
+            "POST", "/messaging/messages", params={"topicID": topic},
+            data=encode_batch(topic, datas, type),
+            headers={"Content-Type": FRAMES_CONTENT_TYPE, "Producer-Id": pid,
+                     "Producer-Epoch": str(epoch), "Producer-Seq": str(seq)},
+            write=True)
+        result = _json_object(response)
+        return Published(_index_field(response, result, "first"),
+                         _index_field(response, result, "last"),
+                         response.headers.get("X-Broker-Duplicate") == "true")
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """The answer to :meth:`Client.publish_as`: the stored index range, and whether the
+    request was a duplicate of one stored before."""
+
+    first: int
+    last: int
+    duplicate: bool
 
 
 # -- turning what came back (or did not) into MessagingErrors -------------------------------

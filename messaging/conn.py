@@ -93,10 +93,13 @@ class Conn:
     """
 
     def __init__(self, client: BrokerClient, topic: int, data_url: str | None,
-                 heartbeat_interval: float) -> None:
+                 heartbeat_interval: float, consumer: str | None = None) -> None:
         self.client = client
         self.topic = topic
-        self.data_url = data_url
+        #: A consumer name: open() starts right after its stored position, and it heartbeats
+        #: as that subscriber unless ``data_url`` names another.
+        self.consumer = consumer
+        self.data_url = data_url if data_url is not None else consumer
         self.heartbeat_interval = heartbeat_interval
         self.index = 0
         self.streaming = True
@@ -110,6 +113,7 @@ class Conn:
         self._received = 0
         self._from_first = False  # opened at index 0 and nothing received yet
         self._answered = False  # the last read attempt got a 200
+        self._by_consumer = False  # the next read starts after the consumer's stored position
         self.reconnects = 0
 
     @property
@@ -121,7 +125,9 @@ class Conn:
         """Start reading from ``index`` (inclusive); non-streaming stops at the topic's end.
 
         ``index`` 0 starts at the first index retention kept; reading from a nonzero index
-        that retention deleted raises :class:`TopicTruncatedError` while iterating.
+        that retention deleted raises :class:`TopicTruncatedError` while iterating. A Conn
+        made with a ``consumer`` name ignores ``index``: it starts right after the position
+        the broker stores for that consumer (at the first kept index for a new one).
         """
         if self._state == "closed":
             raise ConnClosedError("this Conn is closed; create a new one")
@@ -131,8 +137,11 @@ class Conn:
         self.streaming = streaming
         self.index = self._received = max(index - 1, 0)
         self._from_first = index == 0
+        if self.consumer is not None:
+            self.index = self._received = 0
+            self._from_first, self._by_consumer = False, True
         self._tasks.append(asyncio.create_task(self._read_loop(), name="messaging-conn-read"))
-        if self.data_url:
+        if self.data_url and self.heartbeat_interval > 0:
             self._tasks.append(asyncio.create_task(self._heartbeat_loop(),
                                                    name="messaging-conn-heartbeat"))
 
@@ -154,6 +163,14 @@ class Conn:
         if was_open and self.data_url and self.index:
             with contextlib.suppress(MessagingError):
                 await self.client.heartbeat(self.topic, self.index, self.data_url)
+
+    async def commit(self, index: int | None = None) -> None:
+        """Heartbeat ``index`` (default :attr:`index`, the last message handed out) now, as
+        ``data_url``: with a consumer name, its stored position (never moved backwards)."""
+        if not self.data_url:
+            raise ConnStateError("this Conn has no consumer name or data_url to commit as")
+        await self.client.heartbeat(self.topic, self.index if index is None else index,
+                                    self.data_url)
 
     async def __aenter__(self) -> Conn:
         return self
@@ -266,13 +283,16 @@ class Conn:
         """One GET; returns whether it reached the end of a non-streaming read."""
         params = {"topicID": str(self.topic), "index": str(self._received + 1),
                   "streaming": "true" if self.streaming else "false"}
+        if self._by_consumer and self.consumer is not None:
+            del params["index"]
+            params["consumer"] = self.consumer
         async with self.client.stream(_MESSAGES_PATH, params, FRAMES_CONTENT_TYPE) as chunks:
             self._answered = True
             decoder = BatchDecoder(after=self._received)
             async for data in chunks:
                 for batch in decoder.feed(data):
                     self._received = batch.last
-                    self._from_first = False
+                    self._from_first = self._by_consumer = False
                     await self._queue.put(MessageBatch(self.topic, batch.buffer, batch.count,
                                                        batch.first, batch.last))
             decoder.finish()

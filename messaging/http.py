@@ -20,13 +20,21 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from messaging import __version__ as VERSION
-from messaging.auth import ANYONE, Principal, Tokens
+from messaging.auth import PRINCIPAL, Principal, Tokens, principal_of
 from messaging.catalog import parse_producer, stream_command
 from messaging.config import (
     DEFAULT_HEADER_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_MESSAGE_SIZE,
     DEFAULT_MAX_REQUEST_SIZE,
+)
+from messaging.consumers_http import (
+    CONSUMER_INDEX_HEADER,
+    ConsumerHandlers,
+    PositionsView,
+    add_routes,
+    check_name,
+    start_index,
 )
 from messaging.errors import (
     BadRequestError,
@@ -120,11 +128,16 @@ class BrokerView(Protocol):
     def topic(self, topic_id: int) -> TopicView | None: ...
     def topics(self) -> Sequence[TopicView]: ...
     def topic_info(self, topic: TopicView) -> dict[str, Any]: ...
-    def subscribers(self, topic_id: int) -> dict[str, int]: ...
     def stream_name(self, topic_id: int) -> str | None: ...
     async def wait_for_topic(self, topic_id: int) -> TopicView | None: ...
     def diagnostics(self) -> dict[str, Any]: ...
     def enforce_retention(self, now: float | None = None) -> int: ...
+    # Stored consumer positions (messaging.consumers_http).
+    def subscribers(self, topic_id: int) -> dict[str, int]: ...
+    @property
+    def positions(self) -> PositionsView: ...
+    @property
+    def subscriber_timeout(self) -> float: ...
 
 
 class Handlers:
@@ -254,6 +267,14 @@ class Handlers:
     async def _read(self, request: web.Request, topic_id: int, index: int, end: int | None,
                     limit: int | None, streaming: bool) -> web.StreamResponse:
         topic = self.broker.topic(topic_id)
+        extra: dict[str, str] = {}
+        if "consumer" in request.query:  # start right after a consumer's stored position
+            if "index" in request.query:
+                raise BadRequestError("give index or consumer, not both")
+            index, position = start_index(
+                self.broker.subscribers(topic_id), check_name(request.query["consumer"]),
+                topic.first_index if topic is not None else 0)
+            extra[CONSUMER_INDEX_HEADER] = str(position)
         if topic is None and not streaming:
             raise NotFoundError(f"topic {topic_id} not found")
         reader = topic.reader(index, end, limit) if topic is not None else None
@@ -265,7 +286,7 @@ class Handlers:
             first.append(await loop.run_in_executor(None, reader.read, STREAM_CHUNK_MIN))
         response = web.StreamResponse(headers={
             "Content-Type": FRAMES_CONTENT_TYPE,
-            INDEX_HEADER: str(topic.committed_index if topic is not None else 0),
+            INDEX_HEADER: str(topic.committed_index if topic is not None else 0), **extra,
         })
         if request.method == "HEAD":
             await response.prepare(request)
@@ -406,16 +427,6 @@ class Handlers:
         principal_of(request).require("admin")
         return web.Response(body=self.broker.metrics.render(),
                             headers={"Content-Type": "text/plain; version=0.0.4"})
-
-
-#: Where :func:`auth_middleware` keeps who sent a request.
-PRINCIPAL = web.RequestKey("principal", Principal)
-
-
-def principal_of(request: web.BaseRequest) -> Principal:
-    """Who sent the request (set by :func:`auth_middleware`; everyone when auth is off)."""
-    principal: Principal = request.get(PRINCIPAL, ANYONE)
-    return principal
 
 
 #: Paths anyone may request, with or without a token.
@@ -580,6 +591,7 @@ def make_app(broker: BrokerView, log_: Log, *,
     app.router.add_get("/messaging/diagnostics", handlers.diagnostics)
     app.router.add_post("/messaging/retention", handlers.retention)
     app.router.add_get("/metrics", handlers.metrics)
+    add_routes(app, ConsumerHandlers(broker, log_, handlers._require_leader))
     return app
 
 

@@ -15,6 +15,8 @@ from typing import Any
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web import BaseRequest, StreamResponse
 
+from messaging.auth import PRINCIPAL
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 ACCESS_LOGGER = "messaging.access"
 
@@ -54,8 +56,6 @@ class AccessLogger(AbstractAccessLogger):
 
     def log(self, request: BaseRequest, response: StreamResponse, duration: float) -> None:
         """Log one finished request."""
-        from messaging.http import PRINCIPAL  # the HTTP layer uses this module's logger
-
         principal = request.get(PRINCIPAL)
         fields = {"method": request.method, "path": request.path,
                   "status": response.status, "bytes": response.body_length,

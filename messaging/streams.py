@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from messaging import stream_reads
+from messaging.auth import principal_of
 from messaging.broker import ApplyResult
 from messaging.catalog import (
     APPEND_END,
@@ -46,7 +47,6 @@ from messaging.catalog import (
 )
 from messaging.config import DEFAULT_LONG_POLL_TIMEOUT, DEFAULT_MAX_REQUEST_SIZE
 from messaging.errors import BadRequestError, MessageTooLargeError, MessagingError
-from messaging.http import principal_of
 from messaging.limits import Limits
 from messaging.log import Log
 from messaging.message import encode

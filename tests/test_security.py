@@ -72,6 +72,8 @@ ENDPOINTS: list[tuple[str, str, dict[str, str], bytes, dict[str, str], str]] = [
     ("GET", "/v1/stream/s1", {}, b"", {}, "reader"),
     ("HEAD", "/v1/stream/s1", {}, b"", {}, "reader"),
     ("DELETE", "/v1/stream/s1", {}, b"", {}, "admin"),
+    ("PUT", "/messaging/consumers/c1", {"topicID": "1", "index": "0"}, b"", {}, "admin"),
+    ("DELETE", "/messaging/consumers/c1", {}, b"", {}, "admin"),
 ]
 
 

@@ -67,3 +67,33 @@ def test_undo_puts_back_what_a_failed_group_recorded() -> None:
     assert subscribers.positions(2) == {}
     assert subscribers.rows() == [(1, "a", 5)]
     assert subscribers.floor(1) == 5 and subscribers.floor(2) == NO_FLOOR
+
+
+def test_resets_and_deletes_move_positions_anywhere_and_undo() -> None:
+    from messaging.message import decode
+    from messaging.subscribers import (
+        DELETE,
+        RESET,
+        PositionChange,
+        consumer_command,
+        parse_consumer_command,
+    )
+
+    subscribers = Subscribers(timeout=60)
+    subscribers.record(1, 9, "a")
+    subscribers.record(2, 4, "a")
+    subscribers.record(1, 5, "b")
+    before = subscribers.record_all([
+        PositionChange(1, 3, "a", RESET),  # backwards: only explicitly
+        PositionChange(None, 0, "b", DELETE),  # every topic
+        (1, 2, "a"),  # a lower heartbeat after the reset: ignored
+        PositionChange(3, 7, "c", RESET),
+    ])
+    assert subscribers.rows() == [(1, "a", 3), (2, "a", 4), (3, "c", 7)]
+    subscribers.undo(before)
+    assert subscribers.rows() == [(1, "a", 9), (1, "b", 5), (2, "a", 4)]
+    # The commands through the log say the same.
+    for kind, topic, index in [(RESET, 1, 3), (DELETE, 2, 0), (DELETE, None, 0)]:
+        frame = decode(consumer_command(kind, topic, "a", index))[0][0]
+        assert parse_consumer_command(frame.topic, frame.data) == PositionChange(
+            topic, index, "a", kind)

@@ -28,6 +28,7 @@ import grpc
 import pytest
 from aetcd import rpc
 
+from messaging.client import Client
 from messaging.message import FRAMES_CONTENT_TYPE, decode, encode_batch
 from tests.conftest import BrokerProcess, cli, free_port, wait_until
 
@@ -746,3 +747,46 @@ async def test_durable_streams_through_any_node(etcd: EtcdCluster, broker_proces
         assert (await _stream(session, "GET", c, "fork"))[2] == body + b"forked;"
         d = await diagnostics(session, c)
         assert d["snapshots_installed"] == 1
+
+
+# -- stored consumer positions ---------------------------------------------------------------
+
+
+async def _positions(url: str) -> dict[tuple[int, str], int]:
+    async with Client(url, retry_timeout=5) as client:
+        return {(c["topic"], c["name"]): c["index"] for c in await client.consumers()}
+
+
+async def test_stored_positions_through_any_node(etcd: EtcdCluster, broker_process,
+                                                 tmp_path: Path) -> None:
+    """Heartbeats, resets and deletes through any node are the same positions on every node
+    (the no-backwards rule too), through a kill -9 and a replay from the checkpoint."""
+    nodes = Nodes(broker_process, tmp_path, etcd)
+    await nodes.start(0, 1, 2)
+    a, b, c = nodes.urls
+    async with Client(a) as client:
+        for n in range(10):
+            await client.publish(TOPIC, b"m%d" % n)
+    async with Client(b) as client:
+        await client.heartbeat(TOPIC, 6, "billing")
+        await client.heartbeat(TOPIC, 3, "audit")
+        await client.heartbeat(TOPIC + 1, 2, "gone")
+    async with Client(c) as client:
+        await client.heartbeat(TOPIC, 2, "billing")  # lower, through another node: ignored
+        await client.reset_consumer("audit", TOPIC, 1)
+        assert await client.delete_consumer("gone") == [TOPIC + 1]
+    wanted = {(TOPIC, "billing"): 6, (TOPIC, "audit"): 1}
+
+    async def agree() -> bool:
+        return all([await _positions(url) == wanted for url in nodes.urls])
+
+    await wait_until(agree, timeout=30, what="every node to hold the same positions")
+    nodes.kill(2)
+    await nodes.start(2)  # replays the log from its checkpoint
+    await wait_until(agree, timeout=60, what="the restarted node to hold the same positions")
+    async with Client(nodes.url(2)) as client:
+        conn = client.conn(TOPIC, consumer="billing", heartbeat_interval=0)
+        await conn.open(streaming=False)
+        indexes = [m.index async for m in conn]
+        await conn.close()
+        assert indexes == list(range(7, 11))
