@@ -718,6 +718,11 @@ async def test_durable_streams_through_any_node(etcd: EtcdCluster, broker_proces
         assert (await _stream(session, "PUT", b, "fork", Content_Type="text/plain",
                               Stream_Forked_From="text"))[0] == 201
 
+        async def compacted() -> bool:  # so that a node starting from nothing needs a snapshot
+            ds = [await diagnostics(session, url) for url in (a, b)]
+            return max(d["compacted_revision"] for d in ds) > 1
+
+        await wait_until(compacted, timeout=40, what="etcd compaction past the log's start")
         nodes.kill(1)
         assert (await _stream(session, "POST", a, "fork", b"forked;",
                               Content_Type="text/plain", Producer_Id="q", Producer_Epoch="0",
