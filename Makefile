@@ -9,7 +9,8 @@ CONFORMANCE_LOCK := conformance/package-lock.json
 CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 
 .PHONY: run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
-	bench-client bench-cluster bench-spark bench-streams soak etcd conformance clean
+	bench-client bench-cluster bench-spark bench-streams bench-durable-streams soak etcd \
+	conformance clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -75,7 +76,8 @@ conformance:
 		cd conformance && npm ci --no-audit --no-fund; \
 	fi
 
-bench: bench-storage bench-http bench-client bench-cluster bench-spark bench-streams
+bench: bench-storage bench-http bench-client bench-cluster bench-spark bench-streams \
+	bench-durable-streams
 
 bench-storage: $(STAMP)
 	$(BIN)/python bench/bench_storage.py
@@ -94,6 +96,11 @@ bench-spark: $(STAMP)
 
 bench-streams: $(STAMP)
 	$(BIN)/python bench/bench_streams.py
+
+## make bench-durable-streams: /v1/stream against the native API and the Node reference server
+## (needs node 20+: installs conformance/node_modules first); under 5 minutes
+bench-durable-streams: $(STAMP) conformance
+	$(BIN)/python bench/bench_durable_streams.py
 
 ## make soak: one broker under a mixed load for 5 minutes; checks data, log, RSS/fds/p99
 soak: $(STAMP)

@@ -1,0 +1,807 @@
+"""Durable Streams benchmark: our broker's /v1/stream against its native API and the Node
+reference server (@durable-streams/server, file-backed), all in one run on this machine.
+
+1. Single appends: 50 aiohttp connections, each POSTing 100-byte messages one after another
+   for a fixed time: /v1/stream (plain, and with Producer-Id/-Epoch/-Seq, one producer per
+   connection), the native ``POST /messaging/messages?topicID=N`` and the reference server's
+   /v1/stream (plain and with producer headers). Throughput, latency p50/p99, server CPU per
+   append; runs interleaved, medians of the runs.
+2. Catch-up reads: 100,000 JSON messages of 100 bytes written to one stream (and the same
+   100,000 messages to a native topic), then the whole stream read from offset -1, following
+   Stream-Next-Offset until Stream-Up-To-Date (native: one non-streaming GET of the topic).
+3. SSE delivery latency: one ``live=sse`` reader (offset=now, a text/plain stream) while a
+   publisher appends 1,000 messages/s for 10 s, each carrying its send time.
+4. A finding of this benchmark: the /v1/stream append rate once 2,000 more (idle) streams
+   exist, against part 1's figure (every append group rewrites the whole catalog).
+
+Our broker and the reference server each run in their own process on 127.0.0.1 and are
+stopped by their PID; every loop is bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import common
+from bench.common import Row, command_line, fmt, percentile, report
+from bench.procs import broker, cpu_seconds
+from messaging.message import (
+    FRAMES_CONTENT_TYPE,
+    HEADER,
+    HEADER_SIZE,
+    BatchDecoder,
+    encode_batch,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = ROOT / "conformance" / "reference-server.mjs"
+REFERENCE_PACKAGE = ROOT / "conformance" / "node_modules" / "@durable-streams" / "server"
+
+CONNECTIONS = 50
+PAYLOAD = b"x" * 100
+OCTETS = "application/octet-stream"
+NATIVE_TOPIC = 1
+CATCHUP_TOPIC = 2
+LATENCY_TOPIC = 3
+NATIVE_PRODUCER_TOPIC = 4
+#: How long past its 10 s the paced publisher waits for answers (the reference server falls
+#: far behind 1,000 appends/s with an SSE reader attached).
+PUBLISH_GRACE = 50.0
+#: Bounds of one append run: per connection, and for a catch-up read's pages.
+MAX_APPENDS_PER_CONNECTION = 200_000
+MAX_PAGES = 10_000
+
+
+@dataclass
+class Settings:
+    """How long and how much each part runs (``--quick`` shrinks everything)."""
+
+    seconds: float = 3.0  # one append run
+    runs: int = 5  # append runs per target, interleaved
+    warmup: float = 1.0
+    messages: int = 100_000  # catch-up
+    reads: int = 3
+    sse_rate: int = 1000
+    sse_seconds: float = 10.0
+    idle_streams: int = 2000
+
+
+@dataclass
+class Load:
+    """One append run against one target."""
+
+    rate: float  # appends/s
+    p50: float  # ms
+    p99: float  # ms
+    appends: int
+    server_cpu_ms: float  # server CPU per append, ms
+    server_cores: float
+    client_cores: float
+    machine_cores: float  # every process on the machine
+    per_group: float = 0.0  # appends per group commit (our broker only)
+
+    @property
+    def other_cores(self) -> float:
+        """Cores busy with neither the measured server nor the load generator."""
+        return max(0.0, self.machine_cores - self.server_cores - self.client_cores)
+
+
+@dataclass
+class Target:
+    """Where one kind of append goes."""
+
+    key: str
+    label: str
+    url: str
+    pid: int
+    producer: bool = False
+    ours: bool = True
+    loads: list[Load] = field(default_factory=list)
+
+    def median(self, attribute: str) -> float:
+        return float(statistics.median(getattr(load, attribute) for load in self.loads))
+
+
+# -- the reference server ----------------------------------------------------------------------
+
+class ReferenceServer:
+    """``node conformance/reference-server.mjs --port 0 --data-dir D``, stopped by its PID.
+
+    Its output (it logs to stdout before the ``listening`` line, and slow appends later) goes
+    to ``log``, so a pipe nobody reads can never block it.
+    """
+
+    def __init__(self, data: Path, log: Path, timeout: float = 30.0) -> None:
+        node = shutil.which("node")
+        if node is None or not REFERENCE_PACKAGE.is_dir():
+            raise RuntimeError("the Node reference server needs node (20+) and its packages: "
+                               "run `make conformance` first")
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen([node, str(REFERENCE), "--port", "0", "--data-dir",
+                                          str(data)], stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        match = None
+        while match is None and time.monotonic() < deadline and self.proc.poll() is None:
+            time.sleep(0.05)
+            match = re.search(r"^listening (http://\S+)", log.read_text(errors="replace"), re.M)
+        if match is None:
+            self.stop()
+            raise RuntimeError(f"the reference server did not start: see {log}")
+        self.url = match.group(1)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+# -- machine figures ---------------------------------------------------------------------------
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every core of the machine spent busy (not idle, not waiting for I/O)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def source_state() -> str:
+    """The commit measured, and whether messaging/ had uncommitted changes then."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                              timeout=30, check=False)
+        return done.stdout
+
+    commit = git("rev-parse", "--short", "HEAD").strip() or "unknown"
+    changed = git("status", "--porcelain", "--", "messaging").splitlines()
+    return f"commit {commit}" + (f" plus uncommitted changes to {len(changed)} files under "
+                                 f"messaging/" if changed else ", messaging/ unmodified")
+
+
+def load_average() -> str:
+    return ", ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+# -- part 1: single appends --------------------------------------------------------------------
+
+async def create(session: aiohttp.ClientSession, url: str, name: str, content_type: str,
+                 ) -> None:
+    async with session.put(f"{url}/v1/stream/{name}",
+                           headers={"Content-Type": content_type}) as resp:
+        await resp.read()
+        if resp.status not in (200, 201):
+            raise RuntimeError(f"PUT {url}/v1/stream/{name}: HTTP {resp.status}")
+
+
+def append_path(target: Target) -> str:
+    if target.key.startswith("native"):
+        topic = NATIVE_PRODUCER_TOPIC if target.producer else NATIVE_TOPIC
+        return f"{target.url}/messaging/messages?topicID={topic}"
+    name = "bench-producer" if target.producer else "bench-append"
+    return f"{target.url}/v1/stream/{name}"
+
+
+async def append_run(target: Target, seconds: float, epoch: int) -> Load:
+    """``CONNECTIONS`` loops of sequential single 100-byte appends for ``seconds``."""
+    path = append_path(target)
+    latencies: list[float] = []
+    ours = target.ours
+    groups = await group_commits(target.url) if ours else 0
+    cpu, client, machine = cpu_seconds(target.pid), time.process_time(), machine_busy_seconds()
+    async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=CONNECTIONS)) as session:
+
+        async def connection(i: int) -> None:
+            headers = {"Content-Type": OCTETS}
+            for seq in range(MAX_APPENDS_PER_CONNECTION):
+                if time.perf_counter() >= deadline:
+                    return
+                if target.producer:  # one producer per connection, a new epoch per run
+                    headers = {"Content-Type": OCTETS, "Producer-Id": f"bench-{i}",
+                               "Producer-Epoch": str(epoch), "Producer-Seq": str(seq)}
+                sent = time.perf_counter()
+                async with session.post(path, data=PAYLOAD, headers=headers) as resp:
+                    await resp.read()
+                    if resp.status not in (200, 204):
+                        raise RuntimeError(f"POST {path}: HTTP {resp.status} "
+                                           f"{resp.headers.get('X-Broker-Error', '')}")
+                latencies.append(time.perf_counter() - sent)
+
+        started = time.perf_counter()
+        deadline = started + seconds
+        await asyncio.gather(*(connection(i) for i in range(CONNECTIONS)))
+        elapsed = time.perf_counter() - started
+    server = cpu_seconds(target.pid) - cpu
+    machine_cores = (machine_busy_seconds() - machine) / elapsed
+    client_cores = (time.process_time() - client) / elapsed
+    groups = await group_commits(target.url) - groups if ours else 0
+    return Load(len(latencies) / elapsed, percentile(latencies, 50) * 1000,
+                percentile(latencies, 99) * 1000, len(latencies),
+                server / len(latencies) * 1000, server / elapsed, client_cores, machine_cores,
+                len(latencies) / groups if groups else 0.0)
+
+
+async def group_commits(url: str) -> int:
+    """How many groups our broker's writer has committed so far (its diagnostics)."""
+    async with aiohttp.ClientSession() as session, session.get(
+            f"{url}/messaging/diagnostics") as resp:
+        return int((await resp.json())["groups"])
+
+
+async def appends(targets: list[Target], s: Settings) -> None:
+    for target in targets:  # connections, the JIT, first files: not measured
+        await append_run(target, s.warmup, 0)
+    for run in range(s.runs):  # interleaved, so drift of the machine hits every target alike
+        for target in targets:
+            load = await append_run(target, s.seconds, run + 1)
+            target.loads.append(load)
+            print(f"  run {run + 1} {target.label}: {load.rate:,.0f}/s, p50 {load.p50:.2f} ms, "
+                  f"p99 {load.p99:.2f} ms, server {load.server_cores:.2f} cores, "
+                  f"generator {load.client_cores:.2f}, others {load.other_cores:.2f}",
+                  flush=True)
+
+
+# -- part 2: catch-up reads --------------------------------------------------------------------
+
+def json_messages(count: int) -> list[bytes]:
+    """``count`` distinct JSON strings of exactly 100 bytes each."""
+    return [b'"m%07d-' % k + b"x" * 89 + b'"' for k in range(count)]
+
+
+async def preload_stream(session: aiohttp.ClientSession, url: str, name: str,
+                         messages: list[bytes], per_append: int = 1000) -> None:
+    """A JSON stream of ``messages``: appends of ``per_append`` messages each (JSON arrays
+    are flattened one level, so every element is a message of its own)."""
+    await create(session, url, name, "application/json")
+    for start in range(0, len(messages), per_append):
+        body = b"[" + b",".join(messages[start:start + per_append]) + b"]"
+        async with session.post(f"{url}/v1/stream/{name}", data=body,
+                                headers={"Content-Type": "application/json"}) as resp:
+            await resp.read()
+            if resp.status not in (200, 204):
+                raise RuntimeError(f"append to {url}/v1/stream/{name}: HTTP {resp.status}")
+
+
+async def preload_native(session: aiohttp.ClientSession, url: str, messages: list[bytes]) -> None:
+    for start in range(0, len(messages), 10_000):
+        body = encode_batch(CATCHUP_TOPIC, messages[start:start + 10_000])
+        async with session.post(f"{url}/messaging/messages", data=body,
+                                headers={"Content-Type": FRAMES_CONTENT_TYPE}) as resp:
+            await resp.read()
+            if resp.status != 200:
+                raise RuntimeError(f"native preload: HTTP {resp.status}")
+
+
+async def read_stream(session: aiohttp.ClientSession, url: str, name: str,
+                      ) -> tuple[float, list[bytes]]:
+    """Seconds to read the whole stream from offset -1, and the pages' bodies."""
+    bodies: list[bytes] = []
+    offset = "-1"
+    started = time.perf_counter()
+    for _ in range(MAX_PAGES):
+        async with session.get(f"{url}/v1/stream/{name}", params={"offset": offset}) as resp:
+            body = await resp.read()
+            if resp.status != 200:
+                raise RuntimeError(f"GET {url}/v1/stream/{name}?offset={offset}: "
+                                   f"HTTP {resp.status}")
+            bodies.append(body)
+            offset = resp.headers["Stream-Next-Offset"]
+            if resp.headers.get("Stream-Up-To-Date") == "true":
+                break
+    else:
+        raise RuntimeError(f"{url}/v1/stream/{name}: not up to date after {MAX_PAGES} pages")
+    return time.perf_counter() - started, bodies
+
+
+async def read_native(session: aiohttp.ClientSession, url: str) -> tuple[float, list[bytes]]:
+    """Seconds for one non-streaming GET of the whole topic, and the frames' data."""
+    started = time.perf_counter()
+    async with session.get(f"{url}/messaging/messages",
+                           params={"topicID": str(CATCHUP_TOPIC), "index": "0"}) as resp:
+        body = await resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"native catch-up read: HTTP {resp.status}")
+    elapsed = time.perf_counter() - started
+    datas = []
+    offset = 0
+    for _ in range(len(body) // HEADER_SIZE + 1):
+        if offset >= len(body):
+            break
+        length = HEADER.unpack_from(body, offset)[-1]
+        datas.append(body[offset + HEADER_SIZE:offset + HEADER_SIZE + length])
+        offset += HEADER_SIZE + length
+    return elapsed, datas
+
+
+def stream_items(bodies: list[bytes]) -> list[bytes]:
+    """The messages of a JSON stream's catch-up pages, re-encoded as sent."""
+    return [json.dumps(value).encode() for body in bodies for value in json.loads(body)]
+
+
+async def catch_up(url: str, ref_url: str, s: Settings) -> dict[str, dict[str, Any]]:
+    messages = json_messages(s.messages)
+    size = sum(len(m) for m in messages)
+    figures: dict[str, dict[str, list[float]]] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        started = time.perf_counter()
+        await preload_stream(session, url, "catchup", messages)
+        await preload_native(session, url, messages)
+        await preload_stream(session, ref_url, "catchup", messages)
+        print(f"  wrote {s.messages:,} messages to each in {time.perf_counter() - started:.1f} s",
+              flush=True)
+        readers: dict[str, Callable[[], Coroutine[Any, Any, tuple[float, list[bytes]]]]] = {
+            "stream": lambda: read_stream(session, url, "catchup"),
+            "native": lambda: read_native(session, url),
+            "ref": lambda: read_stream(session, ref_url, "catchup"),
+        }
+        for _ in range(s.reads):
+            for key, read in readers.items():
+                elapsed, bodies = await read()
+                got = bodies if key == "native" else stream_items(bodies)
+                if got != messages:  # checked after the clock stopped
+                    raise RuntimeError(f"catch-up read of {key}: {len(got)} messages, not the "
+                                       f"{len(messages)} written")
+                pages = 1 if key == "native" else len(bodies)
+                wire = sum(len(b) for b in bodies) if key != "native" else (
+                    size + HEADER_SIZE * len(messages))
+                entry = figures.setdefault(key, {"seconds": [], "pages": [], "wire": []})
+                entry["seconds"].append(elapsed)
+                entry["pages"].append(pages)
+                entry["wire"].append(wire)
+                print(f"  {key}: {elapsed:.3f} s, {pages} request(s)", flush=True)
+    result = {}
+    for key, entry in figures.items():
+        seconds = statistics.median(entry["seconds"])
+        result[key] = {"seconds": seconds, "msg_per_s": s.messages / seconds,
+                       "mb_per_s": size / seconds / 1e6, "pages": entry["pages"][0],
+                       "wire_bytes": entry["wire"][0], "runs": entry["seconds"]}
+    return result
+
+
+# -- part 3: SSE delivery latency --------------------------------------------------------------
+
+def sse_events(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """The data of the complete ``event: data`` events in ``buffer``, and what is left."""
+    *events, rest = buffer.split(b"\n\n")
+    datas = []
+    for event in events:
+        lines = event.split(b"\n")
+        if b"event: data" in lines:
+            datas.append(b"\n".join(line[5:].removeprefix(b" ") for line in lines
+                                    if line.startswith(b"data:")))
+    return datas, rest
+
+
+async def delivery_latency(url: str, kind: str, s: Settings, *, ours: bool,
+                           ) -> dict[str, Any]:
+    """Delivery latencies to one live reader while appends arrive at ``sse_rate``/s.
+
+    ``kind`` "sse": a ``live=sse`` reader of a new text/plain stream (offset=now); "native":
+    a ``streaming=true`` GET of a new native topic. Every message carries its send time.
+    """
+    total = int(s.sse_rate * s.sse_seconds)
+    sent_at: dict[int, float] = {}
+    arrived: dict[int, float] = {}  # message -> when the reader got it
+    acked: dict[int, float] = {}  # message -> when its append was answered
+    if kind == "sse":
+        post_url, read_url = f"{url}/v1/stream/sse", f"{url}/v1/stream/sse"
+        params = {"offset": "now", "live": "sse"}
+    else:
+        post_url = f"{url}/messaging/messages?topicID={LATENCY_TOPIC}"
+        read_url = f"{url}/messaging/messages"
+        params = {"topicID": str(LATENCY_TOPIC), "streaming": "true"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100)) as session:
+        if kind == "sse":
+            await create(session, url, "sse", "text/plain")
+        connected = asyncio.Event()
+
+        async def read() -> None:
+            async with session.get(read_url, params=params,
+                                   timeout=aiohttp.ClientTimeout(total=None, sock_read=60),
+                                   ) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"live read of {read_url}: HTTP {resp.status}")
+                connected.set()
+                buffer = b""
+                decoder = BatchDecoder(after=0)
+                async for chunk in resp.content.iter_any():
+                    now = time.perf_counter()
+                    if kind == "sse":
+                        datas, buffer = sse_events(buffer + chunk)
+                    else:
+                        datas = [m.data for batch in decoder.feed(chunk)
+                                 for m in batch.messages()]
+                    for data in datas:
+                        arrived[int(data.split()[0])] = now
+                    if len(arrived) >= total:
+                        return
+
+        reader = asyncio.ensure_future(read())
+        await asyncio.wait_for(connected.wait(), 10)
+        await asyncio.sleep(0.3)  # the reader is parked at the tail
+
+        async def publish(k: int) -> None:
+            sent = sent_at[k] = time.perf_counter()
+            body = (b"%06d %.6f " % (k, sent)).ljust(len(PAYLOAD), b"x")
+            async with session.post(post_url, data=body,
+                                    headers={"Content-Type": "text/plain"}) as resp:
+                await resp.read()
+                if resp.status not in (200, 204):
+                    raise RuntimeError(f"publish to {post_url}: HTTP {resp.status}")
+            acked[k] = time.perf_counter()
+
+        groups = await group_commits(url) if ours else 0
+        tasks = []
+        started = time.perf_counter()
+        for k in range(total):  # open loop: a slow server does not slow the publisher
+            delay = started + k / s.sse_rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(publish(k)))
+        done, pending = await asyncio.wait(tasks, timeout=s.sse_seconds + PUBLISH_GRACE)
+        for task in pending:  # bounded: what is still unanswered counts as missing
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for task in done:
+            task.result()  # a failed publish fails the benchmark
+        published = time.perf_counter() - started
+        groups = await group_commits(url) - groups if ours else 0
+        with contextlib.suppress(TimeoutError):  # what did not arrive counts as missing
+            await asyncio.wait_for(reader, 30)
+    latencies = [arrived[k] - sent_at[k] for k in arrived]
+    acks = [acked[k] - sent_at[k] for k in acked]
+    # Delivery counted from the append's answer: the live path alone, without the time the
+    # append waited (negative when the event came before the answer).
+    after_ack = [arrived[k] - acked[k] for k in arrived if k in acked]
+    return {"p50": percentile(latencies, 50) * 1000, "p99": percentile(latencies, 99) * 1000,
+            "max": max(latencies) * 1000, "received": len(arrived), "sent": total,
+            "answered": len(acked), "publish_seconds": published,
+            "per_group": len(acked) / groups if groups else 0.0,
+            "ack_p50": percentile(acks, 50) * 1000, "ack_p99": percentile(acks, 99) * 1000,
+            "after_ack_p50": percentile(after_ack, 50) * 1000,
+            "after_ack_p99": percentile(after_ack, 99) * 1000}
+
+
+# -- part 4: many streams in the catalog -------------------------------------------------------
+
+async def idle_streams(url: str, count: int) -> float:
+    """Create ``count`` empty streams, 50 at a time; seconds it took."""
+    started = time.perf_counter()
+    async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=CONNECTIONS)) as session:
+        names = iter(range(count))
+
+        async def creator() -> None:
+            for k in names:  # shared iterator: each name once; bounded by count
+                await create(session, url, f"idle-{k}", OCTETS)
+
+        await asyncio.gather(*(creator() for _ in range(CONNECTIONS)))
+    return time.perf_counter() - started
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+async def run(tmp: Path, s: Settings) -> tuple[list[Row], str, dict[str, Any]]:
+    load_before = load_average()
+    source = source_state()
+    ours_proc, url = broker(tmp / "broker", log=tmp / "broker.log")
+    ref = None
+    try:
+        ref = ReferenceServer(tmp / "reference", tmp / "reference.log")
+        async with aiohttp.ClientSession() as session:
+            for base in (url, ref.url):
+                await create(session, base, "bench-append", OCTETS)
+                await create(session, base, "bench-producer", OCTETS)
+        stream = Target("stream", "/v1/stream (ours)", url, ours_proc.pid)
+        producer = Target("producer", "/v1/stream + producer (ours)", url, ours_proc.pid,
+                          producer=True)
+        native = Target("native", "native POST (ours)", url, ours_proc.pid)
+        native_producer = Target("native-producer", "native POST + producer (ours)", url,
+                                 ours_proc.pid, producer=True)
+        ref_plain = Target("ref", "reference /v1/stream", ref.url, ref.pid, ours=False)
+        ref_producer = Target("ref-producer", "reference /v1/stream + producer", ref.url,
+                              ref.pid, producer=True, ours=False)
+        targets = [stream, producer, native, native_producer, ref_plain, ref_producer]
+        print(f"1. single appends, {CONNECTIONS} connections, {s.runs} × {s.seconds:.0f} s "
+              "per target, interleaved", flush=True)
+        await appends(targets, s)
+        print(f"2. catch-up reads of {s.messages:,} JSON messages of 100 B", flush=True)
+        reads = await catch_up(url, ref.url, s)
+        print(f"3. SSE delivery latency at {s.sse_rate:,} msg/s for {s.sse_seconds:.0f} s",
+              flush=True)
+        sse = {}
+        for key, base, kind in (("ours", url, "sse"), ("ref", ref.url, "sse"),
+                                ("native", url, "native")):
+            sse[key] = figures = await delivery_latency(base, kind, s, ours=base == url)
+            print(f"  {key}: p50 {figures['p50']:.2f} ms, p99 {figures['p99']:.2f} ms, "
+                  f"{figures['received']}/{figures['sent']} received, publishing took "
+                  f"{figures['publish_seconds']:.1f} s; after the answer p50 "
+                  f"{figures['after_ack_p50']:.2f} ms", flush=True)
+        print(f"4. /v1/stream appends after creating {s.idle_streams:,} idle streams",
+              flush=True)
+        created = await idle_streams(url, s.idle_streams)
+        state_size = (tmp / "broker" / "broker.json").stat().st_size
+        crowded = await append_run(stream, s.seconds, 0)
+        crowded_native = await append_run(native, s.seconds, 0)
+        print(f"  created in {created:.1f} s; broker.json {state_size:,} B; /v1/stream "
+              f"{crowded.rate:,.0f}/s p50 {crowded.p50:.2f} ms (machine "
+              f"{crowded.machine_cores:.2f} cores); native {crowded_native.rate:,.0f}/s "
+              f"(machine {crowded_native.machine_cores:.2f} cores)", flush=True)
+    finally:
+        ours_proc.stop()
+        if ref is not None:
+            ref.stop()
+    load_after = load_average()
+
+    def m(target: Target, attribute: str) -> float:
+        return target.median(attribute)
+
+    rows = [
+        Row("single appends, 50 connections: /v1/stream vs native", m(stream, "rate"),
+            "msg/s", "native POST /messaging/messages", m(native, "rate")),
+        Row("single appends: /v1/stream vs reference server", m(stream, "rate"), "msg/s",
+            "reference /v1/stream", m(ref_plain, "rate")),
+        Row("appends with Producer-Id/Epoch/Seq: /v1/stream vs native", m(producer, "rate"),
+            "msg/s", "native POST /messaging/messages", m(native, "rate")),
+        Row("appends with producer headers: /v1/stream vs reference server",
+            m(producer, "rate"), "msg/s", "reference, same producer headers",
+            m(ref_producer, "rate")),
+        Row("appends with producer headers: /v1/stream vs native with them",
+            m(producer, "rate"), "msg/s", "native POST + Producer-Id/Epoch/Seq",
+            m(native_producer, "rate")),
+        Row("native POST with producer headers vs without", m(native_producer, "rate"),
+            "msg/s", "native POST without", m(native, "rate")),
+        Row("append latency p50: /v1/stream vs native", m(stream, "p50"), "ms", "native POST",
+            m(native, "p50")),
+        Row("append latency p99: /v1/stream vs native", m(stream, "p99"), "ms", "native POST",
+            m(native, "p99")),
+        Row("append latency p50: /v1/stream vs reference server", m(stream, "p50"), "ms",
+            "reference /v1/stream", m(ref_plain, "p50")),
+        Row("append latency p99: /v1/stream vs reference server", m(stream, "p99"), "ms",
+            "reference /v1/stream", m(ref_plain, "p99")),
+        Row("append latency p50 with producer headers vs reference", m(producer, "p50"), "ms",
+            "reference, same headers", m(ref_producer, "p50")),
+        Row("append latency p99 with producer headers vs reference", m(producer, "p99"), "ms",
+            "reference, same headers", m(ref_producer, "p99")),
+        Row("server CPU per append: /v1/stream vs native", m(stream, "server_cpu_ms"), "ms",
+            "native POST", m(native, "server_cpu_ms")),
+        Row("server CPU per append: /v1/stream vs reference server",
+            m(stream, "server_cpu_ms"), "ms", "reference server (Node)",
+            m(ref_plain, "server_cpu_ms")),
+        Row(f"catch-up read of {s.messages:,} × 100 B JSON messages: /v1/stream vs native",
+            reads["stream"]["msg_per_s"], "msg/s", "native non-streaming GET",
+            reads["native"]["msg_per_s"]),
+        Row("catch-up read: /v1/stream vs reference server", reads["stream"]["msg_per_s"],
+            "msg/s", "reference /v1/stream", reads["ref"]["msg_per_s"]),
+        Row("catch-up read, message data: /v1/stream vs reference server",
+            reads["stream"]["mb_per_s"], "MB/s", "reference /v1/stream",
+            reads["ref"]["mb_per_s"]),
+        Row(f"SSE delivery latency p50 at {s.sse_rate:,} msg/s: ours vs reference server",
+            sse["ours"]["p50"], "ms", "reference server", sse["ref"]["p50"]),
+        Row(f"SSE delivery latency p99 at {s.sse_rate:,} msg/s: ours vs reference server",
+            sse["ours"]["p99"], "ms", "reference server", sse["ref"]["p99"]),
+        Row(f"live delivery latency p50 at {s.sse_rate:,} msg/s: /v1/stream SSE vs native",
+            sse["ours"]["p50"], "ms", "native streaming GET", sse["native"]["p50"]),
+        Row(f"live delivery latency p99 at {s.sse_rate:,} msg/s: /v1/stream SSE vs native",
+            sse["ours"]["p99"], "ms", "native streaming GET", sse["native"]["p99"]),
+        Row(f"/v1/stream appends with {s.idle_streams:,} more idle streams vs part 1",
+            crowded.rate, "msg/s", "part 1 (2 streams)", m(stream, "rate")),
+        Row(f"/v1/stream append p50 with {s.idle_streams:,} more idle streams vs part 1",
+            crowded.p50, "ms", "part 1 (2 streams)", m(stream, "p50")),
+    ]
+    names = [row.name for row in rows]
+    assert len(set(names)) == len(names), "the plot needs every figure's name to differ"
+    raw = ["| target | appends/s | p50 ms | p99 ms | server CPU/append | appends per group "
+           "commit | server cores | generator cores | other processes' cores |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for t in targets:
+        raw.append(f"| {t.label} | {fmt(m(t, 'rate'))} | {fmt(m(t, 'p50'))} | "
+                   f"{fmt(m(t, 'p99'))} | {fmt(m(t, 'server_cpu_ms'))} ms | "
+                   f"{fmt(m(t, 'per_group')) if t.ours else '-'} | "
+                   f"{m(t, 'server_cores'):.2f} | {m(t, 'client_cores'):.2f} | "
+                   f"{m(t, 'other_cores'):.2f} |")
+    reads_table = ["| catch-up | msg/s | MB/s (data) | requests | bytes on the wire |",
+                   "|---|---|---|---|---|"]
+    for key, label in (("stream", "/v1/stream (ours)"), ("native", "native GET (ours)"),
+                       ("ref", "reference /v1/stream")):
+        r = reads[key]
+        reads_table.append(f"| {label} | {fmt(r['msg_per_s'])} | {fmt(r['mb_per_s'])} | "
+                           f"{r['pages']:.0f} | {r['wire_bytes']:,.0f} |")
+    sse_table = [f"| live reader, {s.sse_rate:,} appends/s offered | p50 ms | p99 ms | max ms | "
+                 "received | append answered p50 / p99 ms | delivery after the answer p50 / "
+                 "p99 ms | publishing took | appends per group commit |",
+                 "|---|---|---|---|---|---|---|---|---|"]
+    for key, label in (("ours", "SSE, ours"), ("ref", "SSE, reference server"),
+                       ("native", "native streaming GET, ours")):
+        f = sse[key]
+        sse_table.append(f"| {label} | {fmt(f['p50'])} | {fmt(f['p99'])} | {fmt(f['max'])} | "
+                         f"{f['received']:,}/{f['sent']:,} | {fmt(f['ack_p50'])} / "
+                         f"{fmt(f['ack_p99'])} | {f['after_ack_p50']:.2f} / "
+                         f"{f['after_ack_p99']:.2f} | {f['publish_seconds']:.1f} s | "
+                         f"{fmt(f['per_group']) if f['per_group'] else '-'} |")
+    others = statistics.median(load.other_cores for t in targets for load in t.loads)
+    ours_sse, ref_sse, native_sse = sse["ours"], sse["ref"], sse["native"]
+    ref_kept_up = ref_sse["publish_seconds"] <= s.sse_seconds * 1.2
+    summary = (
+        f"**What the figures say.** Single appends to /v1/stream run at "
+        f"{m(stream, 'rate') / m(native, 'rate'):.2f}x the native publish rate (with producer "
+        f"headers {m(producer, 'rate') / m(native, 'rate'):.2f}x) and cost "
+        f"{m(stream, 'server_cpu_ms') / m(native, 'server_cpu_ms'):.1f}x the broker CPU per "
+        f"append. Group commit works on both paths ({m(stream, 'per_group'):.0f} vs "
+        f"{m(native, 'per_group'):.0f} appends per group), but every group that holds a stream "
+        f"append also rewrites the whole broker.json (every stream's metadata) and fsyncs it and "
+        f"its directory, on the one writer thread. Native publishes with producer headers "
+        f"change the catalog too (the producers' state) and pay the same rewrite: they run at "
+        f"{m(native_producer, 'rate') / m(native, 'rate'):.2f}x plain native publishes "
+        f"({m(native_producer, 'per_group'):.0f} per group), and /v1/stream with producer "
+        f"headers at {m(producer, 'rate') / m(native_producer, 'rate'):.2f}x of them. With "
+        f"{s.idle_streams:,} more (idle) streams "
+        f"that rewrite is {state_size / 1000:,.0f} kB per group and /v1/stream appends fall to "
+        f"{crowded.rate / m(stream, 'rate'):.2f}x of part 1 (p50 {crowded.p50:.0f} ms) while "
+        f"native publishes stay at {crowded_native.rate:,.0f}/s. Against the reference server, "
+        f"our /v1/stream takes {m(stream, 'rate') / m(ref_plain, 'rate'):.1f}x the appends/s "
+        f"({m(producer, 'rate') / m(ref_producer, 'rate'):.1f}x with producer headers) at "
+        f"{m(stream, 'server_cpu_ms') / m(ref_plain, 'server_cpu_ms'):.2f}x the server CPU "
+        f"per append: it fsyncs every append alone, one after another (see durability below). "
+        f"Catch-up reads of /v1/stream reach {reads['stream']['msg_per_s'] / 1e3:,.0f}k msg/s, "
+        f"{reads['stream']['msg_per_s'] / reads['native']['msg_per_s']:.2f}x the native GET of "
+        f"the same messages and {reads['stream']['msg_per_s'] / reads['ref']['msg_per_s']:.2f}x "
+        f"the reference server (which answers the whole stream in one response; ours pages at "
+        f"1 MiB, {reads['stream']['pages']:.0f} requests, and builds a Python object per "
+        f"message). Live delivery: our SSE p50 is {ours_sse['p50']:.1f} ms against "
+        f"{native_sse['p50']:.1f} ms for a native streaming GET under the same publisher: "
+        f"the /v1/stream append itself is answered at p50 {ours_sse['ack_p50']:.1f} ms "
+        f"({ours_sse['per_group']:.1f} appends per group commit) vs "
+        f"{native_sse['ack_p50']:.1f} ms native ({native_sse['per_group']:.1f} per group), and "
+        f"the SSE path delivers {ours_sse['after_ack_p50']:.2f} ms p50 after the answer vs "
+        f"{native_sse['after_ack_p50']:.2f} ms for the native fan-out (which writes each "
+        f"commit from memory; SSE wakes a task that reads the stream's files on a thread). "
+        + ("The reference server did not keep up with "
+           f"{s.sse_rate:,} appends/s with an SSE reader attached (publishing the "
+           f"{ref_sse['sent']:,} messages took {ref_sse['publish_seconds']:.0f} s; its SSE loop "
+           f"re-reads and re-parses the whole stream file on every wake-up), so its SSE "
+           f"figures are mostly appends queueing; once an append is answered it delivers in "
+           f"{ref_sse['after_ack_p50']:.2f} ms p50. " if not ref_kept_up else
+           f"The reference server delivers {ref_sse['after_ack_p50']:.2f} ms p50 after an "
+           f"append's answer. ")
+        + f"Other work on the machine used a median {others:.2f} cores during the append runs "
+        f"(load average {load_before} before, {load_after} after)"
+        + ("; absolute figures are noisy, ratios come from interleaved runs." if others > 0.25
+           else "."))
+    notes = "\n".join([
+        "Medians of the interleaved append runs (by target):", "", *raw, "",
+        *reads_table, "", *sse_table, "",
+        f"Part 4: {s.idle_streams:,} empty streams created ({created:.1f} s, 50 at a time); "
+        f"broker.json then held {state_size:,} bytes; one {s.seconds:.0f}-s run each: "
+        f"/v1/stream {crowded.rate:,.0f} appends/s (p50 {crowded.p50:.1f} ms, p99 "
+        f"{crowded.p99:.1f} ms, {crowded.server_cpu_ms:.2f} ms broker CPU per append), native "
+        f"{crowded_native.rate:,.0f}/s (p50 {crowded_native.p50:.1f} ms).",
+        "",
+        f"Load average before {load_before}, after {load_after}. Broker measured: {source}.",
+    ])
+    notes = summary + "\n\n" + notes
+    extra = {"settings": asdict(s), "appends": {t.key: [asdict(x) for x in t.loads]
+                                                for t in targets},
+             "catch_up": reads, "sse": sse,
+             "idle_streams": {"count": s.idle_streams, "create_seconds": created,
+                              "broker_json_bytes": state_size, "stream": asdict(crowded),
+                              "native": asdict(crowded_native)},
+             "load_average": {"before": load_before, "after": load_after}}
+    return rows, notes, extra
+
+
+def run_loop(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run ``coro`` on uvloop when installed (as the broker does), else asyncio's loop."""
+    try:
+        import uvloop
+
+        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run (1 s runs, 10,000 messages, 2 s of SSE); its results go to "
+                        "a temporary directory, not bench/RESULTS.md")
+    return p.parse_args()
+
+
+DURABILITY = (
+    "Durability is not the same on both sides. Our broker runs with its defaults (`--fsync "
+    "always`): an append is answered after its group of appends is written and fsynced "
+    "(group commit), and, for /v1/stream, after broker.json (the stream catalog: tails, "
+    "producer state) is rewritten and fsynced with it. The reference server "
+    "(@durable-streams/server 0.3.7, `FileBackedStreamStore`) also fsyncs per append: each "
+    "append writes its frame, awaits `fdatasync` on the stream's file and only then commits "
+    "the metadata to LMDB and answers; a per-stream lock holds each append through all of "
+    "that, so appends to one stream get one `fdatasync` each, one after another (its "
+    "coalescing of concurrent fsyncs cannot take effect under that lock). Its LMDB metadata "
+    "commit (offsets, producer state) is not flushed before the answer (lmdb-js "
+    "`overlappingSync`, its default on Linux, flushes after the commit); on start-up it "
+    "reconciles offsets from the data files. Data is durable on both sides when an append is "
+    "acknowledged; the reference server's idempotent-producer state may lag a crash.")
+
+
+def main() -> None:
+    args = parse_args()
+    settings = Settings()
+    if args.quick:
+        settings = Settings(seconds=1.0, runs=1, warmup=0.2, messages=10_000, reads=1,
+                            sse_seconds=2.0, idle_streams=200)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-durable-streams-",
+                                     dir=os.environ.get("BENCH_DIR")) as t:
+        rows, notes, extra = run_loop(run(Path(t), settings))
+    runtime = time.perf_counter() - started
+    if args.quick:  # a smoke run never overwrites the recorded results
+        out = Path(tempfile.mkdtemp(prefix="bench-durable-streams-quick-"))
+        common.RESULTS, common.RESULTS_MD = out / "results", out / "RESULTS.md"
+        print(f"(--quick: results written under {out})")
+    s = settings
+    summary, details = notes.split("\n\n", 1)
+    method = (
+        f"Our broker (`messaging broker`, defaults, uvloop) and the Node reference server "
+        f"(`node conformance/reference-server.mjs --data-dir D`, file-backed) run side by side "
+        f"on 127.0.0.1, each in its own process; the load generator is this Python process "
+        f"(aiohttp on uvloop) on the same 2 cores. Part 1: {CONNECTIONS} connections each "
+        f"POSTing 100-byte bodies one after another for {s.seconds:.0f} s, {s.runs} runs per "
+        f"target interleaved after a {s.warmup:.0f}-s warm-up; one octet-stream stream per "
+        f"target; producer runs use Producer-Id bench-<connection>, a new epoch per run, "
+        f"Producer-Seq 0, 1, 2…; native: topic {NATIVE_TOPIC} (with producer headers: topic "
+        f"{NATIVE_PRODUCER_TOPIC}). Part 2: {s.messages:,} JSON "
+        f"strings of 100 bytes written as appends of 1,000 (a JSON array is flattened: one "
+        f"message per element; the reference server stores each such append as one record, "
+        f"ours as 1,000 messages), read from offset -1 following Stream-Next-Offset until "
+        f"Stream-Up-To-Date, median of {s.reads} reads, every read checked message by message "
+        f"after the clock stopped; native: the same {s.messages:,} messages as frames in topic "
+        f"{CATCHUP_TOPIC}, one non-streaming GET from index 0 (126 bytes a message on the "
+        f"wire); MB/s counts message data (10^6 bytes). Part 3: one reader (SSE: "
+        f"`offset=now&live=sse` on a new text/plain stream; native: `streaming=true` on topic "
+        f"{LATENCY_TOPIC}) while an open-loop publisher POSTs {s.sse_rate:,} messages/s for "
+        f"{s.sse_seconds:.0f} s, each carrying its send time; latency is receive time − send "
+        f"time in the same process. Part 4 runs last, on the same broker. A ratio is value ÷ "
+        f"baseline: above 1 is better for rates, worse for latencies and CPU.")
+    report("durable_streams", "Durable Streams: /v1/stream against native and the reference "
+           "server", rows, command_line(),
+           notes=f"{summary}\n\n{method}\n\n{DURABILITY}\n\n{details}\n\n"
+                 f"Runtime {runtime:.0f} s.")
+    path = common.RESULTS / "durable_streams.json"
+    payload = json.loads(path.read_text())
+    payload["figures"] = extra | {"runtime_seconds": runtime}
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"runtime {runtime:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
