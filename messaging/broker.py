@@ -40,6 +40,7 @@ from messaging.catalog import (
     Decision,
     StreamOutcome,
 )
+from messaging.catalog_log import CatalogLog
 from messaging.config import (
     DEFAULT_MAX_SEGMENT_SIZE,
     DEFAULT_MAX_TOPIC_SIZE,
@@ -185,6 +186,7 @@ class Broker:
         self.catalog = Catalog()
         #: Woken after every group that changed the catalog (closure, deletion, creation).
         self.streams_changed = Notifier()
+        self._catalog_log = CatalogLog(path)
         self._lock = threading.Lock()
         self._lock_fd: int | None = None
         self._new_topics = Notifier()
@@ -237,6 +239,11 @@ class Broker:
                 self._topics[topic.id] = topic
                 self.metrics.recovered_truncated_bytes.inc(topic.stats.recovered_truncated_bytes)
         self.catalog.restore(state.get("catalog"))
+        try:
+            for changes in self._catalog_log.read(int(state.get("catalog_seq", 0))):
+                self.catalog.replay(changes)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise DataDirectoryError(f"{self._catalog_log.path} is unreadable: {err}") from err
         self._reconcile_streams()
         self.index = max([int(state.get("index", 0))]
                          + [t.last_index for t in self._topics.values()])
@@ -288,12 +295,19 @@ class Broker:
                 "index": self.index,
                 "subscribers": self.positions.saved(),
                 "catalog": self.catalog.saved(),
+                "catalog_seq": self._catalog_log.seq,
             }
 
     def save_state(self, *, durable: bool = True) -> None:
-        """Write ``broker.json`` atomically (one writer at a time; fsynced when ``durable``)."""
+        """Write ``broker.json`` atomically (one writer at a time; fsynced when ``durable``),
+        with the whole catalog: the catalog's journal is emptied after it."""
         with self._save_lock:
             write_json_atomic(self.path / "broker.json", self.state(), durable=durable)
+            try:
+                self._catalog_log.folded()
+            except OSError as err:  # harmless: its lines are at or below catalog_seq now
+                log.warning("could not empty %s: %s", self._catalog_log.path,
+                            err.strerror or err)
 
     def close(self) -> None:
         """Wait for a running retention, sync and close every topic, save the state, unlock."""
@@ -468,7 +482,11 @@ class Broker:
         heartbeats, self._heartbeats = self._heartbeats, []
         if not heartbeats:
             if self.catalog.pending:
-                self.save_state(durable=durable)
+                if self._catalog_log.due:
+                    self.save_state(durable=durable)  # fold the journal into broker.json
+                else:
+                    # One line with what this group changed, not every stream's metadata.
+                    self._catalog_log.append(self.catalog.changes(), durable=durable)
             return
         before = self.positions.record_all(heartbeats)
         try:

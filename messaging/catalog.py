@@ -358,6 +358,31 @@ class Catalog:
         self.changed.clear()
         self.dirty = False
 
+    def changes(self) -> dict[str, Any]:
+        """What the group being applied changed, whole per stream and per producer table
+        (for the catalog's journal, :mod:`messaging.catalog_log`)."""
+        return {"next_topic": self.next_topic,
+                "streams": {name: s.saved() if s is not None else None
+                            for name, s in self._pending.items()},
+                "native": {str(topic): {pid: asdict(state) for pid, state in producers.items()}
+                           for topic, producers in self._native_pending.items()}}
+
+    def replay(self, changes: dict[str, Any]) -> None:
+        """Apply a journal line written by :meth:`changes` (at start-up)."""
+        self.next_topic = self._committed_next = int(changes.get("next_topic",
+                                                                 self.next_topic))
+        for name, saved in changes.get("streams", {}).items():
+            old = self.streams.pop(name, None)
+            if old is not None:
+                self.by_topic.pop(old.topic, None)
+            if saved is not None:
+                stream = Stream.restore(saved)
+                self.streams[name] = stream
+                self.by_topic[stream.topic] = name
+        for topic, producers in changes.get("native", {}).items():
+            self.native[int(topic)] = {pid: Producer(**state)
+                                       for pid, state in producers.items()}
+
     # -- transactions -----------------------------------------------------------------------
 
     def mark(self) -> tuple[int, int, int]:
