@@ -234,3 +234,20 @@ async def test_access_log(start_server: StartServer, tokens: Tokens,
     assert all(r["duration_ms"] >= 0 for r in records)
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert all(token not in text for token in tokens.by_role.values())
+
+
+async def test_operator_log_lines(server: BrokerServer, http: aiohttp.ClientSession,
+                                  caplog: pytest.LogCaptureFixture) -> None:
+    """INFO lines say when a topic is created and when a new subscriber registers."""
+    with caplog.at_level(logging.INFO, logger="messaging"):
+        async with http.post(server.url + "/messaging/messages", params={"topicID": "9"},
+                             data=b"x") as resp:
+            assert resp.status == 200
+        for index in (0, 1):  # only the first heartbeat of a subscriber is news
+            async with http.post(server.url + "/messaging/heartbeat",
+                                 params={"topicID": "9", "index": str(index),
+                                         "url": "reporter"}) as resp:
+                assert resp.status == 200
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert lines.count("topic 9 created") == 1
+    assert lines.count("topic 9: new subscriber 'reporter'") == 1
