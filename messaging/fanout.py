@@ -12,6 +12,7 @@ when its connection closes, or when the topic closes.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -22,6 +23,12 @@ from messaging.topic_reader import tail_after
 
 #: Followers written to in one loop callback.
 SLICE = 64
+#: A slice that kept the loop busy at least this long (s) is followed by a rest about as long
+#: (a timer; the loop's timers count whole milliseconds) before the next slice or pass: with
+#: many followers the fan-out takes about half of the loop, the loop really waits in between
+#: (so the writer thread gets the GIL at once and publishes are answered), and commits that
+#: come meanwhile reach the followers the pass has not reached yet in the same write.
+REST_FROM = 0.0005
 
 
 class FollowedTopic(Protocol):
@@ -86,7 +93,7 @@ class FanOut:
         self.topic = topic
         self.metrics = metrics
         self.followers: set[Follower] = set()
-        self._passing = False  # a pass is under way (its next slice is scheduled)
+        self._busy = False  # a pass is under way (or due after a rest)
         self._again = False  # a commit came during the pass: one more pass after it
 
     def park(self, follower: Follower) -> None:
@@ -104,8 +111,8 @@ class FanOut:
 
     @property
     def busy(self) -> bool:
-        """Whether a pass is under way (or due)."""
-        return self._passing
+        """Whether a pass is under way (or due after a rest)."""
+        return self._busy
 
     def broadcast(self) -> None:
         """Write what the last commits added to every parked follower's socket.
@@ -113,13 +120,18 @@ class FanOut:
         In slices of SLICE followers, each slice a callback of its own: a publish that
         arrives meanwhile is served between two slices instead of after every socket.
         """
-        if self._passing:
+        if self._busy:
             self._again = True
             return
-        self._passing = True
+        self._busy = True
+        self._start()
+
+    def _start(self) -> None:
+        self._again = False
         self._write_slice(list(self.followers), 0)
 
     def _write_slice(self, followers: list[Follower], start: int) -> None:
+        began = time.perf_counter()
         topic = self.topic
         parked = self.followers
         closed = topic.closed
@@ -154,13 +166,14 @@ class FanOut:
             self.metrics.bytes_streamed.inc(sent_bytes)
             self.metrics.messages_streamed.inc(sent_messages)
             loop = asyncio.get_running_loop()
+            spent = time.perf_counter() - began
+            rest = spent if spent >= REST_FROM else 0.0
             if stop < len(followers):
-                loop.call_soon(self._write_slice, followers, stop)
+                loop.call_later(rest, self._write_slice, followers, stop)
             elif self._again and parked:
-                self._again = False
-                loop.call_soon(self._write_slice, list(parked), 0)
+                loop.call_later(rest, self._start)
             else:
-                self._passing = self._again = False
+                self._busy = self._again = False
 
 
 def _prepare(tail: tuple[TailChunk, ...], segment: Segment, position: int) -> _Prepared | None:
