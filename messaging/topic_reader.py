@@ -78,8 +78,13 @@ class TopicReader:
         self.close()
 
     def _position_at_start(self) -> bool:
-        """Find where to start; False if nothing at or after next_index is committed yet."""
-        located = self.topic.locate(self.next_index)
+        """Find where to start; False if nothing at or after next_index can be placed yet.
+
+        A reader of the next index to commit starts at the end of the committed frames, so
+        that it reads that commit from the in-memory tail when it follows the topic.
+        """
+        located = (self.topic.locate(self.next_index)
+                   or self.topic.next_position(self.next_index))
         if located is None:
             return False
         self._segment, self._position, self._ordinal = located

@@ -154,3 +154,26 @@ async def test_commits_during_a_pass_reach_every_follower_once(tmp_path: Path) -
     # commits in one write.
     counts = sorted(len(transport.writes) for _, transport in parked)
     assert counts == [1] * (2 * SLICE) + [2] * SLICE
+
+
+async def test_a_stream_from_the_next_index_follows_from_memory(tmp_path: Path) -> None:
+    topic = await asyncio.to_thread(Topic.open, tmp_path / "t", 1)
+    for index in (1, 2):
+        await _publish(topic, index, b"m%d" % index)
+    reader = topic.reader(3)  # the next index: nothing to read yet, but a place to wait
+    assert await asyncio.to_thread(reader.read) == b""
+    ahead = topic.reader(4)  # not the next index: frame 3 must be skipped, so no place yet
+    assert await asyncio.to_thread(ahead.read) == b""
+    assert ahead.tail_position() is None
+    transport = RecordingTransport()
+    fanout = FanOut(topic, BrokerMetrics())
+    follower = Follower(reader, cast(asyncio.Transport, transport), True)
+    fanout.park(follower)
+    await _publish(topic, 3, b"m3")
+    fanout.broadcast()
+    await _passes_done(fanout)
+    assert [_unchunk(w) for w in transport.writes] == [encode(1, 1, b"m3", 3)]
+    assert follower in fanout.followers  # from the tail, without leaving the fan-out
+    assert reader.last_index == 3 and reader.delivered == 1
+    await _publish(topic, 4, b"m4")
+    assert await asyncio.to_thread(ahead.read) == encode(1, 1, b"m4", 4)
