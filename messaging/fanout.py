@@ -12,14 +12,23 @@ when its connection closes, or when the topic closes.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from messaging.metrics import BrokerMetrics
+from messaging.segment import Segment, TailChunk
+from messaging.topic_reader import tail_after
 
 #: Followers written to in one loop callback.
 SLICE = 64
+#: A slice that kept the loop busy at least this long (s) is followed by a rest about as long
+#: (a timer; the loop's timers count whole milliseconds) before the next slice or pass: with
+#: many followers the fan-out takes about half of the loop, the loop really waits in between
+#: (so the writer thread gets the GIL at once and publishes are answered), and commits that
+#: come meanwhile reach the followers the pass has not reached yet in the same write.
+REST_FROM = 0.0005
 
 
 class FollowedTopic(Protocol):
@@ -29,6 +38,8 @@ class FollowedTopic(Protocol):
     def closed(self) -> bool: ...
     @property
     def committed_index(self) -> int: ...
+    @property
+    def tail(self) -> tuple[TailChunk, ...]: ...
     def listen(self, callback: Callable[[], None]) -> None: ...
     def unlisten(self, callback: Callable[[], None]) -> None: ...
 
@@ -42,7 +53,8 @@ class FollowingReader(Protocol):
     def delivered(self) -> int: ...
     @property
     def last_index(self) -> int: ...
-    def read_tail(self) -> memoryview | None: ...
+    def tail_position(self) -> tuple[Segment, int] | None: ...
+    def adopt_tail(self, chunk: TailChunk) -> int: ...
 
 
 @dataclass(eq=False)
@@ -54,7 +66,6 @@ class Follower:
     chunked: bool
     released: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
-    messages_sent: int = 0  # delivered count the metrics have already seen
 
     def release(self) -> None:
         """Hand the stream back to its task."""
@@ -62,13 +73,28 @@ class Follower:
             self.released.set_result(None)
 
 
+class _Prepared(NamedTuple):
+    """The bytes every follower at one position of the tail is sent, prepared once."""
+
+    framed: bytes  # as one HTTP chunk: size line, data, CRLF
+    raw: bytes
+    last: TailChunk  # the chunk the data ends in (the followers' state afterwards)
+
+
 class FanOut:
-    """The parked followers of one topic."""
+    """The parked followers of one topic.
+
+    One pass at a time: commits that arrive while a pass is under way are picked up by the
+    followers it has not reached yet, and by one more pass over every follower after it, so
+    under load a pass carries several commits in one write per socket.
+    """
 
     def __init__(self, topic: FollowedTopic, metrics: BrokerMetrics) -> None:
         self.topic = topic
         self.metrics = metrics
         self.followers: set[Follower] = set()
+        self._busy = False  # a pass is under way (or due after a rest)
+        self._again = False  # a commit came during the pass: one more pass after it
 
     def park(self, follower: Follower) -> None:
         """Add a follower (listening to the topic from the first one on)."""
@@ -83,37 +109,81 @@ class FanOut:
         if not self.followers:
             self.topic.unlisten(self.broadcast)
 
+    @property
+    def busy(self) -> bool:
+        """Whether a pass is under way (or due after a rest)."""
+        return self._busy
+
     def broadcast(self) -> None:
         """Write what the last commits added to every parked follower's socket.
 
         In slices of SLICE followers, each slice a callback of its own: a publish that
         arrives meanwhile is served between two slices instead of after every socket.
         """
-        self._write_slice(list(self.followers))
+        if self._busy:
+            self._again = True
+            return
+        self._busy = True
+        self._start()
 
-    def _write_slice(self, followers: list[Follower]) -> None:
+    def _start(self) -> None:
+        self._again = False
+        self._write_slice(list(self.followers), 0)
+
+    def _write_slice(self, followers: list[Follower], start: int) -> None:
+        began = time.perf_counter()
         topic = self.topic
+        parked = self.followers
         closed = topic.closed
-        for follower in followers[:SLICE]:
-            if follower not in self.followers:
-                continue  # left meanwhile
-            transport = follower.transport
-            if closed or transport.is_closing() or transport.get_write_buffer_size():
-                self.unpark(follower)  # the task decides: end, or go on at socket speed
-                continue
-            reader = follower.reader
-            while (tail := reader.read_tail()) is not None:
-                if follower.chunked:
-                    transport.writelines((b"%x\r\n" % len(tail), tail, b"\r\n"))
+        tail = topic.tail
+        committed = topic.committed_index
+        prepared: dict[tuple[Segment, int], _Prepared | None] = {}
+        sent_bytes = sent_messages = 0
+        stop = start + SLICE
+        try:
+            for follower in followers[start:stop]:
+                if follower not in parked:
+                    continue  # left meanwhile
+                transport = follower.transport
+                if closed or transport.is_closing() or transport.get_write_buffer_size():
+                    self.unpark(follower)  # the task decides: end, or go on at socket speed
+                    continue
+                reader = follower.reader
+                position = reader.tail_position()
+                if position is None:
+                    ready = None
+                elif position in prepared:
+                    ready = prepared[position]
                 else:
-                    transport.write(tail)
-                self.metrics.bytes_streamed.inc(len(tail))
-            self.metrics.messages_streamed.inc(reader.delivered - follower.messages_sent)
-            follower.messages_sent = reader.delivered
-            if reader.last_index < topic.committed_index:
-                self.unpark(follower)  # behind the tail, or into a new segment: read files
-        if len(followers) > SLICE:
-            asyncio.get_running_loop().call_soon(self._write_slice, followers[SLICE:])
+                    ready = prepared[position] = _prepare(tail, *position)
+                if ready is not None:
+                    transport.write(ready.framed if follower.chunked else ready.raw)
+                    sent_bytes += len(ready.raw)
+                    sent_messages += reader.adopt_tail(ready.last)
+                if reader.last_index < committed:
+                    self.unpark(follower)  # behind the tail, or into a new segment: read files
+        finally:
+            self.metrics.bytes_streamed.inc(sent_bytes)
+            self.metrics.messages_streamed.inc(sent_messages)
+            loop = asyncio.get_running_loop()
+            spent = time.perf_counter() - began
+            rest = spent if spent >= REST_FROM else 0.0
+            if stop < len(followers):
+                loop.call_later(rest, self._write_slice, followers, stop)
+            elif self._again and parked:
+                loop.call_later(rest, self._start)
+            else:
+                self._busy = self._again = False
+
+
+def _prepare(tail: tuple[TailChunk, ...], segment: Segment, position: int) -> _Prepared | None:
+    """The bytes after ``position`` in the tail, framed once for every follower there."""
+    found = tail_after(tail, segment, position)
+    if found is None:
+        return None
+    parts, last = found
+    raw = b"".join(parts)
+    return _Prepared(b"%x\r\n%b\r\n" % (len(raw), raw), raw, last)
 
 
 class FanOuts:
@@ -133,7 +203,7 @@ class FanOuts:
         fanout = self._by_topic.get(topic)
         if fanout is None:
             fanout = self._by_topic[topic] = FanOut(topic, self.metrics)
-        follower = Follower(reader, transport, chunked, messages_sent=reader.delivered)
+        follower = Follower(reader, transport, chunked)
         before = reader.delivered
         fanout.park(follower)
         try:

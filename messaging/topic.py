@@ -610,6 +610,27 @@ class Topic:
             i += 1
         return None
 
+    def next_position(self, index: int) -> tuple[Segment, int, int] | None:
+        """Where frame ``index`` will be read from when it is the very next index to commit.
+
+        The end of the committed frames (segment, byte position, ordinal), for a reader that
+        starts at the topic's end: every frame committed later has an index at or above
+        ``index`` and comes after that position, so the reader can read it there (from the
+        in-memory tail when it follows). None when ``index`` is not the next one.
+        """
+        with self._lock:
+            if (not self._segments or index != self._committed_last + 1
+                    or (self._tombstone and index < self._tombstone)):
+                return None
+            segment = self._segments[0]
+            for later in reversed(self._segments):  # the last one holding committed frames
+                if later.committed_size:
+                    segment = later
+                    break
+            if not segment.indexed or segment.damage is not None:
+                return None
+            return segment, segment.committed_size, segment.committed_count
+
     def view(self, segment: Segment) -> SegmentView:
         """What readers may see of ``segment`` right now, consistently."""
         with self._lock:

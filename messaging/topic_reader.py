@@ -13,13 +13,36 @@ from typing import TYPE_CHECKING
 
 from messaging.errors import CorruptDataError, CorruptFrameError, TopicTruncatedError
 from messaging.message import HEADER_SIZE, frame_size, scan
-from messaging.segment import Segment
+from messaging.segment import Segment, TailChunk
 
 if TYPE_CHECKING:
     from messaging.topic import SegmentView, Topic
 
 #: Default size of one read.
 READ_CHUNK = 256 << 10
+
+
+def tail_after(tail: tuple[TailChunk, ...], segment: Segment, position: int,
+               ) -> tuple[list[memoryview], TailChunk] | None:
+    """The tail's bytes after ``position`` of ``segment``, up to its end or its first gap.
+
+    As views of the chunks (no copy) with the last chunk they reach; None when the tail does
+    not hold ``position`` or holds nothing after it.
+    """
+    for i in range(len(tail) - 1, -1, -1):
+        chunk = tail[i]
+        if chunk.segment is not segment or chunk.end <= position:
+            return None
+        if chunk.start <= position:
+            parts = [memoryview(chunk.data)[position - chunk.start:]]
+            last = chunk
+            for newer in tail[i + 1:]:
+                if newer.segment is not segment or newer.start != last.end:
+                    break  # a gap: the rest next time, or from the files
+                parts.append(memoryview(newer.data))
+                last = newer
+            return parts, last
+    return None
 
 
 class TopicReader:
@@ -55,8 +78,13 @@ class TopicReader:
         self.close()
 
     def _position_at_start(self) -> bool:
-        """Find where to start; False if nothing at or after next_index is committed yet."""
-        located = self.topic.locate(self.next_index)
+        """Find where to start; False if nothing at or after next_index can be placed yet.
+
+        A reader of the next index to commit starts at the end of the committed frames, so
+        that it reads that commit from the in-memory tail when it follows the topic.
+        """
+        located = (self.topic.locate(self.next_index)
+                   or self.topic.next_position(self.next_index))
         if located is None:
             return False
         self._segment, self._position, self._ordinal = located
@@ -111,6 +139,30 @@ class TopicReader:
                 self.next_index = chunk.last_index + 1
                 return data
         return None
+
+    def tail_position(self) -> tuple[Segment, int] | None:
+        """Where this reader stands, for :func:`tail_after`; None when it cannot read the tail.
+
+        Readers at the same position read the same bytes of the tail and end in the same
+        state, so a fan-out prepares those bytes once for all of them (see :meth:`adopt_tail`).
+        """
+        if (self.end is not None or self.remaining is not None or self._segment is None
+                or self._damage is not None):
+            return None
+        return self._segment, self._position
+
+    def adopt_tail(self, chunk: TailChunk) -> int:
+        """Move past ``chunk``'s end after its bytes were sent; how many messages that was.
+
+        Only for bytes from :func:`tail_after` at this reader's :meth:`tail_position`.
+        """
+        delivered = chunk.count - self._ordinal
+        self.delivered += delivered
+        self._ordinal = chunk.count
+        self._position = chunk.end
+        self.last_index = chunk.last_index
+        self.next_index = chunk.last_index + 1
+        return delivered
 
     def _read_at(self, size: int, position: int) -> bytes:
         segment = self._segment
