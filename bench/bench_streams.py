@@ -44,6 +44,8 @@ from bench.procs import broker
 from messaging.message import FRAMES_CONTENT_TYPE, encode_batch
 
 PAYLOAD = b"x" * 100
+#: Every SAMPLE_EVERY-th stream of the holder times the delivery of each message.
+SAMPLE_EVERY = 50
 FRAME = 26 + len(PAYLOAD)  # bytes of one stored (and streamed) 100-byte message
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -140,13 +142,19 @@ class Holder:
 
     def stats(self) -> tuple[int, int]:
         """Bytes the streams received so far, and how many of them were closed by the broker."""
+        received, closed, _p50, _p99, _count = self.delivery()
+        return int(received), int(closed)
+
+    def delivery(self) -> tuple[int, int, float, float, int]:
+        """Bytes received, streams closed by the broker, and the sampled streams' delivery
+        p50/p99 (ms, publisher's send to holder's receipt) over how many messages."""
         assert self.proc.stdin is not None
         self.proc.stdin.write("stats\n")
         self.proc.stdin.flush()
         line = _line(self.proc.stdout, 30.0).split()
-        if len(line) != 3 or line[0] != "stats":
+        if len(line) != 6 or line[0] != "stats":
             raise RuntimeError(f"stream holder answered {line!r}")
-        return int(line[1]), int(line[2])
+        return int(line[1]), int(line[2]), float(line[3]), float(line[4]), int(line[5])
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -180,13 +188,25 @@ async def hold(url: str, topic: int, count: int, index: int, read: bool, rcvbuf:
                f"HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n").encode()
     received = 0
     closed = 0
+    delays: list[float] = []  # send-to-receive of the sampled streams' messages
+    stamp = re.compile(rb"T(\d{10}\.\d{6});")
 
     class Sink(asyncio.Protocol):
-        """Reads everything as it arrives and throws it away."""
+        """Reads everything as it arrives and throws it away (a sample of the streams also
+        times each message: its payload starts with the publisher's send time)."""
+
+        def __init__(self, sampled: bool) -> None:
+            self.sampled = sampled
+            self.rest = b""
 
         def data_received(self, data: bytes) -> None:
             nonlocal received
             received += len(data)
+            if self.sampled:
+                now = time.time()
+                text = self.rest + data
+                delays.extend(now - float(m.group(1)) for m in stamp.finditer(text))
+                self.rest = text[-20:]
 
         def connection_lost(self, exc: Exception | None) -> None:
             nonlocal closed
@@ -200,12 +220,13 @@ async def hold(url: str, topic: int, count: int, index: int, read: bool, rcvbuf:
         async with connecting:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             socks.append(sock)
+            sampled = len(socks) % SAMPLE_EVERY == 1
             if rcvbuf:  # before connect, so the advertised window is small from the start
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
             sock.setblocking(False)
             await loop.sock_connect(sock, (host, port))
             if read:
-                transport, _ = await loop.create_connection(Sink, sock=sock)
+                transport, _ = await loop.create_connection(partial(Sink, sampled), sock=sock)
                 transports.append(transport)
                 transport.write(request)
             else:
@@ -225,7 +246,11 @@ async def hold(url: str, topic: int, count: int, index: int, read: bool, rcvbuf:
         except TimeoutError:
             break
         if line == "stats":
-            print(f"stats {received} {closed}", flush=True)
+            ordered = sorted(delays)
+            p50 = ordered[len(ordered) // 2] * 1000 if ordered else 0.0
+            p99 = ordered[min(len(ordered) - 1, len(ordered) * 99 // 100)] * 1000 \
+                if ordered else 0.0
+            print(f"stats {received} {closed} {p50:.3f} {p99:.3f} {len(ordered)}", flush=True)
         else:  # "stop", or end of input: the parent is gone
             break
     for transport in transports:
@@ -256,8 +281,10 @@ async def wait_streams(session: aiohttp.ClientSession, url: str, count: int,
 
 
 async def publish_one(session: aiohttp.ClientSession, url: str, topic: int) -> int:
+    # The payload starts with the send time: sampled streams time their delivery.
+    payload = (b"T%.6f;" % time.time()).ljust(len(PAYLOAD), b"x")
     async with session.post(f"{url}/messaging/messages", params={"topicID": str(topic)},
-                            data=PAYLOAD) as resp:
+                            data=payload) as resp:
         await resp.read()
         if resp.status != 200:
             raise RuntimeError(f"publish answered {resp.status}")
@@ -336,9 +363,9 @@ async def latency_rounds(tmp: Path, args: argparse.Namespace) -> tuple[list[Row]
                     holder_cpu = cpu_seconds(holder.pid) - holder_cpu
                     # Every stream must have had every message before the holder goes.
                     want = published * FRAME * args.streams
-                    got, closed = 0, 0
+                    got, closed, d50, d99, timed = 0, 0, 0.0, 0.0, 0
                     for _ in range(300):
-                        got, closed = await off_loop(holder.stats)
+                        got, closed, d50, d99, timed = await off_loop(holder.delivery)
                         if got >= want:
                             break
                         await asyncio.sleep(0.1)
@@ -346,7 +373,9 @@ async def latency_rounds(tmp: Path, args: argparse.Namespace) -> tuple[list[Row]
                                 f"streams got only {got / want:.0%} of their bytes")
                     checks.append(f"{published} publishes in {elapsed:.0f} s, {received}, "
                                   f"{closed} streams closed by the broker, stream holder CPU "
-                                  f"{holder_cpu / elapsed:.0%} of a core")
+                                  f"{holder_cpu / elapsed:.0%} of a core, delivery to every "
+                                  f"{SAMPLE_EVERY}th stream p50 {d50:.1f} ms, p99 {d99:.1f} ms "
+                                  f"over {timed:,} messages")
                     await off_loop(holder.stop)
                     await wait_streams(session, url, 0)
                 p50 = percentile(latencies, 50) * 1000
