@@ -27,7 +27,6 @@ Rules this module documents:
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -749,7 +748,3 @@ class Catalog:
             return True
         return stream.ttl is not None and now >= last_used + stream.ttl
 
-
-def finite(value: float) -> bool:
-    """Whether a float is a usable time."""
-    return math.isfinite(value)

@@ -29,7 +29,6 @@ from aiohttp import web
 
 from messaging import stream_reads
 from messaging.auth import principal_of
-from messaging.broker import ApplyResult
 from messaging.catalog import (
     APPEND_END,
     CONTINUED,
@@ -46,7 +45,7 @@ from messaging.catalog import (
     token,
 )
 from messaging.config import DEFAULT_LONG_POLL_TIMEOUT, DEFAULT_MAX_REQUEST_SIZE
-from messaging.errors import BadRequestError, MessageTooLargeError, MessagingError
+from messaging.errors import BadRequestError, MessagingError
 from messaging.limits import Limits
 from messaging.log import Log
 from messaging.message import encode
@@ -215,10 +214,6 @@ class StreamHandlers:
     def _touch(self, name: str) -> None:
         self._used[name] = time.time()
 
-    async def _apply(self, command: bytes) -> ApplyResult:
-        result = await self.log.apply(command)
-        return result
-
     # -- create -----------------------------------------------------------------------------
 
     async def create(self, request: web.Request, name: str) -> web.StreamResponse:
@@ -290,7 +285,7 @@ class StreamHandlers:
             messages = stream_reads.json_messages(body, allow_empty=True) if body else []
         else:
             messages = self._pieces(body)
-        result = await self._apply(stream_command(op, self._frames(messages)))
+        result = await self.log.apply(stream_command(op, self._frames(messages)))
         outcome = result.stream
         assert outcome is not None
         self._touch(name)
@@ -355,7 +350,7 @@ class StreamHandlers:
             op["seq"] = seq
         if producer is not None:
             op["producer"] = list(producer)
-        result = await self._apply(stream_command(op, self._frames(messages)))
+        result = await self.log.apply(stream_command(op, self._frames(messages)))
         outcome = result.stream
         assert outcome is not None
         self._touch(name)
@@ -377,7 +372,7 @@ class StreamHandlers:
     async def delete(self, request: web.Request, name: str) -> web.StreamResponse:
         """DELETE: remove the stream (soft-deleted while forks read it)."""
         await self._lookup(name)
-        await self._apply(stream_command({"op": "delete", "name": name}))
+        await self.log.apply(stream_command({"op": "delete", "name": name}))
         self._used.pop(name, None)
         return web.Response(status=204)
 
@@ -596,8 +591,3 @@ def _sse_data(payload: str) -> str:
     lines = re.split(r"\r\n|\r|\n", payload)
     return "".join(f"data:{line}\n" for line in lines) + "\n"
 
-
-def check_body_size(size: int | None, limit: int) -> None:
-    """413 for a declared body over ``limit``."""
-    if size is not None and size > limit:
-        raise MessageTooLargeError(f"request body of {size} bytes exceeds {limit}")
