@@ -365,9 +365,13 @@ class Broker:
             self._abort(touched, before)
             self._log_failure(len(commands), error)
             return [error] * len(commands)
+        # The catalog first: a stream reader that sees a new tail before its topic's frames
+        # finds nothing yet and waits for the topic's commit, which is still to come. The
+        # other order would show it the frames under an old tail, caught up, and it would
+        # wait for a commit that has already happened.
+        removed, changed = self.catalog.commit()
         for topic_id in touched:
             self._topics[topic_id].commit(notify=notify)
-        removed, changed = self.catalog.commit()
         for topic_id in removed:
             self._remove_topic(topic_id)
         self._release_idle_files(t for t in touched if t not in removed)

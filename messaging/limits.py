@@ -123,29 +123,37 @@ class Limits:
         if declared is not None and declared > max_size:
             raise MessageTooLargeError(f"request body too large: {declared} bytes, at most "
                                        f"{max_size}")
+        content = request.content
+        # Most bodies arrived whole with their headers: take them without a timer or a task.
+        first = content.read_nowait()
+        size = len(first)
+        if size > max_size:
+            raise MessageTooLargeError(f"request body too large: over {max_size} bytes")
+        if content.at_eof():
+            return first
+        chunks = [first] if first else []
         loop = asyncio.get_running_loop()
         started = loop.time()
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            wait = None
-            if self.min_upload_rate:
-                # The time by which the body so far (plus one more byte) was due.
-                due = started + max(UPLOAD_GRACE, (size + 1) / self.min_upload_rate)
-                wait = max(due - loop.time(), 0.0)
-            try:
-                chunk = await asyncio.wait_for(request.content.read(_READ), wait)
-            except TimeoutError:
-                # Cut the connection: the rest of the body will not be read.
-                if request.transport is not None:
-                    request.transport.close()
-                raise SlowUploadError(
-                    f"request body too slow: {size} bytes in {loop.time() - started:.1f} s "
-                    f"(at least {self.min_upload_rate} bytes per second after "
-                    f"{UPLOAD_GRACE:g} s)") from None
-            if not chunk:
-                return b"".join(chunks)
-            size += len(chunk)
-            if size > max_size:
-                raise MessageTooLargeError(f"request body too large: over {max_size} bytes")
-            chunks.append(chunk)
+        try:
+            async with asyncio.timeout(None) as deadline:
+                while True:
+                    if self.min_upload_rate:
+                        # The time by which the body so far (plus one more byte) was due.
+                        deadline.reschedule(
+                            started + max(UPLOAD_GRACE, (size + 1) / self.min_upload_rate))
+                    chunk = await content.read(_READ)
+                    if not chunk:
+                        return b"".join(chunks)
+                    size += len(chunk)
+                    if size > max_size:
+                        raise MessageTooLargeError(
+                            f"request body too large: over {max_size} bytes")
+                    chunks.append(chunk)
+        except TimeoutError:
+            # Cut the connection: the rest of the body will not be read.
+            if request.transport is not None:
+                request.transport.close()
+            raise SlowUploadError(
+                f"request body too slow: {size} bytes in {loop.time() - started:.1f} s "
+                f"(at least {self.min_upload_rate} bytes per second after "
+                f"{UPLOAD_GRACE:g} s)") from None

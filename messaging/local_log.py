@@ -3,23 +3,25 @@
 LocalLog writes on one dedicated thread: while it writes and fsyncs one group of commands,
 new ones queue up and become the next group, so concurrent publishes share one write and one
 fsync. A request is answered once its group is durable (``fsync="always"``) and visible to
-readers; readers are woken after the publishers are answered.
+readers; readers are woken after the publishers are answered. The writer does not wait for
+those answers: it takes the next group as soon as the last one's fsync returns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable
-from concurrent.futures import Executor, ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
 from typing import Any
 
 from messaging.broker import ApplyResult, Broker, heartbeat_command
 from messaging.config import FSYNC_MODES, FsyncMode
 from messaging.errors import BrokerClosedError, MessagingError
-from messaging.tasks import cancel_and_wait, wait_finished
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +66,13 @@ class DeferredSync:
 
 
 class LocalLog:
-    """The embedded single-node log: commands go straight to the broker, in groups."""
+    """The embedded single-node log: commands go straight to the broker, in groups.
+
+    One writer thread owns every write. It takes whatever commands are queued as one group,
+    writes and fsyncs it, hands the results to the event loop (one ``call_soon_threadsafe``
+    per group) and at once takes the next group: the disk never waits for the loop to answer
+    the last group's publishers.
+    """
 
     def __init__(self, broker: Broker, url: str, fsync: FsyncMode = "always") -> None:
         if fsync not in FSYNC_MODES:
@@ -72,41 +80,44 @@ class LocalLog:
         self.broker = broker
         self.url = url
         self.fsync = fsync
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="messaging-writer")
-        self._pending: list[tuple[bytes, asyncio.Future[ApplyResult]]] = []
-        self._wakeup = asyncio.Event()
+        # Appended on the loop, taken on the writer thread: deque operations are atomic.
+        self._pending: deque[tuple[bytes, asyncio.Future[ApplyResult]]] = deque()
+        self._work = threading.Event()
+        # True while the writer may be about to sleep: it re-checks the queue after setting
+        # it, so a command queued after that check sees it and wakes the writer.
+        self._sleeping = False
         self._unsynced = DeferredSync(broker)
-        self._tasks: list[asyncio.Task[None]] = []
+        self._thread: threading.Thread | None = None
+        self._stopped: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         self.groups = 0
 
     async def start(self) -> None:
-        """Start the writer (and, in interval mode, the periodic fsync)."""
-        self._tasks.append(asyncio.create_task(self._write_loop(), name="messaging-writer"))
-        if self.fsync == "interval":
-            self._tasks.append(asyncio.create_task(self._unsynced.run(self._writer),
-                                                   name="messaging-fsync"))
+        """Start the writer thread."""
+        self._loop = asyncio.get_running_loop()
+        self._stopped = self._loop.create_future()
+        self._thread = threading.Thread(target=self._run, name="messaging-writer", daemon=True)
+        self._thread.start()
 
     async def close(self) -> None:
         """Finish every queued command, fsync, and stop the writer."""
         self._closing = True
-        self._wakeup.set()
-        for task in self._tasks[:1]:
-            await wait_finished(task)  # the writer drains the queue and returns
-        for task in self._tasks[1:]:
-            await cancel_and_wait(task)
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._writer, self._unsynced.flush)
-        # Joining the writer thread blocks: do it on another thread, not on the loop.
-        await loop.run_in_executor(None, self._writer.shutdown)
+        self._work.set()
+        if self._stopped is not None:
+            await asyncio.shield(self._stopped)  # the writer drains the queue and returns
+        if self._thread is not None:
+            # Joining a thread blocks: do it on another thread, not on the loop.
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
 
     async def apply(self, command: bytes) -> ApplyResult:
         """Queue a command and wait until it is applied (and durable in ``always`` mode)."""
-        if self._closing:
+        if self._closing or (self._stopped is not None and self._stopped.done()):
             raise BrokerClosedError("the broker is shutting down")
         future: asyncio.Future[ApplyResult] = asyncio.get_running_loop().create_future()
         self._pending.append((command, future))
-        self._wakeup.set()
+        if self._sleeping:  # a busy writer finds it anyway: no lock, no wake-up
+            self._work.set()
         started = time.perf_counter()
         result = await future
         self.broker.metrics.publish_latency.observe(time.perf_counter() - started)
@@ -137,43 +148,53 @@ class LocalLog:
         return {"role": "standalone", "leader": self.url, "peers": [], "fsync": self.fsync,
                 "groups": self.groups, "pending": len(self._pending)}
 
-    async def _write_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            while self._pending:
-                group = self._take_group()
-                commands = [command for command, _ in group]
-                try:
-                    results = await loop.run_in_executor(self._writer, self._write, commands)
-                except Exception as err:  # disk trouble: every waiter hears about it
-                    log.exception("writing a group of %d commands failed", len(group))
-                    results = [err] * len(group)
-                touched: set[int] = set()
-                for (_, future), result in zip(group, results, strict=True):
-                    if isinstance(result, ApplyResult):
-                        touched |= result.topics
-                    if future.done():
-                        continue
-                    if isinstance(result, BaseException):
-                        future.set_exception(result)
-                    else:
-                        future.set_result(result)
-                # Publishers first, then followers: their wake-ups queue behind the answers.
-                self.broker.notify(touched)
-            if self._closing:
-                return
+    # -- the writer thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        """The writer thread: groups until closed and drained, periodic fsyncs between."""
+        assert self._loop is not None
+        deferred = self.fsync != "always"
+        next_flush = time.monotonic() + FSYNC_INTERVAL
+        try:
+            while True:
+                timeout = max(0.0, next_flush - time.monotonic()) if deferred else None
+                self._sleeping = True
+                if not self._pending and not self._closing:
+                    self._work.wait(timeout)
+                self._sleeping = False
+                self._work.clear()
+                while self._pending:
+                    group = self._take_group()
+                    try:
+                        results = self._write([command for command, _ in group])
+                    except Exception as err:  # disk trouble: every waiter hears about it
+                        log.exception("writing a group of %d commands failed", len(group))
+                        results = [err] * len(group)
+                    self._call(self._settle, group, results)
+                if deferred and (self._closing or time.monotonic() >= next_flush):
+                    self._unsynced.flush()
+                    next_flush = time.monotonic() + FSYNC_INTERVAL
+                if self._closing and not self._pending:
+                    return
+        finally:
+            self._call(self._finished)
+
+    def _call(self, callback: Callable[..., None], *args: Any) -> None:
+        """Run ``callback`` on the loop (from the writer thread); a closed loop is gone."""
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(callback, *args)
 
     def _take_group(self) -> list[tuple[bytes, asyncio.Future[ApplyResult]]]:
+        group: list[tuple[bytes, asyncio.Future[ApplyResult]]] = []
         size = 0
-        count = 0
-        for command, _ in self._pending:
-            if count and size + len(command) > MAX_GROUP_BYTES:
+        pending = self._pending
+        while pending:
+            command = pending[0][0]
+            if group and size + len(command) > MAX_GROUP_BYTES:
                 break
             size += len(command)
-            count += 1
-        group, self._pending = self._pending[:count], self._pending[count:]
+            group.append(pending.popleft())
         return group
 
     def _write(self, commands: list[bytes]) -> list[ApplyResult | BaseException]:
@@ -187,3 +208,25 @@ class LocalLog:
         self.broker.metrics.group_commits.inc(len(commands))
         self.groups += 1
         return results
+
+    # -- back on the loop -------------------------------------------------------------------
+
+    def _settle(self, group: list[tuple[bytes, asyncio.Future[ApplyResult]]],
+                results: list[ApplyResult | BaseException]) -> None:
+        """Answer a written group's publishers, then wake the followers of its topics."""
+        touched: set[int] = set()
+        for (_, future), result in zip(group, results, strict=True):
+            if isinstance(result, ApplyResult):
+                touched |= result.topics
+            if future.done():
+                continue
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+        # Publishers first, then followers: their wake-ups queue behind the answers.
+        self.broker.notify(touched)
+
+    def _finished(self) -> None:
+        if self._stopped is not None and not self._stopped.done():
+            self._stopped.set_result(None)

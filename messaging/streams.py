@@ -495,19 +495,25 @@ class StreamHandlers:
                 items = await self._read_items(stream, position)
                 if items:
                     return items, stream
-            if stream.closed:
+            if stream.closed and position >= stream.tail:
                 return [], stream
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return [], stream
-            await self._changed(stream, remaining)
+            await self._changed(stream, position, remaining)
 
-    async def _changed(self, stream: Stream, timeout: float) -> None:
-        """Return when the stream's own topic commits, its metadata changes, or at timeout."""
+    async def _changed(self, stream: Stream, position: Position, timeout: float) -> None:
+        """Return when the stream's own topic has frames after ``position``, its metadata
+        changes, or at timeout.
+
+        Waiting for frames after the reader's own position, not after whatever the topic
+        holds now, cannot miss a commit that landed while the reader was busy: indexes are
+        broker-wide, so the stream's next frame has an index above any position it has.
+        """
         topic = self.broker.topic(stream.topic)
         waits: list[asyncio.Future[Any]] = [
             asyncio.ensure_future(self.broker.streams_changed.wait()),
-            asyncio.ensure_future(topic.wait_for(topic.committed_index) if topic is not None
+            asyncio.ensure_future(topic.wait_for(position[0]) if topic is not None
                                   else self.broker.wait_for_topic(stream.topic)),
         ]
         try:
@@ -557,7 +563,7 @@ class StreamHandlers:
             if remaining <= 0:
                 break
             if up_to_date or not items:
-                await self._changed(stream, min(remaining, self.long_poll_timeout))
+                await self._changed(stream, position, min(remaining, self.long_poll_timeout))
                 self._touch(name)
         with contextlib.suppress(ConnectionError):
             await response.write_eof()

@@ -615,3 +615,22 @@ async def test_sliding_ttl_and_expiry(start_server: StartServer, http: aiohttp.C
     assert (await call(http, "GET", headed))[2] == b""
     assert (await call(http, "PUT", absolute, headers=TEXT))[0] == 201
     assert (await call(http, "GET", touched))[2] == b"t"
+
+
+async def test_a_reader_behind_a_commit_returns_at_once(server: BrokerServer,
+                                                        http: aiohttp.ClientSession) -> None:
+    """A long-poll or SSE reader waits for frames after its own position: a commit that
+    landed while it was busy (reading, writing to its socket) wakes it, it is not left
+    waiting for the commit after that one."""
+    assert server.broker is not None and server.log is not None
+    url = stream_url(server, "behind")
+    assert (await call(http, "PUT", url, headers=OCTET))[0] == 201
+    status, headers, _ = await call(http, "POST", url, b"first", OCTET)
+    assert status == 204
+    position = streams.parse_token(headers["Stream-Next-Offset"])
+    assert position is not None
+    assert (await call(http, "POST", url, b"second", OCTET))[0] == 204  # committed now
+    handlers = streams.StreamHandlers(server.broker, server.log, 1 << 20)
+    stream = server.broker.catalog.streams["behind"]
+    # Bounded well below the wait's own timeout: waiting it out is the bug.
+    await asyncio.wait_for(handlers._changed(stream, position, timeout=60), 10)
