@@ -61,6 +61,7 @@ from messaging.files import (
     write_json_atomic,
 )
 from messaging.message import (
+    FIELD_AT,
     HEADER,
     HEADER_SIZE,
     INDEX,
@@ -533,17 +534,25 @@ class Broker:
                     return
 
     def _stamp_known(self, command: Command) -> Stamped:
-        """Assign indexes to a validated single-topic command: one write per frame, no reads."""
+        """Assign indexes to a validated single-topic command: no header is read again."""
         view = memoryview(bytearray(command))
         offsets = command.offsets
         assert command.topic is not None
         if command.topic >= NAMED_TOPIC_BASE:
             raise BadRequestError(_NAMED_RANGE)
         first = self.index + 1
-        pack = INDEX.pack_into
-        for k, offset in enumerate(offsets):
-            pack(view, offset, first + k)
-        self.index += len(offsets)
+        count = len(offsets)
+        stride = command.stride
+        if stride:  # frames of one size: each byte of the index field in one strided copy
+            at, size = FIELD_AT["index"]
+            indexes = struct.pack(f">{count}Q", *range(first, first + count))
+            for j in range(size):
+                view[at + j::stride] = indexes[j::size]
+        else:
+            pack = INDEX.pack_into
+            for k, offset in enumerate(offsets):
+                pack(view, offset, first + k)
+        self.index += count
         return first, [(command.topic, Run(view, offsets, first))], [], None
 
     def _stamp(self, command: bytes | bytearray) -> Stamped:

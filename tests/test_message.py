@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 import pytest
 from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from messaging import message as message_module
 from messaging.errors import ChecksumError, CorruptFrameError
 from messaging.message import (
     HEADER_SIZE,
     BatchDecoder,
+    Command,
     Message,
     decode,
     decode_one,
@@ -21,6 +24,7 @@ from messaging.message import (
     encode_many,
     scan,
     stamp_index,
+    validate_publish,
 )
 
 messages = st.builds(
@@ -200,3 +204,44 @@ def test_decoder_rejects_indexes_that_do_not_increase() -> None:
     decoder = BatchDecoder(after=5)
     with pytest.raises(CorruptFrameError, match="does not follow 5"):
         decoder.feed(encode(1, 1, b"old", 5))
+
+
+def _outcome(check: Callable[[], Command]) -> tuple[str, object]:
+    """What a validation gives: the command's offsets, topic and bytes, or the error's type."""
+    try:
+        command = check()
+    except CorruptFrameError as err:
+        return "error", type(err)
+    return "ok", (list(command.offsets), command.topic, bytes(command))
+
+
+@settings(max_examples=300, deadline=None)
+@given(count=st.integers(1, 60), length=st.integers(0, 40), topic=st.integers(0, 3),
+       given_topic=st.sampled_from([None, 0, 1]), damage=st.data())
+def test_uniform_fast_path_agrees_with_the_walk(count: int, length: int, topic: int,
+                                                given_topic: int | None,
+                                                damage: st.DataObject) -> None:
+    """Frames of one size are checked with strided slices; whatever a body holds (a flipped
+    byte in any field, an internal type, another topic, a cut), the answer is the walk's."""
+    body = bytearray(encode_batch(topic, [bytes([k % 251]) * length for k in range(count)]))
+    if damage.draw(st.booleans()):
+        at = damage.draw(st.integers(0, len(body) - 1))
+        body[at] ^= damage.draw(st.sampled_from([0x01, 0x80, 0xFF]))
+    if damage.draw(st.booleans()):
+        del body[damage.draw(st.integers(0, len(body) - 1)):]
+    data = bytes(body)
+    if not data:
+        return
+    fast = _outcome(lambda: validate_publish(data, topic=given_topic, max_length=32))
+    walk = _outcome(lambda: message_module._walk_publish(data, given_topic, 32))
+    assert fast == walk
+    if fast[0] == "ok" and count >= 16 and len(data) == count * (HEADER_SIZE + length):
+        assert validate_publish(data, topic=given_topic, max_length=32).stride
+
+
+def test_uniform_internal_type_is_refused() -> None:
+    """A broker-internal type in any frame of a uniform body is refused, as in the walk."""
+    frames = [encode(1, 5, b"x" * 10) for _ in range(20)]
+    frames[13] = encode(0x8001, 5, b"x" * 10)
+    with pytest.raises(CorruptFrameError, match="reserved"):
+        validate_publish(b"".join(frames), topic=5)

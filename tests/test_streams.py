@@ -24,7 +24,7 @@ import aiohttp
 import pytest
 
 from messaging import stream_reads, streams
-from messaging.catalog import NAMED_TOPIC_BASE
+from messaging.catalog import NAMED_TOPIC_BASE, parse_token
 from messaging.message import FRAMES_CONTENT_TYPE, encode
 from messaging.server import BrokerServer
 from tests.conftest import StartServer
@@ -627,7 +627,7 @@ async def test_a_reader_behind_a_commit_returns_at_once(server: BrokerServer,
     assert (await call(http, "PUT", url, headers=OCTET))[0] == 201
     status, headers, _ = await call(http, "POST", url, b"first", OCTET)
     assert status == 204
-    position = streams.parse_token(headers["Stream-Next-Offset"])
+    position = parse_token(headers["Stream-Next-Offset"])
     assert position is not None
     assert (await call(http, "POST", url, b"second", OCTET))[0] == 204  # committed now
     handlers = streams.StreamHandlers(server.broker, server.log, 1 << 20)
