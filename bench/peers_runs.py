@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import nats
 
+from bench import peers_live as live
 from bench import peers_load as load
 from bench.bench_durable_streams import Settings as StreamSettings
 from bench.bench_durable_streams import delivery_latency
@@ -247,14 +248,14 @@ def cases(workload: str, sv: Servers, s: Settings) -> list[list[Case]]:
     if workload == "latency":
         rate, secs = s.rate, s.latency_seconds
         add("ours", "ours", "ours: POST per message → streaming GET", "ms",
-            lambda: load.ours_fanout(ours, sv.topic(), 1, rate, secs, 1), role="ours",
+            lambda: live.ours_fanout(ours, sv.topic(), 1, rate, secs, 1), role="ours",
             durable=False)
         if "redis" in sv.ports:
             add("redis", "redis", "Redis XADD → XREAD BLOCK (appendfsync always)", "ms",
-                partial(load.redis_fanout, sv.ports["redis"], "latency", 1, rate, secs, 1))
+                partial(live.redis_fanout, sv.ports["redis"], "latency", 1, rate, secs, 1))
         if "nats" in sv.ports:
             add("nats", "nats", "NATS JetStream publish → push consumer (sync always)", "ms",
-                partial(load.nats_fanout, sv.ports["nats"], "lat.one", 1, rate, secs, 1))
+                partial(live.nats_fanout, sv.ports["nats"], "lat.one", 1, rate, secs, 1))
         if ref:
             add("reference", "reference", "reference server append → SSE", "ms",
                 partial(sse_latency, ref, rate, secs))
@@ -267,17 +268,17 @@ def cases(workload: str, sv: Servers, s: Settings) -> list[list[Case]]:
             fsecs = s.fanout_seconds
 
             async def ours_run(lv: int = level, ev: int = every) -> Figure:
-                return await load.ours_fanout(ours, sv.topic(), lv, s.rate, s.fanout_seconds, ev)
+                return await live.ours_fanout(ours, sv.topic(), lv, s.rate, s.fanout_seconds, ev)
 
             add("ours", f"ours-{level}", f"ours, {level} streaming GETs", "ms", ours_run,
                 role="ours", durable=False, timeout=120)
             if "redis" in sv.ports:
                 add("redis", f"redis-{level}", f"Redis, {level} XREAD BLOCK readers", "ms",
-                    partial(load.redis_fanout, sv.ports["redis"], f"fan{level}", level,
+                    partial(live.redis_fanout, sv.ports["redis"], f"fan{level}", level,
                             s.rate, fsecs, every), timeout=120)
             if "nats" in sv.ports:
                 add("nats", f"nats-{level}", f"NATS, {level} push consumers", "ms",
-                    partial(load.nats_fanout, sv.ports["nats"], f"fan.l{level}", level,
+                    partial(live.nats_fanout, sv.ports["nats"], f"fan.l{level}", level,
                             s.rate, fsecs, every), timeout=120)
             groups.append(out)
         return groups
