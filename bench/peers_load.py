@@ -83,8 +83,9 @@ async def paced(rate: int, seconds: float, publish: Callable[[int], Awaitable[No
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
-    for task in done:
-        task.result()
+    failed = [task.exception() for task in done if task.exception() is not None]
+    if failed:  # every exception retrieved: the first one fails the run
+        raise RuntimeError(f"{len(failed)} of {total} publishes failed") from failed[0]
     return total
 
 
