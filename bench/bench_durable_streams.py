@@ -26,9 +26,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -45,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
 from bench.common import Row, command_line, fmt, percentile, report
-from bench.procs import broker, cpu_seconds
+from bench.procs import ReferenceServer, broker, cpu_seconds
 from messaging.message import (
     FRAMES_CONTENT_TYPE,
     HEADER,
@@ -55,8 +52,6 @@ from messaging.message import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-REFERENCE = ROOT / "conformance" / "reference-server.mjs"
-REFERENCE_PACKAGE = ROOT / "conformance" / "node_modules" / "@durable-streams" / "server"
 
 CONNECTIONS = 50
 PAYLOAD = b"x" * 100
@@ -121,47 +116,6 @@ class Target:
 
     def median(self, attribute: str) -> float:
         return float(statistics.median(getattr(load, attribute) for load in self.loads))
-
-
-# -- the reference server ----------------------------------------------------------------------
-
-class ReferenceServer:
-    """``node conformance/reference-server.mjs --port 0 --data-dir D``, stopped by its PID.
-
-    Its output (it logs to stdout before the ``listening`` line, and slow appends later) goes
-    to ``log``, so a pipe nobody reads can never block it.
-    """
-
-    def __init__(self, data: Path, log: Path, timeout: float = 30.0) -> None:
-        node = shutil.which("node")
-        if node is None or not REFERENCE_PACKAGE.is_dir():
-            raise RuntimeError("the Node reference server needs node (20+) and its packages: "
-                               "run `make conformance` first")
-        with log.open("ab") as out:
-            self.proc = subprocess.Popen([node, str(REFERENCE), "--port", "0", "--data-dir",
-                                          str(data)], stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        match = None
-        while match is None and time.monotonic() < deadline and self.proc.poll() is None:
-            time.sleep(0.05)
-            match = re.search(r"^listening (http://\S+)", log.read_text(errors="replace"), re.M)
-        if match is None:
-            self.stop()
-            raise RuntimeError(f"the reference server did not start: see {log}")
-        self.url = match.group(1)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
 
 
 # -- machine figures ---------------------------------------------------------------------------

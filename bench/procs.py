@@ -10,10 +10,14 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+REFERENCE = ROOT / "conformance" / "reference-server.mjs"
+REFERENCE_PACKAGE = ROOT / "conformance" / "node_modules" / "@durable-streams" / "server"
 
 
 def free_port() -> int:
@@ -90,6 +94,45 @@ def bare_server() -> tuple[Proc, str]:
     port = free_port()
     proc = Proc([sys.executable, str(HERE / "bare_server.py"), str(port)], "ready")
     return proc, f"http://127.0.0.1:{port}"
+
+
+class ReferenceServer:
+    """``node conformance/reference-server.mjs --port 0 --data-dir D``, stopped by its PID.
+
+    Its output (it logs to stdout before the ``listening`` line, and slow appends later) goes
+    to ``log``, so a pipe nobody reads can never block it.
+    """
+
+    def __init__(self, data: Path, log: Path, timeout: float = 30.0) -> None:
+        node = shutil.which("node")
+        if node is None or not REFERENCE_PACKAGE.is_dir():
+            raise RuntimeError("the Node reference server needs node (20+) and its packages: "
+                               "run `make conformance` first")
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen([node, str(REFERENCE), "--port", "0", "--data-dir",
+                                          str(data)], stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        match = None
+        while match is None and time.monotonic() < deadline and self.proc.poll() is None:
+            time.sleep(0.05)
+            match = re.search(r"^listening (http://\S+)", log.read_text(errors="replace"), re.M)
+        if match is None:
+            self.stop()
+            raise RuntimeError(f"the reference server did not start: see {log}")
+        self.url = match.group(1)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
 
 
 def ensure_tool(name: str, package: str) -> str | None:

@@ -1,0 +1,208 @@
+"""Peer benchmark: our broker against Redis Streams, NATS JetStream, the Durable Streams Node
+reference server and a bare aiohttp server, on the same machine, in the same run.
+
+Workloads (headline figures with an fsync per acknowledged write everywhere):
+1. single 100 B publishes, 50 connections; 2. batch publish, 1000 × 100 B per request, 4
+senders (and the disk's write+fdatasync ceiling); 3. consuming N stored messages into
+objects; 4. publish → subscriber latency at 1,000 msg/s; 5. fan-out to 10 / 100 / 1,000
+subscribers; 6. the Durable Streams surface (/v1/stream) against the reference server.
+
+Every server runs in its own process on 127.0.0.1 on a free port, its data in a temporary
+directory, and is stopped by its PID. Rounds run the servers in A B … B A order; figures are
+medians of the rounds. A peer that cannot be installed or started is skipped with a note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import bench_durable_streams as ds
+from bench import common
+from bench.bench_durable_streams import run_loop
+from bench.bench_streams import raise_nofile
+from bench.common import command_line, report
+from bench.peers_load import Figure
+from bench.peers_report import WORKLOADS, plots, rows_and_notes
+from bench.peers_runs import Case, Servers, cases
+
+SERVERS = ("ours", "bare", "redis", "nats", "reference")
+#: Seconds a workload's rounds may take, by workload, and the whole run: a round after the
+#: first that would go past either is skipped (with a note), so a full run stays in 15 minutes.
+ROUND_BUDGET = {"single": 100.0, "batch": 100.0, "consume": 180.0, "latency": 150.0,
+                "fanout": 200.0, "durable-streams": 100.0}
+TOTAL_BUDGET = 780.0
+
+
+@dataclass
+class Settings:
+    """Sizes and durations of one run (``--quick`` shrinks them)."""
+
+    rounds: int = 3
+    seconds: float = 3.0  # one throughput run
+    messages: int = 1_000_000  # workload 3 (and 6's catch-up)
+    rate: int = 1000  # workloads 4 and 5, messages/s
+    latency_seconds: float = 5.0
+    fanout: tuple[int, ...] = (10, 100, 1000)
+    fanout_seconds: float = 3.0
+    only: tuple[str, ...] = SERVERS
+
+
+@dataclass
+class Result:
+    """The runs of one case: its figures and the CPU used by server and load generator."""
+
+    case: Case
+    figures: list[Figure] = field(default_factory=list)
+    server_cpu: list[float] = field(default_factory=list)
+    client_cpu: list[float] = field(default_factory=list)
+    error: str = ""
+
+    def median(self, key: str = "value") -> float | None:
+        values = [f.value if key == "value" else f.extra.get(key) for f in self.figures]
+        numbers = [float(v) for v in values if isinstance(v, int | float)]
+        return statistics.median(numbers) if numbers else None
+
+    def summary(self) -> dict[str, Any]:
+        seconds = statistics.median(f.seconds for f in self.figures) if self.figures else 0
+        return {"label": self.case.label, "server": self.case.server, "unit": self.case.unit,
+                "role": self.case.role,
+                "durable": self.case.durable, "side": self.case.side, "error": self.error,
+                "median": self.median(), "p99": self.median("p99"),
+                "all_delivered": all(f.extra.get("all_delivered", True) for f in self.figures),
+                "values": [f.value for f in self.figures],
+                "extra": [f.extra for f in self.figures],
+                "seconds": seconds,
+                "server_cpu": statistics.median(self.server_cpu) if self.server_cpu else None,
+                "client_cpu": statistics.median(self.client_cpu) if self.client_cpu else None}
+
+
+def generator_cpu() -> float:
+    """CPU seconds of this process and of its finished children (wrk, redis-benchmark)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+async def measure(result: Result, servers: Servers) -> None:
+    """One run of ``result.case``; a failure is recorded, later rounds of it are skipped."""
+    if result.error:
+        return
+    pid = servers.pid(result.case.server)
+    before, client = servers.cpu(pid), generator_cpu()
+    try:
+        figure = await asyncio.wait_for(result.case.run(), result.case.timeout)
+    except Exception as err:  # any failure of a peer: a note in the table, not a traceback
+        result.error = f"{type(err).__name__}: {str(err)[:200]}"
+        print(f"    {result.case.label}: failed: {result.error}", flush=True)
+        return
+    result.server_cpu.append(servers.cpu(pid) - before)
+    result.client_cpu.append(generator_cpu() - client)
+    result.figures.append(figure)
+    p99 = f", p99 {figure.extra['p99']:.2f} ms" if "p99" in figure.extra else ""
+    print(f"    {result.case.label}: {figure.value:,.2f} {result.case.unit}{p99}", flush=True)
+
+
+async def run(tmp: Path, s: Settings) -> tuple[dict[str, dict[str, Result]], list[str]]:
+    servers = Servers(tmp, s.only)
+    results: dict[str, dict[str, Result]] = {}
+    started = time.monotonic()
+    try:
+        await servers.start()
+        for workload, title in WORKLOADS.items():
+            print(f"{workload}: {title}", flush=True)
+            try:
+                await servers.prepare(workload, s)
+            except Exception as err:
+                servers.notes.append(f"{workload}: preparing failed: {type(err).__name__}: "
+                                     f"{str(err)[:200]}")
+                print(f"  {servers.notes[-1]}", flush=True)
+            groups = cases(workload, servers, s)
+            results[workload] = {}
+            for group in groups:
+                first = time.monotonic()
+                group_results = [Result(case) for case in group]
+                for result in group_results:
+                    results[workload][result.case.key] = result
+                for r in range(s.rounds):
+                    now = time.monotonic()
+                    spent = now - first  # a next round would take about spent / r more
+                    if r > 0 and (spent * (r + 1) / r > ROUND_BUDGET[workload] / len(groups)
+                                  or now - started + spent / r > TOTAL_BUDGET):
+                        servers.notes.append(f"{workload}: {s.rounds - r} of {s.rounds} "
+                                             f"rounds skipped (time budget)")
+                        print(f"  {servers.notes[-1]}", flush=True)
+                        break
+                    order = group_results if r % 2 == 0 else group_results[::-1]
+                    print(f"  round {r + 1}", flush=True)
+                    for result in order:
+                        await measure(result, servers)
+    finally:
+        servers.stop()
+    return results, servers.notes
+
+
+def parse_args() -> tuple[Settings, Path | None, argparse.Namespace]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes, one round, 10 and 100 subscribers: seconds, not minutes")
+    p.add_argument("--only", default=",".join(SERVERS),
+                   help=f"servers to run, comma-separated, of {','.join(SERVERS)}")
+    p.add_argument("--rounds", type=int, help="rounds per workload (default 3, --quick 1)")
+    p.add_argument("--messages", type=int,
+                   help="stored messages consumed in workload 3 (default 1,000,000; "
+                        "--quick 10,000)")
+    p.add_argument("--out", type=Path, help="write results/ and RESULTS.md under this "
+                   "directory instead of bench/")
+    args = p.parse_args()
+    only = tuple(x.strip() for x in args.only.split(",") if x.strip())
+    unknown = set(only) - set(SERVERS)
+    if unknown:
+        p.error(f"unknown servers {sorted(unknown)}: choose from {','.join(SERVERS)}")
+    s = Settings(only=only)
+    if args.quick:
+        s = Settings(rounds=1, seconds=1.0, messages=10_000, latency_seconds=1.0,
+                     fanout=(10, 100), fanout_seconds=1.0, only=only)
+    if args.rounds:
+        s.rounds = max(1, args.rounds)
+    if args.messages:
+        s.messages = max(1000, args.messages // 1000 * 1000)
+    return s, args.out, args
+
+
+def main() -> None:
+    s, out, _ = parse_args()
+    raise_nofile()
+    ds.PUBLISH_GRACE = 10.0  # the reference server's SSE latency run: bounded tighter
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-peers-", dir=os.environ.get("BENCH_DIR")) as t:
+        results, notes = run_loop(run(Path(t), s))
+    runtime = time.perf_counter() - started
+    if out is not None:
+        common.RESULTS, common.RESULTS_MD = out / "results", out / "RESULTS.md"
+    common.RESULTS.mkdir(parents=True, exist_ok=True)
+    summaries = {w: {k: r.summary() for k, r in cases_.items()} for w, cases_ in results.items()}
+    rows, text = rows_and_notes(summaries, notes, asdict(s), runtime)
+    report("peers", "Peers: Redis, NATS JetStream, the Durable Streams reference server",
+           rows, command_line(), notes=text + "\n\n" + plots(summaries))
+    path = common.RESULTS / "peers.json"
+    payload = json.loads(path.read_text())
+    payload |= {"settings": asdict(s), "workloads": summaries, "notes": notes,
+                "runtime_seconds": runtime}
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"runtime {runtime:.0f} s; results in {common.RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
