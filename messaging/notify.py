@@ -66,10 +66,21 @@ class Notifier:
             futures.discard(future)
 
     def notify(self) -> None:
-        """Wake every waiter (any thread): one callback per loop, not one per waiter."""
+        """Wake every waiter (any thread): one callback per loop, not one per waiter.
+
+        From a loop's own thread the callback is queued with ``call_soon``: no self-pipe
+        write, no extra turn of the selector before the waiters run.
+        """
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
         for loop in list(self._waiting):
             if loop.is_closed():
                 self._waiting.pop(loop, None)
+                continue
+            if loop is running:
+                loop.call_soon(self._wake, loop)
                 continue
             # A loop closing right now raises RuntimeError: nobody waits there any more.
             with contextlib.suppress(RuntimeError):
