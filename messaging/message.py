@@ -22,6 +22,8 @@ import struct
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from typing import NamedTuple
 
 from crc32c import crc32c
 
@@ -85,14 +87,19 @@ _unpack_header = HEADER.unpack_from
 _unpack_index_crc_length = header_unpacker("index", "crc", "length").unpack_from  # for scan()
 _pack_header = HEADER.pack_into
 _LENGTH = header_unpacker("length")
+_FIELD_CODE = {name: code for name, code, _doc in HEADER_FIELDS}
 _TOPIC = struct.Struct(">" + dict((n, c) for n, c, _d in HEADER_FIELDS)["topic"])
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One message: the broker-assigned index, its type, its topic and its data."""
+class Message(NamedTuple):
+    """One message: the broker-assigned index, its type, its topic and its data.
 
-    index: int
+    A named tuple: immutable, hashable, no per-message dict, and built by the decoders in C
+    (``tuple.__new__`` over zipped fields) for a few tenths of a microsecond less than a
+    frozen dataclass costs.
+    """
+
+    index: int  # type: ignore[assignment]  # (shadows tuple.index, as intended)
     type: int
     topic: int
     data: bytes
@@ -103,22 +110,18 @@ class Message:
         return bool(self.type & INTERNAL_TYPE)
 
 
-# Frozen dataclasses set fields through object.__setattr__, which costs more than decoding a
-# frame; the decoder builds instances through the slot descriptors directly.
-_new_message = object.__new__
-_set_index = vars(Message)["index"].__set__
-_set_type = vars(Message)["type"].__set__
-_set_topic = vars(Message)["topic"].__set__
-_set_data = vars(Message)["data"].__set__
+_new_tuple = tuple.__new__
 
 
 def _message(index: int, type_: int, topic: int, data: bytes) -> Message:
-    message: Message = _new_message(Message)
-    _set_index(message, index)
-    _set_type(message, type_)
-    _set_topic(message, topic)
-    _set_data(message, data)
+    message: Message = _new_tuple(Message, (index, type_, topic, data))
     return message
+
+
+def _messages(indexes: Iterable[int], types: Iterable[int], topics: Iterable[int],
+              datas: Iterable[bytes]) -> list[Message]:
+    """Messages from their fields' columns, without a Python call per message."""
+    return list(map(_new_tuple, repeat(Message), zip(indexes, types, topics, datas, strict=True)))
 
 
 def _check_fields(index: int, type_: int, topic: int, length: int) -> None:
@@ -241,6 +244,45 @@ def decode(buffer: bytes | bytearray | memoryview, after: int | None = None,
         append(_message(index, type_, topic, bytes(view[offset + HEADER_SIZE:end])))
         offset = end
     return messages, offset
+
+
+def _gather(buffer: bytes, field_name: str, stride: int, count: int) -> tuple[int, ...]:
+    """One header field of every frame of a uniform buffer: the field's bytes gathered with
+    one strided copy per byte, then unpacked at once."""
+    at, size = FIELD_AT[field_name]
+    gathered = bytearray(size * count)
+    for j in range(size):
+        gathered[j::size] = buffer[at + j::stride]
+    return struct.unpack(f">{count}{_FIELD_CODE[field_name]}", gathered)
+
+
+def decode_verified(buffer: bytes) -> list[Message]:
+    """The messages of whole frames a :func:`scan` (or :class:`BatchDecoder`) already checked:
+    no checksum or order is checked again. Frames of one size are taken apart field by field
+    with strided copies rather than header by header."""
+    size = len(buffer)
+    if size < HEADER_SIZE:
+        return []
+    stride = HEADER_SIZE + _LENGTH.unpack_from(buffer, 0)[0]
+    count, rest = divmod(size, stride)
+    if not rest and count >= _UNIFORM_MIN_FRAMES and _same_field(
+            buffer, LENGTH_OFFSET, FIELD_AT["length"][1], stride,
+            buffer[LENGTH_OFFSET:HEADER_SIZE]):
+        datas = [buffer[offset:offset + stride - HEADER_SIZE]
+                 for offset in range(HEADER_SIZE, size, stride)]
+        return _messages(_gather(buffer, "index", stride, count),
+                         _gather(buffer, "type", stride, count),
+                         _gather(buffer, "topic", stride, count), datas)
+    messages: list[Message] = []
+    append = messages.append
+    offset = 0
+    unpack = _unpack_header
+    while size - offset >= HEADER_SIZE:
+        index, _crc, type_, topic, length = unpack(buffer, offset)
+        start = offset + HEADER_SIZE
+        offset = start + length
+        append(_message(index, type_, topic, buffer[start:offset]))
+    return messages
 
 
 def decode_one(buffer: bytes | bytearray | memoryview) -> Message:
@@ -482,8 +524,8 @@ class FrameBatch:
         return self.count
 
     def messages(self) -> list[Message]:
-        """Decode every message of the batch."""
-        return decode(self.buffer)[0]
+        """Decode every message of the batch (its frames were verified when it was made)."""
+        return decode_verified(self.buffer)
 
 
 class BatchDecoder:
