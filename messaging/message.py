@@ -18,6 +18,7 @@ bytes) from a *corrupt* one (:class:`ChecksumError`, :class:`CorruptFrameError`)
 
 from __future__ import annotations
 
+import operator
 import struct
 from array import array
 from collections.abc import Iterable, Sequence
@@ -269,7 +270,7 @@ def decode_verified(buffer: bytes) -> list[Message]:
             buffer, LENGTH_OFFSET, FIELD_AT["length"][1], stride,
             buffer[LENGTH_OFFSET:HEADER_SIZE]):
         datas = [buffer[offset:offset + stride - HEADER_SIZE]
-                 for offset in range(HEADER_SIZE, size, stride)]
+                 for offset in range(HEADER_SIZE, HEADER_SIZE + count * stride, stride)]
         return _messages(_gather(buffer, "index", stride, count),
                          _gather(buffer, "type", stride, count),
                          _gather(buffer, "topic", stride, count), datas)
@@ -340,6 +341,12 @@ def scan(buffer: bytes | bytearray | memoryview, *, start: int = 0, after: int |
     marks = result.marks
     record = offsets.append if offsets is not None else None
     unpack = _unpack_index_crc_length
+    if (start == 0 and verify and mark_every <= 0 and record is None and stop_index is None
+            and max_count is None):
+        prefix = _uniform_prefix(buffer, after, max_length)
+        if prefix is not None:  # the rest is at most the start of one frame
+            count, stride, previous = prefix
+            offset = count * stride
     while count != limit:
         if size - offset < HEADER_SIZE:
             result.incomplete = offset < size
@@ -444,14 +451,48 @@ def _validate_uniform(body: bytes, topic: int | None, max_length: int) -> Comman
                             header[topic_at:topic_at + topic_size])
             and not body[type_at::stride].translate(None, _PUBLIC_HIGH_BYTES)):
         return None
-    view = memoryview(body)
-    span = stride - CRC_START
-    crcs = struct.pack(f">{count}I", *[crc32c(view[offset:offset + span])
-                                       for offset in range(CRC_START, size, stride)])
-    crc_at, crc_size = FIELD_AT["crc"]
-    if not all(crcs[j::crc_size] == body[crc_at + j::stride] for j in range(crc_size)):
+    if not _checksums_match(body, stride):
         return None
     return Command.of(body, array("q", range(0, size, stride)), first_topic, stride)
+
+
+def _checksums_match(body: bytes, stride: int) -> bool:
+    """Whether every frame of a uniform body carries its checksum: one ``crc32c`` call per
+    frame, compared with the stored ones all at once."""
+    view = memoryview(body)
+    size = len(body)
+    span = stride - CRC_START
+    crcs = struct.pack(f">{size // stride}I", *[crc32c(view[offset:offset + span])
+                                                for offset in range(CRC_START, size, stride)])
+    crc_at, crc_size = FIELD_AT["crc"]
+    return all(crcs[j::crc_size] == body[crc_at + j::stride] for j in range(crc_size))
+
+
+def _uniform_prefix(buffer: bytes | bytearray | memoryview, after: int | None,
+                    max_length: int) -> tuple[int, int, int] | None:
+    """``(count, stride, last index)`` of the whole frames at the start of ``buffer`` when
+    they all have the first one's length, carry their checksums and (with ``after``) indexes
+    increasing from ``after``; checked with strided slices. ``None``: not so (or too few to
+    be worth it): the per-frame walk then decides, and names any damage."""
+    size = len(buffer)
+    if size < HEADER_SIZE:
+        return None
+    length = _LENGTH.unpack_from(buffer, 0)[0]
+    stride = HEADER_SIZE + length
+    count = size // stride
+    if count < _UNIFORM_MIN_FRAMES or length > max_length:
+        return None
+    body = bytes(buffer[:count * stride])
+    if not _same_field(body, LENGTH_OFFSET, FIELD_AT["length"][1], stride,
+                       body[LENGTH_OFFSET:HEADER_SIZE]):
+        return None
+    indexes = _gather(body, "index", stride, count)
+    if after is not None and (indexes[0] <= after
+                              or not all(map(operator.lt, indexes, indexes[1:]))):
+        return None
+    if not _checksums_match(body, stride):
+        return None
+    return count, stride, indexes[-1]
 
 
 def validate_publish(body: bytes, *, topic: int | None = None,
