@@ -65,8 +65,9 @@ INDEX_HEADER = "X-Broker-Index"
 #: Set on the answer to an idempotent publish that was already stored (a retry).
 DUPLICATE_HEADER = "X-Broker-Duplicate"
 _FIRST_FRAME = array("q", [0])  # the offsets of a single-frame command
-#: Publish bodies up to this size are validated on the event loop; bigger ones on a thread.
-VALIDATE_ON_LOOP = 64 << 10
+#: Publish bodies up to this size are validated on the event loop (about 0.4 ms for 256 KiB of
+#: 100 B frames); bigger ones on a thread.
+VALIDATE_ON_LOOP = 256 << 10
 #: Bytes a stream reads from disk per write: it starts at the minimum and doubles up to the
 #: maximum while the socket keeps up (see Handlers._send).
 STREAM_CHUNK_MIN = 16 << 10
