@@ -334,8 +334,8 @@ class Handlers:
         drained, and drop back (with no read-ahead) when it does not: a subscriber that stops
         reading pins at most about one STREAM_CHUNK. A follower that has caught up parks in
         the topic's fan-out (:mod:`messaging.fanout`), which writes each new commit from the
-        in-memory tail to its socket. A read in flight is always awaited, whatever happens to
-        the response.
+        in-memory tail to its socket; one a little behind reads that tail on the loop. A read
+        in flight is always awaited, whatever happens to the response.
         """
         loop = asyncio.get_running_loop()
         topic = reader.topic
@@ -344,8 +344,13 @@ class Handlers:
         while True:
             if chunk:
                 caught_up = reader.last_index >= topic.committed_index
+                # Behind, but the topic's in-memory tail still holds what comes next: take it
+                # from there, with no read and no thread (a follower that fell a little behind
+                # stays cheap, and does not take a thread from every other one).
+                following = None if caught_up else reader.read_tail()
                 ahead = (loop.run_in_executor(None, reader.read, size)
-                         if not caught_up and _drained(transport) else None)
+                         if not caught_up and following is None and _drained(transport)
+                         else None)
                 try:
                     await response.write(chunk)
                 except BaseException:
@@ -357,7 +362,9 @@ class Handlers:
                 metrics.bytes_streamed.inc(len(chunk))
                 metrics.messages_streamed.inc(reader.delivered - sent)
                 sent = reader.delivered
-                if ahead is not None:
+                if following is not None:
+                    chunk = following
+                elif ahead is not None:
                     chunk = await ahead
                 elif caught_up:
                     chunk = b""

@@ -32,6 +32,7 @@ from messaging.message import (
 )
 from messaging.segment import segment_name
 from messaging.server import BrokerServer
+from messaging.topic_reader import TopicReader
 from tests.conftest import StartServer, wait_until
 from tests.faults import Faults, inject
 from tests.raw_http import PRINTABLE_HEADER, body_of, exchange, parse_head, responses
@@ -732,3 +733,34 @@ async def test_big_batches_are_validated_off_the_loop(server: BrokerServer,
             assert resp.status == 200
     loop_thread = threading.current_thread().name
     assert threads[0] == loop_thread and threads[1] != loop_thread
+
+
+async def test_a_stream_behind_within_the_tail_reads_no_file(
+        server: BrokerServer, http: aiohttp.ClientSession,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream opened behind the end, where the topic's in-memory tail still holds what it
+    needs, reads the files once (the first chunk, before the 200) and takes the rest from
+    the tail on the loop: no thread read per chunk."""
+    for _ in range(4):  # 4 commits of 400 x 100 B: about 200 KiB, all in the tail
+        async with http.post(f"{server.url}/messaging/messages",
+                             data=encode_batch(7, [b"t" * 100] * 400), headers=FRAMES) as resp:
+            assert resp.status == 200
+    reads: list[int] = []
+    original = TopicReader.read
+
+    def counting(self: TopicReader, max_bytes: int) -> bytes:
+        reads.append(max_bytes)
+        return original(self, max_bytes)
+
+    monkeypatch.setattr(TopicReader, "read", counting)
+    decoder = BatchDecoder(after=0)
+    received = 0
+    async with http.get(f"{server.url}/messaging/messages",
+                        params={"topicID": "7", "streaming": "true"}) as resp:
+        assert resp.status == 200
+        async for data in resp.content.iter_any():
+            received += sum(batch.count for batch in decoder.feed(data))
+            if received >= 1600:
+                break
+    assert received == 1600
+    assert len(reads) == 1, reads
