@@ -9,8 +9,8 @@ CONFORMANCE_LOCK := conformance/package-lock.json
 CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 
 .PHONY: run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
-	bench-client bench-cluster bench-spark bench-streams bench-durable-streams soak etcd \
-	conformance clean
+	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-scaling soak \
+	etcd conformance clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -77,7 +77,7 @@ conformance:
 	fi
 
 bench: bench-storage bench-http bench-client bench-cluster bench-spark bench-streams \
-	bench-durable-streams
+	bench-durable-streams bench-scaling
 
 bench-storage: $(STAMP)
 	$(BIN)/python bench/bench_storage.py
@@ -101,6 +101,11 @@ bench-streams: $(STAMP)
 ## (needs node 20+: installs conformance/node_modules first); under 5 minutes
 bench-durable-streams: $(STAMP) conformance
 	$(BIN)/python bench/bench_durable_streams.py
+
+## make bench-scaling: throughput and p99 against batch size, message size, topic count and
+## subscriber count, RSS per idle subscriber and per idle topic; under 12 minutes
+bench-scaling: $(STAMP)
+	$(BIN)/python bench/bench_scaling.py
 
 ## make soak: one broker under a mixed load for 5 minutes; checks data, log, RSS/fds/p99
 soak: $(STAMP)
