@@ -270,7 +270,7 @@ def parse_args() -> Settings:
     p.add_argument("--out", type=Path, default=None,
                    help="write results/ and RESULTS.md under this directory instead of bench/")
     s = p.parse_args(namespace=Settings())
-    s.seconds, s.rate, s.publishes, s.small_batch = 3.0, 500.0, 2000, 10
+    s.seconds, s.rate, s.publishes, s.small_batch = 4.0, 500.0, 2500, 10
     s.batches = [1, 10, 100, 1000, 10_000]
     s.sizes = [10, 100, 1024, 10 * 1024, 100 * 1024, 1024 * 1024]
     s.topics = [1, 10, 100, 1000, 10_000, 20_000]

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from bench import common
-from bench.bench_streams import SAMPLE_EVERY
+from bench.bench_streams import FRAME, SAMPLE_EVERY
 from bench.common import Row, command_line, fmt, report
 
 import matplotlib.pyplot as plt  # isort: skip  (after bench.common selected the Agg backend)
 
 Point = dict[str, Any]
+T = TypeVar("T")
 SUBSCRIBER_TARGET_KIB = 64
 TOPIC_TARGET_KIB = 32
 
@@ -22,6 +24,15 @@ def bend(xs: list[float], ys: list[float], factor: float) -> int | None:
     """The first index whose step from the previous point gained less than ``factor``×."""
     for i in range(1, len(xs)):
         if ys[i - 1] > 0 and ys[i] / ys[i - 1] < factor:
+            return i
+    return None
+
+
+def lasting(values: list[T], bent: Callable[[T], bool]) -> int | None:
+    """The first index (past 0) from which every value is ``bent``: a dip of one noisy point
+    followed by a recovery is not a bend."""
+    for i in range(1, len(values)):
+        if all(bent(v) for v in values[i:]):
             return i
     return None
 
@@ -42,7 +53,7 @@ def limit_of(p: Point, disk: float, rate: float) -> str:
     if rate >= 0.7 * disk:
         return f"the disk ({rate / disk:.0%} of its write+fdatasync ceiling for the same bytes)"
     return (f"the broker's CPU ({p['cpu_share']:.0%} of a core busy, "
-            f"{p['cpu_us_per_msg']:.1f} µs per message; the disk could take "
+            f"{p['cpu_us_per_msg']:,.1f} µs per message; the disk could take "
             f"{disk / rate:.1f}× more)")
 
 
@@ -74,18 +85,18 @@ def size_sentence(points: list[Point]) -> str:
     k = bend(xs, mib, 2.0)
     first, last = points[0], points[-1]
     per_mib = last["cpu_us_per_msg"] / (last["message_bytes"] / 2**20) / 1000
-    end = (f"ends at {last['mib_per_s']:.0f} MiB/s for {size_name(xs[-1])} messages, where a "
+    end = (f"ending at {last['mib_per_s']:.0f} MiB/s for {size_name(xs[-1])} messages, where a "
            f"message costs in proportion to its bytes ({per_mib:.1f} ms of broker CPU per MiB: "
            f"checksum and copies; {size_name(last['bytes_per_fsync'])} per fsync round) and "
            f"the limit is {limit_of(last, last['disk_msg_per_s'], last['msg_per_s'])}.")
     if k is None:
-        return f"MiB/s grows at every step up to {size_name(xs[-1])} and {end}"
+        return f"MiB/s grows at every step up to {size_name(xs[-1])}, {end}"
     before = points[k - 1]
     return (f"MiB/s grows {mib[k - 1] / mib[0]:.1f}× from {size_name(xs[0])} to "
             f"{size_name(xs[k - 1])} messages because broker CPU per message grows far slower "
-            f"than the size ({first['cpu_us_per_msg']:.2f} → {before['cpu_us_per_msg']:.1f} µs "
-            f"for {xs[k - 1] / xs[0]:,.0f}× the bytes); from {size_name(xs[k])} on it gains "
-            f"only {mib[k] / mib[k - 1]:.1f}× per step and {end}")
+            f"than the size ({first['cpu_us_per_msg']:.2f} → {before['cpu_us_per_msg']:.2f} µs "
+            f"for {xs[k - 1] / xs[0]:,.0f}× the bytes); at {size_name(xs[k])}, MiB/s "
+            f"stops growing ({mib[k - 1]:.0f} → {mib[k]:.0f} MiB/s), {end}")
 
 
 def topic_sentence(points: list[Point], small: int) -> str:
@@ -93,32 +104,36 @@ def topic_sentence(points: list[Point], small: int) -> str:
     ys = [p["msg_per_s"] for p in points]
     base = points[0]
     low = min(range(len(points)), key=lambda i: ys[i])
-    p = points[low]
-    k = next((i for i in range(1, len(points)) if ys[i] < 0.8 * ys[0]), None)
+    k = lasting(ys, lambda y: y < 0.8 * ys[0])
+    p = points[k if k is not None else low]
     fds = max(q["descriptors"] for q in points)
-    head = (f"Single-message throughput falls below 80% of the one-topic rate at {n(xs[k])} "
-            f"topics and to {n(ys[low])} msg/s at {n(xs[low])} ({n(ys[0])} for one topic; "
-            f"{small}-message batches {n(base['batch_msg_per_s'])} → "
+    head = (f"Single-message throughput stays below 80% of the one-topic rate from "
+            f"{n(xs[k])} topics on ({n(ys[k])} vs {n(ys[0])} msg/s, lowest {n(ys[low])} at "
+            f"{n(xs[low])}; {small}-message batches {n(base['batch_msg_per_s'])} → "
             f"{n(p['batch_msg_per_s'])})" if k is not None else
-            f"No bend: single-message POSTs over up to {n(xs[-1])} topics keep at least "
-            f"{ys[low] / ys[0]:.0%} of the one-topic rate")
-    return (f"{head}: a group-commit round writes and fdatasyncs each topic it touched in "
-            f"turn, so once publishes are spread over many topics a round costs an fdatasync "
-            f"per message instead of one ({base['bytes_per_fsync']:,.0f} → "
-            f"{p['bytes_per_fsync']:,.0f} B per round), and at {n(xs[low])} topics the "
-            f"broker's core is only {p['cpu_share']:.0%} busy ({base['cpu_share']:.0%} for one "
-            f"topic, CPU per message {base['cpu_us_per_msg']:.0f} → "
-            f"{p['cpu_us_per_msg']:.0f} µs) while the disk's write+fdatasync loop round-robin "
-            f"over {n(p['disk_files'])} files manages {n(p['disk_msg_per_s'])}/s against "
-            f"{n(base['disk_msg_per_s'])}/s on one file; descriptors follow the write files "
-            f"held open ({fds:,} at most, capped at a quarter of RLIMIT_NOFILE).")
+            f"No lasting bend: single-message POSTs over up to {n(xs[-1])} topics keep at least "
+            f"{ys[low] / ys[0]:.0%} of the one-topic rate (lowest {n(ys[low])} msg/s at "
+            f"{n(xs[low])} topics)")
+    per_round = p["bytes_per_fsync"] / FRAME
+    return (f"{head}: fsync rounds carry about the same {p['bytes_per_fsync']:,.0f} B "
+            f"({per_round:.1f} messages, {base['bytes_per_fsync']:,.0f} B for one topic) but a "
+            f"round fdatasyncs each topic it touched in turn, so one topic shares one "
+            f"fdatasync per round while {n(xs[k if k is not None else low])} topics need about "
+            f"{per_round:.1f}, and rounds/s fall {base['fsyncs_per_s']:,.0f} → "
+            f"{p['fsyncs_per_s']:,.0f} while the broker's core is {base['cpu_share']:.0%} → "
+            f"{p['cpu_share']:.0%} busy (CPU per message {base['cpu_us_per_msg']:.0f} → "
+            f"{p['cpu_us_per_msg']:.0f} µs: it waits rather than computes); the serial "
+            f"write+fdatasync loop over {n(p['disk_files'])} files ran "
+            f"{n(p['disk_msg_per_s'])}/s against {n(base['disk_msg_per_s'])}/s on one file, "
+            f"and descriptors level off at {fds:,} (topics keep at most min(RLIMIT_NOFILE / 4,"
+            f" 4,096) write files open).")
 
 
 def subscriber_sentence(points: list[Point], rate: float) -> str:
     xs = [p["x"] for p in points]
     base = points[0]
-    k = next((i for i, p in enumerate(points) if i and (
-        p["delivery_p50_ms"] > 3 * base["delivery_p50_ms"] or not p["complete"])), None)
+    k = lasting(points, lambda p: p["delivery_p50_ms"] > 3 * base["delivery_p50_ms"]
+                or not p["complete"])
     p = points[k] if k is not None else points[-1]
     tail = ("every subscriber got every message at every point"
             if all(q["complete"] for q in points) else
@@ -283,9 +298,10 @@ def write_results(curves: dict[str, list[Point]], bare: Point, idle_subscriber: 
         body.append(f"![{file}](results/{file})\n\n{sentence}\n\n{tab}")
     notes = (
         f"Broker `--fsync always`, one process on 127.0.0.1 under RLIMIT_NOFILE {nofile:,} "
-        f"(so it keeps up to {nofile // 4:,} topics' write files open); the load generator, "
-        f"bare aiohttp and the stream holder share the machine's 2 cores with it, so every "
-        f"figure is noisy. Closed-loop loads run {s.seconds:g} s per point with {4} senders; "
+        f"(so it keeps up to {min(nofile // 4, 4096):,} topics' write files open); the load "
+        f"generator, bare aiohttp and the stream holder share the machine's {os.cpu_count()} "
+        f"cores with it, so every figure is noisy. Closed-loop loads run {s.seconds:g} s per "
+        f"point with 4 senders; "
         f"p99 is of POST round trips. Broker CPU is /proc/PID/stat user+system over the load; "
         f"bytes per fsync round is frame bytes applied over `messaging_fsyncs_total` (one "
         f"round fdatasyncs every file it wrote); descriptors are /proc/PID/fd at the end of "
