@@ -49,12 +49,17 @@ def size_name(size: float) -> str:
 
 
 def limit_of(p: Point, disk: float, rate: float) -> str:
-    """What holds a point back: the broker's core, or the disk."""
+    """What holds a point back: the disk, the broker's event loop, or neither."""
     if rate >= 0.7 * disk:
         return f"the disk ({rate / disk:.0%} of its write+fdatasync ceiling for the same bytes)"
-    return (f"the broker's CPU ({p['cpu_share']:.0%} of a core busy, "
-            f"{p['cpu_us_per_msg']:,.1f} µs per message; the disk could take "
-            f"{disk / rate:.1f}× more)")
+    if p["cpu_share"] >= 0.85:
+        return (f"the broker's CPU ({p['cpu_share']:.0%} of a core busy, "
+                f"{p['cpu_us_per_msg']:,.1f} µs per message; the disk could take "
+                f"{disk / rate:.1f}× more)")
+    return (f"neither the broker's core ({p['cpu_share']:.0%} busy) nor the disk (it could "
+            f"take {disk / rate:.1f}× more) alone: four closed-loop senders wait on each POST's "
+            f"round trip (p99 {p['p99_ms']:.1f} ms), receive, checksum, write and fdatasync "
+            f"in turn")
 
 
 def batch_sentence(points: list[Point]) -> str:
@@ -68,8 +73,9 @@ def batch_sentence(points: list[Point]) -> str:
                 f"round) are spread over more messages, broker CPU per message falling from "
                 f"{first['cpu_us_per_msg']:.0f} to {last['cpu_us_per_msg']:.1f} µs.")
     p = points[k]
-    return (f"Throughput gains {ys[k - 1] / ys[max(0, k - 2)]:.1f}× per 10× larger batch up to "
-            f"{n(xs[k - 1])} messages per POST but only {ys[k] / ys[k - 1]:.1f}× from there to "
+    return (f"Throughput still gains {ys[k - 1] / ys[max(0, k - 2)]:.1f}× from "
+            f"{n(xs[max(0, k - 2)])} to {n(xs[k - 1])} messages per POST but only "
+            f"{ys[k] / ys[k - 1]:.1f}× from there to "
             f"{n(xs[k])}: the per-request costs (one HTTP request, one fsync round) are "
             f"already spread thin (broker CPU {points[k - 1]['cpu_us_per_msg']:.1f} → "
             f"{p['cpu_us_per_msg']:.1f} µs per message, "
@@ -95,8 +101,9 @@ def size_sentence(points: list[Point]) -> str:
     return (f"MiB/s grows {mib[k - 1] / mib[0]:.1f}× from {size_name(xs[0])} to "
             f"{size_name(xs[k - 1])} messages because broker CPU per message grows far slower "
             f"than the size ({first['cpu_us_per_msg']:.2f} → {before['cpu_us_per_msg']:.2f} µs "
-            f"for {xs[k - 1] / xs[0]:,.0f}× the bytes); at {size_name(xs[k])}, MiB/s "
-            f"stops growing ({mib[k - 1]:.0f} → {mib[k]:.0f} MiB/s), {end}")
+            f"for {xs[k - 1] / xs[0]:,.0f}× the bytes); to {size_name(xs[k])} it gains only "
+            f"{mib[k] / mib[k - 1]:.1f}× ({mib[k - 1]:.0f} → {mib[k]:.0f} MiB/s) and stays "
+            f"between {min(mib[k:]):.0f} and {max(mib[k:]):.0f} MiB/s from there, {end}")
 
 
 def topic_sentence(points: list[Point], small: int) -> str:
