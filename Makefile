@@ -9,7 +9,8 @@ CONFORMANCE_LOCK := conformance/package-lock.json
 CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 
 .PHONY: run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
-	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers soak \
+	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
+	bench-scaling soak \
 	etcd conformance clean
 
 $(BIN)/python:
@@ -77,7 +78,7 @@ conformance:
 	fi
 
 bench: bench-storage bench-http bench-client bench-cluster bench-spark bench-streams \
-	bench-durable-streams bench-peers
+	bench-durable-streams bench-peers bench-scaling
 
 bench-storage: $(STAMP)
 	$(BIN)/python bench/bench_storage.py
@@ -107,6 +108,11 @@ bench-durable-streams: $(STAMP) conformance
 ## the reference server needs node 20+); under 15 minutes, --quick in about one
 bench-peers: $(STAMP) conformance
 	$(BIN)/python bench/bench_peers.py
+
+## make bench-scaling: throughput and p99 against batch size, message size, topic count and
+## subscriber count, RSS per idle subscriber and per idle topic; under 12 minutes
+bench-scaling: $(STAMP)
+	$(BIN)/python bench/bench_scaling.py
 
 ## make soak: one broker under a mixed load for 5 minutes; checks data, log, RSS/fds/p99
 soak: $(STAMP)
