@@ -28,6 +28,7 @@ import time
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeGuard
@@ -94,6 +95,10 @@ _NAMED_RANGE = (f"topic ids from {NAMED_TOPIC_BASE} up belong to named streams: 
 
 #: Seconds between two log lines about failed writes (the rest are counted, not logged).
 _FAILURE_LOG_INTERVAL = 1.0
+
+
+#: Threads that fdatasync the topics of one group side by side.
+SYNC_THREADS = 8
 
 
 def default_max_open_files() -> int:
@@ -199,6 +204,8 @@ class Broker:
         self._open_files: OrderedDict[int, None] = OrderedDict()  # topics holding a write file
         self._failure_logged = 0.0
         self._failures_unlogged = 0
+        # fdatasyncs of the topics one group wrote, side by side (made on first use).
+        self._syncers: ThreadPoolExecutor | None = None
 
     # -- opening and closing ----------------------------------------------------------------
 
@@ -316,6 +323,9 @@ class Broker:
             self._closing = True
         for topic in self.topics():
             topic.close()
+        if self._syncers is not None:
+            self._syncers.shutdown()
+            self._syncers = None
         if self._lock_fd is not None:
             try:
                 self.save_state()
@@ -642,16 +652,30 @@ class Broker:
         return topic
 
     def sync(self, topic_ids: Iterable[int]) -> None:
-        """fsync the given topics; raises the first failure after trying every topic."""
-        failure: MessagingError | None = None
-        for topic_id in topic_ids:
-            try:
-                self._topics[topic_id].sync()
-            except MessagingError as err:
-                failure = failure or err
+        """fsync the given topics; raises the first failure after trying every topic.
+
+        Several topics are fsynced side by side on a few threads: the file system commits
+        their journal entries together (ten topics' fdatasyncs take about half as long as one
+        after another on ext4).
+        """
+        topics = [self._topics[topic_id] for topic_id in topic_ids]
+        if len(topics) > 1:
+            if self._syncers is None:
+                self._syncers = ThreadPoolExecutor(max_workers=SYNC_THREADS,
+                                                   thread_name_prefix="messaging-fsync")
+            outcomes = [self._syncers.submit(topic.sync) for topic in topics]
+            failures = [outcome.exception() for outcome in outcomes]
+        else:
+            failures = []
+            for topic in topics:
+                try:
+                    topic.sync()
+                except BaseException as err:
+                    failures.append(err)
         self.metrics.fsyncs.inc()
-        if failure is not None:
-            raise failure
+        for failure in failures:
+            if failure is not None:
+                raise failure
 
     # -- reading ----------------------------------------------------------------------------
 

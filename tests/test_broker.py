@@ -7,6 +7,7 @@ Snapshots are tests/test_snapshot.py (and tests/test_snapshot_http.py between pe
 from __future__ import annotations
 
 import errno
+import os
 import random
 import threading
 from pathlib import Path
@@ -263,6 +264,41 @@ def test_a_failed_fsync_stops_the_topic_until_restart(
     broker = reopen(broker, tmp_path)
     assert kept(broker) == model  # the failed publish never becomes visible
     publish(broker, model, 1, [b"after restart"])
+    assert kept(broker) == model
+    broker.close()
+
+
+def test_topics_fsynced_side_by_side_fail_as_one_group(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group over several topics fsyncs them on several threads; one failed fdatasync
+    fails the whole group (nothing of it visible, in memory or on disk), stops that topic
+    only, and every other topic's fsync still ran to its end."""
+    broker = Broker.open(tmp_path)
+    model: Model = {}
+    for topic in range(1, 6):
+        publish(broker, model, topic, [b"before %d" % topic])
+    failing = str(tmp_path / "topics" / "3") + "/"
+    synced: list[str] = []
+    with inject(monkeypatch, Faults(tmp_path, match=lambda p: p.startswith(failing),
+                                    sync_failures=1)) as faults:
+        real = os.fdatasync
+
+        def recording(fd: int) -> None:
+            synced.append(threading.current_thread().name)
+            real(fd)
+
+        monkeypatch.setattr(os, "fdatasync", recording)
+        results = broker.write_group(
+            [encode(1, topic, b"group %d" % topic) for topic in range(1, 6)], durable=True)
+        assert faults.injected == 1
+    assert all(isinstance(result, StorageFailedError) for result in results), results
+    assert len(synced) == 5 and all(name.startswith("messaging-fsync") for name in synced)
+    assert broker.topic(3).failure is not None
+    assert all(broker.topic(topic).failure is None for topic in (1, 2, 4, 5))
+    assert_files_match_memory(broker)
+    assert kept(broker) == model
+    publish(broker, model, 1, [b"after"])
+    broker = reopen(broker, tmp_path)
     assert kept(broker) == model
     broker.close()
 
