@@ -257,13 +257,15 @@ def _gather(buffer: bytes, field_name: str, stride: int, count: int) -> tuple[in
     return struct.unpack(f">{count}{_FIELD_CODE[field_name]}", gathered)
 
 
-def decode_verified(buffer: bytes) -> list[Message]:
-    """The messages of whole frames a :func:`scan` (or :class:`BatchDecoder`) already checked:
-    no checksum or order is checked again. Frames of one size are taken apart field by field
-    with strided copies rather than header by header."""
+def frame_columns(buffer: bytes) -> tuple[Sequence[int], Sequence[int], Sequence[int],
+                                           list[bytes]]:
+    """Indexes, types, topics and data of whole frames a :func:`scan` (or
+    :class:`BatchDecoder`, or a topic reader) already checked, as columns: no checksum or order
+    is checked again, and no object is made per message. Frames of one size are taken apart
+    field by field with strided copies rather than header by header."""
     size = len(buffer)
     if size < HEADER_SIZE:
-        return []
+        return (), (), (), []
     stride = HEADER_SIZE + _LENGTH.unpack_from(buffer, 0)[0]
     count, rest = divmod(size, stride)
     if not rest and count >= _UNIFORM_MIN_FRAMES and _same_field(
@@ -271,19 +273,28 @@ def decode_verified(buffer: bytes) -> list[Message]:
             buffer[LENGTH_OFFSET:HEADER_SIZE]):
         datas = [buffer[offset:offset + stride - HEADER_SIZE]
                  for offset in range(HEADER_SIZE, HEADER_SIZE + count * stride, stride)]
-        return _messages(_gather(buffer, "index", stride, count),
-                         _gather(buffer, "type", stride, count),
-                         _gather(buffer, "topic", stride, count), datas)
-    messages: list[Message] = []
-    append = messages.append
+        return (_gather(buffer, "index", stride, count), _gather(buffer, "type", stride, count),
+                _gather(buffer, "topic", stride, count), datas)
+    indexes: list[int] = []
+    types: list[int] = []
+    topics: list[int] = []
+    datas = []
     offset = 0
     unpack = _unpack_header
     while size - offset >= HEADER_SIZE:
         index, _crc, type_, topic, length = unpack(buffer, offset)
         start = offset + HEADER_SIZE
         offset = start + length
-        append(_message(index, type_, topic, buffer[start:offset]))
-    return messages
+        indexes.append(index)
+        types.append(type_)
+        topics.append(topic)
+        datas.append(buffer[start:offset])
+    return indexes, types, topics, datas
+
+
+def decode_verified(buffer: bytes) -> list[Message]:
+    """The messages of whole frames already checked (see :func:`frame_columns`)."""
+    return _messages(*frame_columns(buffer))
 
 
 def decode_one(buffer: bytes | bytearray | memoryview) -> Message:
