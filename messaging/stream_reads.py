@@ -184,5 +184,9 @@ def json_messages(body: bytes, *, allow_empty: bool) -> list[bytes]:
     return [_dump(value)]
 
 
+#: One encoder for every message: ``json.dumps`` with options builds a new one per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def _dump(value: object) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    return _ENCODER.encode(value).encode()
