@@ -59,6 +59,9 @@ def rows_and_notes(w: dict[str, dict[str, Summary]], notes: list[str], settings:
                      single.get("bare"), "req/s", "≥ 0.9x bare", 0.9))
     rows.append(_row("1. single POST: ours vs best durable peer", single.get("ours"),
                      best_peer(single, False), "req/s", "", None))
+    rows.append(_row("1. single POST: ours with --fsync never vs bare aiohttp (the HTTP path "
+                     "alone)", single.get("ours-nofsync"), single.get("bare"), "req/s", "",
+                     None))
     rows.append(_row("2. batch 1000 × 100 B, 4 senders: ours vs best durable peer",
                      batch.get("ours"), best_peer(batch, False), "msg/s", "≥ 2x", 2.0))
     rows.append(_row("2. batch: ours vs disk write+fdatasync ceiling, same bytes",

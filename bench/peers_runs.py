@@ -97,6 +97,9 @@ class Servers:
         if "ours" in self.only:
             self._start("ours", lambda: broker(tmp / "ours", "--fsync", "always",
                                                log=tmp / "ours.log"))
+            # The same broker without fsync: what the HTTP path costs apart from the disk.
+            self._start("ours-nofsync", lambda: broker(tmp / "ours-nofsync", "--fsync", "never",
+                                                       log=tmp / "ours-nofsync.log"))
         if "bare" in self.only:
             self._start("bare", bare_server)
         if "redis" in self.only:
@@ -181,13 +184,18 @@ def cases(workload: str, sv: Servers, s: Settings) -> list[list[Case]]:
 
     if workload == "single":
         wrk = sv.wrk
-        for name, url, path, role in (("ours", ours, "/messaging/messages?topicID=1", "ours"),
-                                      ("bare", bare, "/204", "bare")):
+        for name, url, path, role in (
+                ("ours", ours, "/messaging/messages?topicID=1", "ours"),
+                ("bare", bare, "/204", "bare"),
+                ("ours-nofsync", sv.urls.get("ours-nofsync", ""),
+                 "/messaging/messages?topicID=1", "peer")):
             run = (partial(thread, partial(load.wrk_rate, wrk, url, path, secs)) if wrk else
                    partial(load.aiohttp_rate, url + path, secs))
             add(name, name, {"ours": "ours (native POST, wrk -t2 -c50)",
-                             "bare": "bare aiohttp 204 (wrk -t2 -c50)"}[name],
-                "req/s", run, role=role, durable=False)
+                             "bare": "bare aiohttp 204 (wrk -t2 -c50)",
+                             "ours-nofsync": "ours with --fsync never: the HTTP path without "
+                                             "the disk (wrk -t2 -c50)"}[name],
+                "req/s", run, role=role, durable=False, side=name == "ours-nofsync")
         rb = sv.redis_benchmark
         for name, side in (("redis", False), ("redis-everysec", True)):
             if rb is not None and sv.has(name):
