@@ -658,7 +658,9 @@ class Broker:
         their journal entries together (ten topics' fdatasyncs take about half as long as one
         after another on ext4).
         """
-        topics = [self._topics[topic_id] for topic_id in topic_ids]
+        # A topic may be gone by now (a deleted stream's, between a write and a deferred
+        # fsync): nothing of it is left to make durable.
+        topics = [topic for topic in map(self._topics.get, topic_ids) if topic is not None]
         if len(topics) > 1:
             if self._syncers is None:
                 self._syncers = ThreadPoolExecutor(max_workers=SYNC_THREADS,

@@ -151,13 +151,18 @@ class LocalLog:
     # -- the writer thread ------------------------------------------------------------------
 
     def _run(self) -> None:
-        """The writer thread: groups until closed and drained, periodic fsyncs between."""
+        """The writer thread: groups until closed and drained, periodic fsyncs between.
+
+        ``interval`` fsyncs every FSYNC_INTERVAL; ``never`` only when closing. Nothing that
+        goes wrong here ends the thread: a failed group answers its own publishers, a failed
+        flush is logged; if the thread ends anyway, every queued publish is answered.
+        """
         assert self._loop is not None
-        deferred = self.fsync != "always"
+        periodic = self.fsync == "interval"
         next_flush = time.monotonic() + FSYNC_INTERVAL
         try:
             while True:
-                timeout = max(0.0, next_flush - time.monotonic()) if deferred else None
+                timeout = max(0.0, next_flush - time.monotonic()) if periodic else None
                 self._sleeping = True
                 if not self._pending and not self._closing:
                     self._work.wait(timeout)
@@ -171,13 +176,24 @@ class LocalLog:
                         log.exception("writing a group of %d commands failed", len(group))
                         results = [err] * len(group)
                     self._call(self._settle, group, results)
-                if deferred and (self._closing or time.monotonic() >= next_flush):
-                    self._unsynced.flush()
+                if self.fsync != "always" and (
+                        self._closing or (periodic and time.monotonic() >= next_flush)):
+                    self._flush()
                     next_flush = time.monotonic() + FSYNC_INTERVAL
                 if self._closing and not self._pending:
                     return
+        except BaseException:
+            log.exception("the writer stopped: publishes are refused from now on")
+            raise
         finally:
             self._call(self._finished)
+
+    def _flush(self) -> None:
+        """The deferred fsyncs; a failure is logged (and stops its topic), never raised."""
+        try:
+            self._unsynced.flush()
+        except Exception:
+            log.exception("periodic fsync failed")
 
     def _call(self, callback: Callable[..., None], *args: Any) -> None:
         """Run ``callback`` on the loop (from the writer thread); a closed loop is gone."""
@@ -228,5 +244,10 @@ class LocalLog:
         self.broker.notify(touched)
 
     def _finished(self) -> None:
+        """The writer ended: whatever is still queued is answered, not left waiting."""
+        while self._pending:
+            _command, future = self._pending.popleft()
+            if not future.done():
+                future.set_exception(BrokerClosedError("the broker's writer stopped"))
         if self._stopped is not None and not self._stopped.done():
             self._stopped.set_result(None)

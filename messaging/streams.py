@@ -491,29 +491,38 @@ class StreamHandlers:
             if current is None or current.deleted:
                 raise StreamNotFoundError(f"stream {name!r} was deleted")
             stream = current
+            after = position[0]
             if stream.tail > position:
+                committed = self._committed(stream)
                 items = await self._read_items(stream, position)
                 if items:
                     return items, stream
+                after = _wait_after(position, committed)
             if stream.closed and position >= stream.tail:
                 return [], stream
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return [], stream
-            await self._changed(stream, position, remaining)
+            await self._changed(stream, after, remaining)
 
-    async def _changed(self, stream: Stream, position: Position, timeout: float) -> None:
-        """Return when the stream's own topic has frames after ``position``, its metadata
+    def _committed(self, stream: Stream) -> int:
+        """The committed index of a stream's own topic (0 when it has none yet)."""
+        topic = self.broker.topic(stream.topic)
+        return topic.committed_index if topic is not None else 0
+
+    async def _changed(self, stream: Stream, after: int, timeout: float) -> None:
+        """Return when the stream's own topic has frames after index ``after``, its metadata
         changes, or at timeout.
 
-        Waiting for frames after the reader's own position, not after whatever the topic
-        holds now, cannot miss a commit that landed while the reader was busy: indexes are
-        broker-wide, so the stream's next frame has an index above any position it has.
+        ``after`` is the reader's own position (see :func:`_wait_after`), not whatever the
+        topic holds now, so a commit that landed while the reader was busy is not missed:
+        indexes are broker-wide, so the stream's next frame has an index above any position
+        it has.
         """
         topic = self.broker.topic(stream.topic)
         waits: list[asyncio.Future[Any]] = [
             asyncio.ensure_future(self.broker.streams_changed.wait()),
-            asyncio.ensure_future(topic.wait_for(position[0]) if topic is not None
+            asyncio.ensure_future(topic.wait_for(after) if topic is not None
                                   else self.broker.wait_for_topic(stream.topic)),
         ]
         try:
@@ -542,7 +551,13 @@ class StreamHandlers:
             if current is None or current.deleted:
                 break
             stream = current
-            items = await self._read_items(stream, position) if stream.tail > position else []
+            after = position[0]
+            items: list[stream_reads.Item] = []
+            if stream.tail > position:
+                committed = self._committed(stream)
+                items = await self._read_items(stream, position)
+                if not items:
+                    after = _wait_after(position, committed)
             out: list[str] = []
             for i, item in enumerate(items):
                 out.append("event: data\n" + _sse_data(_event_text(stream, item, binary)))
@@ -563,11 +578,22 @@ class StreamHandlers:
             if remaining <= 0:
                 break
             if up_to_date or not items:
-                await self._changed(stream, position, min(remaining, self.long_poll_timeout))
+                await self._changed(stream, after, min(remaining, self.long_poll_timeout))
                 self._touch(name)
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
         return response
+
+
+def _wait_after(position: Position, committed_before_read: int) -> int:
+    """The index to wait past after a read from ``position`` found nothing.
+
+    Frames the topic had committed before the read, past the position, were not there to
+    read (a retention cut, a gap): waiting for them again would return at once, and the
+    reader would spin; wait for a newer commit instead. Otherwise the frames are not
+    committed yet (the catalog commits first): wait for them.
+    """
+    return committed_before_read if committed_before_read > position[0] else position[0]
 
 
 def _control_event(position: Position, client_cursor: str | None, *, up_to_date: bool,
