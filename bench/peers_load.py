@@ -107,7 +107,8 @@ async def loops(count: int, seconds: float, body: Callable[[], Awaitable[int]]) 
         for _ in range(MAX_OPS):
             if time.perf_counter() >= deadline:
                 return
-            items += await body()
+            handled = await body()  # not ``items += await``: that reads items before awaiting
+            items += handled
 
     started = time.perf_counter()
     await asyncio.gather(*(loop() for _ in range(count)))

@@ -3,6 +3,7 @@ writes a JSON figure for each (figures are not checked: no timed assertions)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -35,3 +36,20 @@ def test_quick_run_of_ours(tmp_path: Path) -> None:
             assert case["median"] is not None and case["median"] > 0, (workload, key)
     assert (tmp_path / "RESULTS.md").read_text().count("<!-- peers:start -->") == 1
     assert (tmp_path / "results" / "peers-consume.png").stat().st_size > 0
+
+
+async def test_concurrent_loops_count_every_item() -> None:
+    """``loops`` adds up what every concurrent loop handled (``items += await body()`` read
+    the total before the await and lost the other loops' counts: rates came out ~4x low)."""
+    from bench.peers_load import loops
+
+    calls = 0
+
+    async def body() -> int:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0)
+        return 10
+
+    figure = await loops(4, 0.2, body)
+    assert round(figure.value * figure.seconds) == calls * 10
