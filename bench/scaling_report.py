@@ -124,9 +124,10 @@ def topic_sentence(points: list[Point], small: int) -> str:
     per_round = p["bytes_per_fsync"] / FRAME
     return (f"{head}: fsync rounds carry about the same {p['bytes_per_fsync']:,.0f} B "
             f"({per_round:.1f} messages, {base['bytes_per_fsync']:,.0f} B for one topic) but a "
-            f"round fdatasyncs each topic it touched in turn, so one topic shares one "
-            f"fdatasync per round while {n(xs[k if k is not None else low])} topics need about "
-            f"{per_round:.1f}, and rounds/s fall {base['fsyncs_per_s']:,.0f} → "
+            f"round fdatasyncs every topic it touched (side by side, up to 8 at a time), so one "
+            f"topic shares one fdatasync per round while "
+            f"{n(xs[k if k is not None else low])} topics need about {per_round:.1f}, and "
+            f"rounds/s fall {base['fsyncs_per_s']:,.0f} → "
             f"{p['fsyncs_per_s']:,.0f} while the broker's core is {base['cpu_share']:.0%} → "
             f"{p['cpu_share']:.0%} busy (CPU per message {base['cpu_us_per_msg']:.0f} → "
             f"{p['cpu_us_per_msg']:.0f} µs: it waits rather than computes); the serial "
