@@ -35,7 +35,8 @@ def main() -> None:
     from messaging.cli import event_loop_factory
 
     factory = event_loop_factory()  # the same event loop the broker runs on
-    app = web.Application()
+    # Bodies up to the broker's --max-request-size default, so big batches have a baseline.
+    app = web.Application(client_max_size=64 << 20)
     app.router.add_post("/204", no_content)
     app.router.add_get("/stream", stream)
     web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None,

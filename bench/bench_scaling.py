@@ -40,8 +40,7 @@ from bench.bench_streams import (
     wait_streams,
 )
 from bench.common import percentile
-from bench.procs import broker, cpu_seconds
-from bench.scaling_bare import start as bare_server
+from bench.procs import bare_server, broker, cpu_seconds
 from bench.scaling_load import (
     Counters,
     Load,

@@ -6,16 +6,14 @@ its PID. Starting one whose binary cannot be found (or installed) raises ``Unava
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench.procs import ensure_tool, free_port
+from bench.procs import ensure_tool, free_port, stop_process
 
 
 class Unavailable(RuntimeError):
@@ -48,13 +46,7 @@ class Server:
 
     def stop(self) -> None:
         """SIGTERM by PID (SIGKILL after 20 s), then reap."""
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        stop_process(self.proc)
 
 
 def redis(data: Path, fsync: str = "always") -> Server:

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -35,6 +35,17 @@ def _first_line(proc: subprocess.Popen[str], timeout: float) -> str:
     reader.start()
     reader.join(timeout)
     return lines[0] if lines else ""
+
+
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM a child by its PID (SIGKILL after 20 s), then reap it."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 class Proc:
@@ -63,13 +74,7 @@ class Proc:
         return self.proc.pid
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
 
     def kill(self) -> None:
         """SIGKILL, then reap."""
@@ -126,13 +131,7 @@ class ReferenceServer:
         return self.proc.pid
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        stop_process(self.proc)
 
 
 def ensure_tool(name: str, package: str) -> str | None:
