@@ -28,7 +28,7 @@ import time
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeGuard
@@ -62,15 +62,14 @@ from messaging.files import (
     write_json_atomic,
 )
 from messaging.message import (
-    FIELD_AT,
     HEADER,
     HEADER_SIZE,
-    INDEX,
     INTERNAL_TYPE,
     Command,
     encode,
     set_topic,
     stamp_index,
+    stamp_indexes,
 )
 from messaging.metrics import BrokerMetrics, TopicRow
 from messaging.notify import Notifier
@@ -551,18 +550,8 @@ class Broker:
         if command.topic >= NAMED_TOPIC_BASE:
             raise BadRequestError(_NAMED_RANGE)
         first = self.index + 1
-        count = len(offsets)
-        stride = command.stride
-        if stride:  # frames of one size: each byte of the index field in one strided copy
-            at, size = FIELD_AT["index"]
-            indexes = struct.pack(f">{count}Q", *range(first, first + count))
-            for j in range(size):
-                view[at + j::stride] = indexes[j::size]
-        else:
-            pack = INDEX.pack_into
-            for k, offset in enumerate(offsets):
-                pack(view, offset, first + k)
-        self.index += count
+        stamp_indexes(view, offsets, first, command.stride)
+        self.index += len(offsets)
         return first, [(command.topic, Run(view, offsets, first))], [], None
 
     def _stamp(self, command: bytes | bytearray) -> Stamped:
@@ -661,23 +650,19 @@ class Broker:
         # A topic may be gone by now (a deleted stream's, between a write and a deferred
         # fsync): nothing of it is left to make durable.
         topics = [topic for topic in map(self._topics.get, topic_ids) if topic is not None]
-        if len(topics) > 1:
-            if self._syncers is None:
-                self._syncers = ThreadPoolExecutor(max_workers=SYNC_THREADS,
-                                                   thread_name_prefix="messaging-fsync")
-            outcomes = [self._syncers.submit(topic.sync) for topic in topics]
-            failures = [outcome.exception() for outcome in outcomes]
-        else:
-            failures = []
-            for topic in topics:
-                try:
-                    topic.sync()
-                except BaseException as err:
-                    failures.append(err)
-        self.metrics.fsyncs.inc()
-        for failure in failures:
-            if failure is not None:
-                raise failure
+        try:
+            if len(topics) == 1:
+                topics[0].sync()
+            elif topics:
+                if self._syncers is None:
+                    self._syncers = ThreadPoolExecutor(max_workers=SYNC_THREADS,
+                                                       thread_name_prefix="messaging-fsync")
+                outcomes = [self._syncers.submit(topic.sync) for topic in topics]
+                wait(outcomes)
+                for outcome in outcomes:
+                    outcome.result()  # the first failure, once every fsync has ended
+        finally:
+            self.metrics.fsyncs.inc()
 
     # -- reading ----------------------------------------------------------------------------
 

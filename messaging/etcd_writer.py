@@ -29,6 +29,7 @@ from messaging.errors import (
     MessagingError,
 )
 from messaging.etcd_client import EtcdClient, describe
+from messaging.log import answer_callers
 
 log = logging.getLogger(__name__)
 
@@ -150,13 +151,7 @@ class LogWriter:
         batch = self._batches.pop(seq, None)
         if batch is None:
             return  # its publishers were already told the outcome is unknown
-        for future, result in zip(batch.futures, results, strict=True):
-            if future.done():
-                continue
-            if isinstance(result, ApplyResult):
-                future.set_result(result)
-            else:
-                future.set_exception(result)
+        answer_callers(batch.futures, results)
         batch.done.set()
 
     @property

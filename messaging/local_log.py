@@ -22,6 +22,7 @@ from typing import Any
 from messaging.broker import ApplyResult, Broker, heartbeat_command
 from messaging.config import FSYNC_MODES, FsyncMode
 from messaging.errors import BrokerClosedError, MessagingError
+from messaging.log import answer_callers
 
 log = logging.getLogger(__name__)
 
@@ -230,16 +231,11 @@ class LocalLog:
     def _settle(self, group: list[tuple[bytes, asyncio.Future[ApplyResult]]],
                 results: list[ApplyResult | BaseException]) -> None:
         """Answer a written group's publishers, then wake the followers of its topics."""
+        answer_callers((future for _, future in group), results)
         touched: set[int] = set()
-        for (_, future), result in zip(group, results, strict=True):
+        for result in results:
             if isinstance(result, ApplyResult):
                 touched |= result.topics
-            if future.done():
-                continue
-            if isinstance(result, BaseException):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
         # Publishers first, then followers: their wake-ups queue behind the answers.
         self.broker.notify(touched)
 

@@ -7,6 +7,8 @@ same protocol.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from messaging.broker import ApplyResult
@@ -50,3 +52,15 @@ class Log(Protocol):
     def not_ready(self) -> str | None:
         """Why this node cannot take writes right now (None: it can)."""
         ...
+
+
+def answer_callers(futures: Iterable[asyncio.Future[ApplyResult]],
+           results: Iterable[ApplyResult | BaseException]) -> None:
+    """Hand each caller still waiting its command's result, or its error (on the loop)."""
+    for future, result in zip(futures, results, strict=True):
+        if future.done():
+            continue
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)

@@ -203,6 +203,25 @@ def stamp_index(buffer: bytearray | memoryview, offset: int, index: int) -> None
     INDEX.pack_into(buffer, offset, index)
 
 
+def stamp_indexes(buffer: bytearray | memoryview, offsets: Sequence[int], first: int,
+                  stride: int = 0) -> None:
+    """Number the frames at ``offsets`` ``first``, ``first + 1``, ... (CRCs unchanged).
+
+    With ``stride`` (every frame that size, the first at 0) each byte of the index field is
+    written to all frames in one strided copy instead of one call per frame.
+    """
+    count = len(offsets)
+    if not stride:
+        pack = INDEX.pack_into
+        for k, offset in enumerate(offsets):
+            pack(buffer, offset, first + k)
+        return
+    at, size = FIELD_AT["index"]
+    indexes = struct.pack(f">{count}{_FIELD_CODE['index']}", *range(first, first + count))
+    for j in range(size):
+        buffer[at + j::stride] = indexes[j::size]
+
+
 def set_topic(buffer: bytearray | memoryview, offset: int, topic: int) -> None:
     """Set the topic of the frame at ``offset`` and its checksum (which covers the topic)."""
     _TOPIC.pack_into(buffer, offset + FIELD_AT["topic"][0], topic)
@@ -264,13 +283,9 @@ def frame_columns(buffer: bytes) -> tuple[Sequence[int], Sequence[int], Sequence
     is checked again, and no object is made per message. Frames of one size are taken apart
     field by field with strided copies rather than header by header."""
     size = len(buffer)
-    if size < HEADER_SIZE:
-        return (), (), (), []
-    stride = HEADER_SIZE + _LENGTH.unpack_from(buffer, 0)[0]
-    count, rest = divmod(size, stride)
-    if not rest and count >= _UNIFORM_MIN_FRAMES and _same_field(
-            buffer, LENGTH_OFFSET, FIELD_AT["length"][1], stride,
-            buffer[LENGTH_OFFSET:HEADER_SIZE]):
+    uniform = _uniform_frames(buffer)
+    if uniform is not None and uniform[0] * uniform[1] == size:
+        stride, count = uniform
         datas = [buffer[offset:offset + stride - HEADER_SIZE]
                  for offset in range(HEADER_SIZE, HEADER_SIZE + count * stride, stride)]
         return (_gather(buffer, "index", stride, count), _gather(buffer, "type", stride, count),
@@ -430,11 +445,14 @@ _PUBLIC_HIGH_BYTES = bytes(range(INTERNAL_TYPE >> 8))
 _UNIFORM_MIN_FRAMES = 16
 
 
-def _same_field(body: bytes, start: int, size: int, stride: int, expected: bytes) -> bool:
-    """Whether every frame of a uniform body holds ``expected`` in the field at ``start``:
-    one strided slice per byte of the field, compared in C."""
+def _same_field(body: bytes | bytearray | memoryview, start: int, size: int, stride: int,
+                expected: bytes | bytearray | memoryview) -> bool:
+    """Whether each of the whole frames of ``stride`` bytes at the start of ``body`` holds
+    ``expected`` in the field at ``start``: one strided slice per byte, compared in C."""
     count = len(body) // stride
-    return all(body[start + j::stride] == expected[j:j + 1] * count for j in range(size))
+    end = count * stride
+    return all(body[start + j:end:stride] == bytes(expected[j:j + 1]) * count
+               for j in range(size))
 
 
 def _validate_uniform(body: bytes, topic: int | None, max_length: int) -> Command | None:
@@ -444,27 +462,37 @@ def _validate_uniform(body: bytes, topic: int | None, max_length: int) -> Comman
     that, or something is wrong in it (the per-frame walk then names the first bad frame).
     """
     size = len(body)
-    if size < HEADER_SIZE:
+    uniform = _uniform_frames(body)
+    if uniform is None or uniform[0] * uniform[1] != size or uniform[0] - HEADER_SIZE > max_length:
         return None
-    _index, _crc, _type, first_topic, length = _unpack_header(body, 0)
-    stride = HEADER_SIZE + length
-    count, rest = divmod(size, stride)
-    if rest or count < _UNIFORM_MIN_FRAMES or length > max_length:
-        return None
+    stride = uniform[0]
+    first_topic = _TOPIC.unpack_from(body, FIELD_AT["topic"][0])[0]
     if topic is not None and first_topic != topic:
         return None
-    header = body[:HEADER_SIZE]
-    length_at, length_size = FIELD_AT["length"]
     topic_at, topic_size = FIELD_AT["topic"]
     type_at = FIELD_AT["type"][0]
-    if not (_same_field(body, length_at, length_size, stride, header[length_at:])
-            and _same_field(body, topic_at, topic_size, stride,
-                            header[topic_at:topic_at + topic_size])
-            and not body[type_at::stride].translate(None, _PUBLIC_HIGH_BYTES)):
-        return None
-    if not _checksums_match(body, stride):
+    if not (_same_field(body, topic_at, topic_size, stride, body[topic_at:topic_at + topic_size])
+            and not body[type_at::stride].translate(None, _PUBLIC_HIGH_BYTES)
+            and _checksums_match(body, stride)):
         return None
     return Command.of(body, array("q", range(0, size, stride)), first_topic, stride)
+
+
+def _uniform_frames(buffer: bytes | bytearray | memoryview) -> tuple[int, int] | None:
+    """``(stride, count)`` of the whole frames at the start of ``buffer`` when there are
+    enough of them to be worth the strided checks and all have the first one's length (one
+    strided slice per byte of the length field); ``None`` otherwise. Nothing else is checked.
+    """
+    if len(buffer) < HEADER_SIZE:
+        return None
+    stride = HEADER_SIZE + _LENGTH.unpack_from(buffer, 0)[0]
+    count = len(buffer) // stride
+    if count < _UNIFORM_MIN_FRAMES:
+        return None
+    if not _same_field(buffer, LENGTH_OFFSET, FIELD_AT["length"][1], stride,
+                       buffer[LENGTH_OFFSET:HEADER_SIZE]):
+        return None
+    return stride, count
 
 
 def _checksums_match(body: bytes, stride: int) -> bool:
@@ -485,18 +513,11 @@ def _uniform_prefix(buffer: bytes | bytearray | memoryview, after: int | None,
     they all have the first one's length, carry their checksums and (with ``after``) indexes
     increasing from ``after``; checked with strided slices. ``None``: not so (or too few to
     be worth it): the per-frame walk then decides, and names any damage."""
-    size = len(buffer)
-    if size < HEADER_SIZE:
+    uniform = _uniform_frames(buffer)
+    if uniform is None or uniform[0] - HEADER_SIZE > max_length:
         return None
-    length = _LENGTH.unpack_from(buffer, 0)[0]
-    stride = HEADER_SIZE + length
-    count = size // stride
-    if count < _UNIFORM_MIN_FRAMES or length > max_length:
-        return None
+    stride, count = uniform
     body = bytes(buffer[:count * stride])
-    if not _same_field(body, LENGTH_OFFSET, FIELD_AT["length"][1], stride,
-                       body[LENGTH_OFFSET:HEADER_SIZE]):
-        return None
     indexes = _gather(body, "index", stride, count)
     if after is not None and (indexes[0] <= after
                               or not all(map(operator.lt, indexes, indexes[1:]))):
@@ -514,9 +535,7 @@ def validate_publish(body: bytes, *, topic: int | None = None,
     internal), for ``topic`` when one is given, and carry a matching CRC-32C. Raises
     :class:`CorruptFrameError` (or a subclass) naming the first bad frame's byte offset.
     """
-    view = memoryview(body)
-    size = len(view)
-    if not size:
+    if not body:
         raise CorruptFrameError("empty body: expected frames")
     uniform = _validate_uniform(body, topic, max_length)
     return uniform if uniform is not None else _walk_publish(body, topic, max_length)
