@@ -491,13 +491,9 @@ class StreamHandlers:
             if current is None or current.deleted:
                 raise StreamNotFoundError(f"stream {name!r} was deleted")
             stream = current
-            after = position[0]
-            if stream.tail > position:
-                committed = self._committed(stream)
-                items = await self._read_items(stream, position)
-                if items:
-                    return items, stream
-                after = _wait_after(position, committed)
+            items, after = await self._read_after(stream, position)
+            if items:
+                return items, stream
             if stream.closed and position >= stream.tail:
                 return [], stream
             remaining = deadline - loop.time()
@@ -505,10 +501,19 @@ class StreamHandlers:
                 return [], stream
             await self._changed(stream, after, remaining)
 
-    def _committed(self, stream: Stream) -> int:
-        """The committed index of a stream's own topic (0 when it has none yet)."""
+    async def _read_after(self, stream: Stream, position: Position,
+                          ) -> tuple[list[stream_reads.Item], int]:
+        """The stream's items after ``position`` (none when it has nothing more), and the
+        index to wait past next: the last item's, or when there are none see
+        :func:`_wait_after`."""
+        if stream.tail <= position:
+            return [], position[0]
         topic = self.broker.topic(stream.topic)
-        return topic.committed_index if topic is not None else 0
+        committed = topic.committed_index if topic is not None else 0
+        items = await self._read_items(stream, position)
+        if items:
+            return items, items[-1].position[0]
+        return items, _wait_after(position, committed)
 
     async def _changed(self, stream: Stream, after: int, timeout: float) -> None:
         """Return when the stream's own topic has frames after index ``after``, its metadata
@@ -551,13 +556,7 @@ class StreamHandlers:
             if current is None or current.deleted:
                 break
             stream = current
-            after = position[0]
-            items: list[stream_reads.Item] = []
-            if stream.tail > position:
-                committed = self._committed(stream)
-                items = await self._read_items(stream, position)
-                if not items:
-                    after = _wait_after(position, committed)
+            items, after = await self._read_after(stream, position)
             out: list[str] = []
             for i, item in enumerate(items):
                 out.append("event: data\n" + _sse_data(_event_text(stream, item, binary)))

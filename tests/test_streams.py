@@ -643,3 +643,22 @@ def test_an_empty_read_waits_for_a_newer_commit_not_for_frames_already_there() -
     assert streams._wait_after((10, 0), committed_before_read=12) == 12
     assert streams._wait_after((10, 0), committed_before_read=10) == 10
     assert streams._wait_after((10, 3), committed_before_read=7) == 10
+
+
+async def test_sse_sends_one_control_event_per_catch_up(start_server: StartServer,
+                                                        http: aiohttp.ClientSession) -> None:
+    """After the data it has, an SSE reader gets one control event and then waits for the
+    next commit (it once woke at once and sent a second control event)."""
+    server = await start_server(long_poll_timeout=3.0)
+    url = stream_url(server, "once")
+    assert (await call(http, "PUT", url, b"one message", TEXT))[0] == 201
+    events: list[tuple[str, str]] = []
+    async with http.get(url, params={"offset": "-1", "live": "sse"}) as resp:
+        reader = asyncio.ensure_future(read_events(resp, events))
+        try:
+            await bounded_wait(lambda: any(e == "control" for e, _ in events), "a control event")
+            await asyncio.sleep(0.5)  # long enough for a spurious second one to arrive
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+    assert [event for event, _ in events] == ["data", "control"]
