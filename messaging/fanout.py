@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from messaging.metrics import BrokerMetrics
-from messaging.segment import Segment, TailChunk
-from messaging.topic_reader import tail_after
+from messaging.segment import Segment
+from messaging.tail import Tail, TailChunk
 
 #: Followers written to in one loop callback.
 SLICE = 64
@@ -39,7 +39,7 @@ class FollowedTopic(Protocol):
     @property
     def committed_index(self) -> int: ...
     @property
-    def tail(self) -> tuple[TailChunk, ...]: ...
+    def tail(self) -> Tail: ...
     def listen(self, callback: Callable[[], None]) -> None: ...
     def unlisten(self, callback: Callable[[], None]) -> None: ...
 
@@ -176,9 +176,9 @@ class FanOut:
                 self._busy = self._again = False
 
 
-def _prepare(tail: tuple[TailChunk, ...], segment: Segment, position: int) -> _Prepared | None:
+def _prepare(tail: Tail, segment: Segment, position: int) -> _Prepared | None:
     """The bytes after ``position`` in the tail, framed once for every follower there."""
-    found = tail_after(tail, segment, position)
+    found = tail.after(segment, position)
     if found is None:
         return None
     parts, last = found

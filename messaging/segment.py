@@ -174,22 +174,3 @@ class Segment:
                     if count is not None:
                         count -= 1
         return position, ordinal
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class TailChunk:
-    """Bytes of the active segment a recent commit made visible, kept for followers.
-
-    ``count`` and ``last_index`` describe the segment up to the chunk's end.
-    """
-
-    segment: Segment
-    start: int
-    data: bytearray
-    count: int
-    last_index: int
-
-    @property
-    def end(self) -> int:
-        """The byte position after the chunk."""
-        return self.start + len(self.data)

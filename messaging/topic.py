@@ -45,9 +45,9 @@ from messaging.segment import (
     MARK_EVERY,
     SEGMENT_SUFFIX,
     Segment,
-    TailChunk,
     segment_name,
 )
+from messaging.tail import EMPTY_TAIL, Tail, TailBuffer, TailChunk
 from messaging.topic_reader import TopicReader
 
 log = logging.getLogger(__name__)
@@ -55,8 +55,6 @@ _T = TypeVar("_T")
 
 TOMBSTONE = "tombstone"
 #: Bytes of recent commits a topic keeps in memory for followers that have caught up.
-TAIL_BYTES = 256 << 10
-
 # Index and length only: what appending needs from each frame header.
 _unpack_index_and_length = header_unpacker("index", "length").unpack_from
 
@@ -115,7 +113,8 @@ class Topic:
         self._damage_logged: set[str] = set()
         #: The newest committed bytes of the active segment, shared by every follower that has
         #: caught up: they read them from memory, without a thread or a system call.
-        self.tail: tuple[TailChunk, ...] = ()
+        self.tail: Tail = EMPTY_TAIL
+        self._tail_buffer = TailBuffer()  # under _lock
         # Writer side (under _write_lock): staged runs, the open segment file, what needs fsync.
         self._staged: list[tuple[Segment, int, bytearray]] = []
         self._written: list[tuple[Segment, int, bytearray]] = []  # since the last commit
@@ -473,21 +472,13 @@ class Topic:
         if notify:
             self._notifier.notify()
 
-    def _new_tail(self, newest: tuple[Segment, int, bytearray]) -> tuple[TailChunk, ...]:
+    def _new_tail(self, newest: tuple[Segment, int, bytearray]) -> Tail:
         """The tail after a commit whose last written run is ``newest`` (lock held)."""
         segment, start, data = newest
-        if segment is not self._segments[-1] or len(data) > TAIL_BYTES:
-            return ()
-        chunk = TailChunk(segment, start, data, segment.committed_count,
-                          segment.committed_last_index)
-        kept: list[TailChunk] = []
-        total = len(data)
-        for older in reversed(self.tail):  # newest first, while they fit
-            if older.segment is not segment or total + len(older.data) > TAIL_BYTES:
-                break
-            kept.append(older)
-            total += len(older.data)
-        return (*reversed(kept), chunk)
+        if segment is not self._segments[-1]:
+            return self._tail_buffer.clear()
+        return self._tail_buffer.push(TailChunk(segment, start, data, segment.committed_count,
+                                                segment.committed_last_index))
 
     def notify(self) -> None:
         """Wake the followers waiting for this topic's next commit (any thread)."""

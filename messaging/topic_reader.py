@@ -13,36 +13,14 @@ from typing import TYPE_CHECKING
 
 from messaging.errors import CorruptDataError, CorruptFrameError, TopicTruncatedError
 from messaging.message import HEADER_SIZE, frame_size, scan
-from messaging.segment import Segment, TailChunk
+from messaging.segment import Segment
+from messaging.tail import TailChunk
 
 if TYPE_CHECKING:
     from messaging.topic import SegmentView, Topic
 
 #: Default size of one read.
 READ_CHUNK = 256 << 10
-
-
-def tail_after(tail: tuple[TailChunk, ...], segment: Segment, position: int,
-               ) -> tuple[list[memoryview], TailChunk] | None:
-    """The tail's bytes after ``position`` of ``segment``, up to its end or its first gap.
-
-    As views of the chunks (no copy) with the last chunk they reach; None when the tail does
-    not hold ``position`` or holds nothing after it.
-    """
-    for i in range(len(tail) - 1, -1, -1):
-        chunk = tail[i]
-        if chunk.segment is not segment or chunk.end <= position:
-            return None
-        if chunk.start <= position:
-            parts = [memoryview(chunk.data)[position - chunk.start:]]
-            last = chunk
-            for newer in tail[i + 1:]:
-                if newer.segment is not segment or newer.start != last.end:
-                    break  # a gap: the rest next time, or from the files
-                parts.append(memoryview(newer.data))
-                last = newer
-            return parts, last
-    return None
 
 
 class TopicReader:
@@ -116,32 +94,24 @@ class TopicReader:
                 return chunk
         return b""
 
-    def read_tail(self) -> memoryview | None:
+    def read_tail(self) -> bytes | memoryview | None:
         """The frames after this reader's position from the topic's in-memory tail.
 
-        No I/O, no thread, no lock: callable on the event loop. None when the tail does not
-        hold this reader's position (read with :meth:`read` then), or when ``end``/``limit``
-        need the frame-by-frame path.
+        No I/O, no thread, no lock: callable on the event loop. Everything the tail holds
+        from there up to its end (or a gap), as a view when it is one chunk's. None when the
+        tail does not hold this reader's position (read with :meth:`read` then), or when
+        ``end``/``limit`` need the frame-by-frame path.
         """
-        if (self.end is not None or self.remaining is not None or self._segment is None
-                or self._damage is not None):
+        position = self.tail_position()
+        found = None if position is None else self.topic.tail.after(*position)
+        if found is None:
             return None
-        position = self._position
-        for chunk in reversed(self.topic.tail):
-            if chunk.segment is not self._segment or chunk.end <= position:
-                return None
-            if chunk.start <= position:
-                data = memoryview(chunk.data)[position - chunk.start:]
-                self.delivered += chunk.count - self._ordinal
-                self._ordinal = chunk.count
-                self._position = chunk.end
-                self.last_index = chunk.last_index
-                self.next_index = chunk.last_index + 1
-                return data
-        return None
+        parts, last = found
+        self.adopt_tail(last)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def tail_position(self) -> tuple[Segment, int] | None:
-        """Where this reader stands, for :func:`tail_after`; None when it cannot read the tail.
+        """Where this reader stands in the tail (see :meth:`Tail.after`); None when it cannot.
 
         Readers at the same position read the same bytes of the tail and end in the same
         state, so a fan-out prepares those bytes once for all of them (see :meth:`adopt_tail`).
@@ -154,7 +124,7 @@ class TopicReader:
     def adopt_tail(self, chunk: TailChunk) -> int:
         """Move past ``chunk``'s end after its bytes were sent; how many messages that was.
 
-        Only for bytes from :func:`tail_after` at this reader's :meth:`tail_position`.
+        Only for bytes from the tail's ``after`` at this reader's :meth:`tail_position`.
         """
         delivered = chunk.count - self._ordinal
         self.delivered += delivered
