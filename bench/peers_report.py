@@ -106,7 +106,7 @@ def rows_and_notes(w: dict[str, dict[str, Summary]], notes: list[str], settings:
     bound: list[str] = []
     for workload, cases in w.items():
         for case in cases.values():
-            note = case["error"] or ("side column: weaker fsync" if case["side"] else "")
+            note = case["error"] or ("side column, not compared" if case["side"] else "")
             if case["all_delivered"] is False:
                 note = (note + "; " if note else "") + "some messages missing"
             cores = (case["client_cpu"] / case["seconds"]
@@ -131,9 +131,13 @@ def rows_and_notes(w: dict[str, dict[str, Summary]], notes: list[str], settings:
         "**Client-bound figures.** NATS JetStream sync publish (workload 1) is bound by "
         "nats-py: each publish awaits its ack in Python, so 50 tasks measure the client more "
         "than the server. Every consume figure (workload 3) is the Python client building "
-        "objects: the servers idle meanwhile. Workloads 4 and 5 run all subscribers in the one "
-        "Python process, so at 100 and 1,000 subscribers every server's p99 includes the "
-        "load generator's own queueing. Figures whose load generator kept "
+        "objects: the servers idle meanwhile. Workloads 4 and 5 time ours and Redis with the "
+        "same lean socket clients (bench/peers_raw.py: prepared requests, a chunked-stream "
+        "parser, hiredis for RESP), because the library clients cost more CPU per message "
+        "than either server (aiohttp's and redis-py's latency figures are side columns); NATS "
+        "keeps nats-py. All subscribers run in one Python process, so at 100 and 1,000 "
+        "subscribers every p99 still includes that process's queueing. Figures whose load "
+        "generator kept "
         f"≥ {CLIENT_BOUND_CORES} of a core busy in this run: "
         + ("; ".join(bound) if bound else "none") + ".",
         "Workload 3 reads NATS from the default-sync server (sync_interval: always stores "

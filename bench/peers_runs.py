@@ -14,6 +14,7 @@ import nats
 
 from bench import peers_live as live
 from bench import peers_load as load
+from bench import peers_raw as raw
 from bench.bench_durable_streams import Settings as StreamSettings
 from bench.bench_durable_streams import delivery_latency
 from bench.peers_load import Figure
@@ -255,12 +256,19 @@ def cases(workload: str, sv: Servers, s: Settings) -> list[list[Case]]:
         return [out]
     if workload == "latency":
         rate, secs = s.rate, s.latency_seconds
-        add("ours", "ours", "ours: POST per message → streaming GET", "ms",
-            lambda: live.ours_fanout(ours, sv.topic(), 1, rate, secs, 1), role="ours",
+        add("ours", "ours", "ours: POST per message → streaming GET (lean socket client)",
+            "ms", lambda: raw.ours_fanout_raw(ours, sv.topic(), 1, rate, secs, 1), role="ours",
             durable=False)
+        add("ours", "ours-aiohttp", "ours, through aiohttp's client", "ms",
+            lambda: live.ours_fanout(ours, sv.topic(), 1, rate, secs, 1), role="peer",
+            durable=False, side=True)
         if "redis" in sv.ports:
-            add("redis", "redis", "Redis XADD → XREAD BLOCK (appendfsync always)", "ms",
-                partial(live.redis_fanout, sv.ports["redis"], "latency", 1, rate, secs, 1))
+            add("redis", "redis", "Redis XADD → XREAD BLOCK, appendfsync always (lean socket "
+                "client, hiredis)", "ms",
+                partial(raw.redis_fanout_raw, sv.ports["redis"], "latency", 1, rate, secs, 1))
+            add("redis", "redis-py", "Redis, through redis-py", "ms",
+                partial(live.redis_fanout, sv.ports["redis"], "latency-py", 1, rate, secs, 1),
+                side=True)
         if "nats" in sv.ports:
             add("nats", "nats", "NATS JetStream publish → push consumer (sync always)", "ms",
                 partial(live.nats_fanout, sv.ports["nats"], "lat.one", 1, rate, secs, 1))
@@ -276,13 +284,15 @@ def cases(workload: str, sv: Servers, s: Settings) -> list[list[Case]]:
             fsecs = s.fanout_seconds
 
             async def ours_run(lv: int = level, ev: int = every) -> Figure:
-                return await live.ours_fanout(ours, sv.topic(), lv, s.rate, s.fanout_seconds, ev)
+                return await raw.ours_fanout_raw(ours, sv.topic(), lv, s.rate, s.fanout_seconds,
+                                                 ev)
 
-            add("ours", f"ours-{level}", f"ours, {level} streaming GETs", "ms", ours_run,
-                role="ours", durable=False, timeout=120)
+            add("ours", f"ours-{level}", f"ours, {level} streaming GETs (lean socket clients)",
+                "ms", ours_run, role="ours", durable=False, timeout=120)
             if "redis" in sv.ports:
-                add("redis", f"redis-{level}", f"Redis, {level} XREAD BLOCK readers", "ms",
-                    partial(live.redis_fanout, sv.ports["redis"], f"fan{level}", level,
+                add("redis", f"redis-{level}",
+                    f"Redis, {level} XREAD BLOCK readers (lean socket clients, hiredis)", "ms",
+                    partial(raw.redis_fanout_raw, sv.ports["redis"], f"fan{level}", level,
                             s.rate, fsecs, every), timeout=120)
             if "nats" in sv.ports:
                 add("nats", f"nats-{level}", f"NATS, {level} push consumers", "ms",
