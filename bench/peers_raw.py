@@ -35,10 +35,29 @@ PUBLISHERS = 8
 CONNECT_SECONDS = 60
 
 
-class ChunkedStream(asyncio.Protocol):
+class Subscriber(asyncio.Protocol):
+    """A receiving connection: ``done`` resolves once it has everything, or it ended."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._finish(None)
+
+    def _finish(self, err: Exception | None) -> None:
+        if not self.done.done():
+            if err is None:
+                self.done.set_result(None)
+            else:
+                self.done.set_exception(err)
+
+
+class ChunkedStream(Subscriber):
     """A streaming GET of a topic: counts the body's bytes, times sampled messages."""
 
     def __init__(self, request: bytes, want: int, delays: list[float] | None) -> None:
+        super().__init__()
         self.request = request
         self.want = want
         self.delays = delays
@@ -47,8 +66,6 @@ class ChunkedStream(asyncio.Protocol):
         self._pending = b""
         self._head = True
         self._left = 0  # body bytes left in this chunk; -n: n bytes of CRLF to skip
-        self.transport: asyncio.Transport | None = None
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
@@ -94,16 +111,6 @@ class ChunkedStream(asyncio.Protocol):
                     self.delays.extend(latency_of(m.data, now) for m in batch.messages())
         if self.got >= self.want:
             self._finish(None)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._finish(None)
-
-    def _finish(self, err: Exception | None) -> None:
-        if not self.done.done():
-            if err is None:
-                self.done.set_result(None)
-            else:
-                self.done.set_exception(err)
 
 
 class RequestReply(asyncio.Protocol):
@@ -244,16 +251,15 @@ async def ours_fanout_raw(url: str, topic: int, subscribers: int, rate: int, sec
     return figure
 
 
-class XReadLoop(asyncio.Protocol):
+class XReadLoop(Subscriber):
     """A Redis reader: XREAD BLOCK COUNT 1000 from the last id, again on every reply."""
 
     def __init__(self, key: bytes, start: bytes, total: int, delays: list[float] | None,
                  ) -> None:
+        super().__init__()
         self.key, self.last, self.total, self.delays = key, start, total, delays
         self.reader = hiredis.Reader()
         self.count = 0
-        self.transport: asyncio.Transport | None = None
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def _ask(self) -> None:
         assert self.transport is not None
@@ -281,16 +287,6 @@ class XReadLoop(asyncio.Protocol):
                 self._finish(None)
                 return
             self._ask()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._finish(None)
-
-    def _finish(self, err: Exception | None) -> None:
-        if not self.done.done():
-            if err is None:
-                self.done.set_result(None)
-            else:
-                self.done.set_exception(err)
 
 
 async def redis_fanout_raw(port: int, key: str, subscribers: int, rate: int, seconds: float,
