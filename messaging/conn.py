@@ -31,13 +31,21 @@ from messaging.message import (
     FRAMES_CONTENT_TYPE,
     HEADER_SIZE,
     BatchDecoder,
+    FrameColumns,
     Message,
     decode_verified,
+    frame_columns,
+    messages_between,
 )
 
 log = logging.getLogger(__name__)
 
 _QUEUE_CHUNKS = 16
+#: Messages made into objects at a time while iterating. Made a whole batch at once, most
+#: would outlive a young-generation collection (they wait in a list) and be promoted, and
+#: the full collections that promotion brings cost more than building them (about half the
+#: iteration time with 1,000-message batches).
+_SLICE = 64
 _MESSAGES_PATH = "/messaging/messages"
 
 
@@ -112,9 +120,11 @@ class Conn:
         self._state = "new"
         self._queue: asyncio.Queue[MessageBatch | BaseException | _End] = asyncio.Queue(
             _QUEUE_CHUNKS)
-        self._current: list[Message] = []
+        self._current: list[Message] = []  # the slice being handed out
+        self._position = 0  # within _current
         self._current_batch: MessageBatch | None = None
-        self._position = 0
+        self._columns: FrameColumns = ((), (), (), [])  # of _current_batch
+        self._made = 0  # messages of _current_batch made into objects so far
         self._tasks: list[asyncio.Task[None]] = []
         self._received = 0
         self._from_first = False  # opened at index 0 and nothing received yet
@@ -193,9 +203,14 @@ class Conn:
             self._position += 1
             self.index = message.index
             return message
-        batch = await self._next_batch()
-        self._current_batch = batch
-        self._current = batch.messages()
+        if self._current_batch is None or self._made == self._current_batch.count:
+            batch = await self._next_batch()
+            self._current_batch = batch
+            self._columns = frame_columns(batch.buffer)
+            self._made = 0
+        stop = min(self._made + _SLICE, len(self._columns[0]))
+        self._current = messages_between(self._columns, self._made, stop)
+        self._made = stop
         self._position = 1
         message = self._current[0]
         self.index = message.index
@@ -203,14 +218,16 @@ class Conn:
 
     async def batches(self) -> AsyncIterator[MessageBatch]:
         """Messages in batches over one buffer each (no Python object per message)."""
-        if self._position < len(self._current) and self._current_batch is not None:
+        batch = self._current_batch
+        handed = self._made - len(self._current) + self._position
+        if batch is not None and handed < batch.count:
             # Hand over the rest of the current buffer as it came: the publisher's CRCs intact.
-            rest = self._current[self._position:]
-            used = sum(HEADER_SIZE + len(m.data) for m in self._current[:self._position])
-            self._position = len(self._current)
-            self.index = rest[-1].index
-            yield MessageBatch(self.topic, self._current_batch.buffer[used:], len(rest),
-                               rest[0].index, rest[-1].index)
+            indexes, _types, _topics, datas = self._columns
+            used = sum(HEADER_SIZE + len(data) for data in datas[:handed])
+            self._current, self._position, self._made = [], 0, batch.count
+            self.index = batch.last
+            yield MessageBatch(self.topic, batch.buffer[used:], batch.count - handed,
+                               indexes[handed], batch.last)
         while True:
             try:
                 batch = await self._next_batch()

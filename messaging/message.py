@@ -276,8 +276,11 @@ def _gather(buffer: bytes, field_name: str, stride: int, count: int) -> tuple[in
     return struct.unpack(f">{count}{_FIELD_CODE[field_name]}", gathered)
 
 
-def frame_columns(buffer: bytes) -> tuple[Sequence[int], Sequence[int], Sequence[int],
-                                           list[bytes]]:
+#: Indexes, types, topics and data of a run of frames, one sequence each.
+FrameColumns = tuple[Sequence[int], Sequence[int], Sequence[int], list[bytes]]
+
+
+def frame_columns(buffer: bytes) -> FrameColumns:
     """Indexes, types, topics and data of whole frames a :func:`scan` (or
     :class:`BatchDecoder`, or a topic reader) already checked, as columns: no checksum or order
     is checked again, and no object is made per message. Frames of one size are taken apart
@@ -310,6 +313,13 @@ def frame_columns(buffer: bytes) -> tuple[Sequence[int], Sequence[int], Sequence
 def decode_verified(buffer: bytes) -> list[Message]:
     """The messages of whole frames already checked (see :func:`frame_columns`)."""
     return _messages(*frame_columns(buffer))
+
+
+def messages_between(columns: FrameColumns, start: int, stop: int) -> list[Message]:
+    """The messages ``start`` to ``stop`` (exclusive) of :func:`frame_columns`' columns."""
+    indexes, types, topics, datas = columns
+    return _messages(indexes[start:stop], types[start:stop], topics[start:stop],
+                     datas[start:stop])
 
 
 def decode_one(buffer: bytes | bytearray | memoryview) -> Message:

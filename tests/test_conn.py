@@ -297,6 +297,32 @@ async def test_switching_to_batches_hands_over_the_original_frames(server: Broke
         await conn.close()
 
 
+@pytest.mark.parametrize("taken", [1, 63, 64, 65, 200, 299, 300])
+@pytest.mark.parametrize("uniform", [True, False])
+async def test_iteration_then_batches_at_any_point(server: BrokerServer, taken: int,
+                                                   uniform: bool) -> None:
+    """Messages are made into objects a slice at a time; switching to batches() anywhere,
+    inside a slice or at its edge, hands over exactly the rest of the frames as they came."""
+    datas = [b"%04d" % i if uniform else b"m" * (i % 7) for i in range(300)]
+    async with Client(server.url) as client:
+        await client.publish_batch(7, datas)
+        raw = (await client.request("GET", "/messaging/messages", params={"topicID": 7})).body
+        conn = client.conn(7)
+        await conn.open(streaming=False)
+        first = [await conn.__anext__() for _ in range(taken)]
+        assert [m.data for m in first] == datas[:taken]
+        assert [m.index for m in first] == list(range(1, taken + 1))
+        assert conn.index == taken
+        batches = [b async for b in conn.batches()]
+        used = sum(HEADER_SIZE + len(data) for data in datas[:taken])
+        assert b"".join(b.buffer for b in batches) == raw[used:]
+        rest = [m for b in batches for m in b]
+        assert [m.data for m in rest] == datas[taken:]
+        assert [m.index for m in rest] == list(range(taken + 1, 301))
+        assert conn.index == 300
+        await conn.close()
+
+
 async def test_retention_under_load_never_takes_what_a_subscriber_needs(
         start_server: StartServer) -> None:
     server = await start_server(max_segment_size=2048, max_topic_size=4096,
