@@ -11,12 +11,15 @@ JetStream API, which is not worth re-implementing here, and its figures say so.
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any, cast
 from urllib.parse import urlsplit
 
+import aiohttp
 import hiredis
 
 from bench.peers_load import (
@@ -238,8 +241,12 @@ async def ours_fanout_raw(url: str, topic: int, subscribers: int, rate: int, sec
             body = stamped(k)
             return head + b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
 
+        lag_before = await fanout_lag(url)
         sent = await _publish_paced(pool, rate, seconds, request, lambda status: status == 200)
         await asyncio.wait([s.done for s in streams], timeout=DRAIN_SECONDS)
+        lag = [(bound, count - before)
+               for (bound, count), (_, before) in zip(await fanout_lag(url), lag_before,
+                                                      strict=True)]
     finally:
         _close([s.transport for s in streams] + [p.transport for p in pool])
     for stream in streams:
@@ -248,7 +255,32 @@ async def ours_fanout_raw(url: str, topic: int, subscribers: int, rate: int, sec
     sizes = [stream.got for stream in streams]
     figure = latencies(delays, sent, min(sizes) // (HEADER_SIZE + len(PAYLOAD)))
     figure.extra["all_delivered"] = all(size == want for size in sizes)
+    figure.extra["broker_lag_p50"] = lag_quantile(lag, 0.5)
+    figure.extra["broker_lag_p99"] = lag_quantile(lag, 0.99)
     return figure
+
+
+_LAG_BUCKET = re.compile(rb'^messaging_fanout_lag_seconds_bucket\{le="([^"]+)"\} (\S+)', re.M)
+
+
+async def fanout_lag(url: str) -> list[tuple[float, float]]:
+    """The broker's fan-out lag histogram (``messaging_fanout_lag_seconds``: per slice, the
+    oldest commit it carried, from visible to written), as (upper bound s, cumulative count).
+    """
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session, \
+            session.get(f"{url}/metrics") as resp:
+        text = await resp.read()
+    return [(float(bound), float(count)) for bound, count in _LAG_BUCKET.findall(text)]
+
+
+def lag_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """The upper bound (ms) of the bucket holding quantile ``q`` of cumulative ``buckets``;
+    None without observations, ``inf`` past the last finite bound."""
+    total = buckets[-1][1] if buckets else 0
+    if not total:
+        return None
+    bound = next(b for b, count in buckets if count >= q * total)
+    return bound * 1000 if math.isfinite(bound) else math.inf
 
 
 class XReadLoop(Subscriber):

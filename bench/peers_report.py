@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -147,6 +148,9 @@ def rows_and_notes(w: dict[str, dict[str, Summary]], notes: list[str], settings:
     limit = where_the_limit_is(single, batch)
     if limit:
         text.append(limit)
+    lag = fanout_lag_text(fan, settings["fanout"])
+    if lag:
+        text.append(lag)
     if notes:
         text.append("Notes: " + "; ".join(notes) + ".")
     text.append("\n".join(table))
@@ -220,3 +224,30 @@ def where_the_limit_is(single: dict[str, Summary], batch: dict[str, Summary]) ->
             "process does about one core's work; the curve of batch size in 'Cost as work "
             "grows' shows the rate stop growing where that core is busy.")
     return ("**Where the limit is.** " + " ".join(parts)) if parts else ""
+
+
+def fanout_lag_text(fan: dict[str, Summary], levels: list[int]) -> str:
+    """A paragraph splitting our fan-out p99 into the broker's part (its own lag histogram,
+    ``messaging_fanout_lag_seconds``) and the subscribers' process, per subscriber count."""
+    parts: list[str] = []
+    for level in levels:
+        case = fan.get(f"ours-{level}")
+        if case is None or case["p99"] is None:
+            continue
+        lags = [e["broker_lag_p99"] for e in case["extra"]
+                if isinstance(e.get("broker_lag_p99"), int | float)]
+        if not lags:
+            continue
+        lag = statistics.median(lags)
+        parts.append(f"{level} subscribers: broker ≤ {lag:g} ms, subscribers saw "
+                     f"{case['p99']:.1f} ms")
+    if not parts:
+        return ""
+    return ("**Fan-out: the broker's part of the p99.** The broker observes, once per slice "
+            "of followers it writes, the age of the oldest commit the slice carried (from "
+            "the commit becoming visible to the socket write; the "
+            "`messaging_fanout_lag_seconds` histogram, read from `/metrics` before and after "
+            "each run, so each figure is a bucket's upper bound and bounds every delivery of "
+            "the slice from above). Its p99 beside the p99 the subscribers measured (which "
+            "adds the publish's own write and fdatasync, and the subscribers' one Python "
+            "process reading every socket): " + "; ".join(parts) + ".")

@@ -79,6 +79,7 @@ class _Prepared(NamedTuple):
     framed: bytes  # as one HTTP chunk: size line, data, CRLF
     raw: bytes
     last: TailChunk  # the chunk the data ends in (the followers' state afterwards)
+    visible_at: float  # when the oldest commit in it became visible
 
 
 class FanOut:
@@ -165,8 +166,14 @@ class FanOut:
         finally:
             self.metrics.bytes_streamed.inc(sent_bytes)
             self.metrics.messages_streamed.inc(sent_messages)
+            done = time.perf_counter()
+            if sent_messages:
+                # Once per slice: the oldest commit any of its followers was sent, so the
+                # figure bounds every delivery of the slice from above.
+                oldest = min(ready.visible_at for ready in prepared.values() if ready)
+                self.metrics.fanout_lag.observe(done - oldest)
             loop = asyncio.get_running_loop()
-            spent = time.perf_counter() - began
+            spent = done - began
             rest = spent if spent >= REST_FROM else 0.0
             if stop < len(followers):
                 loop.call_later(rest, self._write_slice, followers, stop)
@@ -181,9 +188,9 @@ def _prepare(tail: Tail, segment: Segment, position: int) -> _Prepared | None:
     found = tail.after(segment, position)
     if found is None:
         return None
-    parts, last = found
+    parts, first, last = found
     raw = b"".join(parts)
-    return _Prepared(b"%x\r\n%b\r\n" % (len(raw), raw), raw, last)
+    return _Prepared(b"%x\r\n%b\r\n" % (len(raw), raw), raw, last, first.visible_at)
 
 
 class FanOuts:

@@ -18,6 +18,8 @@ from prometheus_client.registry import Collector
 from messaging import __version__
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+#: Finer between 5 and 50 ms, where a fan-out to many followers lags.
+LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 1, 2.5)
 
 
 class LatencyHistogram(Collector):
@@ -92,6 +94,11 @@ class BrokerMetrics:
         self.publish_latency = LatencyHistogram(
             "messaging_publish_latency_seconds", "Time from request to durable acknowledgement")
         r.register(self.publish_latency)
+        self.fanout_lag = LatencyHistogram(
+            "messaging_fanout_lag_seconds", "Per fan-out slice: time from the oldest commit "
+            "it carried becoming visible to its write to the followers' sockets",
+            LAG_BUCKETS)
+        r.register(self.fanout_lag)
         self.fsyncs = Counter("messaging_fsyncs", "Group-commit fsync rounds", registry=r)
         self.group_commits = Counter(
             "messaging_group_commit_commands", "Commands written per group commit", registry=r)

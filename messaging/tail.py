@@ -9,9 +9,11 @@ rebuilding or scanning all of them on every commit cost more CPU than the fdatas
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_right
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from messaging.segment import Segment
 
@@ -23,7 +25,8 @@ TAIL_BYTES = 256 << 10
 class TailChunk:
     """Bytes of the active segment a recent commit made visible, kept for followers.
 
-    ``count`` and ``last_index`` describe the segment up to the chunk's end.
+    ``count`` and ``last_index`` describe the segment up to the chunk's end; ``visible_at``
+    is when the commit became visible (``time.perf_counter``), for the fan-out's lag figure.
     """
 
     segment: Segment
@@ -31,11 +34,21 @@ class TailChunk:
     data: bytearray
     count: int
     last_index: int
+    visible_at: float = field(default_factory=time.perf_counter)
 
     @property
     def end(self) -> int:
         """The byte position after the chunk."""
         return self.start + len(self.data)
+
+
+class TailRead(NamedTuple):
+    """What :meth:`Tail.after` found: views of the bytes, the chunk they start in and the
+    chunk they end in."""
+
+    parts: list[memoryview]
+    first: TailChunk
+    last: TailChunk
 
 
 class Tail:
@@ -60,12 +73,11 @@ class Tail:
         chunks = self._chunks
         return (chunks[i] for i in range(self._lo, self._hi))
 
-    def after(self, segment: Segment, position: int,
-              ) -> tuple[list[memoryview], TailChunk] | None:
+    def after(self, segment: Segment, position: int) -> TailRead | None:
         """The bytes after ``position`` of ``segment``, up to the tail's end or first gap.
 
-        As views of the chunks (no copy) with the last chunk they reach; None when the tail
-        does not hold ``position`` or holds nothing after it.
+        As views of the chunks (no copy) with the first and last chunk they reach; None when
+        the tail does not hold ``position`` or holds nothing after it.
         """
         chunks, lo, hi = self._chunks, self._lo, self._hi
         if lo == hi or chunks[hi - 1].segment is not segment:
@@ -73,7 +85,7 @@ class Tail:
         i = bisect_right(self._ends, position, lo, hi)  # the first chunk ending past it
         if i == hi or chunks[i].start > position:
             return None  # past the end, before the oldest chunk, or in a gap
-        last = chunks[i]
+        first = last = chunks[i]
         parts = [memoryview(last.data)[position - last.start:]]
         for j in range(i + 1, hi):
             newer = chunks[j]
@@ -81,7 +93,7 @@ class Tail:
                 break  # a gap: the rest next time, or from the files
             parts.append(memoryview(newer.data))
             last = newer
-        return parts, last
+        return TailRead(parts, first, last)
 
 
 EMPTY_TAIL = Tail([], [], 0, 0)

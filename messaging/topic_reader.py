@@ -106,7 +106,7 @@ class TopicReader:
         found = None if position is None else self.topic.tail.after(*position)
         if found is None:
             return None
-        parts, last = found
+        parts, _first, last = found
         self.adopt_tail(last)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 

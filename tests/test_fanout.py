@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import cast
 
@@ -114,6 +115,7 @@ async def test_followers_at_one_position_share_one_framed_chunk(tmp_path: Path) 
     metrics = BrokerMetrics()
     fanout = FanOut(topic, metrics)
     behind = await _park(fanout, topic, 1)  # after frame 1: it will be one frame behind
+    before_m2 = time.perf_counter()
     await _publish(topic, 2, b"m2")  # (no broadcast: as if it came before the others parked)
     level = [await _park(fanout, topic, 2) for _ in range(5)]  # after frame 2
     raw = await _park(fanout, topic, 2, chunked=False)
@@ -131,12 +133,16 @@ async def test_followers_at_one_position_share_one_framed_chunk(tmp_path: Path) 
     assert all(f.reader.last_index == 3 for f, _ in [*level, behind, raw])
     assert len(fanout.followers) == 7  # all still parked
     assert metrics.messages_streamed.value == 8  # 7 followers, one of them 2 behind
+    # One slice, one lag figure: the age of the oldest commit it sent (m2, to ``behind``).
+    assert sum(metrics.fanout_lag.counts) == 1
+    assert 0 < metrics.fanout_lag.total <= time.perf_counter() - before_m2
 
 
 async def test_commits_during_a_pass_reach_every_follower_once(tmp_path: Path) -> None:
     topic = await asyncio.to_thread(Topic.open, tmp_path / "t", 1)
     await _publish(topic, 1, b"m1")
-    fanout = FanOut(topic, BrokerMetrics())
+    metrics = BrokerMetrics()
+    fanout = FanOut(topic, metrics)
     parked = [await _park(fanout, topic, 1) for _ in range(3 * SLICE)]
     await _publish(topic, 2, b"m2")
     topic.append(encode(1, 1, b"m3", 3))
@@ -154,6 +160,8 @@ async def test_commits_during_a_pass_reach_every_follower_once(tmp_path: Path) -
     # commits in one write.
     counts = sorted(len(transport.writes) for _, transport in parked)
     assert counts == [1] * (2 * SLICE) + [2] * SLICE
+    # A lag figure for every slice that sent something: three, then one of the second pass.
+    assert sum(metrics.fanout_lag.counts) == 4
 
 
 async def test_a_stream_from_the_next_index_follows_from_memory(tmp_path: Path) -> None:

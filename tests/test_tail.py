@@ -42,7 +42,8 @@ def found(tail: Tail, at: Segment, position: int) -> tuple[bytes, TailChunk] | N
     result = tail.after(at, position)
     if result is None:
         return None
-    parts, last = result
+    parts, first, last = result
+    assert first.segment is at and first.start <= position < first.end
     return b"".join(parts), last
 
 
