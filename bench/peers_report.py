@@ -137,7 +137,10 @@ def rows_and_notes(w: dict[str, dict[str, Summary]], notes: list[str], settings:
         "parser, hiredis for RESP), because the library clients cost more CPU per message "
         "than either server (aiohttp's and redis-py's latency figures are side columns); NATS "
         "keeps nats-py. All subscribers run in one Python process, so at 100 and 1,000 "
-        "subscribers every p99 still includes that process's queueing. Figures whose load "
+        "subscribers every p99 still includes that process's queueing; the process takes "
+        "its import-time objects out of the garbage collector's view (`gc.freeze`) before "
+        "the first workload, so its full collections do not pause every server's "
+        "subscribers for 40-70 ms. Figures whose load "
         "generator kept "
         f"≥ {CLIENT_BOUND_CORES} of a core busy in this run: "
         + ("; ".join(bound) if bound else "none") + ".",
