@@ -1,0 +1,381 @@
+"""The two processes of the split experiment (bench/bench_split.py): an HTTP front and a log.
+
+``front --port P --log SOCKET``: the broker's own publish handler (``Handlers.publish``
+behind ``errors_middleware``, served by ``BrokerConnection`` with the broker's defaults) on
+uvloop, so every request is parsed, validated, encoded and answered exactly as the broker
+does it. Its log is a :class:`LogClient`, which hands each command to the log process over a
+Unix socket: whatever commands are ready when the loop comes round go out as one write, and a
+FIFO of futures takes the answers. Several fronts may share the port (SO_REUSEPORT).
+
+``log --data DIR --socket SOCKET``: the real ``Broker`` and ``LocalLog(fsync="always")``;
+every command goes through ``await log.apply(command)`` as in the broker, so group commit,
+the write and the fdatasync are the real ones, and an answer is sent only once its command
+is durable. Answers go back in the order the commands came.
+
+Wire format (one machine, so the offsets array travels in native byte order)::
+
+    front → log   u32 body length | i64 topic | u32 stride | u32 offset count
+                  | offset count × i64 offsets | body
+                  topic -1: plain bytes, not a validated Command (count 0)
+                  topic -2: a stats request (no body)
+    log → front   u8 kind | u64 a | u64 b [| message]
+                  kind 0, applied:  a = first index, b = last index
+                  kind 1, an error: a = HTTP status, b = message length, then the UTF-8 message
+                  kind 2, stats:    a = groups written, b = the broker's index
+
+Each process prints ``ready`` once it serves and stops on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import socket
+import struct
+from array import array
+from collections import deque
+from pathlib import Path
+from typing import Any, cast
+
+from aiohttp import web
+
+from messaging.broker import ApplyResult, Broker
+from messaging.cli import event_loop_factory
+from messaging.config import BrokerConfig
+from messaging.errors import ERROR_HEADER, BrokerClosedError, MessagingError, error_for_status
+from messaging.http import (
+    BrokerView,
+    ConnectionLimits,
+    Handlers,
+    connection_factory,
+    errors_middleware,
+)
+from messaging.limits import Limits
+from messaging.local_log import LocalLog
+from messaging.message import Command
+from messaging.metrics import BrokerMetrics
+from messaging.server import LISTEN_BACKLOG
+
+#: A command's header: body length, topic (or PLAIN / STATS), stride, offset count.
+COMMAND = struct.Struct("=IqII")
+#: An answer's header: kind, then two numbers whose meaning depends on the kind.
+ANSWER = struct.Struct("=BQQ")
+_OFFSET = array("q").itemsize
+PLAIN, STATS = -1, -2
+APPLIED, ERROR, STATS_KIND = 0, 1, 2
+#: Commands the front queues for the log before it refuses more (50 connections need 50).
+MAX_IN_FLIGHT = 100_000
+
+
+def command_frame(command: bytes) -> list[bytes]:
+    """The pieces one command takes on the wire (a validated Command keeps its offsets)."""
+    if isinstance(command, Command):
+        offsets = command.offsets
+        topic = PLAIN if command.topic is None else command.topic
+        return [COMMAND.pack(len(command), topic, command.stride, len(offsets)),
+                offsets.tobytes(), command]
+    return [COMMAND.pack(len(command), PLAIN, 0, 0), command]
+
+
+def stats_request() -> bytes:
+    """The frame that asks the log process for its figures."""
+    return COMMAND.pack(0, STATS, 0, 0)
+
+
+# -- the front ------------------------------------------------------------------------------
+
+
+class LogClient(asyncio.Protocol):
+    """The front's log: commands go to the log process, answers come back in order.
+
+    Implements the ``messaging.log.Log`` protocol as a single node that always leads; the
+    answer carries the index range only (no stream outcome: the experiment sends no producer
+    headers) and the topics touched are not reported (the front has no readers to wake).
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._transport: asyncio.Transport | None = None
+        self._waiting: deque[asyncio.Future[ApplyResult]] = deque()
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._buffer = bytearray()
+        self._lost: str | None = None
+
+    # the protocol's side
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = f"the log process went away ({exc or 'closed'})"
+        self._transport = None
+        while self._waiting:
+            future = self._waiting.popleft()
+            if not future.done():
+                future.set_exception(BrokerClosedError(self._lost))
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        at, size = 0, ANSWER.size
+        while len(buffer) - at >= size:
+            kind, a, b = ANSWER.unpack_from(buffer, at)
+            end = at + size + (b if kind == ERROR else 0)
+            if end > len(buffer):
+                break
+            result: ApplyResult | MessagingError
+            if kind == APPLIED:
+                result = ApplyResult(a, b, frozenset())
+            else:
+                message = bytes(buffer[at + size:end]).decode("utf-8", "replace")
+                result = error_for_status(a, {ERROR_HEADER: message})
+            at = end
+            future = self._waiting.popleft()
+            if future.done():  # its request was cancelled (the client went away)
+                continue
+            if isinstance(result, MessagingError):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+        del buffer[:at]
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out, self._out = self._out, []
+        if self._transport is not None and out:
+            self._transport.write(b"".join(out))
+
+    # the Log protocol's side
+
+    async def start(self) -> None:
+        """Nothing to start: the connection is made by ``connect``."""
+
+    async def close(self) -> None:
+        """Close the connection to the log process (queued commands are answered 503)."""
+        if self._transport is not None:
+            self._transport.close()
+
+    async def apply(self, command: bytes) -> ApplyResult:
+        """Send the command with whatever else is ready this turn; wait for its answer."""
+        if self._lost is not None or self._transport is None:
+            raise BrokerClosedError(self._lost or "not connected to the log process")
+        if len(self._waiting) >= MAX_IN_FLIGHT:
+            raise BrokerClosedError("too many commands waiting for the log process")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[ApplyResult] = loop.create_future()
+        self._waiting.append(future)
+        self._out += command_frame(command)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        return await future
+
+    async def heartbeat(self, topic: int, index: int, url: str) -> None:
+        """Subscriber progress is not part of the experiment."""
+        raise BrokerClosedError("heartbeats are not served by the split front")
+
+    def is_leader(self) -> bool:
+        """The front stands for a single node, which always leads."""
+        return True
+
+    def leader_url(self) -> str | None:
+        """This front's URL."""
+        return self.url
+
+    def urls(self) -> list[str]:
+        """Just this front."""
+        return [self.url]
+
+    def not_ready(self) -> str | None:
+        """Why the front cannot take writes (None: it can)."""
+        return self._lost
+
+    def diagnostics(self) -> dict[str, Any]:
+        """Commands waiting for their answers."""
+        return {"role": "split-front", "waiting": len(self._waiting)}
+
+
+class _NoReads:
+    """The broker side of a front: the publish route uses only the metrics."""
+
+    def __init__(self) -> None:
+        self.metrics = BrokerMetrics()
+
+
+def listening_socket(port: int) -> socket.socket:
+    """127.0.0.1:``port`` with SO_REUSEPORT, so that several fronts share it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(LISTEN_BACKLOG)
+    sock.setblocking(False)
+    return sock
+
+
+async def run_front(port: int, log_socket: str, stop: asyncio.Event) -> None:
+    """Serve POST /messaging/messages as the broker does, its log in the log process."""
+    loop = asyncio.get_running_loop()
+    defaults = BrokerConfig(data=Path("unused"))  # the broker's default limits
+    url = f"http://127.0.0.1:{port}"
+    _, client = await loop.create_unix_connection(lambda: LogClient(url), log_socket)
+    handlers = Handlers(cast(BrokerView, _NoReads()), client, defaults.max_message_size,
+                        defaults.max_request_size, Limits())
+    app = web.Application(middlewares=[errors_middleware], client_max_size=max(
+        defaults.max_request_size, defaults.max_message_size + 1024))
+    app.router.add_post("/messaging/messages", handlers.publish)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=5.0)
+    await runner.setup()
+    assert runner.server is not None
+    limits = ConnectionLimits(defaults.header_timeout, defaults.max_connections)
+    listener = await loop.create_server(connection_factory(runner.server, limits),
+                                        sock=listening_socket(port), backlog=LISTEN_BACKLOG)
+    print("ready", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        listener.close()
+        await client.close()
+        await runner.cleanup()
+        limits.close()
+
+
+# -- the log process ------------------------------------------------------------------------
+
+
+class LogServer(asyncio.Protocol):
+    """One front's connection: each command through ``LocalLog.apply``, answers in order."""
+
+    def __init__(self, log: LocalLog, broker: Broker) -> None:
+        self.log = log
+        self.broker = broker
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._waiting: deque[asyncio.Future[ApplyResult | tuple[int, int]]] = deque()
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None  # commands already handed to the log still complete
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        at, size = 0, COMMAND.size
+        loop = asyncio.get_running_loop()
+        while len(buffer) - at >= size:
+            length, topic, stride, count = COMMAND.unpack_from(buffer, at)
+            body_at = at + size + count * _OFFSET
+            end = body_at + length
+            if end > len(buffer):
+                break
+            future: asyncio.Future[Any]
+            if topic == STATS:
+                future = loop.create_future()
+                future.set_result((self.log.groups, self.broker.index))
+            else:
+                body = bytes(buffer[body_at:end])
+                if topic == PLAIN:
+                    command = body
+                else:
+                    offsets = array("q")
+                    offsets.frombytes(buffer[at + size:body_at])
+                    command = Command.of(body, offsets, topic, stride)
+                future = loop.create_task(self.log.apply(command))
+            at = end
+            self._waiting.append(future)
+            future.add_done_callback(self._answer)
+        del buffer[:at]
+
+    def _answer(self, _done: asyncio.Future[Any]) -> None:
+        """Answer every finished command at the head of the FIFO (they finish in order)."""
+        waiting = self._waiting
+        while waiting and waiting[0].done():
+            self._out.append(_encode(waiting.popleft()))
+        if self._out and not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out, self._out = self._out, []
+        if self._transport is not None and out:
+            self._transport.write(b"".join(out))
+
+
+def _encode(done: asyncio.Future[Any]) -> bytes:
+    """The answer for one finished command (or stats request)."""
+    error = (BrokerClosedError("the log process is shutting down") if done.cancelled()
+             else done.exception())
+    if error is None:
+        result = done.result()
+        if isinstance(result, ApplyResult):
+            first, last = result.first, result.last
+            outcome = result.stream
+            if outcome is not None and outcome.producer is not None:
+                first, last = outcome.first, outcome.last
+            return ANSWER.pack(APPLIED, first, last)
+        groups, index = result
+        return ANSWER.pack(STATS_KIND, groups, index)
+    status = error.status if isinstance(error, MessagingError) else 500
+    message = str(error).encode("utf-8", "replace")
+    return ANSWER.pack(ERROR, status, len(message)) + message
+
+
+async def run_log(data: Path, path: str, stop: asyncio.Event) -> None:
+    """Open the broker, run its LocalLog with fsync always, serve the fronts on ``path``."""
+    loop = asyncio.get_running_loop()
+    defaults = BrokerConfig(data=data)
+    broker = await loop.run_in_executor(None, lambda: Broker.open(
+        data, max_segment_size=defaults.max_segment_size,
+        max_topic_size=defaults.max_topic_size,
+        subscriber_timeout=defaults.subscriber_timeout))
+    log = LocalLog(broker, f"unix:{path}", fsync="always")
+    await log.start()
+    server = await loop.create_unix_server(lambda: LogServer(log, broker), path)
+    print("ready", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        server.close()
+        await log.close()
+        await loop.run_in_executor(None, broker.close)
+
+
+# -- the command line -----------------------------------------------------------------------
+
+
+async def _until_terminated(role: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if role.role == "front":
+        await run_front(role.port, role.log, stop)
+    else:
+        await run_log(role.data, role.socket, stop)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``front --port P --log SOCKET`` or ``log --data DIR --socket SOCKET``."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    roles = parser.add_subparsers(dest="role", required=True)
+    front = roles.add_parser("front", help="the HTTP front")
+    front.add_argument("--port", type=int, required=True)
+    front.add_argument("--log", required=True, help="the log process's Unix socket")
+    log = roles.add_parser("log", help="the log process")
+    log.add_argument("--data", type=Path, required=True)
+    log.add_argument("--socket", required=True)
+    args = parser.parse_args(argv)
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        runner.run(_until_terminated(args))
+
+
+if __name__ == "__main__":
+    main()
