@@ -10,7 +10,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 
 .PHONY: run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
-	bench-split bench-scaling soak \
+	bench-split bench-latency bench-scaling soak \
 	etcd conformance clean
 
 $(BIN)/python:
@@ -78,7 +78,7 @@ conformance:
 	fi
 
 bench: bench-storage bench-http bench-client bench-cluster bench-spark bench-streams \
-	bench-durable-streams bench-peers bench-split bench-scaling
+	bench-durable-streams bench-peers bench-split bench-latency bench-scaling
 
 bench-storage: $(STAMP)
 	$(BIN)/python bench/bench_storage.py
@@ -113,6 +113,11 @@ bench-peers: $(STAMP) conformance
 ## front(s) and a log process (installs wrk with apt when missing); about 1 minute
 bench-split: $(STAMP)
 	$(BIN)/python bench/bench_split.py
+
+## make bench-latency: where the p50 of publish → subscriber at 1,000 msg/s goes (the disk,
+## the thread hand-off, a minimal Python server, our broker, Redis); about 2 minutes
+bench-latency: $(STAMP)
+	$(BIN)/python bench/bench_latency.py
 
 ## make bench-scaling: throughput and p99 against batch size, message size, topic count and
 ## subscriber count, RSS per idle subscriber and per idle topic; under 12 minutes

@@ -179,20 +179,22 @@ def resp(*args: bytes) -> bytes:
     return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%b\r\n" % (len(a), a) for a in args)
 
 
-async def _connect(host: str, port: int, factory: Callable[[], asyncio.Protocol]) -> Any:
+async def connect(host: str, port: int, factory: Callable[[], asyncio.Protocol]) -> Any:
+    """A connection to ``host:port`` driven by ``factory()``: its protocol."""
     _transport, protocol = await asyncio.get_running_loop().create_connection(
         factory, host, port)
     return protocol
 
 
-def _close(transports: list[asyncio.Transport | None]) -> None:
+def close_all(transports: list[asyncio.Transport | None]) -> None:
+    """Close every transport that was made."""
     for transport in transports:
         if transport is not None:
             transport.close()
 
 
-async def _publish_paced(pool: list[RequestReply], rate: int, seconds: float,
-                         request: Callable[[int], bytes], ok: Callable[[Any], bool]) -> int:
+async def publish_paced(pool: list[RequestReply], rate: int, seconds: float,
+                        request: Callable[[int], bytes], ok: Callable[[Any], bool]) -> int:
     """``paced`` publishing over a pool of connections, one request in flight on each."""
     idle = list(pool)
     freed = asyncio.Event()
@@ -229,9 +231,9 @@ async def ours_fanout_raw(url: str, topic: int, subscribers: int, rate: int, sec
         async with asyncio.timeout(CONNECT_SECONDS):
             for i in range(subscribers):
                 sampled = delays if i % sample_every == 0 else None
-                streams.append(await _connect(host, port, partial(ChunkedStream, get, want,
-                                                                  sampled)))
-            pool = [await _connect(host, port, lambda: RequestReply(http_response))
+                streams.append(await connect(host, port, partial(ChunkedStream, get, want,
+                                                                 sampled)))
+            pool = [await connect(host, port, lambda: RequestReply(http_response))
                     for _ in range(PUBLISHERS)]
         await asyncio.sleep(0.2 + subscribers / 2000)
         head = b"POST /messaging/messages?topicID=%d HTTP/1.1\r\nHost: %b\r\n" % (
@@ -242,13 +244,13 @@ async def ours_fanout_raw(url: str, topic: int, subscribers: int, rate: int, sec
             return head + b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
 
         lag_before = await fanout_lag(url)
-        sent = await _publish_paced(pool, rate, seconds, request, lambda status: status == 200)
+        sent = await publish_paced(pool, rate, seconds, request, lambda status: status == 200)
         await asyncio.wait([s.done for s in streams], timeout=DRAIN_SECONDS)
         lag = [(bound, count - before)
                for (bound, count), (_, before) in zip(await fanout_lag(url), lag_before,
                                                       strict=True)]
     finally:
-        _close([s.transport for s in streams] + [p.transport for p in pool])
+        close_all([s.transport for s in streams] + [p.transport for p in pool])
     for stream in streams:
         if stream.done.done() and stream.done.exception() is not None:
             raise stream.done.exception()  # type: ignore[misc]
@@ -331,21 +333,21 @@ async def redis_fanout_raw(port: int, key: str, subscribers: int, rate: int, sec
     pool: list[RequestReply] = []
     try:
         async with asyncio.timeout(CONNECT_SECONDS):
-            pool = [await _connect("127.0.0.1", port, lambda: RequestReply(RespParser()))
+            pool = [await connect("127.0.0.1", port, lambda: RequestReply(RespParser()))
                     for _ in range(PUBLISHERS)]
             await pool[0].ask(resp(b"DEL", name))
             start = await pool[0].ask(resp(b"XADD", name, b"*", b"f", b"start"))
             for i in range(subscribers):
                 sampled = delays if i % sample_every == 0 else None
-                readers.append(await _connect("127.0.0.1", port, partial(
+                readers.append(await connect("127.0.0.1", port, partial(
                     XReadLoop, name, start, total, sampled)))
         await asyncio.sleep(0.2 + subscribers / 2000)
-        sent = await _publish_paced(
+        sent = await publish_paced(
             pool, rate, seconds, lambda k: resp(b"XADD", name, b"*", b"f", stamped(k)),
             lambda reply: isinstance(reply, bytes))
         await asyncio.wait([r.done for r in readers], timeout=DRAIN_SECONDS)
     finally:
-        _close([r.transport for r in readers] + [p.transport for p in pool])
+        close_all([r.transport for r in readers] + [p.transport for p in pool])
     for reader in readers:
         if reader.done.done() and reader.done.exception() is not None:
             raise reader.done.exception()  # type: ignore[misc]
