@@ -21,6 +21,7 @@ from messaging.message import (
     Message,
     decode,
     decode_one,
+    decode_slices,
     decode_verified,
     encode,
     encode_batch,
@@ -275,3 +276,26 @@ def test_uniform_scan_agrees_with_the_walk(count: int, length: int, after: int |
     walk = scan(buffer, after=after, max_length=32, offsets=array("q"))
     assert summary(fast) == summary(walk)
     assert decode_verified(bytes(buffer[:fast.end])) == decode(buffer[:fast.end])[0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(msgs=st.lists(messages, max_size=150), uniform=st.integers(-1, 40),
+       size=st.sampled_from([1, 3, 64]))
+def test_decode_slices_agree_with_decode(msgs: list[Message], uniform: int, size: int) -> None:
+    """Frames of one size (the struct-per-frame path) or of many (the walk), in slices of
+    ``size``: together the slices are what ``decode`` finds, each starting where its first
+    frame does."""
+    if uniform >= 0:  # every frame the same length
+        msgs = [m._replace(data=bytes([k % 251]) * uniform) for k, m in enumerate(msgs)]
+    buffer = b"".join(encode(m.type, m.topic, m.data, m.index) for m in msgs)
+    expected = decode(buffer)[0]
+    slices = list(decode_slices(buffer, size))
+    assert [m for _at, ms in slices for m in ms] == expected == msgs
+    assert all(0 < len(ms) <= size for _at, ms in slices)
+    at = 0
+    for start, ms in slices:
+        assert start == at
+        assert decode(buffer[start:])[0][:len(ms)] == ms
+        at += sum(HEADER_SIZE + len(m.data) for m in ms)
+    assert decode_verified(buffer) == msgs
+    assert all(type(m.data) is bytes for m in decode_verified(buffer))
