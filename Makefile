@@ -10,7 +10,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 
 .PHONY: run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
-	bench-split bench-latency bench-scaling soak \
+	bench-split bench-latency bench-fanout bench-scaling soak \
 	etcd conformance clean
 
 $(BIN)/python:
@@ -78,7 +78,7 @@ conformance:
 	fi
 
 bench: bench-storage bench-http bench-client bench-cluster bench-spark bench-streams \
-	bench-durable-streams bench-peers bench-split bench-latency bench-scaling
+	bench-durable-streams bench-peers bench-split bench-latency bench-fanout bench-scaling
 
 bench-storage: $(STAMP)
 	$(BIN)/python bench/bench_storage.py
@@ -118,6 +118,11 @@ bench-split: $(STAMP)
 ## the thread hand-off, a minimal Python server, our broker, Redis); about 2 minutes
 bench-latency: $(STAMP)
 	$(BIN)/python bench/bench_latency.py
+
+## make bench-fanout: 1,000 streaming subscribers at 1,000 msg/s: the broker's own part of the
+## p99 (its lag histogram), what the rests between fan-out slices trade, Redis beside; ~2 minutes
+bench-fanout: $(STAMP)
+	$(BIN)/python bench/bench_fanout.py
 
 ## make bench-scaling: throughput and p99 against batch size, message size, topic count and
 ## subscriber count, RSS per idle subscriber and per idle topic; under 12 minutes

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import hiredis
 
+from bench.common import percentile
 from bench.peers_load import (
     DRAIN_SECONDS,
     PAYLOAD,
@@ -194,8 +195,10 @@ def close_all(transports: list[asyncio.Transport | None]) -> None:
 
 
 async def publish_paced(pool: list[RequestReply], rate: int, seconds: float,
-                        request: Callable[[int], bytes], ok: Callable[[Any], bool]) -> int:
-    """``paced`` publishing over a pool of connections, one request in flight on each."""
+                        request: Callable[[int], bytes], ok: Callable[[Any], bool],
+                        round_trips: list[float] | None = None) -> int:
+    """``paced`` publishing over a pool of connections, one request in flight on each;
+    each publish's round trip (request written → answer parsed) goes to ``round_trips``."""
     idle = list(pool)
     freed = asyncio.Event()
 
@@ -204,15 +207,25 @@ async def publish_paced(pool: list[RequestReply], rate: int, seconds: float,
             freed.clear()
             await freed.wait()
         conn = idle.pop()
+        started = time.perf_counter()
         try:
             reply = await conn.ask(request(k))
         finally:
             idle.append(conn)
             freed.set()
+        if round_trips is not None:
+            round_trips.append(time.perf_counter() - started)
         if not ok(reply):
             raise RuntimeError(f"publish refused: {reply!r}")
 
     return await paced(rate, seconds, publish)
+
+
+def round_trip_figures(figure: Figure, round_trips: list[float]) -> None:
+    """Put the publishes' round-trip p50 and p99 (ms) into ``figure.extra``."""
+    if round_trips:
+        figure.extra["publish_p50"] = percentile(round_trips, 50) * 1000
+        figure.extra["publish_p99"] = percentile(round_trips, 99) * 1000
 
 
 async def ours_fanout_raw(url: str, topic: int, subscribers: int, rate: int, seconds: float,
@@ -223,6 +236,7 @@ async def ours_fanout_raw(url: str, topic: int, subscribers: int, rate: int, sec
     total = int(rate * seconds)
     want = total * (HEADER_SIZE + len(PAYLOAD))
     delays: list[float] = []
+    round_trips: list[float] = []
     get = (b"GET /messaging/messages?topicID=%d&streaming=true HTTP/1.1\r\nHost: %b\r\n\r\n"
            % (topic, host.encode()))
     streams: list[ChunkedStream] = []
@@ -244,7 +258,8 @@ async def ours_fanout_raw(url: str, topic: int, subscribers: int, rate: int, sec
             return head + b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
 
         lag_before = await fanout_lag(url)
-        sent = await publish_paced(pool, rate, seconds, request, lambda status: status == 200)
+        sent = await publish_paced(pool, rate, seconds, request, lambda status: status == 200,
+                                   round_trips)
         await asyncio.wait([s.done for s in streams], timeout=DRAIN_SECONDS)
         lag = [(bound, count - before)
                for (bound, count), (_, before) in zip(await fanout_lag(url), lag_before,
@@ -259,6 +274,7 @@ async def ours_fanout_raw(url: str, topic: int, subscribers: int, rate: int, sec
     figure.extra["all_delivered"] = all(size == want for size in sizes)
     figure.extra["broker_lag_p50"] = lag_quantile(lag, 0.5)
     figure.extra["broker_lag_p99"] = lag_quantile(lag, 0.99)
+    round_trip_figures(figure, round_trips)
     return figure
 
 
@@ -329,6 +345,7 @@ async def redis_fanout_raw(port: int, key: str, subscribers: int, rate: int, sec
     total = int(rate * seconds)
     name = key.encode()
     delays: list[float] = []
+    round_trips: list[float] = []
     readers: list[XReadLoop] = []
     pool: list[RequestReply] = []
     try:
@@ -344,7 +361,7 @@ async def redis_fanout_raw(port: int, key: str, subscribers: int, rate: int, sec
         await asyncio.sleep(0.2 + subscribers / 2000)
         sent = await publish_paced(
             pool, rate, seconds, lambda k: resp(b"XADD", name, b"*", b"f", stamped(k)),
-            lambda reply: isinstance(reply, bytes))
+            lambda reply: isinstance(reply, bytes), round_trips)
         await asyncio.wait([r.done for r in readers], timeout=DRAIN_SECONDS)
     finally:
         close_all([r.transport for r in readers] + [p.transport for p in pool])
@@ -354,4 +371,5 @@ async def redis_fanout_raw(port: int, key: str, subscribers: int, rate: int, sec
     counts = [reader.count for reader in readers]
     figure = latencies(delays, sent, min(counts))
     figure.extra["all_delivered"] = all(c == total for c in counts)
+    round_trip_figures(figure, round_trips)
     return figure
