@@ -20,9 +20,7 @@ for every case the publishes' round trips and the CPU of the server and of this 
 from __future__ import annotations
 
 import argparse
-import gc
 import itertools
-import json
 import math
 import os
 import statistics
@@ -265,10 +263,7 @@ def main() -> None:
     """Start the servers, run the rounds, stop the servers by PID, write the report."""
     s, out = parse_args()
     raise_nofile()
-    # As in bench_peers.py: this process's import-time objects out of the collector's view, so
-    # its full collections do not pause every server's subscribers alike.
-    gc.collect()
-    gc.freeze()
+    common.freeze_startup_objects()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-fanout-",
                                      dir=os.environ.get("BENCH_DIR")) as t:
@@ -279,9 +274,7 @@ def main() -> None:
         finally:
             servers.stop()
     runtime = time.perf_counter() - started
-    if out is not None:
-        common.RESULTS, common.RESULTS_MD = out / "results", out / "RESULTS.md"
-    common.RESULTS.mkdir(parents=True, exist_ok=True)
+    common.results_under(out)
     w = {k: c.summary() for k, c in cases.items()}
     how = (f"{s.subscribers:,} streaming subscribers of one topic in one Python process, "
            f"one publisher at {s.rate:,} msg/s over 8 connections, runs of {s.seconds:g} s, "
@@ -292,11 +285,8 @@ def main() -> None:
                         + ([f"Notes: {'; '.join(servers.notes)}."] if servers.notes else []))
     report("fanout", "Fan-out experiment: the broker's part of the p99, and the rests",
            rows(w, s), command_line(), notes=notes)
-    path = common.RESULTS / "fanout.json"
-    payload = json.loads(path.read_text())
-    payload |= {"settings": asdict(s), "cases": w, "notes": servers.notes,
-                "runtime_seconds": runtime}
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    common.add_to_json("fanout", {"settings": asdict(s), "cases": w, "notes": servers.notes,
+                                  "runtime_seconds": runtime})
     print(text)
     print(f"runtime {runtime:.0f} s; results in {common.RESULTS}")
 

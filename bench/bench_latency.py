@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -393,9 +392,7 @@ def main() -> None:
         finally:
             servers.stop()
     runtime = time.perf_counter() - started
-    if out is not None:
-        common.RESULTS, common.RESULTS_MD = out / "results", out / "RESULTS.md"
-    common.RESULTS.mkdir(parents=True, exist_ok=True)
+    common.results_under(out)
     summaries = {m.key: m.summary() for m in ms}
     text, computed = budget(summaries)
     how = (f"Every figure at {s.rate:,} messages/s, paced open loop: {s.rounds} round(s) of "
@@ -410,11 +407,9 @@ def main() -> None:
     report("latency", "Latency budget: publish → subscriber p50 at 1,000 msg/s",
            table_rows(summaries), command_line(), notes=notes)
     plot(summaries)
-    path = common.RESULTS / "latency.json"
-    payload = json.loads(path.read_text())
-    payload |= {"settings": asdict(s), "measurements": summaries, "budget": computed,
-                "notes": servers.notes, "runtime_seconds": runtime}
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    common.add_to_json("latency", {"settings": asdict(s), "measurements": summaries,
+                                   "budget": computed, "notes": servers.notes,
+                                   "runtime_seconds": runtime})
     print(text)
     print(f"runtime {runtime:.0f} s; results in {common.RESULTS}")
 

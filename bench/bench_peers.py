@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
-import json
 import os
 import resource
 import statistics
@@ -185,29 +183,19 @@ def parse_args() -> tuple[Settings, Path | None, argparse.Namespace]:
 def main() -> None:
     s, out, _ = parse_args()
     raise_nofile()
-    # The load generator's own full collections walked every object its imports made
-    # (matplotlib, three client libraries): pauses of 40-70 ms that landed in every server's
-    # live-delivery p99 alike. Those objects live as long as the process: take them out of
-    # the collector's view (every object made later is collected as usual).
-    gc.collect()
-    gc.freeze()
+    common.freeze_startup_objects()
     ds.PUBLISH_GRACE = 10.0  # the reference server's SSE latency run: bounded tighter
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-peers-", dir=os.environ.get("BENCH_DIR")) as t:
         results, notes = run_loop(run(Path(t), s))
     runtime = time.perf_counter() - started
-    if out is not None:
-        common.RESULTS, common.RESULTS_MD = out / "results", out / "RESULTS.md"
-    common.RESULTS.mkdir(parents=True, exist_ok=True)
+    common.results_under(out)
     summaries = {w: {k: r.summary() for k, r in cases_.items()} for w, cases_ in results.items()}
     rows, text = rows_and_notes(summaries, notes, asdict(s), runtime)
     report("peers", "Peers: Redis, NATS JetStream, the Durable Streams reference server",
            rows, command_line(), notes=text + "\n\n" + plots(summaries))
-    path = common.RESULTS / "peers.json"
-    payload = json.loads(path.read_text())
-    payload |= {"settings": asdict(s), "workloads": summaries, "notes": notes,
-                "runtime_seconds": runtime}
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    common.add_to_json("peers", {"settings": asdict(s), "workloads": summaries,
+                                 "notes": notes, "runtime_seconds": runtime})
     print(f"runtime {runtime:.0f} s; results in {common.RESULTS}")
 
 

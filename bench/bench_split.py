@@ -490,9 +490,7 @@ def main() -> None:
         except RuntimeError as err:  # a server that did not start
             sys.exit(f"bench_split: {str(err).splitlines()[0][:300]}")
     runtime = time.perf_counter() - started
-    if out is not None:
-        common.RESULTS, common.RESULTS_MD = out / "results", out / "RESULTS.md"
-    common.RESULTS.mkdir(parents=True, exist_ok=True)
+    common.results_under(out)
     w = {key: column.summary() for key, column in columns.items()}
     sentence = conclusion(w, fsync_rate)
     notes = (
@@ -507,11 +505,9 @@ def main() -> None:
         + cpu_plot(w))
     report("split", "Split experiment: HTTP in its own process(es), the log in another",
            rows(w), command_line(), notes=notes)
-    path = common.RESULTS / "split.json"
-    payload = json.loads(path.read_text())
-    payload |= {"settings": asdict(s), "configurations": w, "fsync_per_s": fsync_rate,
-                "conclusion": sentence, "runtime_seconds": runtime}
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    common.add_to_json("split", {"settings": asdict(s), "configurations": w,
+                                 "fsync_per_s": fsync_rate, "conclusion": sentence,
+                                 "runtime_seconds": runtime})
     print(sentence)
     print(f"runtime {runtime:.0f} s; results in {common.RESULTS}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import os
 import platform
@@ -14,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -118,6 +120,32 @@ def report(bench: str, title: str, rows: list[Row], command: str,
     write_section(bench, title, f"{date} on {machine()}.\nCommand: `{command}`\n\n{table}\n"
                   + (f"\n{notes.strip()}\n" if notes else "")
                   + f"\n![{bench}](results/{bench}.png)")
+
+
+def results_under(out: Path | None) -> None:
+    """Write results/ and RESULTS.md under ``out`` instead of bench/ (``None``: bench/)."""
+    global RESULTS, RESULTS_MD
+    if out is not None:
+        RESULTS, RESULTS_MD = out / "results", out / "RESULTS.md"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+
+
+def add_to_json(bench: str, fields: dict[str, Any]) -> None:
+    """Add ``fields`` to the ``results/<bench>.json`` that :func:`report` wrote."""
+    path = RESULTS / f"{bench}.json"
+    payload = json.loads(path.read_text()) | fields
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def freeze_startup_objects() -> None:
+    """Take the load generator's import-time objects out of the collector's view.
+
+    Its imports (matplotlib, the client libraries) made each of its full collections 40-70 ms,
+    pauses that landed in every server's live-delivery p99 alike. Those objects live as long
+    as the process; every object made later is collected as usual.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def write_section(bench: str, title: str, body: str) -> None:

@@ -14,7 +14,7 @@ import asyncio
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -55,6 +55,14 @@ class Subscriber(asyncio.Protocol):
                 self.done.set_result(None)
             else:
                 self.done.set_exception(err)
+
+
+def raise_failure(subscribers: Iterable[Subscriber]) -> None:
+    """Raise the error the first failed subscriber ended with, if any did."""
+    for subscriber in subscribers:
+        done = subscriber.done
+        if done.done() and done.exception() is not None:
+            raise done.exception()  # type: ignore[misc]
 
 
 class ChunkedStream(Subscriber):
@@ -266,9 +274,7 @@ async def ours_fanout_raw(url: str, topic: int, subscribers: int, rate: int, sec
                                                       strict=True)]
     finally:
         close_all([s.transport for s in streams] + [p.transport for p in pool])
-    for stream in streams:
-        if stream.done.done() and stream.done.exception() is not None:
-            raise stream.done.exception()  # type: ignore[misc]
+    raise_failure(streams)
     sizes = [stream.got for stream in streams]
     figure = latencies(delays, sent, min(sizes) // (HEADER_SIZE + len(PAYLOAD)))
     figure.extra["all_delivered"] = all(size == want for size in sizes)
@@ -365,9 +371,7 @@ async def redis_fanout_raw(port: int, key: str, subscribers: int, rate: int, sec
         await asyncio.wait([r.done for r in readers], timeout=DRAIN_SECONDS)
     finally:
         close_all([r.transport for r in readers] + [p.transport for p in pool])
-    for reader in readers:
-        if reader.done.done() and reader.done.exception() is not None:
-            raise reader.done.exception()  # type: ignore[misc]
+    raise_failure(readers)
     counts = [reader.count for reader in readers]
     figure = latencies(delays, sent, min(counts))
     figure.extra["all_delivered"] = all(c == total for c in counts)

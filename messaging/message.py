@@ -312,13 +312,9 @@ def frame_columns(buffer: bytes) -> FrameColumns:
 
 
 def decode_verified(buffer: bytes) -> list[Message]:
-    """The messages of whole frames already checked (see :func:`frame_columns`)."""
-    uniform = _uniform_frames(buffer)
-    if uniform is not None and uniform[0] * uniform[1] == len(buffer):
-        stride, _count = uniform
-        return list(map(_new_tuple, repeat(Message),
-                        _frame_struct(stride - HEADER_SIZE).iter_unpack(buffer)))
-    return _messages(*frame_columns(buffer))
+    """The messages of whole frames already checked (see :func:`decode_slices`)."""
+    _at, messages = next(decode_slices(buffer, max(1, len(buffer))), (0, []))
+    return messages
 
 
 def decode_slices(buffer: bytes, size: int) -> Iterator[tuple[int, list[Message]]]:
@@ -343,8 +339,9 @@ def decode_slices(buffer: bytes, size: int) -> Iterator[tuple[int, list[Message]
     offset = 0
     for i in range(0, len(indexes), size):
         stop = i + size
-        yield offset, _messages(indexes[i:stop], types[i:stop], topics[i:stop], datas[i:stop])
-        offset += sum(map(len, datas[i:stop])) + HEADER_SIZE * len(datas[i:stop])
+        data = datas[i:stop]
+        yield offset, _messages(indexes[i:stop], types[i:stop], topics[i:stop], data)
+        offset += sum(map(len, data)) + HEADER_SIZE * len(data)
 
 
 # _frame_struct relies on it: a Message's fields are header fields in header order, then data.

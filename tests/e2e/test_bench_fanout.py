@@ -5,21 +5,14 @@ not checked: no timed assertions)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.e2e.bench_run import run_quick
 
 
 def test_quick_run(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_fanout.py"), "--quick", "--out",
-         str(tmp_path)],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "BENCH_DIR": str(tmp_path)})
+    done = run_quick("bench_fanout.py", tmp_path, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     payload = json.loads((tmp_path / "results" / "fanout.json").read_text())
     cases = payload["cases"]

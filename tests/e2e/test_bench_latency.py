@@ -4,13 +4,11 @@ writes a positive p50 and p99 for each (figures are not checked: no timed assert
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.e2e.bench_run import run_quick
+
 MEASUREMENTS = {
     "disk": ["disk-append", "disk-zeroed", "disk-fallocate", "disk-dsync"],
     "handoff": ["handoff", "handoff-disk"],
@@ -22,11 +20,7 @@ MEASUREMENTS = {
 
 def test_quick_run(tmp_path: Path) -> None:
     groups = [g for g in MEASUREMENTS if g != "redis" or shutil.which("redis-server")]
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_latency.py"), "--quick", "--only",
-         ",".join(groups), "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=150, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "BENCH_DIR": str(tmp_path)})
+    done = run_quick("bench_latency.py", tmp_path, "--only", ",".join(groups))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     payload = json.loads((tmp_path / "results" / "latency.json").read_text())
     measured = payload["measurements"]

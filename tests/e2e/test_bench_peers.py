@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.e2e.bench_run import run_quick
+
 WORKLOADS = {
     "single": ["ours"],
     "batch": ["ours", "ceiling"],
@@ -22,11 +20,7 @@ WORKLOADS = {
 
 
 def test_quick_run_of_ours(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_peers.py"), "--quick", "--only", "ours",
-         "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=150, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "BENCH_DIR": str(tmp_path)})
+    done = run_quick("bench_peers.py", tmp_path, "--only", "ours")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     payload = json.loads((tmp_path / "results" / "peers.json").read_text())
     for workload, keys in WORKLOADS.items():

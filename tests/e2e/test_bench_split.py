@@ -5,14 +5,12 @@ process for each (figures are not checked: no timed assertions)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.e2e.bench_run import run_quick
+
 PROCESSES = {
     "bare": ["bare", "wrk"],
     "broker": ["broker", "wrk"],
@@ -22,11 +20,7 @@ PROCESSES = {
 
 
 def test_quick_run_of_split(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_split.py"), "--quick", "--out",
-         str(tmp_path)],
-        capture_output=True, text=True, timeout=150, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "BENCH_DIR": str(tmp_path)})
+    done = run_quick("bench_split.py", tmp_path)
     if done.returncode != 0 and "wrk is not installed" in done.stderr:
         pytest.skip(done.stderr.strip())  # the bench could not install it either
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
