@@ -9,10 +9,14 @@ Broker-internal frames (type bit 0x8000) take no index and are never stored in a
 record subscriber progress (:data:`SET_TOPIC_MAX_INDEX`) and consumer position resets and
 deletes (:data:`messaging.subscribers.CONSUMER_OP`).
 
-A group of commands is one transaction (:meth:`Broker.write_group`): every topic it touches is
-written once and fsynced once, subscriber progress it records is saved, and only then does any
-of it become visible; any failure undoes all of it, so a client that got an error never sees
-its messages, and nothing on disk is left that the in-memory state does not account for.
+A group of commands is one transaction (:meth:`Broker.write_group`): the state it changes
+besides frames (catalog, producer sequence numbers, subscriber positions) is written to the
+state journal first, then every topic it touches is written once and fsynced once, and only
+then does any of it become visible; any failure undoes all of it, so a client that got an
+error never sees its messages, and nothing on disk is left that the in-memory state does not
+account for. A crash between the journal and the frames is undone at start-up (the line is
+dropped, the frames that made it are cut back), so frames and the state recorded with them
+always agree.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from messaging.catalog import (
     Decision,
     StreamOutcome,
 )
-from messaging.catalog_log import CatalogLog
+from messaging.catalog_log import CatalogLog, incomplete
 from messaging.config import (
     DEFAULT_MAX_SEGMENT_SIZE,
     DEFAULT_MAX_TOPIC_SIZE,
@@ -246,17 +250,52 @@ class Broker:
                 self._topics[topic.id] = topic
                 self.metrics.recovered_truncated_bytes.inc(topic.stats.recovered_truncated_bytes)
         self.catalog.restore(state.get("catalog"))
+        self.positions.restore(state.get("subscribers", {}))
         try:
-            for changes in self._catalog_log.read(int(state.get("catalog_seq", 0))):
-                self.catalog.replay(changes)
+            self._replay_journal(int(state.get("catalog_seq", 0)))
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise DataDirectoryError(f"{self._catalog_log.path} is unreadable: {err}") from err
         self._reconcile_streams()
         self.index = max([int(state.get("index", 0))]
                          + [t.last_index for t in self._topics.values()])
-        self.positions.restore(state.get("subscribers", {}))
         # Nothing is written here: a broker whose disk is full still starts and serves reads.
         log.info("opened %s: %d topics, index %d", self.path, len(self._topics), self.index)
+
+    def _replay_journal(self, after: int) -> None:
+        """Apply the state journal's lines after ``after`` (start-up).
+
+        Its last line may belong to a group a crash interrupted after the line was written and
+        before all of its frames were: that group was never acknowledged, so the line is
+        dropped and the frames of it that reached the disk are cut back (see
+        :mod:`messaging.catalog_log`). Frames and the state recorded with them then agree.
+        """
+        entries = self._catalog_log.read(after)
+        if entries and incomplete(entries[-1], self._last_on_disk):
+            self._cut_group(entries.pop())
+            self._catalog_log.drop_last()
+        for entry in entries:
+            self.catalog.replay(entry.get("changes", {}))
+            for topic, index, name, kind in entry.get("positions", []):
+                self.positions.apply(PositionChange(topic, index, name, kind))
+
+    def _last_on_disk(self, topic_id: int) -> int:
+        topic = self._topics.get(topic_id)
+        return topic.last_index if topic is not None else 0
+
+    def _cut_group(self, entry: dict[str, Any]) -> None:
+        """Remove the frames of a group the journal records as interrupted (start-up)."""
+        first = int(entry["group"]["first"])
+        for key in entry["group"]["last"]:
+            topic = self._topics.get(int(key))
+            if topic is None or topic.last_index < first:
+                continue
+            removed = topic.cut_after(first - 1)
+            log.warning("topic %d: removed %d bytes of a group a crash interrupted (from index "
+                        "%d; it was never acknowledged)", topic.id, removed, first)
+            if not any(topic.path.iterdir()):  # it held nothing but that group
+                self._remove_topic(topic.id)
+            else:
+                self._topics[topic.id] = Topic.open(topic.path, topic.id, self.max_segment_size)
 
     def _reconcile_streams(self) -> None:
         """Make the named topics on disk match the catalog saved with them (start-up).
@@ -352,29 +391,34 @@ class Broker:
                     notify: bool = True) -> list[ApplyResult | MessagingError]:
         """Apply commands in order as one transaction; every topic is written once.
 
-        Stamps indexes, stages the frames in their topics, writes each topic once, fsyncs them
-        (when ``durable``), saves the subscriber progress the group recorded, and only then
-        makes the group visible. A command that cannot apply (malformed, or for a topic that
-        stopped taking writes) gets its own error and the others apply; a failed write, fsync
-        or save undoes the whole group and every command gets that error. ``notify=False``
+        Stamps indexes, stages the frames in their topics, writes the group's state changes
+        to the state journal (fsynced when ``durable``), writes each topic once, fsyncs them
+        (when ``durable``), and only then makes the group visible. A command that cannot
+        apply (malformed, or for a topic that stopped taking writes) gets its own error and
+        the others apply; a failed write, fsync or save undoes the whole group and every command gets that error. ``notify=False``
         leaves waking the topics' followers to the caller (:meth:`notify`), so that it can
         answer the publishers first.
         """
         before = self.index
         touched: set[int] = set()
+        journaled = False
         try:
             results = self._stage_group(commands, touched)
             if self._topics_dir_dirty:
                 fsync_dir(self.path / "topics")  # the new topics' directories
                 self._topics_dir_dirty = False
+            # The state first, then the frames: see messaging.catalog_log for why.
+            journaled = self._journal(touched, before + 1, durable=durable)
             self._write_topics(list(touched), durable=durable)
-            self._record_heartbeats(durable=durable)
         except (MessagingError, OSError) as err:
             error = err if isinstance(err, MessagingError) else storage_error(
                 f"writing to {self.path}", err)
+            if journaled:
+                self._catalog_log.undo(durable=durable)
             self._abort(touched, before)
             self._log_failure(len(commands), error)
             return [error] * len(commands)
+        self._commit_positions()
         # The catalog first: a stream reader that sees a new tail before its topic's frames
         # finds nothing yet and waits for the topic's commit, which is still to come. The
         # other order would show it the frames under an old tail, caught up, and it would
@@ -387,6 +431,12 @@ class Broker:
         self._release_idle_files(t for t in touched if t not in removed)
         if changed or removed:
             self.streams_changed.notify()
+        if journaled and self._catalog_log.due:
+            try:
+                self.save_state(durable=durable)  # fold the journal into broker.json
+            except OSError as err:  # the journal still holds everything: fold next time
+                log.warning("could not fold %s into broker.json: %s", self._catalog_log.path,
+                            err.strerror or err)
         return results
 
     def notify(self, topic_ids: Iterable[int]) -> None:
@@ -490,24 +540,28 @@ class Broker:
         self._failure_logged = now
         self._failures_unlogged = 0
 
-    def _record_heartbeats(self, *, durable: bool) -> None:
-        """Apply the group's heartbeats and save them with the catalog's changes; on failure
-        leave them unapplied (the caller rolls the catalog back)."""
+    def _journal(self, touched: set[int], first: int, *, durable: bool) -> bool:
+        """Write the group's state changes (catalog, positions) and the frames it stages to
+        the state journal, before the frames; returns whether there was anything to write."""
+        if not self._heartbeats and not self.catalog.pending:
+            return False
+        entry: dict[str, Any] = {}
+        if self.catalog.pending:
+            entry["changes"] = self.catalog.changes()
+        if self._heartbeats:
+            entry["positions"] = [[c.topic, c.index, c.name, c.kind] for c in self._heartbeats]
+        if touched:
+            entry["group"] = {"first": first,
+                              "last": {str(t): self._topics[t].last_index for t in touched}}
+        self._catalog_log.append(entry, durable=durable)
+        return True
+
+    def _commit_positions(self) -> None:
+        """Apply the heartbeats and position changes of a group that is durable."""
         heartbeats, self._heartbeats = self._heartbeats, []
         if not heartbeats:
-            if self.catalog.pending:
-                if self._catalog_log.due:
-                    self.save_state(durable=durable)  # fold the journal into broker.json
-                else:
-                    # One line with what this group changed, not every stream's metadata.
-                    self._catalog_log.append(self.catalog.changes(), durable=durable)
             return
         before = self.positions.record_all(heartbeats)
-        try:
-            self.save_state(durable=durable)
-        except OSError:
-            self.positions.undo(before)
-            raise
         for (topic_id, url), previous in before.items():
             if previous is None:
                 log.info("topic %d: new subscriber %r", topic_id, url)

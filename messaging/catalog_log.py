@@ -1,17 +1,28 @@
-"""The catalog's journal: each group's catalog changes, appended and fsynced with the group.
+"""The state journal: what each group changed besides its frames, written before them.
 
-Rewriting every stream's metadata on every append would cost a write proportional to the
-number of streams; instead each group that changes the catalog appends one line (its
-sequence number and the streams and producer tables it changed, whole) to ``catalog.log``.
-``broker.json`` holds a full copy of the catalog and the sequence number of the last line it
+Every group that changes state kept beside the topics — the catalog (streams, forks, producer
+sequence numbers of streams and of native topics) or subscriber positions (heartbeats,
+consumer resets and deletes) — appends one line to ``catalog.log``: its sequence number, the
+streams and producer tables it changed (whole), its position changes, and the frames it
+appends (``group``: its first broker index and, per topic, the last index it stages there).
+``broker.json`` holds a full copy of the state and the sequence number of the last line it
 includes; opening applies the lines after it. When the journal grows past
-:data:`COMPACT_BYTES` the broker saves the whole catalog into ``broker.json`` and empties
-the journal.
+:data:`COMPACT_BYTES` the broker folds it into ``broker.json`` (after a group committed, so
+``broker.json`` never holds a group whose frames may be missing) and empties it.
 
-A line is part of the state only once its group succeeded: a failed write or fsync cuts the
-file back to where it was (a failed fsync also stops further catalog writes until a restart,
-as a failed fsync of a topic does). A torn last line — a crash mid-append — belongs to a group
-that was never acknowledged, and is ignored.
+Why the line goes first: a group is acknowledged once its line and then its frames are
+durable. A crash between the two leaves a line whose frames are missing, which opening sees
+(:func:`incomplete`) and undoes: the line is dropped and the group's frames that did reach the
+disk are cut back — they were never acknowledged. The other order would leave frames whose
+producer sequence numbers are lost, and a retried idempotent publish would be stored twice.
+Groups are written one after another, each made durable (or, without fsync, at least written)
+before the next starts, so only the last line can be incomplete.
+
+A line is part of the state only once its group succeeded: a failed write or fsync, or a
+failure of the group's frames after it, cuts the file back to where it was (a failed fsync
+also stops further journal writes until a restart, as a failed fsync of a topic does). A torn
+last line — a crash mid-append — belongs to a group that was never acknowledged, and is
+ignored.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +50,17 @@ class CatalogLog:
         self.path = directory / NAME
         self.seq = 0  # the sequence number of the last line written (or folded in)
         self.size = 0
+        self._before_last = 0  # the size before the last line appended (what undo cuts to)
         self._failed: StorageFailedError | None = None
 
     def read(self, after: int) -> list[dict[str, Any]]:
-        """The changes of the lines after sequence number ``after``, in order."""
+        """The lines after sequence number ``after``, in order (each a dict with ``changes``,
+        and ``positions`` and ``group`` when the group had them)."""
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
             data = b""
-        changes = []
+        entries = []
         good = 0
         self.seq = after
         for line in data.split(b"\n"):
@@ -59,20 +73,26 @@ class CatalogLog:
                 log.warning("%s: ignoring a torn line at byte %d (a group a crash interrupted; "
                             "it was never acknowledged)", self.path, good)
                 break
+            self._before_last = good
             good += len(line) + 1
             if seq > after:
-                changes.append(entry["changes"])
+                entries.append(entry)
                 self.seq = seq
         if good < len(data):
             os.truncate(self.path, good)
         self.size = good
-        return changes
+        return entries
 
-    def append(self, changes: dict[str, Any], *, durable: bool) -> None:
-        """Append one group's changes (fsynced when ``durable``); undone on any failure."""
+    def drop_last(self) -> None:
+        """Take back the last line :meth:`read` returned (its group's frames are missing)."""
+        self._truncate(self._before_last)
+        self.seq -= 1
+
+    def append(self, entry: dict[str, Any], *, durable: bool) -> None:
+        """Append one group's line (fsynced when ``durable``); undone on any failure."""
         if self._failed is not None:
             raise self._failed
-        line = json.dumps({"seq": self.seq + 1, "changes": changes},
+        line = json.dumps({"seq": self.seq + 1, **entry},
                           separators=(",", ":")).encode() + b"\n"
         created = not self.path.exists()
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -82,7 +102,7 @@ class CatalogLog:
                 if written != len(line):
                     raise OSError(28, "short write")
             except OSError:
-                self._cut(fd)
+                self._cut(fd, self.size)
                 raise
             if durable:
                 try:
@@ -90,26 +110,61 @@ class CatalogLog:
                     if created:
                         _fsync_dir(self.path.parent)
                 except OSError as err:
-                    self._cut(fd)
-                    self._failed = StorageFailedError(
-                        f"catalog changes could not be made durable ({err.strerror or err}); "
-                        "streams stop taking writes until a restart")
-                    log.error("%s", self._failed)
-                    raise self._failed from err
+                    self._cut(fd, self.size)
+                    raise self._stop(f"state changes could not be made durable "
+                                     f"({err.strerror or err})") from err
         finally:
             os.close(fd)
         self.seq += 1
+        self._before_last = self.size
         self.size += len(line)
 
-    def _cut(self, fd: int) -> None:
-        """Take back a line that did not make it whole."""
+    def undo(self, *, durable: bool) -> None:
+        """Take back the line just appended: the rest of its group failed.
+
+        If that fails, no line is written until a restart, which drops the line anyway: its
+        group's frames were rolled back, so the line reads as interrupted.
+        """
+        self.seq -= 1
+        self.size = self._before_last
         try:
-            os.ftruncate(fd, self.size)
+            fd = os.open(self.path, os.O_WRONLY)
         except OSError as err:
-            self._failed = StorageFailedError(
-                f"could not undo a failed catalog write ({err.strerror or err}); streams stop "
-                "taking writes until a restart")
-            log.error("%s", self._failed)
+            self._stop(f"could not undo a failed state write ({err.strerror or err})")
+            return
+        try:
+            self._cut(fd, self.size)
+            if durable and self._failed is None:
+                os.fsync(fd)
+        except OSError as err:
+            self._stop(f"could not make the undo of a failed group durable "
+                       f"({err.strerror or err})")
+        finally:
+            os.close(fd)
+
+    def _cut(self, fd: int, size: int) -> None:
+        """Cut the file back to ``size`` bytes (a line that must not count)."""
+        try:
+            os.ftruncate(fd, size)
+        except OSError as err:
+            self._stop(f"could not undo a failed state write ({err.strerror or err})")
+
+    def _truncate(self, size: int) -> None:
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.size = size
+
+    def _stop(self, reason: str) -> StorageFailedError:
+        """Refuse every further line until a restart re-reads the journal."""
+        self._failed = StorageFailedError(
+            f"{reason}; streams, heartbeats and idempotent publishes stop taking writes until "
+            "a restart")
+        log.error("%s", self._failed)
+        return self._failed
 
     @property
     def due(self) -> bool:
@@ -121,6 +176,16 @@ class CatalogLog:
         if self.size:
             os.truncate(self.path, 0)
             self.size = 0
+            self._before_last = 0
+
+
+def incomplete(entry: dict[str, Any], last_index: Callable[[int], int]) -> bool:
+    """Whether a line's group is missing frames: some topic it wrote to ends below the last
+    index the group staged there (``last_index``: a topic's last index on disk, 0 if none)."""
+    group = entry.get("group")
+    if not group:
+        return False
+    return any(last_index(int(topic)) < last for topic, last in group["last"].items())
 
 
 def _fsync_dir(path: Path) -> None:

@@ -358,7 +358,7 @@ def test_heartbeats_are_saved_before_they_are_acknowledged(
     publish(broker, model, 1, [b"a", b"b", b"c"])
     assert broker.write_group([heartbeat_command(1, 2, "reader")], durable=True) != []
     assert Broker.state(broker)["subscribers"] == {"1": {"reader": 2}}
-    with inject(monkeypatch, Faults(tmp_path, match=lambda p: "broker.json" in p,
+    with inject(monkeypatch, Faults(tmp_path, match=lambda p: p.endswith("catalog.log"),
                                     write_budget=0)):
         result = broker.write_group([heartbeat_command(1, 3, "reader"),
                                      encode(1, 1, b"in the same group")], durable=True)

@@ -932,6 +932,8 @@ def test_journal_holds_each_group_and_is_replayed(tmp_path: Path) -> None:
         assert content(reopened, "s") == [b"m%d" % i for i in range(5)]
         assert ok(append(reopened, "s", b"m4", producer=("p", 0, 4))).duplicate
         reopened.write_group([heartbeat_command(1, 0, "c")], durable=True)
+        assert len((data / "catalog.log").read_text().splitlines()) == 7  # one more line
+        reopened.save_state()
         assert (data / "catalog.log").stat().st_size == 0  # folded into broker.json
         ok(append(reopened, "s", b"m5", producer=("p", 0, 5)))
     finally:
