@@ -252,17 +252,21 @@ class Broker:
         self.catalog.restore(state.get("catalog"))
         self.positions.restore(state.get("subscribers", {}))
         try:
-            self._replay_journal(int(state.get("catalog_seq", 0)))
+            journaled = self._replay_journal(int(state.get("catalog_seq", 0)))
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise DataDirectoryError(f"{self._catalog_log.path} is unreadable: {err}") from err
         self._reconcile_streams()
-        self.index = max([int(state.get("index", 0))]
+        # Each source alone may be behind: broker.json is saved now and then, a journal line
+        # is written only by groups that change state, and a deleted stream's topic took its
+        # indexes with it. Reusing an index would break the consistent cut.
+        self.index = max([int(state.get("index", 0)), journaled]
                          + [t.last_index for t in self._topics.values()])
         # Nothing is written here: a broker whose disk is full still starts and serves reads.
         log.info("opened %s: %d topics, index %d", self.path, len(self._topics), self.index)
 
-    def _replay_journal(self, after: int) -> None:
-        """Apply the state journal's lines after ``after`` (start-up).
+    def _replay_journal(self, after: int) -> int:
+        """Apply the state journal's lines after ``after`` (start-up); returns the broker
+        index the last of them recorded.
 
         Its last line may belong to a group a crash interrupted after the line was written and
         before all of its frames were: that group was never acknowledged, so the line is
@@ -277,6 +281,7 @@ class Broker:
             self.catalog.replay(entry.get("changes", {}))
             for topic, index, name, kind in entry.get("positions", []):
                 self.positions.apply(PositionChange(topic, index, name, kind))
+        return int(entries[-1].get("index", 0)) if entries else 0
 
     def _last_on_disk(self, topic_id: int) -> int:
         topic = self._topics.get(topic_id)
@@ -545,7 +550,7 @@ class Broker:
         the state journal, before the frames; returns whether there was anything to write."""
         if not self._heartbeats and not self.catalog.pending:
             return False
-        entry: dict[str, Any] = {}
+        entry: dict[str, Any] = {"index": self.index}
         if self.catalog.pending:
             entry["changes"] = self.catalog.changes()
         if self._heartbeats:

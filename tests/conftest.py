@@ -89,11 +89,15 @@ class BrokerProcess:
     """
 
     def __init__(self, data: Path, *args: str, port: int = 0, nofile: int | None = None,
+                 launcher: list[str] | None = None, env: dict[str, str] | None = None,
                  ) -> None:
         self.data = data
         self.args = list(args)
         self.port = port
         self.nofile = nofile
+        #: What runs ``messaging`` (tests/faultpoint.py, for one), and extra environment.
+        self.launcher = launcher or [sys.executable, "-m", "messaging.cli"]
+        self.env = env or {}
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
         self.log = data.parent / f"{data.name}.log"
@@ -102,10 +106,10 @@ class BrokerProcess:
         self.data.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("a") as log:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "messaging.cli", "broker", "--data", str(self.data),
+                [*self.launcher, "broker", "--data", str(self.data),
                  "--bind", f"127.0.0.1:{self.port}", *self.args],
                 stdout=subprocess.PIPE, stderr=log, text=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
                 preexec_fn=_nofile_limit(self.nofile) if self.nofile is not None else None)
         assert self.proc.stdout is not None
         line = _readline(self.proc, timeout)
@@ -166,9 +170,10 @@ def broker_process(tmp_path: Path):
     started: list[BrokerProcess] = []
 
     def make(data: Path | None = None, *args: str, port: int = 0,
-             nofile: int | None = None) -> BrokerProcess:
+             nofile: int | None = None, launcher: list[str] | None = None,
+             env: dict[str, str] | None = None) -> BrokerProcess:
         process = BrokerProcess(data or tmp_path / f"proc{len(started)}", *args, port=port,
-                                nofile=nofile)
+                                nofile=nofile, launcher=launcher, env=env)
         started.append(process)
         return process
 

@@ -1,0 +1,110 @@
+"""One of every command that changes state beside frames, each a group of its own, for the
+kill-at-every-boundary test (tests/e2e/test_exactly_once.py).
+
+Every group is one a client retries after a lost answer: idempotent producers (native and
+stream appends, a close), stream create, fork create, TTL, delete, heartbeats, consumer
+resets and deletes, a group of several commands over two topics, and a segment roll. Run as
+a script it opens a broker on ``argv[1]``, applies the groups from ``argv[2]`` on (arming
+the fault points after the first) and exits without closing, as a crash would.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from messaging.broker import ApplyResult, Broker, heartbeat_command
+from messaging.catalog import StreamNotFoundError, stream_command
+from messaging.errors import MessagingError
+from messaging.message import encode_batch
+from messaging.subscribers import DELETE, RESET, consumer_command
+
+NOW = 1_790_000_000.0
+MAX_SEGMENT_SIZE = 4096
+
+
+def _produce(topic: int, pid: str, seq: int, *datas: bytes) -> bytes:
+    return stream_command({"op": "produce", "topic": topic, "producer": [pid, 0, seq],
+                           "now": NOW}, encode_batch(topic, list(datas)))
+
+
+def _stream(op: dict[str, Any], *datas: bytes) -> bytes:
+    return stream_command({"now": NOW, **op}, encode_batch(0, list(datas)) if datas else b"")
+
+
+def _append(name: str, seq: int, *datas: bytes, close: bool = False) -> bytes:
+    op = {"op": "append", "name": name, "count": len(datas), "close": close,
+          "producer": ["w", 0, seq]}
+    if datas:
+        op["content_type"] = "application/octet-stream"
+    return _stream(op, *datas)
+
+
+#: (name, the group's commands). The first is set-up, applied before the points are armed.
+GROUPS: list[tuple[str, list[bytes]]] = [
+    ("setup: native producer, seq 0", [_produce(1, "p", 0, b"a0")]),
+    ("native producer publish", [_produce(1, "p", 1, b"a1", b"a2", b"a3")]),
+    ("native producer publish creating a topic", [_produce(2, "q", 0, b"b0")]),
+    ("stream create", [_stream({"op": "create", "name": "s",
+                                "content_type": "application/octet-stream"})]),
+    ("stream append with producer", [_append("s", 0, b"s0", b"s1")]),
+    ("fork create", [_stream({"op": "create", "name": "f",
+                              "content_type": "application/octet-stream",
+                              "fork": {"source": "s", "at": [7, 0], "offset": None,
+                                       "sub": 0}})]),
+    ("fork append with producer", [_append("f", 0, b"f0")]),
+    ("heartbeat", [heartbeat_command(1, 3, "reader")]),
+    ("consumer reset", [consumer_command(RESET, 1, "reader", 2)]),
+    ("stream close by producer", [_append("s", 1, b"s2", close=True)]),
+    ("stream create with TTL and data", [_stream({"op": "create", "name": "t",
+                                                  "content_type": "text/plain", "ttl": 60},
+                                                 b"t0")]),
+    ("stream delete", [_stream({"op": "delete", "name": "t"})]),
+    ("consumer delete", [consumer_command(DELETE, None, "reader")]),
+    ("two topics and a heartbeat in one group", [_produce(1, "p", 2, b"a4"),
+                                                 _produce(2, "q", 1, b"b1"),
+                                                 heartbeat_command(2, 1, "r2")]),
+    ("segment roll", [_produce(1, "p", 3, b"x" * 3000, b"y" * 3000)]),
+]
+
+
+def apply(broker: Broker, group: int) -> list[ApplyResult | MessagingError]:
+    """Apply one group, as the log's writer does (durable)."""
+    return broker.write_group(GROUPS[group][1], durable=True)
+
+
+def retry(broker: Broker, group: int) -> list[ApplyResult | MessagingError]:
+    """Apply a group again as a client that lost the answer would; raise on any error but
+    the "already gone" of a repeated delete."""
+    results = apply(broker, group)
+    for result in results:
+        if isinstance(result, MessagingError) and not isinstance(result, StreamNotFoundError):
+            raise result
+    return results
+
+
+def open_broker(path: Path) -> Broker:
+    """The broker the scenario runs on."""
+    return Broker.open(path, max_segment_size=MAX_SEGMENT_SIZE)
+
+
+def main() -> None:
+    """Apply the groups from ``argv[2]``, arming the fault points after the first group."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import faultpoint  # tests/faultpoint.py
+
+    faultpoint.install()
+    broker = open_broker(Path(sys.argv[1]))
+    for group in range(int(sys.argv[2]), len(GROUPS)):
+        if group == 1 and os.environ.get("FAULT_ARM"):
+            Path(os.environ["FAULT_ARM"]).touch()
+        faultpoint.mark(str(group))
+        for result in retry(broker, group):
+            assert isinstance(result, ApplyResult), result
+    os._exit(0)  # no close: broker.json is not saved again, as after a crash
+
+
+if __name__ == "__main__":
+    main()
