@@ -5,10 +5,17 @@ only the SHA-256 of a token is stored, never the token. A scope is ``KIND`` (eve
 ``KIND=TARGET[,TARGET...]``:
 
 - ``read=...``, ``write=...``: topic ids (``7``) and stream names or name prefixes
-  (``chat``, ``chat/*``); ``read`` also lists topics and pings.
+  (``chat``, ``chat/*``); ``read`` also lists topics and consumers, pings and reads
+  diagnostics (without paths).
 - ``consume=...``: subscriber (consumer) ids, or prefixes (``reporter-*``), that the token
   may heartbeat as; nobody can move another consumer's position.
-- ``admin``: retention, deleting streams, diagnostics with paths, metrics, snapshots.
+- ``admin``: retention, resetting and deleting consumers, deleting streams, diagnostics
+  with paths, metrics, snapshots.
+
+Every route declares the kind of scope it needs with :func:`requires` (or that it is
+:data:`OPEN`); the HTTP layer checks the declaration before the handler runs, so a token
+without any scope of that kind is refused before a parameter is read. Handlers then check
+the targets (topic id, stream name, consumer id) right after parsing them.
 
 ``messaging token create --name N --scope read=1,2`` makes a token and prints the line.
 The broker rereads the file on SIGHUP.
@@ -20,8 +27,11 @@ import hashlib
 import hmac
 import logging
 import secrets
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -31,6 +41,14 @@ log = logging.getLogger(__name__)
 
 KINDS = ("read", "write", "consume", "admin")
 HASH_PREFIX = "sha256:"
+#: What a route that anyone may call declares (no token needed, none looked at).
+OPEN = "open"
+#: The handler attribute :func:`requires` sets.
+_SCOPE_ATTRIBUTE = "required_scope"
+
+H = TypeVar("H", bound=Callable[..., Any])
+#: A route's declaration: one kind (or OPEN), or a kind per HTTP method.
+Declaration = str | Mapping[str, str]
 
 
 class UnauthorizedError(MessagingError):
@@ -47,6 +65,12 @@ class ForbiddenError(MessagingError):
     """A valid token without the scope a request needs."""
 
     status = 403
+
+
+class UndeclaredScopeError(MessagingError):
+    """A route that declares no scope: refused, never served open (a bug in the broker)."""
+
+    status = 500
 
 
 class TokensFileError(MessagingError):
@@ -102,11 +126,41 @@ class Principal:
         return any(s.kind == "admin" or (s.kind == kind and s.allows(target))
                    for s in self.scopes)
 
+    def holds(self, kind: str) -> bool:
+        """Whether the principal holds any scope of ``kind``, whatever its targets (or admin)."""
+        return any(s.kind in ("admin", kind) for s in self.scopes)
+
     def require(self, kind: str, target: str | None = None, what: str = "") -> None:
         """Raise :class:`ForbiddenError` unless :meth:`can`."""
         if not self.can(kind, target):
             where = f" on {what}" if what else (f" on {target}" if target else "")
             raise ForbiddenError(f"token {self.name!r} has no {kind} scope{where}")
+
+
+def requires(declaration: Declaration) -> Callable[[H], H]:
+    """Declare the scope kind a route handler needs: ``read``, ``write``, ``consume``,
+    ``admin`` or :data:`OPEN`; or a mapping from HTTP method to one of those, for a handler
+    that serves several methods (a method it does not list is answered 405).
+    """
+    kinds = (declaration,) if isinstance(declaration, str) else tuple(declaration.values())
+    for kind in kinds:
+        if kind not in (*KINDS, OPEN):
+            raise ValueError(f"unknown scope kind {kind!r}: expected one of "
+                             f"{', '.join((*KINDS, OPEN))}")
+    value: Declaration = (declaration if isinstance(declaration, str)
+                          else MappingProxyType({m.upper(): k for m, k in declaration.items()}))
+
+    def declare(handler: H) -> H:
+        setattr(handler, _SCOPE_ATTRIBUTE, value)
+        return handler
+
+    return declare
+
+
+def declared_scope(handler: Callable[..., Any]) -> Declaration | None:
+    """What a route handler declared with :func:`requires` (None: nothing)."""
+    value: Declaration | None = getattr(handler, _SCOPE_ATTRIBUTE, None)
+    return value
 
 
 #: The principal of every request when authentication is off (loopback, no tokens file).

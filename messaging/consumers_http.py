@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from messaging.auth import principal_of
+from messaging.auth import principal_of, requires
 from messaging.errors import BadRequestError, NotFoundError
 from messaging.subscribers import DELETE, RESET, Subscriber, consumer_command
 
@@ -116,17 +116,20 @@ class ConsumerHandlers:
                          "live": idle <= self.broker.subscriber_timeout})
         return rows
 
+    @requires("read")
     async def list(self, request: web.Request) -> web.Response:
-        """GET /messaging/consumers."""
-        topic = _optional_int(request.query.get("topicID"), "topicID")
-        name = request.query.get("name") or None
+        """GET /messaging/consumers (those of the topics the token may read)."""
         principal = principal_of(request)
+        topic = _optional_int(request.query.get("topicID"), "topicID")
+        if topic is not None:
+            principal.require("read", str(topic), f"topic {topic}")
+        name = request.query.get("name") or None
         return web.json_response([row for row in self.listing(topic, name)
                                   if principal.can("read", str(row["topic"]))])
 
+    @requires("admin")
     async def reset(self, request: web.Request) -> web.Response:
         """PUT /messaging/consumers/{name}?topicID=T&index=I: set a position, also backwards."""
-        principal_of(request).require("admin")
         self._writable()
         name = check_name(request.match_info.get("name"))
         topic = _required_int(request.query.get("topicID"), "topicID")
@@ -134,9 +137,9 @@ class ConsumerHandlers:
         await self.log.apply(consumer_command(RESET, topic, name, index))
         return web.json_response({"topic": topic, "name": name, "index": index})
 
+    @requires("admin")
     async def delete(self, request: web.Request) -> web.Response:
         """DELETE /messaging/consumers/{name} (optional topicID): forget a consumer."""
-        principal_of(request).require("admin")
         self._writable()
         name = check_name(request.match_info.get("name"))
         topic = _optional_int(request.query.get("topicID"), "topicID")

@@ -114,20 +114,66 @@ class CompactedError(Exception):
         self.compact_revision = compact_revision
 
 
+#: What etcd says when it will not let this node in, and what the operator should do.
+_REFUSALS = (
+    ("user name is empty", "authentication",
+     "start with --etcd-user USER (its password in $MESSAGING_ETCD_PASSWORD)"),
+    ("authentication failed, invalid user id or password", "authentication",
+     "check --etcd-user and the password in $MESSAGING_ETCD_PASSWORD"),
+    ("authentication is not enabled", "authentication",
+     "this etcd has no authentication: start without --etcd-user"),
+    ("permission denied", "access",
+     "the etcd user (--etcd-user, or else the common name of the --etcd-cert certificate) "
+     "needs a role that may read and write /messaging/"),
+)
+
+
+def refusal(err: BaseException) -> str | None:
+    """The operator's message when ``err`` is etcd refusing this node's credentials (None
+    when it is anything else): the one failure that waiting will not cure."""
+    text = (err.details() or "") if isinstance(err, grpc.aio.AioRpcError) else str(err)
+    lowered = text.lower()
+    for words, what, advice in _REFUSALS:
+        if f"etcdserver: {words}" in lowered:
+            start = lowered.index(words)
+            return f"etcd refused {what} ({text[start:start + len(words)]}): {advice}"
+    return None
+
+
 def describe(err: BaseException) -> str:
     """A one-line reason for logs and error messages."""
+    refused = refusal(err)
+    if refused is not None:
+        return refused
     if isinstance(err, grpc.aio.AioRpcError):
         return f"{err.code().name}: {err.details()}"
     return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
 
 def never_sent(err: grpc.aio.AioRpcError) -> bool:
-    """Whether a failed call certainly did not reach etcd's log, so resending is safe."""
+    """Whether a failed call certainly stored nothing, so resending it is safe: it did not
+    reach etcd's log, or etcd refused the caller's credentials."""
     details = (err.details() or "").lower()
     if err.code() == grpc.StatusCode.UNAVAILABLE:
         return ("failed to connect" in details or "connection refused" in details
                 or "etcdserver: no leader" in details or "too many requests" in details)
-    return bool(err.code() == grpc.StatusCode.UNAUTHENTICATED)
+    return err.code() == grpc.StatusCode.UNAUTHENTICATED or refusal(err) is not None
+
+
+def unavailable(problem: str, failures: list[tuple[str, BaseException]],
+                ) -> ClusterUnavailableError:
+    """etcd took nothing: ``problem`` and why at each endpoint; or, when etcd refused this
+    node's credentials, that and what to do first: no retry gets past it."""
+    refused = {endpoint: r for endpoint, err in failures if (r := refusal(err)) is not None}
+    others = "; ".join(f"{endpoint}: {describe(err)}" for endpoint, err in failures
+                       if endpoint not in refused)
+    if not refused:
+        return ClusterUnavailableError(f"{problem}: {others}")
+    first = next(iter(refused.values()))
+    return ClusterUnavailableError(
+        f"{first} (etcd at {', '.join(refused)}); nothing can be written until etcd admits "
+        "this node"
+        + (f"; {others}" if others else ""))
 
 
 def put_error(err: grpc.aio.AioRpcError, endpoint: str) -> MessagingError:
@@ -157,6 +203,8 @@ class EtcdClient:
         self._channels: dict[int, grpc.aio.Channel] = {}
         self._token: str | None = None
         self._auth_lock = asyncio.Lock()
+        #: Why etcd refused this node's credentials on the last call (None: it did not).
+        self.refused: str | None = None
 
     @property
     def endpoint(self) -> str:
@@ -213,15 +261,27 @@ class EtcdClient:
         i = self.current if endpoint is None else endpoint
         for attempt in (0, 1):
             try:
-                return await make(self.channel(i),
-                                  await self.metadata(i, require_leader=require_leader))
+                result = await make(self.channel(i),
+                                    await self.metadata(i, require_leader=require_leader))
             except grpc.aio.AioRpcError as err:
                 if err.code() == grpc.StatusCode.UNAUTHENTICATED and attempt == 0 \
                         and self.settings.user is not None:
                     self._token = None  # expired: authenticate again, once
                     continue
+                self._note_refusal(refusal(err))
                 raise
+            self._note_refusal(None)
+            return result
         raise AssertionError("unreachable")
+
+    def _note_refusal(self, refused: str | None) -> None:
+        """Remember (and log, once) that etcd refuses this node's credentials, or no longer."""
+        if refused != self.refused:
+            if refused is not None:
+                log.error("%s (etcd at %s)", refused, ", ".join(self.endpoints))
+            elif self.refused is not None:
+                log.info("etcd accepts this node's credentials again")
+            self.refused = refused
 
     async def put(self, key: bytes, value: bytes, *, lease: int = 0,
                   timeout: float = PUT_TIMEOUT) -> int:
@@ -233,7 +293,7 @@ class EtcdClient:
         quota / size error etcd gave).
         """
         request = rpc.PutRequest(key=key, value=value, lease=lease)
-        reasons: list[str] = []
+        failures: list[tuple[str, BaseException]] = []
         for _ in range(len(self.endpoints)):
             i = self.current
             try:
@@ -242,15 +302,14 @@ class EtcdClient:
                                                                  metadata=md), endpoint=i)
             except grpc.aio.AioRpcError as err:
                 if never_sent(err):
-                    reasons.append(f"{self.endpoints[i]}: {describe(err)}")
+                    failures.append((self.endpoints[i], err))
                     self.failed(i)
                     continue
                 if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     self.failed(i)
                 raise put_error(err, self.endpoints[i]) from err
             return int(response.header.revision)
-        raise ClusterUnavailableError("etcd cannot take writes (no endpoint with a leader): "
-                                      + "; ".join(reasons))
+        raise unavailable("etcd cannot take writes (no endpoint with a leader)", failures)
 
     async def get(self, key: bytes, *, keys_only: bool = False, prefix: bool = False,
                   timeout: float = QUICK_TIMEOUT, endpoint: int | None = None) -> Any:
@@ -268,19 +327,18 @@ class EtcdClient:
         Tries the current endpoint, then the others; the first that answers becomes current.
         Raises :class:`ClusterUnavailableError` when none does.
         """
-        reasons = []
+        failures: list[tuple[str, BaseException]] = []
         for step in range(len(self.endpoints)):
             i = (self.current + step) % len(self.endpoints)
             try:
                 response = await self.get(key, keys_only=True, timeout=timeout, endpoint=i)
             except grpc.aio.AioRpcError as err:
-                reasons.append(f"{self.endpoints[i]}: {describe(err)}")
+                failures.append((self.endpoints[i], err))
                 continue
             self.current = i
             return response
-        raise ClusterUnavailableError(
-            "etcd has no quorum or cannot be reached, so no write can commit: "
-            + "; ".join(reasons))
+        raise unavailable("etcd has no quorum or cannot be reached, so no write can commit",
+                          failures)
 
     async def compact(self, revision: int) -> None:
         """Compact etcd's history below ``revision`` (an already compacted one is fine)."""

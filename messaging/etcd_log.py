@@ -275,6 +275,8 @@ class EtcdLog:
             return "shutting down"
         if self._failure is not None:
             return str(self._failure)
+        if self._client.refused is not None:  # no retry gets past it: say it first
+            return self._client.refused
         if not self._watch_live:
             return f"the watch of etcd's log is not live: {self._watch_error or 'starting'}"
         if not self._writes.quorum:

@@ -11,6 +11,7 @@ from typing import Protocol
 from aiohttp import web
 
 from messaging import __version__
+from messaging.auth import OPEN, requires
 from messaging.log import Log
 
 
@@ -32,9 +33,11 @@ class BrokerHealth(Protocol):
 def add_health_routes(app: web.Application, broker: BrokerHealth, log: Log) -> None:
     """Serve ``GET /healthz`` and ``GET /readyz``."""
 
+    @requires(OPEN)
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "version": __version__})
 
+    @requires(OPEN)
     async def readyz(request: web.Request) -> web.Response:
         problems = []
         reason = log.not_ready()

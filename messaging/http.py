@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from array import array
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Protocol
 
@@ -20,7 +20,17 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from messaging import __version__ as VERSION
-from messaging.auth import PRINCIPAL, Principal, Tokens, principal_of
+from messaging.auth import (
+    OPEN,
+    PRINCIPAL,
+    ForbiddenError,
+    Principal,
+    Tokens,
+    UndeclaredScopeError,
+    declared_scope,
+    principal_of,
+    requires,
+)
 from messaging.catalog import parse_producer, stream_command
 from messaging.config import (
     DEFAULT_HEADER_TIMEOUT,
@@ -170,6 +180,7 @@ class Handlers:
             raise NoLeaderError("no leader: the cluster cannot accept writes right now")
         raise NotLeaderError(leader)
 
+    @requires("write")
     async def publish(self, request: web.Request) -> web.Response:
         """POST /messaging/messages: one message's data, or a body of frames."""
         self._require_leader()
@@ -232,28 +243,30 @@ class Handlers:
                                      headers=headers)
         return web.Response(headers=headers)
 
+    @requires("consume")
     async def heartbeat(self, request: web.Request) -> web.Response:
         """POST /messaging/heartbeat: a subscriber has processed a topic through an index."""
         self._require_leader()
-        topic = _required_int(request, "topicID")
-        index = _required_int(request, "index")
         url = request.query.get("url", "")
         if not url:
             raise BadRequestError("missing parameter url (the subscriber's id)")
         principal_of(request).require("consume", url, f"subscriber {url!r}")
+        topic = _required_int(request, "topicID")
+        index = _required_int(request, "index")
         self.limits.check_subscriber(url, self.broker.subscribers(topic))
         await self.log.heartbeat(topic, index, url)
         return web.Response()
 
+    @requires("admin")
     async def retention(self, request: web.Request) -> web.Response:
         """POST /messaging/retention: run retention now (it also runs on a timer)."""
-        principal_of(request).require("admin")
         loop = asyncio.get_running_loop()
         deleted = await loop.run_in_executor(None, self.broker.enforce_retention)
         return web.json_response({"deleted_bytes": deleted})
 
     # -- reads ------------------------------------------------------------------------------
 
+    @requires("read")
     async def read(self, request: web.Request) -> web.StreamResponse:
         """GET /messaging/messages: frames from ``index``; ``streaming=true`` keeps it open.
 
@@ -399,17 +412,20 @@ class Handlers:
         if not self._readable(principal, topic_id):
             principal.require("read", str(topic_id), f"topic {topic_id}")
 
+    @requires("read")
     async def ping(self, request: web.Request) -> web.Response:
         """GET or POST /messaging/ping: the leader lists the cluster's URLs."""
         self._require_leader()
         return web.json_response({"urls": self.log.urls()})
 
+    @requires("read")
     async def topics(self, request: web.Request) -> web.Response:
         """GET /messaging/topics (those the token may read)."""
         principal = principal_of(request)
         return web.json_response([self.broker.topic_info(t) for t in self.broker.topics()
                                   if self._readable(principal, t.id)])
 
+    @requires("read")
     async def topic(self, request: web.Request) -> web.Response:
         """GET /messaging/topics/{id}, with ``after`` and ``count`` for count-based batching."""
         topic_id = _int(request.match_info["id"], "topic id")
@@ -429,6 +445,7 @@ class Handlers:
             info["index"] = await loop.run_in_executor(None, topic.index_after, after, count)
         return web.json_response(info)
 
+    @requires("read")
     async def diagnostics(self, request: web.Request) -> web.Response:
         """GET /messaging/diagnostics (file system paths only for admin tokens)."""
         report = {"version": VERSION, **self.broker.diagnostics(), **self.log.diagnostics()}
@@ -436,30 +453,64 @@ class Handlers:
             report = _without_paths(report)
         return web.json_response(report)
 
+    @requires("admin")
     async def metrics(self, request: web.Request) -> web.Response:
         """GET /metrics in the Prometheus text format."""
-        principal_of(request).require("admin")
         return web.Response(body=self.broker.metrics.render(),
                             headers={"Content-Type": "text/plain; version=0.0.4"})
 
 
-#: Paths anyone may request, with or without a token.
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+def auth_middleware(tokens: Tokens) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Authenticate every request with a bearer token and check the scope kind its route
+    declares (:func:`messaging.auth.requires`), before the handler parses anything.
 
-
-def auth_middleware(tokens: Tokens | None) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Authenticate every request with a bearer token (when a tokens file is in use).
-
-    ``/healthz``, ``/readyz`` and CORS preflights are open; handlers check scopes.
+    401 without a valid token, 403 when the token holds no scope of the route's kind; routes
+    declared :data:`messaging.auth.OPEN` (health, CORS preflights) are served without looking
+    at any token. A route that declares nothing is refused (500), never served. Unknown paths
+    and wrong methods are answered 404 and 405 only to an authenticated caller: everyone
+    else gets 401 first, and learns nothing of the routes.
     """
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if tokens is not None and request.path not in OPEN_PATHS and request.method != "OPTIONS":
-            request[PRINCIPAL] = tokens.principal(request.headers.get(hdrs.AUTHORIZATION))
+        kind = _required_kind(request)
+        if kind == OPEN:
+            return await handler(request)
+        principal = tokens.principal(request.headers.get(hdrs.AUTHORIZATION))
+        request[PRINCIPAL] = principal
+        if kind is None:  # no route serves this method on this path
+            match = request.match_info
+            if match.http_exception is not None:
+                return await handler(request)  # aiohttp's own 404 or 405
+            raise web.HTTPMethodNotAllowed(request.method, sorted(_declared(match.route)))
+        if not principal.holds(kind):
+            raise ForbiddenError(f"token {principal.name!r} has no {kind} scope "
+                                 f"({request.method} {request.path} needs {kind})")
         return await handler(request)
 
     return middleware
+
+
+def _declared(route: web.AbstractRoute) -> str | Mapping[str, str]:
+    """What a route declared (:class:`UndeclaredScopeError` if nothing: fail closed)."""
+    declared = declared_scope(route.handler)
+    if declared is None:
+        where = route.resource.canonical if route.resource is not None else "?"
+        raise UndeclaredScopeError(f"refused: the route {route.method} {where} declares no "
+                                   "scope (see messaging.auth.requires)")
+    return declared
+
+
+def _required_kind(request: web.Request) -> str | None:
+    """The scope kind (or OPEN) the request's route declares for its method; None when no
+    route serves the method (an unknown path, a wrong method)."""
+    match = request.match_info
+    if match.http_exception is not None:
+        return None
+    declared = _declared(match.route)
+    if isinstance(declared, str):
+        return declared
+    return declared.get(request.method)
 
 
 def _without_paths(value: Any) -> Any:

@@ -7,6 +7,7 @@ import ipaddress
 import logging
 import socket
 import ssl
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -26,6 +27,9 @@ from messaging.log import Log
 from messaging.logs import ACCESS_LOGGER
 from messaging.streams import StreamHandlers
 from messaging.tasks import cancel_and_wait
+
+if TYPE_CHECKING:
+    from messaging.snapshot_http import SnapshotSource
 
 log = logging.getLogger(__name__)
 
@@ -74,22 +78,14 @@ class BrokerServer:
             if self.broker is not None:
                 await loop.run_in_executor(None, self.broker.close)
             raise
-        limits = Limits(max_streams=config.max_streams, max_subscribers=config.max_subscribers,
-                        min_upload_rate=config.min_upload_rate,
-                        max_append_rate=config.max_append_rate)
-        app = make_app(self.broker, self.log, max_message_size=config.max_message_size,
-                       max_request_size=config.max_request_size, tokens=self.tokens,
-                       limits=limits)
-        add_health_routes(app, self.broker, self.log)
-        StreamHandlers(self.broker, self.log, config.max_message_size,
-                       long_poll_timeout=config.long_poll_timeout,
-                       max_request_size=config.max_request_size, limits=limits).install(app)
+        snapshots: SnapshotSource | None = None
         if config.etcd_settings() is not None:
             from messaging.etcd_log import EtcdLog
-            from messaging.snapshot_http import add_snapshot_route
 
             assert isinstance(self.log, EtcdLog)
-            add_snapshot_route(app, self.log)  # peers catch up from this node's data
+            snapshots = self.log  # peers catch up from this node's data
+        app = broker_app(config, self.broker, self.log, tokens=self.tokens,
+                         snapshots=snapshots)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                      shutdown_timeout=5.0)
         await self._runner.setup()
@@ -160,6 +156,27 @@ class BrokerServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def broker_app(config: BrokerConfig, broker: Broker, log_: Log, *,
+               tokens: Tokens | None = None,
+               snapshots: SnapshotSource | None = None) -> web.Application:
+    """Every route a broker node serves: the API, health, Durable Streams and, in a cluster
+    (``snapshots``), the snapshot peers catch up from. ``tokens``: authenticate requests."""
+    limits = Limits(max_streams=config.max_streams, max_subscribers=config.max_subscribers,
+                    min_upload_rate=config.min_upload_rate,
+                    max_append_rate=config.max_append_rate)
+    app = make_app(broker, log_, max_message_size=config.max_message_size,
+                   max_request_size=config.max_request_size, tokens=tokens, limits=limits)
+    add_health_routes(app, broker, log_)
+    StreamHandlers(broker, log_, config.max_message_size,
+                   long_poll_timeout=config.long_poll_timeout,
+                   max_request_size=config.max_request_size, limits=limits).install(app)
+    if snapshots is not None:
+        from messaging.snapshot_http import add_snapshot_route
+
+        add_snapshot_route(app, snapshots)
+    return app
 
 
 def is_loopback(host: str) -> bool:

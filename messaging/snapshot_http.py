@@ -21,6 +21,7 @@ from typing import IO, Any, BinaryIO, Protocol
 from aiohttp import web
 
 from messaging import snapshot
+from messaging.auth import requires
 from messaging.broker import Broker
 from messaging.errors import BadRequestError, MessagingError
 
@@ -92,8 +93,12 @@ class SnapshotSource(Protocol):
 
 
 def add_snapshot_route(app: web.Application, source: SnapshotSource) -> None:
-    """Serve ``GET /messaging/snapshot?cluster=NAME`` (read-only) from ``source``."""
+    """Serve ``GET /messaging/snapshot?cluster=NAME`` from ``source``.
 
+    Admin only: a snapshot holds every topic's data, whatever a token may read.
+    """
+
+    @requires("admin")
     async def handler(request: web.Request) -> web.StreamResponse:
         cluster = request.query.get("cluster", "")
         if cluster != source.cluster:

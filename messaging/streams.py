@@ -20,15 +20,16 @@ import logging
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from functools import partial
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from aiohttp import web
 
 from messaging import stream_reads
-from messaging.auth import principal_of
+from messaging.auth import OPEN, principal_of, requires
 from messaging.catalog import (
     APPEND_END,
     CONTINUED,
@@ -79,6 +80,13 @@ CORS_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Cross-Origin-Resource-Policy": "cross-origin",
 }
+
+
+#: The scope each method of ``/v1/stream/{name}`` needs on the stream's name: reads read,
+#: writes write, deleting a stream admin; CORS preflights carry no credentials.
+SCOPES: Mapping[str, str] = MappingProxyType({
+    "GET": "read", "HEAD": "read", "PUT": "write", "POST": "write", "DELETE": "admin",
+    "OPTIONS": OPEN})
 
 
 class StreamsBroker(Protocol):
@@ -170,6 +178,7 @@ class StreamHandlers:
                     except MessagingError as err:
                         log.warning("could not delete expired stream %r: %s", stream.name, err)
 
+    @requires(SCOPES)
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Dispatch one request on a stream."""
         name = request.match_info["name"]
@@ -181,11 +190,8 @@ class StreamHandlers:
             "DELETE": self.delete,
         }.get(method)
         if handler is None:
-            raise web.HTTPMethodNotAllowed(method, ["GET", "HEAD", "PUT", "POST", "DELETE",
-                                                    "OPTIONS"])
-        # Reads need read, writes write, deleting a stream admin, on the stream's name.
-        kind = {"GET": "read", "HEAD": "read", "DELETE": "admin"}.get(method, "write")
-        principal_of(request).require(kind, name, f"stream {name!r}")
+            raise web.HTTPMethodNotAllowed(method, sorted(SCOPES))
+        principal_of(request).require(SCOPES[method], name, f"stream {name!r}")
         return await handler(request, name)
 
     # -- lookups and expiry -----------------------------------------------------------------
@@ -220,6 +226,13 @@ class StreamHandlers:
         """PUT: create a stream (or a fork); 201, or 200 when it exists alike, 409 if not."""
         headers = request.headers
         fork_from = headers.get("Stream-Forked-From")
+        source_name = ""
+        if fork_from:
+            source_name = fork_from.strip()
+            if source_name.startswith(PREFIX):
+                source_name = source_name[len(PREFIX):]
+            source_name = source_name.lstrip("/")
+            principal_of(request).require("read", source_name, f"stream {source_name!r}")
         content_type = headers.get("Content-Type")
         if content_type is None or not _MEDIA_TYPE.match(content_type.strip()):
             content_type = None if fork_from else "application/octet-stream"
@@ -245,11 +258,6 @@ class StreamHandlers:
                                   "Stream-Forked-From")
         json_mode = content_type is not None and media_type(content_type) == "application/json"
         if fork_from:
-            source_name = fork_from.strip()
-            if source_name.startswith(PREFIX):
-                source_name = source_name[len(PREFIX):]
-            source_name = source_name.lstrip("/")
-            principal_of(request).require("read", source_name, f"stream {source_name!r}")
             sub = 0
             if sub_text is not None:
                 if not _INTEGER.fullmatch(sub_text.strip()):
