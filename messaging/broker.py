@@ -400,9 +400,9 @@ class Broker:
         to the state journal (fsynced when ``durable``), writes each topic once, fsyncs them
         (when ``durable``), and only then makes the group visible. A command that cannot
         apply (malformed, or for a topic that stopped taking writes) gets its own error and
-        the others apply; a failed write, fsync or save undoes the whole group and every command gets that error. ``notify=False``
-        leaves waking the topics' followers to the caller (:meth:`notify`), so that it can
-        answer the publishers first.
+        the others apply; a failed write, fsync or save undoes the whole group and every
+        command gets that error. ``notify=False`` leaves waking the topics' followers to the
+        caller (:meth:`notify`), so that it can answer the publishers first.
         """
         before = self.index
         touched: set[int] = set()
