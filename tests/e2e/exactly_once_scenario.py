@@ -92,8 +92,8 @@ def open_broker(path: Path) -> Broker:
 
 def main() -> None:
     """Apply the groups from ``argv[2]``, arming the fault points after the first group."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import faultpoint  # tests/faultpoint.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository
+    from tests import faultpoint
 
     faultpoint.install()
     broker = open_broker(Path(sys.argv[1]))
