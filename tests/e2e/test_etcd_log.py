@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ from aetcd import rpc
 from messaging.client import Client
 from messaging.message import FRAMES_CONTENT_TYPE, decode, encode_batch
 from tests.conftest import BrokerProcess, cli, free_port, wait_until
+from tests.faultpoint import read_trace
 
 TOPIC = 7
 
@@ -187,22 +189,23 @@ class Nodes:
     def urls(self) -> list[str]:
         return [self.url(i) for i in range(len(self.ports))]
 
-    def _start(self, i: int) -> BrokerProcess:
+    def _start(self, i: int, **options: Any) -> BrokerProcess:
         # Each node talks to a different etcd member first, so that any member's death
         # breaks some node's connection and watch.
         members = self.etcd.members[i % 3:] + self.etcd.members[:i % 3]
         endpoints = ",".join(m.client_url for m in members)
         proc: BrokerProcess = self.make(
             self.data(i), "--etcd", endpoints, "--cluster", self.name,
-            "--advertise", self.url(i), *self.extra, port=self.ports[i])
+            "--advertise", self.url(i), *self.extra, port=self.ports[i], **options)
         self.procs[i] = proc
         proc.start()
         return proc
 
-    async def start(self, *indexes: int) -> None:
+    async def start(self, *indexes: int, **options: Any) -> None:
+        """Start nodes (``options``: a launcher and environment, see BrokerProcess)."""
         while len(self.ports) <= max(indexes):
             self.ports.append(free_port())
-        await asyncio.gather(*(asyncio.to_thread(self._start, i) for i in indexes))
+        await asyncio.gather(*(asyncio.to_thread(self._start, i, **options) for i in indexes))
 
     def kill(self, i: int) -> None:
         self.procs[i].kill()
@@ -796,3 +799,57 @@ async def test_stored_positions_through_any_node(etcd: EtcdCluster, broker_proce
         indexes = [m.index async for m in conn]
         await conn.close()
         assert indexes == list(range(7, 11))
+
+
+async def test_node_killed_at_each_boundary_of_a_publish(etcd: EtcdCluster, broker_process,
+                                                         tmp_path: Path) -> None:
+    """Exactly once in a cluster: node 0 killed -9 at each write/fsync boundary of applying
+    a producer publish sent through it; the Python client retries through another node; the
+    message is stored once everywhere, node 0 catches up byte for byte, and a resend is a
+    duplicate (tests/e2e/test_exactly_once.py does the same to one node)."""
+    nodes = Nodes(broker_process, tmp_path, etcd)
+    await nodes.start(0, 1, 2)
+    work = tmp_path / "faults"
+    work.mkdir()
+    launcher = [sys.executable, str(Path(__file__).resolve().parents[1] / "faultpoint.py")]
+
+    def faults(k: int, kill: str) -> dict[str, Any]:
+        return {"launcher": launcher, "env": {
+            "FAULT_ROOT": str(nodes.data(0)), "FAULT_ARM": str(work / f"arm{k}"),
+            "FAULT_TRACE": str(work / f"trace{k}"), "FAULT_KILL": kill,
+            "FAULT_SKIP": "cluster.json"}}
+
+    async def publish(k: int, kill: str = "") -> int:
+        nodes.kill(0)
+        await nodes.start(0, **faults(k, kill))
+        async with Client(nodes.urls, producer_id=f"c{k}", retry_timeout=30) as client:
+            await client.publish(TOPIC, b"warm-up %d" % k)  # producer state exists
+            (work / f"arm{k}").touch()
+            index = await client.publish(TOPIC, b"message %d" % k)
+            (work / f"arm{k}").unlink()
+            return index
+
+    await publish(0)
+    calls = read_trace(work / "trace0")
+    assert {op for _n, op, _path, _group in calls} >= {"write", "fsync", "fdatasync"}, calls
+    points = [str(n) for n, _op, _path, _group in calls] + [f"{calls[-1][0]}+"]
+    for k, point in enumerate(points, 1):
+        await publish(k, point)
+        assert nodes.procs[0].proc is not None
+        assert nodes.procs[0].proc.poll() == -9, f"node 0 was not killed at {point}"
+    nodes.kill(0)
+    await nodes.start(0)
+    async with aiohttp.ClientSession() as session:
+        stored = await converge(session, nodes.urls, at_least=2 * (len(points) + 1))
+        datas = [data for _index, data in stored]
+        for k in range(len(points) + 1):
+            assert datas.count(b"message %d" % k) == 1, (k, datas)
+            assert datas.count(b"warm-up %d" % k) == 1, (k, datas)
+        await check_identical(nodes)
+        for k in range(len(points) + 1):
+            async with session.post(f"{nodes.url(0)}/messaging/messages",
+                                    params={"topicID": str(TOPIC)}, data=b"message %d" % k,
+                                    headers={"Producer-Id": f"c{k}.1", "Producer-Epoch": "0",
+                                             "Producer-Seq": "1"}) as resp:
+                assert resp.status == 200, await resp.text()
+                assert resp.headers.get("X-Broker-Duplicate") == "true", k
