@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 run: $(CORE_STAMP)
 	$(BIN)/messaging broker --data $(DATA) --bind 127.0.0.1:$(PORT)
 
-## make test: set up .venv, then ruff, mypy and pytest (everything, end-to-end tests too)
+## make test: set up .venv, then ruff, the import-layering contracts, mypy and pytest (everything, end-to-end tests too)
 test: lint typecheck pytest
 
 ## make test-unit: ruff, mypy and the unit tests only (-m "not e2e": no broker, etcd or CLI
@@ -40,6 +40,7 @@ test-unit: lint typecheck pytest-unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check messaging tests bench examples
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy messaging tests bench examples

@@ -32,7 +32,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
 
 
 def main() -> None:
-    from messaging.cli import event_loop_factory
+    from messaging.cli.main import event_loop_factory
 
     factory = event_loop_factory()  # the same event loop the broker runs on
     # Bodies up to the broker's --max-request-size default, so big batches have a baseline.

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Row, command_line, report
 from bench.procs import broker
-from messaging.client import Client
-from messaging.message import FRAMES_CONTENT_TYPE, encode_batch
+from messaging.client.client import Client
+from messaging.frames import FRAMES_CONTENT_TYPE, encode_batch
 
 MESSAGES = int(os.environ.get("BENCH_MESSAGES", "1000000"))
 PAYLOAD = b"x" * 100

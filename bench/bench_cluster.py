@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import RESULTS, Row, command_line, percentile, report
 from bench.procs import Etcd, Proc, broker, cpu_seconds, etcd_cluster, free_port, rss_bytes
-from messaging.etcd_writer import MAX_PUTS_IN_FLIGHT
-from messaging.message import FRAMES_CONTENT_TYPE, encode_batch
+from messaging.frames import FRAMES_CONTENT_TYPE, encode_batch
+from messaging.log.etcd.writer import MAX_PUTS_IN_FLIGHT
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "5"))
 FAILOVERS = int(os.environ.get("BENCH_FAILOVERS", "5"))

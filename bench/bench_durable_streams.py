@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common
 from bench.common import Row, command_line, fmt, percentile, report
 from bench.procs import ReferenceServer, broker, cpu_seconds
-from messaging.message import (
+from messaging.frames import (
     FRAMES_CONTENT_TYPE,
     HEADER,
     HEADER_SIZE,

@@ -6,7 +6,7 @@ subscribers of one topic in this process (the peer benchmark's lean socket clien
 10th times its messages). Three cases in A B C … C B A rounds:
 
 - our broker as shipped: a fan-out slice of 64 followers that kept the loop busy 0.5 ms or
-  more is followed by a rest about as long (``messaging.fanout.REST_FROM``), so publishes are
+  more is followed by a rest about as long (``messaging.http.fanout.REST_FROM``), so publishes are
   answered while a pass is under way;
 - our broker without the rests (``bench/fanout_broker.py inf``): slices back to back;
 - Redis (appendfsync always), XREAD BLOCK readers with the same kind of lean client, which

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Row, command_line, percentile, report
 from bench.procs import bare_server, broker, ensure_tool
-from messaging.message import FRAMES_CONTENT_TYPE, BatchDecoder, encode_batch
+from messaging.frames import FRAMES_CONTENT_TYPE, BatchDecoder, encode_batch
 
 DURATION = float(os.environ.get("BENCH_SECONDS", "5"))
 CONNECTIONS = 50

@@ -57,7 +57,7 @@ from bench.latency_report import (
 )
 from bench.peers_load import PAYLOAD, Figure, latencies, paced
 from bench.procs import Proc, broker, cpu_seconds, free_port
-from messaging.message import encode
+from messaging.frames import encode
 
 GROUPS = ("disk", "handoff", "floor", "ours", "redis")
 #: One 100 B message as our segments store it (a 26 B header and the payload).

@@ -56,7 +56,7 @@ from bench.scaling_load import (
 )
 from bench.scaling_memory import memory_subscribers, memory_topics
 from bench.scaling_report import write_results
-from messaging.message import FRAMES_CONTENT_TYPE, encode_batch
+from messaging.frames import FRAMES_CONTENT_TYPE, encode_batch
 
 SENDERS = 4
 Point = dict[str, Any]

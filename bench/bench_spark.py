@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Row, command_line, report
 from bench.procs import broker
-from messaging.client import Client
+from messaging.client.client import Client
 
 MESSAGES = int(os.environ.get("BENCH_MESSAGES", "1000000"))
 RUNS = 3

@@ -19,10 +19,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Row, command_line, percentile, rate, report
-from messaging.broker import Broker
-from messaging.message import HEADER_SIZE, Message, decode, encode_batch, encode_many, scan
-from messaging.segment import segment_name
-from messaging.topic import Topic
+from messaging.broker.broker import Broker
+from messaging.frames import HEADER_SIZE, Message, decode, encode_batch, encode_many, scan
+from messaging.topic.segment import segment_name
+from messaging.topic.topic import Topic
 
 
 def bench_append(tmp: Path, size: int, batch: int) -> tuple[float, float]:

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common
 from bench.common import Row, command_line, percentile, report
 from bench.procs import broker
-from messaging.message import FRAMES_CONTENT_TYPE, encode_batch
+from messaging.frames import FRAMES_CONTENT_TYPE, encode_batch
 
 PAYLOAD = b"x" * 100
 #: Every SAMPLE_EVERY-th stream of the holder times the delivery of each message.

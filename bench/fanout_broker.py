@@ -1,9 +1,9 @@
 """Our broker with the fan-out's rest threshold set from the command line, for the experiment
 in bench/bench_fanout.py: ``python bench/fanout_broker.py REST_FROM broker ARGS...``.
 
-``REST_FROM`` replaces :data:`messaging.fanout.REST_FROM` (seconds a slice of followers must
+``REST_FROM`` replaces :data:`messaging.http.fanout.REST_FROM` (seconds a slice of followers must
 keep the loop busy before a rest follows it); ``inf`` means never rest. Nothing else differs
-from ``python -m messaging.cli broker ARGS...``.
+from ``python -m messaging.cli.main broker ARGS...``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from messaging import fanout
-from messaging.cli import main
+from messaging.cli.main import main
+from messaging.http import fanout
 
 if __name__ == "__main__":
     if len(sys.argv) < 3:

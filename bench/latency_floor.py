@@ -15,14 +15,14 @@ Wire format (all integers big-endian)::
     server → publisher   +-------+                        index: u64, once the message is
                          | index |                        durable
                          +-------+
-    server → subscriber  one frame of our format (messaging.message: 26 B header + payload)
+    server → subscriber  one frame of our format (messaging.frames: 26 B header + payload)
 
 Each message becomes the frame our segments store (126 B for 100 B), is written to ``FILE``
 and fdatasynced; then its publisher gets the index and every subscriber connection gets the
 frame (publishers first, as the broker answers them before waking followers). ``inline``
 writes and fdatasyncs on the event loop, as Redis does: the package never may (STYLE.md), but
 this is the measuring stick. ``thread`` hands the frames to a writer thread the way
-``messaging.local_log.LocalLog`` does (:class:`Handoff`): our design without HTTP.
+``messaging.log.local.LocalLog`` does (:class:`Handoff`): our design without HTTP.
 ``--prealloc`` fills ``FILE`` with that many zero bytes (fsynced once) before it listens and
 overwrites them in place; past their end it grows the file.
 """
@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.peers_load import DRAIN_SECONDS, PAYLOAD, Figure, latencies, latency_of, stamped
 from bench.peers_raw import PUBLISHERS, RequestReply, Subscriber, close_all, connect, publish_paced
-from messaging.message import HEADER_SIZE, BatchDecoder, encode
+from messaging.frames import HEADER_SIZE, BatchDecoder, encode
 
 LENGTH = struct.Struct(">I")  # a publisher's message: its payload's length
 ACK = struct.Struct(">Q")  # the server's answer: the index of the durable message
@@ -275,7 +275,7 @@ async def serve(publish_port: int, subscribe_port: int, log: LogFile, mode: str)
 
 def main() -> None:
     """The server process: prepare the file, listen, serve until SIGTERM."""
-    from messaging.cli import event_loop_factory
+    from messaging.cli.main import event_loop_factory
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("publish_port", type=int)

@@ -26,7 +26,7 @@ from bench.peers_load import (
     stamped,
     until,
 )
-from messaging.message import HEADER_SIZE, BatchDecoder
+from messaging.frames import HEADER_SIZE, BatchDecoder
 
 
 async def ours_fanout(url: str, topic: int, subscribers: int, rate: int, seconds: float,

@@ -27,8 +27,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from bench.bench_durable_streams import json_messages, read_stream
 from bench.common import percentile
-from messaging.client import Client
-from messaging.message import FRAMES_CONTENT_TYPE, encode_batch
+from messaging.client.client import Client
+from messaging.frames import FRAMES_CONTENT_TYPE, encode_batch
 
 PAYLOAD = b"x" * 100
 CONNECTIONS = 50

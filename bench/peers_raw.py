@@ -32,7 +32,7 @@ from bench.peers_load import (
     paced,
     stamped,
 )
-from messaging.message import HEADER_SIZE, BatchDecoder
+from messaging.frames import HEADER_SIZE, BatchDecoder
 
 #: Publisher connections: enough that a slow answer never holds the next publish back.
 PUBLISHERS = 8

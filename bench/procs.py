@@ -86,7 +86,7 @@ class Proc:
 def broker(data: Path, *args: str, port: int = 0, log: Path | None = None,
            launcher: list[str] | None = None) -> tuple[Proc, str]:
     """A ``messaging broker`` process and its URL; ``launcher`` replaces the command that
-    takes the ``broker ...`` arguments (``python -m messaging.cli``)."""
+    takes the ``broker ...`` arguments (``python -m messaging.cli.main``)."""
     command = launcher or [sys.executable, "-m", "messaging.cli"]
     proc = Proc([*command, "broker", "--data", str(data),
                  "--bind", f"127.0.0.1:{port}", "--log-level", "WARNING", *args],

@@ -19,7 +19,7 @@ import aiohttp
 
 from bench.bench_streams import PAYLOAD, publish_one
 from bench.procs import cpu_seconds, rss_bytes
-from messaging.message import FRAMES_CONTENT_TYPE, Message, encode_many
+from messaging.frames import FRAMES_CONTENT_TYPE, Message, encode_many
 
 #: The path, body and message count of the ``i``-th request of a load.
 Request = tuple[str, bytes, int]

@@ -4,7 +4,7 @@ wrong data.
 The broker runs as a child process on 127.0.0.1 (small segments, a small topic size and a 5 s
 retention timer, so retention deletes segments all through the run). At the same time:
 publishers POST single messages and frame batches to several topics at a bounded rate;
-streaming subscribers (:class:`messaging.client.Conn`, heartbeating) come and go — followers
+streaming subscribers (:class:`messaging.client.client.Conn`, heartbeating) come and go — followers
 that read everything, laggards that read slowly and whose registration lapses, and slow ones
 that never read; range readers make non-streaming reads with ``index``/``end``/``limit``.
 
@@ -40,10 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import percentile
 from bench.procs import free_port
 from bench.soak_checks import evaluate, publish_results
-from messaging.cli import event_loop_factory
-from messaging.client import Client
+from messaging.cli.main import event_loop_factory
+from messaging.client.client import Client
 from messaging.errors import MessagingError, PublishOutcomeUnknownError, TopicTruncatedError
-from messaging.message import Message
+from messaging.frames import Message
 
 REPO = Path(__file__).resolve().parent.parent
 SUBSCRIBER_TIMEOUT = 20.0
@@ -470,7 +470,7 @@ async def run_load(broker: BrokerProcess, seconds: float, interval: float,
                    seed: int) -> tuple[Ledger, list[dict[str, Any]], ClientEvents, int]:
     """Run the whole load for ``seconds``; the ledger, the samples, client events, hung tasks."""
     events = ClientEvents()
-    for name in ("messaging.client", "messaging.conn"):
+    for name in ("messaging.client.client", "messaging.client.conn"):
         client_log = logging.getLogger(name)
         client_log.addHandler(events)
         client_log.setLevel(logging.INFO)

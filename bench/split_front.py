@@ -40,22 +40,22 @@ from typing import Any, cast
 
 from aiohttp import web
 
-from messaging.broker import ApplyResult, Broker
-from messaging.cli import event_loop_factory
+from messaging.broker.broker import ApplyResult, Broker
+from messaging.broker.metrics import BrokerMetrics
+from messaging.cli.main import event_loop_factory
 from messaging.config import BrokerConfig
 from messaging.errors import ERROR_HEADER, BrokerClosedError, MessagingError, error_for_status
-from messaging.http import (
+from messaging.frames import Command
+from messaging.http.app import (
     BrokerView,
     ConnectionLimits,
     Handlers,
     connection_factory,
     errors_middleware,
 )
-from messaging.limits import Limits
-from messaging.local_log import LocalLog
-from messaging.message import Command
-from messaging.metrics import BrokerMetrics
-from messaging.server import LISTEN_BACKLOG
+from messaging.http.limits import Limits
+from messaging.http.server import LISTEN_BACKLOG
+from messaging.log.local import LocalLog
 
 #: A command's header: body length, topic (or PLAIN / STATS), stride, offset count.
 COMMAND = struct.Struct("=IqII")
@@ -89,7 +89,7 @@ def stats_request() -> bytes:
 class LogClient(asyncio.Protocol):
     """The front's log: commands go to the log process, answers come back in order.
 
-    Implements the ``messaging.log.Log`` protocol as a single node that always leads; the
+    Implements the ``messaging.log.base.Log`` protocol as a single node that always leads; the
     answer carries the index range only (no stream outcome: the experiment sends no producer
     headers) and the topics touched are not reported (the front has no readers to wake).
     """

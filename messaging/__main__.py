@@ -2,6 +2,6 @@
 
 import sys
 
-from messaging.cli import main
+from messaging.cli.main import main
 
 sys.exit(main())

@@ -14,12 +14,10 @@ import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from messaging.errors import BadRequestError, MessagingError
-
-if TYPE_CHECKING:
-    from messaging.etcd_client import EtcdSettings
 
 FsyncMode = Literal["always", "interval", "never"]
 FSYNC_MODES: tuple[FsyncMode, ...] = ("always", "interval", "never")
@@ -270,13 +268,42 @@ class BrokerConfig:
             return None
         if not self.etcd or not self.cluster:
             raise BadRequestError("--etcd and --cluster go together")
-        from messaging.etcd_client import EtcdSettings  # grpc: only in cluster mode
-
         return EtcdSettings(
             endpoints=tuple(u.strip() for u in self.etcd.split(",") if u.strip()),
             cluster=self.cluster, ca=self.etcd_ca, cert=self.etcd_cert, key=self.etcd_key,
             user=self.etcd_user, password=self.etcd_password if self.etcd_user else None,
             compact_every=self.etcd_compact_every)
+
+
+@dataclass(frozen=True)
+class EtcdSettings:
+    """How to reach etcd and which cluster of broker nodes this is."""
+
+    endpoints: tuple[str, ...]
+    cluster: str
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+    user: str | None = None
+    password: str | None = None
+    #: Compact etcd's history once the smallest durable revision moved this far.
+    compact_every: int = 1000
+
+    def __post_init__(self) -> None:
+        if not self.endpoints:
+            raise BadRequestError("--etcd needs at least one URL")
+        for url in self.endpoints:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
+                raise BadRequestError(f"invalid etcd URL {url!r}: expected http(s)://HOST:PORT")
+        if not self.cluster or "/" in self.cluster:
+            raise BadRequestError(f"invalid cluster name {self.cluster!r}: must be non-empty, "
+                                  "without '/'")
+        if (self.cert is None) != (self.key is None):
+            raise BadRequestError("--etcd-cert and --etcd-key go together")
+        if (self.user is None) != (self.password is None):
+            raise BadRequestError("--etcd-user needs a password (MESSAGING_ETCD_PASSWORD)")
+
 
 
 def broker_options() -> Iterator[tuple[str, Option, Any]]:

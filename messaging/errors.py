@@ -1,6 +1,6 @@
 """The one exception hierarchy of messaging.
 
-Every class carries the HTTP status it maps to; only :mod:`messaging.http` turns exceptions
+Every class carries the HTTP status it maps to; only :mod:`messaging.http.app` turns exceptions
 into responses, and :func:`error_for_status` turns them back into the same classes for the
 clients (from the status and headers, never by parsing the message).
 """
@@ -197,11 +197,11 @@ class PublishOutcomeUnknownError(ClientError):
 
 
 class ConnClosedError(ClientError):
-    """A :class:`messaging.conn.Conn` was used after ``close()``."""
+    """A :class:`~messaging.client.Conn` was used after ``close()``."""
 
 
 class ConnStateError(ClientError):
-    """A :class:`messaging.conn.Conn` was used in the wrong state (opened twice, not opened)."""
+    """A :class:`~messaging.client.Conn` was used in the wrong state (opened twice, not opened)."""
 
 
 class InvalidURLError(ClientError):

@@ -1,7 +1,7 @@
 """The failover policy of every client: which broker to try, where a 307 leads, how to retry.
 
-Pure decisions, no I/O: callers (the async :class:`~messaging.client.Client` and
-:class:`~messaging.conn.Conn`, the CLI through them, and the Spark source's synchronous
+Pure decisions, no I/O: callers (the async :class:`~messaging.client.client.Client` and
+:class:`~messaging.client.conn.Conn`, the CLI through them, and the Spark source's synchronous
 ``BrokerHTTP``) report what happened and this module says what to do next.
 
 - :func:`base_url` validates a broker URL and reduces it to ``scheme://host:port``.

@@ -20,8 +20,8 @@ import pytest
 from blockbuster import BlockBuster, blockbuster_ctx
 
 from messaging.config import BrokerConfig
-from messaging.message import Message, encode_many
-from messaging.server import BrokerServer
+from messaging.frames import Message, encode_many
+from messaging.http.server import BrokerServer
 
 
 def frames(topic: int, indexes: Iterable[int], data: bytes | None = None) -> bytes:

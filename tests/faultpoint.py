@@ -126,7 +126,7 @@ def read_trace(path: str | os.PathLike[str]) -> list[tuple[int, str, str, str]]:
 
 if __name__ == "__main__":
     install()
-    from messaging.cli import main
+    from messaging.cli.main import main
 
     sys.argv[0] = "messaging"
     sys.exit(main())

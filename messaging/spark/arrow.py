@@ -11,7 +11,7 @@ from array import array
 import numpy as np
 import pyarrow as pa
 
-from messaging.message import HEADER_SIZE
+from messaging.frames import HEADER_SIZE
 
 SCHEMA = "topic long, index long, type int, data binary"
 #: Rows per Arrow record batch handed to Spark.

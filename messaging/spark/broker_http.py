@@ -1,7 +1,7 @@
 """BrokerHTTP: the synchronous HTTP client of the Spark data source (driver and executors).
 
 Spark's Python workers have no event loop, so this is :mod:`http.client`, not the async
-:class:`messaging.client.Client`; which broker to try, 307s and retries follow the same rules,
+:class:`~messaging.client.Client`; which broker to try, 307s and retries follow the same rules,
 :mod:`messaging.failover`'s. Error answers become the :mod:`messaging.errors` classes.
 """
 
@@ -23,7 +23,7 @@ from messaging.errors import (
     error_for_status,
 )
 from messaging.failover import Brokers, Retry, RetryPolicy, refused
-from messaging.message import FRAMES_CONTENT_TYPE
+from messaging.frames import FRAMES_CONTENT_TYPE
 
 
 @functools.lru_cache(maxsize=8)

@@ -23,7 +23,7 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 
 from messaging.errors import MessagingError
-from messaging.message import HEADER_SIZE, encode_batch
+from messaging.frames import HEADER_SIZE, encode_batch
 from messaging.spark.broker_http import BrokerHTTP
 from messaging.spark.options import broker_urls, lower_case, max_publish_bytes
 

@@ -23,7 +23,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from messaging.errors import CorruptFrameError, MessagingError, TopicTruncatedError
-from messaging.message import BatchDecoder, FrameBatch
+from messaging.frames import BatchDecoder, FrameBatch
 from messaging.spark.arrow import ARROW_BATCH_ROWS, frames_to_arrow
 from messaging.spark.broker_http import BrokerHTTP
 from messaging.spark.options import SourceOptions

@@ -1,6 +1,6 @@
 """A transactional consumer process for tests/e2e/test_consumer_crash.py: it consumes topics
 1 and 2 into a store and publishes derived messages to topic 3 (the handlers of
-tests/test_consumer.py), and kills itself with SIGKILL at a chosen step of a chosen
+tests/client/test_consumer.py), and kills itself with SIGKILL at a chosen step of a chosen
 transaction ("handler": inside the handler, at its n-th message; "none": never).
 
     python -m tests.e2e.consumer_worker URL json|sqlite DIR '{"1": 40, "2": 41}' STEP N
@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from messaging.client import Client
-from messaging.consumer import Consumer
-from messaging.message import Message
-from tests.test_consumer import SOURCES, json_handler, make_store, sqlite_handler
+from messaging.client.client import Client
+from messaging.client.consumer import Consumer
+from messaging.frames import Message
+from tests.client.test_consumer import SOURCES, json_handler, make_store, sqlite_handler
 
 
 def die() -> None:

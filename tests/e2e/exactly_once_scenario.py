@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from messaging.broker import ApplyResult, Broker, heartbeat_command
-from messaging.catalog import StreamNotFoundError, stream_command
+from messaging.broker.broker import ApplyResult, Broker, heartbeat_command
+from messaging.broker.catalog import StreamNotFoundError, stream_command
+from messaging.broker.subscribers import DELETE, RESET, consumer_command
 from messaging.errors import MessagingError
-from messaging.message import encode_batch
-from messaging.subscribers import DELETE, RESET, consumer_command
+from messaging.frames import encode_batch
 
 NOW = 1_790_000_000.0
 MAX_SEGMENT_SIZE = 4096

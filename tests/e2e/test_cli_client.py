@@ -10,11 +10,11 @@ import time
 
 from aiohttp import web
 
-from messaging.client import DEFAULT_RETRY_TIMEOUT, Client
-from messaging.server import BrokerServer
+from messaging.client.client import DEFAULT_RETRY_TIMEOUT, Client
+from messaging.http.server import BrokerServer
+from tests.client.test_client import fake_server, html_404
 from tests.conftest import StartServer, cli
 from tests.proxy import dead_url
-from tests.test_client import fake_server, html_404
 
 COMMANDS = [("tail", "1"), ("tail", "1", "--follow"), ("publish", "1", "x"), ("topics",),
             ("ping",)]
@@ -135,7 +135,7 @@ async def test_cli_tail_into_a_closed_pipe(server: BrokerServer) -> None:
     async with Client(server.url) as client:
         await client.publish_batch(8, [b"line %d" % i for i in range(20_000)])
     proc = await asyncio.create_subprocess_shell(
-        f"{sys.executable} -m messaging.cli tail {server.url} 8 | head -2",
+        f"{sys.executable} -m messaging.cli.main tail {server.url} 8 | head -2",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert out.decode().splitlines() == ["1\t1\tline 0", "2\t1\tline 1"]

@@ -15,9 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from messaging.client import Client
-from messaging.consumer import COMMITTED, HANDLED, INTENT, PUBLISHED
-from tests.test_consumer import derived_messages, expected, final_state, publish_inputs, until
+from messaging.client.client import Client
+from messaging.client.consumer import COMMITTED, HANDLED, INTENT, PUBLISHED
+from tests.client.test_consumer import (
+    derived_messages,
+    expected,
+    final_state,
+    publish_inputs,
+    until,
+)
 
 STEPS = ["handler", HANDLED, INTENT, PUBLISHED, COMMITTED, "outside"]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import aiohttp
 
-from messaging.client import Client
+from messaging.client.client import Client
 from tests.conftest import cli
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from messaging.message import FRAMES_CONTENT_TYPE, decode, encode_batch
-from messaging.segment import segment_name
+from messaging.frames import FRAMES_CONTENT_TYPE, decode, encode_batch
+from messaging.topic.segment import segment_name
 
 
 async def publisher(session: aiohttp.ClientSession, url: str, topic: int, worker: int,

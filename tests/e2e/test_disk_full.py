@@ -1,7 +1,7 @@
 """A real full disk: a small tmpfs filled by concurrent publishers, freed, killed, restarted.
 
 Needs root (to mount the tmpfs); CI runs as root. Every acknowledged message is checked byte
-for byte with a decoder written here, independent of messaging.message.
+for byte with a decoder written here, independent of messaging.frames.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from crc32c import crc32c
 
-from messaging.message import FRAMES_CONTENT_TYPE, encode_batch
+from messaging.frames import FRAMES_CONTENT_TYPE, encode_batch
 
 _HEADER = struct.Struct(">QIHQI")
 

@@ -29,8 +29,8 @@ import grpc
 import pytest
 from aetcd import rpc
 
-from messaging.client import Client
-from messaging.message import FRAMES_CONTENT_TYPE, decode, encode_batch
+from messaging.client.client import Client
+from messaging.frames import FRAMES_CONTENT_TYPE, decode, encode_batch
 from tests.conftest import BrokerProcess, cli, free_port, wait_until
 from tests.faultpoint import read_trace
 

@@ -25,9 +25,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from messaging.broker import ApplyResult, Broker
-from messaging.client import Client
-from messaging.message import decode
+from messaging.broker.broker import ApplyResult, Broker
+from messaging.client.client import Client
+from messaging.frames import decode
 from tests.e2e import exactly_once_scenario as scenario
 from tests.faultpoint import read_trace
 

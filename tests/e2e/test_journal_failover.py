@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from examples.journal_failover import expected_state
-from messaging.client import Client
-from messaging.journal import CaughtUp, Checkpoint, Entry, Receiver
+from messaging.client.client import Client
+from messaging.client.journal import CaughtUp, Checkpoint, Entry, Receiver
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "journal_failover.py"
 CHANGES = 300

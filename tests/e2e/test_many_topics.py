@@ -24,7 +24,7 @@ from types import TracebackType
 import aiohttp
 import pytest
 
-from messaging.message import FRAMES_CONTENT_TYPE, Message, decode, encode_many
+from messaging.frames import FRAMES_CONTENT_TYPE, Message, decode, encode_many
 from tests.conftest import BrokerProcess
 
 NOFILE = 1024

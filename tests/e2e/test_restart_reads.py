@@ -1,7 +1,7 @@
 """Reads after a restart are exact, end to end: a broker process is written over HTTP,
 killed (SIGKILL) or stopped (SIGTERM), started again, and read over HTTP; every read must
 return exactly what was acknowledged. The same property in process, with a model, is
-tests/test_topic_reader.py.
+tests/topic/test_reader.py.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from messaging.message import FRAMES_CONTENT_TYPE, Message, decode, encode, encode_many
-from tests.test_topic_reader import payload
+from messaging.frames import FRAMES_CONTENT_TYPE, Message, decode, encode, encode_many
+from tests.topic.test_reader import payload
 
 
 async def publish_over_http(session: aiohttp.ClientSession, url: str, rng: random.Random,

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from messaging import __version__
-from messaging.auth import new_token, parse_scope, token_line
-from messaging.client import Client
+from messaging.client.client import Client
 from messaging.errors import ConnectionFailedError, MessagingError
+from messaging.http.auth import new_token, parse_scope, token_line
 from tests.conftest import BrokerProcess, cli, wait_until
 from tests.tls import make_certificates
 

@@ -18,9 +18,9 @@ import pytest
 from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import SparkSession
 
-from messaging.client import Client
+from messaging.client.client import Client
 from messaging.errors import ConnectionFailedError
-from messaging.message import encode_batch
+from messaging.frames import encode_batch
 from messaging.spark.broker_http import BrokerHTTP
 from tests.conftest import BrokerProcess
 from tests.proxy import FaultProxy, dead_url
@@ -338,7 +338,7 @@ def test_spark_over_tls_with_a_token(spark: SparkSession, broker_process,
                                      tmp_path: Path) -> None:
     """The source and the sink verify the broker's certificate (option ca) and send a bearer
     token (option token)."""
-    from messaging.auth import new_token, parse_scope, token_line
+    from messaging.http.auth import new_token, parse_scope, token_line
     from tests.tls import make_certificates
 
     certs = tmp_path / "certs"

@@ -1,0 +1,873 @@
+"""The Broker: the state machine every log (local, or etcd in a cluster) drives.
+
+``apply(command)`` takes a command (a buffer of frames, index 0), assigns each message the
+next broker index (``previous + 1`` across all topics, from 1), and appends runs of frames to
+their topics. Assignment is a pure function of the applied command sequence, and topics skip
+indexes not above their own, so replaying commands after a restart is idempotent.
+
+Broker-internal frames (type bit 0x8000) take no index and are never stored in a topic: they
+record subscriber progress (:data:`SET_TOPIC_MAX_INDEX`) and consumer position resets and
+deletes (:data:`messaging.broker.subscribers.CONSUMER_OP`).
+
+A group of commands is one transaction (:meth:`Broker.write_group`): the state it changes
+besides frames (catalog, producer sequence numbers, subscriber positions) is written to the
+state journal first, then every topic it touches is written once and fsynced once, and only
+then does any of it become visible; any failure undoes all of it, so a client that got an
+error never sees its messages, and nothing on disk is left that the in-memory state does not
+account for. A crash between the journal and the frames is undone at start-up (the line is
+dropped, the frames that made it are cut back), so frames and the state recorded with them
+always agree.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import resource
+import shutil
+import struct
+import threading
+import time
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Protocol, TypeGuard
+
+from messaging.aio import Notifier
+from messaging.broker import snapshot
+from messaging.broker.catalog import (
+    NAMED_TOPIC_BASE,
+    STREAM_OP,
+    Catalog,
+    Decision,
+    StreamOutcome,
+)
+from messaging.broker.metrics import BrokerMetrics, TopicRow
+from messaging.broker.state_log import CatalogLog, incomplete
+from messaging.broker.subscribers import (
+    CONSUMER_OP,
+    PositionChange,
+    Subscribers,
+    parse_consumer_command,
+)
+from messaging.config import (
+    DEFAULT_MAX_SEGMENT_SIZE,
+    DEFAULT_MAX_TOPIC_SIZE,
+    DEFAULT_SUBSCRIBER_TIMEOUT,
+)
+from messaging.errors import (
+    BadRequestError,
+    CorruptFrameError,
+    DataDirectoryError,
+    MessagingError,
+    StorageFailedError,
+)
+from messaging.files import (
+    fsync_dir,
+    read_json,
+    remove_stale_temporaries,
+    storage_error,
+    write_json_atomic,
+)
+from messaging.frames import (
+    HEADER,
+    HEADER_SIZE,
+    INTERNAL_TYPE,
+    Command,
+    encode,
+    set_topic,
+    stamp_index,
+    stamp_indexes,
+)
+from messaging.topic.topic import Topic
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+#: Internal command: data = u64 index + subscriber URL (UTF-8); the frame's topic field names
+#: the topic.
+SET_TOPIC_MAX_INDEX = INTERNAL_TYPE | 1
+_U64 = struct.Struct(">Q")
+
+_NAMED_RANGE = (f"topic ids from {NAMED_TOPIC_BASE} up belong to named streams: write to them "
+                "through /v1/stream/{name}")
+
+#: Seconds between two log lines about failed writes (the rest are counted, not logged).
+_FAILURE_LOG_INTERVAL = 1.0
+
+
+#: Threads that fdatasync the topics of one group side by side.
+SYNC_THREADS = 8
+
+
+def default_max_open_files() -> int:
+    """How many topics may keep a segment file open for writing: a quarter of RLIMIT_NOFILE.
+
+    Readers and sockets need the rest; an idle topic holds no descriptor at all.
+    """
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 16
+    return max(8, min(soft // 4, 4096))
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """What one applied command did: its index range and the topics it touched."""
+
+    first: int
+    last: int
+    topics: frozenset[int]
+    stream: StreamOutcome | None = None
+
+    @property
+    def count(self) -> int:
+        """How many messages the command held."""
+        return self.last - self.first + 1 if self.last else 0
+
+
+def heartbeat_command(topic: int, index: int, url: str) -> bytes:
+    """The internal frame that records a subscriber's progress."""
+    return encode(SET_TOPIC_MAX_INDEX, topic, _U64.pack(index) + url.encode())
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Consecutive frames of one command for one topic, stamped; with the frames' offsets and
+    first index when the command was validated (:class:`messaging.frames.Command`)."""
+
+    frames: memoryview
+    offsets: array[int] | None = None
+    first: int = 0
+
+
+Stamped = tuple[int, list[tuple[int, Run]], list[PositionChange], StreamOutcome | None]
+
+
+def _known(command: bytes | bytearray) -> TypeGuard[Command]:
+    """Whether a command comes validated, single-topic, with its frames' offsets."""
+    return isinstance(command, Command) and command.topic is not None
+
+
+class TopicSummary(Protocol):
+    """What :meth:`Broker.topic_info` reads of a topic."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def first_index(self) -> int: ...
+    @property
+    def committed_index(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def segment_count(self) -> int: ...
+
+
+class Broker:
+    """Topics in ``DATA/topics``, the broker index, and subscriber progress.
+
+    Writes (apply, sync, commit, snapshot restore) come from one writer thread at a time;
+    reads may come from any thread.
+    """
+
+    def __init__(self, path: Path, *, max_segment_size: int = DEFAULT_MAX_SEGMENT_SIZE,
+                 max_topic_size: int = DEFAULT_MAX_TOPIC_SIZE,
+                 subscriber_timeout: float = DEFAULT_SUBSCRIBER_TIMEOUT,
+                 max_open_files: int | None = None,
+                 metrics: BrokerMetrics | None = None) -> None:
+        self.path = path
+        self.max_segment_size = max_segment_size
+        self.max_topic_size = max_topic_size
+        self.subscriber_timeout = subscriber_timeout
+        self.max_open_files = max_open_files or default_max_open_files()
+        self.metrics = metrics or BrokerMetrics()
+        self.metrics.watch_subscribers(self._subscriber_rows)
+        self.metrics.watch_topics(self._topic_rows)
+        self.index = 0
+        self._topics: dict[int, Topic] = {}
+        self.positions = Subscribers(subscriber_timeout)
+        #: Named topics (streams): changed only by commands, in the group transaction.
+        self.catalog = Catalog()
+        #: Woken after every group that changed the catalog (closure, deletion, creation).
+        self.streams_changed = Notifier()
+        self._catalog_log = CatalogLog(path)
+        self._lock = threading.Lock()
+        self._lock_fd: int | None = None
+        self._new_topics = Notifier()
+        self._save_lock = threading.Lock()  # one broker.json writer at a time
+        self._retention_lock = threading.Lock()  # held by a retention run, and by close()
+        self._closing = False
+        self._topics_dir_dirty = False
+        self._heartbeats: list[PositionChange] = []  # recorded by the group being applied
+        self._open_files: OrderedDict[int, None] = OrderedDict()  # topics holding a write file
+        self._failure_logged = 0.0
+        self._failures_unlogged = 0
+        # fdatasyncs of the topics one group wrote, side by side (made on first use).
+        self._syncers: ThreadPoolExecutor | None = None
+
+    # -- opening and closing ----------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: Path | str, **options: Any) -> Broker:
+        """Open (creating if needed) the data directory and recover every topic."""
+        broker = cls(Path(path), **options)
+        broker._open()
+        return broker
+
+    def _open(self) -> None:
+        try:
+            (self.path / "topics").mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise DataDirectoryError(f"cannot use data directory {self.path}: "
+                                     f"{err.strerror}") from err
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise DataDirectoryError(f"data directory {self.path} is in use by another "
+                                     "broker") from err
+        state: dict[str, Any] = {"format": FORMAT}
+        meta = self.path / "broker.json"
+        if meta.exists():
+            try:
+                state = read_json(meta)
+            except (OSError, ValueError) as err:
+                raise DataDirectoryError(f"{meta} is unreadable: {err}") from err
+            if state.get("format") != FORMAT:
+                raise DataDirectoryError(f"{meta} has format {state.get('format')!r}; this "
+                                         f"broker reads format {FORMAT}")
+        remove_stale_temporaries(meta)
+        for entry in sorted((self.path / "topics").iterdir()):
+            if entry.is_dir() and entry.name.isdigit():
+                topic = Topic.open(entry, int(entry.name), self.max_segment_size)
+                self._topics[topic.id] = topic
+                self.metrics.recovered_truncated_bytes.inc(topic.stats.recovered_truncated_bytes)
+        self.catalog.restore(state.get("catalog"))
+        self.positions.restore(state.get("subscribers", {}))
+        try:
+            journaled = self._replay_journal(int(state.get("catalog_seq", 0)))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise DataDirectoryError(f"{self._catalog_log.path} is unreadable: {err}") from err
+        self._reconcile_streams()
+        # Each source alone may be behind: broker.json is saved now and then, a journal line
+        # is written only by groups that change state, and a deleted stream's topic took its
+        # indexes with it. Reusing an index would break the consistent cut.
+        self.index = max([int(state.get("index", 0)), journaled]
+                         + [t.last_index for t in self._topics.values()])
+        # Nothing is written here: a broker whose disk is full still starts and serves reads.
+        log.info("opened %s: %d topics, index %d", self.path, len(self._topics), self.index)
+
+    def _replay_journal(self, after: int) -> int:
+        """Apply the state journal's lines after ``after`` (start-up); returns the broker
+        index the last of them recorded.
+
+        Its last line may belong to a group a crash interrupted after the line was written and
+        before all of its frames were: that group was never acknowledged, so the line is
+        dropped and the frames of it that reached the disk are cut back (see
+        :mod:`messaging.broker.state_log`). Frames and the state recorded with them then agree.
+        """
+        entries = self._catalog_log.read(after)
+        if entries and incomplete(entries[-1], self._last_on_disk):
+            self._cut_group(entries.pop())
+            self._catalog_log.drop_last()
+        for entry in entries:
+            self.catalog.replay(entry.get("changes", {}))
+            for topic, index, name, kind in entry.get("positions", []):
+                self.positions.apply(PositionChange(topic, index, name, kind))
+        return int(entries[-1].get("index", 0)) if entries else 0
+
+    def _last_on_disk(self, topic_id: int) -> int:
+        topic = self._topics.get(topic_id)
+        return topic.last_index if topic is not None else 0
+
+    def _cut_group(self, entry: dict[str, Any]) -> None:
+        """Remove the frames of a group the journal records as interrupted (start-up)."""
+        first = int(entry["group"]["first"])
+        for key in entry["group"]["last"]:
+            topic = self._topics.get(int(key))
+            if topic is None or topic.last_index < first:
+                continue
+            removed = topic.cut_after(first - 1)
+            log.warning("topic %d: removed %d bytes of a group a crash interrupted (from index "
+                        "%d; it was never acknowledged)", topic.id, removed, first)
+            if not any(topic.path.iterdir()):  # it held nothing but that group
+                self._remove_topic(topic.id)
+            else:
+                self._topics[topic.id] = Topic.open(topic.path, topic.id, self.max_segment_size)
+
+    def _reconcile_streams(self) -> None:
+        """Make the named topics on disk match the catalog saved with them (start-up).
+
+        A group is acknowledged only after ``broker.json`` (the catalog) is saved, so frames
+        a named topic holds beyond its stream's tail were never acknowledged: they go, as do
+        the directories of named topics the catalog does not know (a create or a delete that
+        a crash interrupted).
+        """
+        for topic_id in [t for t in self._topics if t >= NAMED_TOPIC_BASE]:
+            name = self.catalog.name_of(topic_id)
+            if name is None:
+                self._remove_topic(topic_id)
+                continue
+            stream = self.catalog.streams[name]
+            topic = self._topics[topic_id]
+            if topic.last_index > stream.tail[0]:
+                topic.cut_after(stream.tail[0])
+                self._topics[topic_id] = Topic.open(topic.path, topic_id, self.max_segment_size)
+
+    def _remove_topic(self, topic_id: int) -> None:
+        """Close a topic and delete its files (a deleted stream's, after its group committed)."""
+        with self._lock:
+            topic = self._topics.pop(topic_id, None)
+        self._open_files.pop(topic_id, None)
+        path = self.path / "topics" / str(topic_id)
+        if topic is not None:
+            topic.close()
+        try:
+            shutil.rmtree(path, ignore_errors=False)
+            fsync_dir(self.path / "topics")
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            # The catalog no longer names it: the next start-up removes what is left.
+            log.warning("could not remove %s: %s", path, err.strerror or err)
+
+    def state(self) -> dict[str, Any]:
+        """The broker's own metadata as saved in ``broker.json``."""
+        with self._lock:
+            return {
+                "format": FORMAT,
+                "index": self.index,
+                "subscribers": self.positions.saved(),
+                "catalog": self.catalog.saved(),
+                "catalog_seq": self._catalog_log.seq,
+            }
+
+    def save_state(self, *, durable: bool = True) -> None:
+        """Write ``broker.json`` atomically (one writer at a time; fsynced when ``durable``),
+        with the whole catalog: the catalog's journal is emptied after it."""
+        with self._save_lock:
+            write_json_atomic(self.path / "broker.json", self.state(), durable=durable)
+            try:
+                self._catalog_log.folded()
+            except OSError as err:  # harmless: its lines are at or below catalog_seq now
+                log.warning("could not empty %s: %s", self._catalog_log.path,
+                            err.strerror or err)
+
+    def close(self) -> None:
+        """Wait for a running retention, sync and close every topic, save the state, unlock."""
+        with self._retention_lock:
+            self._closing = True
+        for topic in self.topics():
+            topic.close()
+        if self._syncers is not None:
+            self._syncers.shutdown()
+            self._syncers = None
+        if self._lock_fd is not None:
+            try:
+                self.save_state()
+            except OSError as err:
+                # Heartbeats were saved as they were acknowledged; this only refreshes the index.
+                log.warning("could not save %s/broker.json on close: %s", self.path,
+                            err.strerror or err)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        self._new_topics.notify()
+
+    # -- the state machine ------------------------------------------------------------------
+
+    def apply(self, command: bytes | bytearray) -> ApplyResult:
+        """Apply one command: stamp, write and commit it (not fsynced: the caller syncs).
+
+        The command must hold complete, verified frames (the publish path checked them).
+        """
+        result = self.write_group([command], durable=False)[0]
+        if isinstance(result, MessagingError):
+            raise result
+        return result
+
+    def write_group(self, commands: Sequence[bytes | bytearray], *, durable: bool,
+                    notify: bool = True) -> list[ApplyResult | MessagingError]:
+        """Apply commands in order as one transaction; every topic is written once.
+
+        Stamps indexes, stages the frames in their topics, writes the group's state changes
+        to the state journal (fsynced when ``durable``), writes each topic once, fsyncs them
+        (when ``durable``), and only then makes the group visible. A command that cannot
+        apply (malformed, or for a topic that stopped taking writes) gets its own error and
+        the others apply; a failed write, fsync or save undoes the whole group and every
+        command gets that error. ``notify=False`` leaves waking the topics' followers to the
+        caller (:meth:`notify`), so that it can answer the publishers first.
+        """
+        before = self.index
+        touched: set[int] = set()
+        journaled = False
+        try:
+            results = self._stage_group(commands, touched)
+            if self._topics_dir_dirty:
+                fsync_dir(self.path / "topics")  # the new topics' directories
+                self._topics_dir_dirty = False
+            # The state first, then the frames: see messaging.broker.state_log for why.
+            journaled = self._journal(touched, before + 1, durable=durable)
+            self._write_topics(list(touched), durable=durable)
+        except (MessagingError, OSError) as err:
+            error = err if isinstance(err, MessagingError) else storage_error(
+                f"writing to {self.path}", err)
+            if journaled:
+                self._catalog_log.undo(durable=durable)
+            self._abort(touched, before)
+            self._log_failure(len(commands), error)
+            return [error] * len(commands)
+        self._commit_positions()
+        # The catalog first: a stream reader that sees a new tail before its topic's frames
+        # finds nothing yet and waits for the topic's commit, which is still to come. The
+        # other order would show it the frames under an old tail, caught up, and it would
+        # wait for a commit that has already happened.
+        removed, changed = self.catalog.commit()
+        for topic_id in touched:
+            self._topics[topic_id].commit(notify=notify)
+        for topic_id in removed:
+            self._remove_topic(topic_id)
+        self._release_idle_files(t for t in touched if t not in removed)
+        if changed or removed:
+            self.streams_changed.notify()
+        if journaled and self._catalog_log.due:
+            try:
+                self.save_state(durable=durable)  # fold the journal into broker.json
+            except OSError as err:  # the journal still holds everything: fold next time
+                log.warning("could not fold %s into broker.json: %s", self._catalog_log.path,
+                            err.strerror or err)
+        return results
+
+    def notify(self, topic_ids: Iterable[int]) -> None:
+        """Wake the followers of topics a :meth:`write_group` with ``notify=False`` changed."""
+        for topic_id in topic_ids:
+            topic = self._topics.get(topic_id)
+            if topic is not None:
+                topic.notify()
+
+    def _stage_group(self, commands: Sequence[bytes | bytearray], touched: set[int],
+                     ) -> list[ApplyResult | MessagingError]:
+        """Stamp every command and stage its frames in their topics (no I/O but new topics)."""
+        runs: dict[int, list[Run]] = {}
+        results: list[ApplyResult | MessagingError] = []
+        for command in commands:
+            before = self.index
+            mark = self.catalog.mark()
+            try:
+                first, command_runs, heartbeats, outcome = (
+                    self._stamp_known(command) if _known(command) else self._stamp(command))
+                for topic_id, _run in command_runs:
+                    topic = self._topics.get(topic_id)
+                    if topic is not None:
+                        topic.check_writable()
+            except MessagingError as err:
+                self.index = before
+                self.catalog.rollback(mark)
+                results.append(err)
+                continue
+            topics = []
+            for topic_id, run in command_runs:
+                runs.setdefault(topic_id, []).append(run)
+                topics.append(topic_id)
+            self._heartbeats.extend(heartbeats)
+            results.append(ApplyResult(first, self.index if first else 0, frozenset(topics),
+                                       outcome))
+        messages = size = 0
+        for topic_id, parts in runs.items():
+            topic = self._topic_for_write(topic_id)
+            touched.add(topic_id)
+            if all(run.offsets is not None for run in parts):
+                for run in parts:  # offsets known: the topic reads no header again
+                    messages += topic.append(run.frames, run.offsets, run.first)
+                    size += len(run.frames)
+                continue
+            frames = parts[0].frames if len(parts) == 1 else b"".join(r.frames for r in parts)
+            messages += topic.append(frames)
+            size += len(frames)
+        if messages:
+            self.metrics.messages_published.inc(messages)
+            self.metrics.bytes_published.inc(size)
+        return results
+
+    def _write_topics(self, topic_ids: list[int], *, durable: bool) -> None:
+        """Write (and fsync when ``durable``) every topic, within the open-file budget.
+
+        Files other topics keep open are closed first as far as this group needs the room.
+        A group touching more topics than ``max_open_files`` goes in slices, those already
+        holding a file first: each slice is written, fsynced and its files closed before the
+        next one opens any.
+        """
+        budget = self.max_open_files
+        self._make_room(topic_ids)
+        if len(topic_ids) <= budget:
+            for topic_id in topic_ids:
+                self._topics[topic_id].write()
+            if durable:
+                self.sync(topic_ids)
+            return
+        topic_ids = sorted(topic_ids, key=lambda topic_id: topic_id not in self._open_files)
+        for start in range(0, len(topic_ids), budget):
+            part = topic_ids[start:start + budget]
+            for topic_id in part:
+                self._topics[topic_id].write()
+            self.sync(part)
+            for topic_id in part:
+                if self._topics[topic_id].release():
+                    self._open_files.pop(topic_id, None)
+
+    def _abort(self, touched: Iterable[int], index: int) -> None:
+        """Undo a failed group: topics cut back to what was committed, index restored."""
+        for topic_id in touched:
+            self._topics[topic_id].abort()
+        self._heartbeats.clear()
+        self.catalog.rollback()
+        self.index = index
+
+    def _log_failure(self, commands: int, error: MessagingError) -> None:
+        """One line per failed group at most once a second (a full disk fails every group)."""
+        reason = "disk_full" if error.status == 507 else (
+            "stopped" if isinstance(error, StorageFailedError) else "error")
+        self.metrics.write_failures.labels(reason).inc()
+        now = time.monotonic()
+        if now - self._failure_logged < _FAILURE_LOG_INTERVAL:
+            self._failures_unlogged += 1
+            return
+        more = (f" ({self._failures_unlogged} more failed groups not logged)"
+                if self._failures_unlogged else "")
+        log.error("a group of %d commands failed, nothing of it kept: %s%s", commands, error,
+                  more)
+        self._failure_logged = now
+        self._failures_unlogged = 0
+
+    def _journal(self, touched: set[int], first: int, *, durable: bool) -> bool:
+        """Write the group's state changes (catalog, positions) and the frames it stages to
+        the state journal, before the frames; returns whether there was anything to write."""
+        if not self._heartbeats and not self.catalog.pending:
+            return False
+        entry: dict[str, Any] = {"index": self.index}
+        if self.catalog.pending:
+            entry["changes"] = self.catalog.changes()
+        if self._heartbeats:
+            entry["positions"] = [[c.topic, c.index, c.name, c.kind] for c in self._heartbeats]
+        if touched:
+            entry["group"] = {"first": first,
+                              "last": {str(t): self._topics[t].last_index for t in touched}}
+        self._catalog_log.append(entry, durable=durable)
+        return True
+
+    def _commit_positions(self) -> None:
+        """Apply the heartbeats and position changes of a group that is durable."""
+        heartbeats, self._heartbeats = self._heartbeats, []
+        if not heartbeats:
+            return
+        before = self.positions.record_all(heartbeats)
+        for (topic_id, url), previous in before.items():
+            if previous is None:
+                log.info("topic %d: new subscriber %r", topic_id, url)
+
+    def _make_room(self, group: list[int]) -> None:
+        """Close other topics' write files, least recently used first, so that those open
+        while ``group`` is written stay within ``max_open_files`` (a file not yet fsynced,
+        under ``--fsync interval`` or ``never``, stays open)."""
+        files = self._open_files
+        if len(files) + len(group) <= self.max_open_files:
+            return  # room enough even if every topic of the group opens a file
+        members = set(group)
+        others = [topic_id for topic_id in files if topic_id not in members]
+        excess = len(others) - (self.max_open_files - min(len(members), self.max_open_files))
+        for topic_id in others[:max(excess, 0)]:
+            topic = self._topics.get(topic_id)
+            if topic is None or topic.release():
+                del files[topic_id]
+
+    def _release_idle_files(self, used: Iterable[int]) -> None:
+        """Keep at most ``max_open_files`` topics holding a segment file open for writing."""
+        files = self._open_files
+        for topic_id in used:
+            files[topic_id] = None
+            files.move_to_end(topic_id)
+        if len(files) <= self.max_open_files:
+            return
+        for topic_id in list(files):
+            topic = self._topics.get(topic_id)
+            if topic is None or topic.release():
+                del files[topic_id]
+                if len(files) <= self.max_open_files:
+                    return
+
+    def _stamp_known(self, command: Command) -> Stamped:
+        """Assign indexes to a validated single-topic command: no header is read again."""
+        view = memoryview(bytearray(command))
+        offsets = command.offsets
+        assert command.topic is not None
+        if command.topic >= NAMED_TOPIC_BASE:
+            raise BadRequestError(_NAMED_RANGE)
+        first = self.index + 1
+        stamp_indexes(view, offsets, first, command.stride)
+        self.index += len(offsets)
+        return first, [(command.topic, Run(view, offsets, first))], [], None
+
+    def _stamp(self, command: bytes | bytearray) -> Stamped:
+        """Assign indexes to a command's messages.
+
+        Returns its first index, its runs of frames per topic, the heartbeats it records and
+        what its stream operation did. The frames after a stream operation (:data:`STREAM_OP`)
+        go to that stream's topic (their topic field and checksum are set here) or, when the
+        operation decides so (a retried append, a repeated create), are skipped.
+        """
+        view = memoryview(bytearray(command))
+        size = len(view)
+        runs: list[tuple[int, Run]] = []
+        heartbeats: list[PositionChange] = []
+        first = 0
+        offset = run_start = 0
+        run_topic = -1
+        decision: Decision | None = None
+        decision_first = 0
+        outcome: StreamOutcome | None = None
+        while offset < size:
+            if size - offset < HEADER_SIZE:
+                raise CorruptFrameError(f"command has an incomplete frame at byte {offset}")
+            _index, _crc, type_, topic_id, length = HEADER.unpack_from(view, offset)
+            end = offset + HEADER_SIZE + length
+            if end > size:
+                raise CorruptFrameError(f"command has an incomplete frame at byte {offset}")
+            if decision is not None and not type_ & INTERNAL_TYPE:
+                if decision.topic is None:  # skipped: nothing of it is stored
+                    offset = run_start = end
+                    continue
+                if topic_id != decision.topic:
+                    if topic_id:
+                        raise BadRequestError(f"a publish to topic {decision.topic} holds a "
+                                              f"frame of topic {topic_id}")
+                    topic_id = decision.topic
+                    set_topic(view, offset, topic_id)
+            elif topic_id >= NAMED_TOPIC_BASE and not type_ & INTERNAL_TYPE:
+                raise BadRequestError(_NAMED_RANGE)
+            if type_ & INTERNAL_TYPE or topic_id != run_topic:
+                if run_topic >= 0 and offset > run_start:
+                    runs.append((run_topic, Run(view[run_start:offset])))
+                run_start, run_topic = offset, topic_id
+            if type_ & INTERNAL_TYPE:
+                data = bytes(view[offset + HEADER_SIZE:end])
+                if type_ == STREAM_OP:
+                    if decision is not None:
+                        raise CorruptFrameError("a command holds one stream operation at most")
+                    decision = self.catalog.apply(data)
+                    decision_first = self.index + 1
+                else:
+                    heartbeat = _internal(type_, topic_id, data)
+                    if heartbeat is not None:
+                        heartbeats.append(heartbeat)
+                run_start, run_topic = end, -1
+            else:
+                self.index += 1
+                first = first or self.index
+                stamp_index(view, offset, self.index)
+            offset = end
+        if run_topic >= 0 and offset > run_start:
+            runs.append((run_topic, Run(view[run_start:offset])))
+        if decision is not None:
+            stored = self.index >= decision_first
+            outcome = self.catalog.appended(decision, decision_first if stored else 0,
+                                            self.index if stored else 0)
+        return first, runs, heartbeats, outcome
+
+    def set_topic_max_index(self, topic_id: int, index: int, url: str) -> None:
+        """Record that subscriber ``url`` has processed ``topic_id`` through ``index``."""
+        self.positions.record(topic_id, index, url)
+
+    def _topic_for_write(self, topic_id: int) -> Topic:
+        topic = self._topics.get(topic_id)
+        if topic is None:
+            try:
+                topic = Topic.open(self.path / "topics" / str(topic_id), topic_id,
+                                   self.max_segment_size)
+            except OSError as err:
+                raise storage_error(f"creating topic {topic_id}", err) from err
+            with self._lock:
+                self._topics[topic_id] = topic
+            self._topics_dir_dirty = True  # fsynced once for the group, before it is answered
+            self._new_topics.notify()
+            name = self.catalog.name_of(topic_id)
+            log.info("topic %d created%s", topic_id, f" (stream {name!r})" if name else "")
+        return topic
+
+    def sync(self, topic_ids: Iterable[int]) -> None:
+        """fsync the given topics; raises the first failure after trying every topic.
+
+        Several topics are fsynced side by side on a few threads: the file system commits
+        their journal entries together (ten topics' fdatasyncs take about half as long as one
+        after another on ext4).
+        """
+        # A topic may be gone by now (a deleted stream's, between a write and a deferred
+        # fsync): nothing of it is left to make durable.
+        topics = [topic for topic in map(self._topics.get, topic_ids) if topic is not None]
+        try:
+            if len(topics) == 1:
+                topics[0].sync()
+            elif topics:
+                if self._syncers is None:
+                    self._syncers = ThreadPoolExecutor(max_workers=SYNC_THREADS,
+                                                       thread_name_prefix="messaging-fsync")
+                outcomes = [self._syncers.submit(topic.sync) for topic in topics]
+                wait(outcomes)
+                for outcome in outcomes:
+                    outcome.result()  # the first failure, once every fsync has ended
+        finally:
+            self.metrics.fsyncs.inc()
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def topic(self, topic_id: int) -> Topic | None:
+        """The topic, or None if nothing was ever published to it."""
+        with self._lock:
+            return self._topics.get(topic_id)
+
+    def topics(self) -> list[Topic]:
+        """Every topic, by id."""
+        with self._lock:
+            return [self._topics[i] for i in sorted(self._topics)]
+
+    async def wait_for_topic(self, topic_id: int) -> Topic | None:
+        """The topic, waiting for its first message if needed; None if the broker closed."""
+        await self._new_topics.wait_until(
+            lambda: topic_id in self._topics or self._lock_fd is None)
+        return self._topics.get(topic_id)
+
+    def subscribers(self, topic_id: int) -> dict[str, int]:
+        """Subscriber URL → heartbeated index for one topic."""
+        return self.positions.positions(topic_id)
+
+    def stream_name(self, topic_id: int) -> str | None:
+        """The name of a named topic (a Durable Streams stream), None for a numeric one."""
+        return self.catalog.name_of(topic_id)
+
+    def topic_info(self, topic: TopicSummary) -> dict[str, Any]:
+        """The JSON description of a topic used by the HTTP API (with its stream's name)."""
+        info: dict[str, Any] = {}
+        name = self.catalog.name_of(topic.id)
+        if name is not None:
+            info["name"] = name
+        return info | {
+            "id": topic.id,
+            "first_index": topic.first_index,
+            "last_index": topic.committed_index,
+            "size": topic.size,
+            "segments": topic.segment_count,
+            "subscribers": self.subscribers(topic.id),
+        }
+
+    def diagnostics(self) -> dict[str, Any]:
+        """Broker index, topics and counters (the log adds role, leader and peers)."""
+        topics = []
+        for topic in self.topics():
+            info = self.topic_info(topic)
+            info["stats"] = vars(topic.stats).copy()
+            failure = topic.failure
+            info["writable"] = failure is None
+            if failure is not None:
+                info["failure"] = str(failure)
+            topics.append(info)
+        return {"index": self.index, "path": str(self.path), "topics": topics,
+                "open_files": len(self._open_files), "max_open_files": self.max_open_files}
+
+    def _topic_rows(self) -> list[TopicRow]:
+        """Every topic's figures and health, for the metrics."""
+        return [TopicRow(t.id, t.stats.corrupt_frames, t.failure is None, t.size,
+                         t.first_index, t.committed_index, t.segment_count)
+                for t in self.topics()]
+
+    def _subscriber_rows(self) -> list[tuple[int, str, int, int]]:
+        rows = []
+        for topic_id, url, index in self.positions.rows():
+            topic = self._topics.get(topic_id)
+            last = topic.committed_index if topic is not None else 0
+            rows.append((topic_id, url, index, max(last - index, 0)))
+        return rows
+
+    # -- retention --------------------------------------------------------------------------
+
+    def retention_floor(self, topic_id: int, now: float | None = None) -> int:
+        """The highest index retention may delete through for ``topic_id``.
+
+        The smallest index a live subscriber heartbeated; unlimited with no live subscriber.
+        """
+        return self.positions.floor(topic_id, now)
+
+    def enforce_retention(self, now: float | None = None) -> int:
+        """Delete old segments of every topic over ``max_topic_size``; returns bytes deleted.
+
+        Blocking (run it on a thread); :meth:`close` waits for a run in progress.
+        """
+        deleted = 0
+        with self._retention_lock:
+            if self._closing:
+                return 0
+            for topic in self.topics():
+                if topic.size <= self.max_topic_size:
+                    continue
+                before = topic.stats.deleted_segments
+                freed = topic.truncate(self.max_topic_size, self.retention_floor(topic.id, now))
+                deleted += freed
+                self.metrics.retention_deleted_bytes.inc(freed)
+                self.metrics.retention_deleted_segments.inc(
+                    topic.stats.deleted_segments - before)
+        return deleted
+
+    # -- snapshots (see messaging.broker.snapshot) -------------------------------------------------
+
+    def write_snapshot(self, stream: IO[bytes]) -> None:
+        """Write a snapshot of every topic's committed data (writer thread only)."""
+        snapshot.write(self, stream)
+
+    def install_snapshot(self, stream: IO[bytes],
+                         accept: Callable[[dict[str, Any]], None] | None = None,
+                         ) -> dict[str, Any]:
+        """Replace everything with a verified snapshot (see :func:`snapshot.install_verified`)."""
+        return snapshot.install_verified(self, stream, accept)
+
+    def close_topics(self) -> None:
+        """Close and forget every topic (a snapshot is about to replace them)."""
+        for topic in self.topics():
+            topic.close()
+        with self._lock:
+            self._topics = {}
+        self._open_files.clear()
+
+    def install(self, topics: dict[int, Topic], index: int,
+                subscribers: dict[str, dict[str, int]],
+                catalog: dict[str, Any] | None = None) -> None:
+        """Take over topics opened from a snapshot, with its broker index, subscribers and
+        catalog."""
+        with self._lock:
+            self._topics = topics
+            self.index = index
+        self.positions.restore(subscribers)
+        self.catalog.restore(catalog)
+        self.save_state()
+        self._new_topics.notify()
+
+
+
+def _internal(type_: int, topic_id: int, data: bytes) -> PositionChange | None:
+    """The position change an internal frame records, or None for a type this broker ignores."""
+    if type_ == CONSUMER_OP:
+        return parse_consumer_command(topic_id, data)
+    if type_ != SET_TOPIC_MAX_INDEX:
+        log.warning("ignoring unknown internal command type %#x", type_)
+        return None
+    if len(data) < _U64.size:
+        raise CorruptFrameError("heartbeat command too short")
+    try:
+        url = data[_U64.size:].decode()
+    except UnicodeDecodeError as err:
+        raise CorruptFrameError("heartbeat command with a subscriber id that is not UTF-8"
+                                ) from err
+    return PositionChange(topic_id, _U64.unpack_from(data)[0], url)

@@ -1,0 +1,750 @@
+"""The catalog: named topics (streams), their metadata, forks and producer state.
+
+Every change is a command in the log (a broker-internal frame of type :data:`STREAM_OP`
+followed by the frames it appends), applied by :meth:`Catalog.apply` inside the broker's
+group transaction: the catalog is durable, replicated, in snapshots and replayed exactly as
+the topics are. Validation that decides what a command does (does the stream exist, is it
+closed, is this producer fenced, is this a retry) happens here, in the state machine, so that
+the answer is the same on every node and after every replay.
+
+A stream's offsets are positions ``(index, part)``: ``index`` is the broker index of the last
+message at or before the position; ``part`` counts bytes (or, for JSON, nothing: JSON forks
+resolve to whole messages) of the append that follows it, which only a fork boundary inside
+one append needs. Tokens are ``f"{index:020d}_{part:010d}"``: fixed width, so they sort as
+strings sort.
+
+Rules this module documents:
+
+- ``Stream-Seq`` is scoped per stream (one writer sequence for all writers of a stream).
+- Producer state (``Producer-Id`` → epoch, last seq) is kept per stream; an entry unused for
+  :data:`PRODUCER_TTL` (7 days, by the proposing node's clock carried in the command) is
+  dropped at the stream's next append, and a stream keeps at most :data:`MAX_PRODUCERS`
+  (the least recently used goes first).
+- A fork is a reference ``(source, position)``, never a copy; a stream with forks that is
+  deleted is soft-deleted (410 to its own readers and writers) until its last fork is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from messaging.errors import (
+    BadRequestError,
+    CorruptFrameError,
+    MessagingError,
+    NotFoundError,
+)
+from messaging.frames import INTERNAL_TYPE, encode
+
+#: Internal command: JSON describing a catalog operation; the frames after it in the same
+#: command are the data it appends (their topic field is set when applied).
+STREAM_OP = INTERNAL_TYPE | 2
+#: Named topics get ids from here up; native publishes to this range are refused (400)
+#: so that a topic directory here always belongs to the catalog.
+NAMED_TOPIC_BASE = 1 << 63
+#: Producer entries unused this long are forgotten (seconds).
+PRODUCER_TTL = 7 * 24 * 3600.0
+#: At most this many producers are remembered per stream.
+MAX_PRODUCERS = 10_000
+#: Frame type of a stream message that ends an append; a message that an append continues
+#: after (one item of a JSON batch, or one piece of a body over the message size) has
+#: :data:`CONTINUED`.
+APPEND_END = 1
+CONTINUED = 2
+
+Position = tuple[int, int]
+
+
+def token(position: Position) -> str:
+    """The offset token of a position (sorts as the positions do)."""
+    return f"{position[0]:020d}_{position[1]:010d}"
+
+
+def parse_token(text: str) -> Position | None:
+    """The position of an offset token (``digits_digits``), or None if it is not one."""
+    index, sep, part = text.partition("_")
+    if (not sep or not 0 < len(index) <= 20 or not 0 < len(part) <= 20
+            or not index.isascii() or not part.isascii() or not index.isdigit()
+            or not part.isdigit()):
+        return None
+    return int(index), int(part)
+
+
+def media_type(content_type: str) -> str:
+    """A content type compared as the protocol compares them: no parameters, lower case."""
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+class StreamNotFoundError(NotFoundError):
+    """No stream of that name (or it expired)."""
+
+
+class StreamGoneError(MessagingError):
+    """The stream was deleted while forks still read it (soft-deleted)."""
+
+    status = 410
+
+
+class StreamConflictError(MessagingError):
+    """A create with another configuration, a content type or ``Stream-Seq`` conflict."""
+
+    status = 409
+
+
+class StreamClosedError(MessagingError):
+    """An append to a closed stream."""
+
+    status = 409
+
+    def __init__(self, message: str, tail: Position) -> None:
+        super().__init__(message)
+        self.tail = tail
+
+    def headers(self) -> dict[str, str]:
+        """The closure and the final offset."""
+        return {"Stream-Closed": "true", "Stream-Next-Offset": token(self.tail)}
+
+
+class ProducerFencedError(MessagingError):
+    """A producer epoch older than the stream's (a zombie)."""
+
+    status = 403
+
+    def __init__(self, message: str, epoch: int) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+
+    def headers(self) -> dict[str, str]:
+        """The epoch the stream holds."""
+        return {"Producer-Epoch": str(self.epoch)}
+
+
+class ProducerSequenceGapError(MessagingError):
+    """A producer sequence number that skips ahead of the next one expected."""
+
+    status = 409
+
+    def __init__(self, message: str, expected: int, received: int) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.received = received
+
+    def headers(self) -> dict[str, str]:
+        """The sequence expected and the one received."""
+        return {"Producer-Expected-Seq": str(self.expected),
+                "Producer-Received-Seq": str(self.received)}
+
+
+@dataclass(slots=True)
+class Producer:
+    """An idempotent producer's state on one topic: its epoch, the last sequence number it
+    had accepted (with the index range that stored it), and when it was last used."""
+
+    epoch: int
+    seq: int
+    used: float
+    first: int = 0
+    last: int = 0
+
+
+_DIGITS = re.compile(r"[0-9]+")
+_MAX_SAFE_INTEGER = 2**53 - 1
+
+
+def parse_producer(headers: Mapping[str, str]) -> tuple[str, int, int] | None:
+    """``Producer-Id``/``-Epoch``/``-Seq`` of a request: all three or none (400 otherwise)."""
+    pid = headers.get("Producer-Id")
+    epoch = headers.get("Producer-Epoch")
+    seq = headers.get("Producer-Seq")
+    if pid is None and epoch is None and seq is None:
+        return None
+    if pid is None or epoch is None or seq is None:
+        raise BadRequestError("Producer-Id, Producer-Epoch and Producer-Seq go together")
+    if not pid:
+        raise BadRequestError("Producer-Id must not be empty")
+    numbers = []
+    for label, text in (("Producer-Epoch", epoch), ("Producer-Seq", seq)):
+        if not _DIGITS.fullmatch(text) or int(text) > _MAX_SAFE_INTEGER:
+            raise BadRequestError(f"invalid {label} {text!r}: an integer 0..2^53-1")
+        numbers.append(int(text))
+    return pid, numbers[0], numbers[1]
+
+
+def check_producer(producers: dict[str, Producer], producer: list[Any], now: float,
+                   ) -> tuple[Producer | None, Producer | None]:
+    """Validate ``[id, epoch, seq]`` against a topic's producers (PROTOCOL.md §5.2.1).
+
+    Returns ``(new state, None)`` to accept, ``(None, state)`` for a duplicate; raises
+    :class:`ProducerFencedError` (403), :class:`ProducerSequenceGapError` (409) or
+    :class:`BadRequestError` (a new epoch not starting at 0).
+    """
+    pid, epoch, seq = str(producer[0]), int(producer[1]), int(producer[2])
+    state = producers.get(pid)
+    if state is not None and now - state.used > PRODUCER_TTL:
+        state = None
+    if state is None:
+        if seq != 0:
+            raise ProducerSequenceGapError(
+                f"producer {pid!r} is new here and must start at seq 0", 0, seq)
+        return Producer(epoch, 0, now), None
+    if epoch < state.epoch:
+        raise ProducerFencedError(f"producer {pid!r} epoch {epoch} is stale (the topic has "
+                                  f"epoch {state.epoch})", state.epoch)
+    if epoch > state.epoch:
+        if seq != 0:
+            raise BadRequestError(f"producer {pid!r}: a new epoch must start at seq 0")
+        return Producer(epoch, 0, now), None
+    if seq <= state.seq:
+        return None, state
+    if seq == state.seq + 1:
+        return Producer(epoch, seq, now), None
+    raise ProducerSequenceGapError(f"producer {pid!r} sent seq {seq}, expected {state.seq + 1}",
+                                   state.seq + 1, seq)
+
+
+def trim_producers(producers: dict[str, Producer], now: float) -> None:
+    """Forget producers unused for PRODUCER_TTL, and the oldest beyond MAX_PRODUCERS."""
+    for pid in [p for p, s in producers.items() if now - s.used > PRODUCER_TTL]:
+        del producers[pid]
+    if len(producers) > MAX_PRODUCERS:
+        oldest = sorted(producers, key=lambda p: producers[p].used)
+        for pid in oldest[:len(producers) - MAX_PRODUCERS]:
+            del producers[pid]
+
+
+@dataclass(slots=True)
+class Fork:
+    """Where a fork branches off: its source stream and the last position it inherits.
+
+    ``offset``/``sub`` are the request's own words, compared when the create is repeated.
+    """
+
+    source: str
+    at: Position
+    offset: str | None
+    sub: int
+
+
+@dataclass(slots=True)
+class Stream:
+    """A named topic and its metadata."""
+
+    name: str
+    topic: int
+    content_type: str
+    created: float
+    ttl: int | None = None
+    expires_at: str | None = None
+    expires: float | None = None  # expires_at as a POSIX time
+    closed: bool = False
+    closed_by: tuple[str, int, int] | None = None
+    fork: Fork | None = None
+    forks: int = 0
+    deleted: bool = False
+    tail: Position = (0, 0)
+    seq: str | None = None
+    producers: dict[str, Producer] = field(default_factory=dict)
+
+    @property
+    def json(self) -> bool:
+        """Whether the stream is in JSON mode (messages are JSON values)."""
+        return media_type(self.content_type) == "application/json"
+
+    def saved(self) -> dict[str, Any]:
+        """The stream as kept in ``broker.json`` and snapshots."""
+        return asdict(self)
+
+    @classmethod
+    def restore(cls, data: dict[str, Any]) -> Stream:
+        """The stream from :meth:`saved`."""
+        fork = data.get("fork")
+        closed_by = data.get("closed_by")
+        return cls(**{
+            **data,
+            "tail": tuple(data.get("tail", (0, 0))),
+            "closed_by": tuple(closed_by) if closed_by else None,
+            "fork": Fork(fork["source"], tuple(fork["at"]), fork.get("offset"),
+                         int(fork.get("sub", 0))) if fork else None,
+            "producers": {k: Producer(**v) for k, v in data.get("producers", {}).items()},
+        })
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOutcome:
+    """What an applied stream command did, for the answer to its request."""
+
+    name: str
+    tail: Position
+    closed: bool
+    created: bool = False
+    duplicate: bool = False
+    producer: tuple[int, int] | None = None  # (epoch, highest accepted seq)
+    content_type: str = ""
+    first: int = 0  # a native publish's index range (a duplicate's: the original's)
+    last: int = 0
+
+
+def stream_command(op: dict[str, Any], frames: bytes = b"") -> bytes:
+    """A command for the catalog: the operation, then the frames it appends."""
+    return encode(STREAM_OP, 0, json.dumps(op, separators=(",", ":")).encode()) + frames
+
+
+@dataclass(slots=True)
+class Decision:
+    """What the frames after a stream operation become: appended to ``topic``, or skipped."""
+
+    topic: int | None
+    op: dict[str, Any]
+
+
+_MISSING = object()
+
+
+class Catalog:
+    """Streams by name, changed only by :meth:`apply` (the broker's writer thread).
+
+    The group being applied changes an overlay that :meth:`commit` folds in and
+    :meth:`rollback` drops (to a savepoint): readers on other threads see only committed
+    streams, and a stream is replaced whole, never changed in place.
+    """
+
+    def __init__(self) -> None:
+        self.streams: dict[str, Stream] = {}
+        self.by_topic: dict[int, str] = {}
+        self.next_topic = self._committed_next = NAMED_TOPIC_BASE
+        self._pending: dict[str, Stream | None] = {}  # None: removed by the group
+        #: Idempotent producers of numeric topics (native publishes), by topic.
+        self.native: dict[int, dict[str, Producer]] = {}
+        self._native_pending: dict[int, dict[str, Producer]] = {}
+        # (name or native topic, overlay entry before, or _MISSING)
+        self._undo: list[tuple[str | int, Any]] = []
+        self.dirty = False
+        self.removed: list[int] = []  # topics whose files the committed group frees
+        self.changed: set[int] = set()  # topics whose stream metadata changed
+
+    # -- persistence ------------------------------------------------------------------------
+
+    def saved(self) -> dict[str, Any]:
+        """The catalog as kept in ``broker.json`` and snapshots: the committed streams with
+        the group being applied (it is saved just before it commits)."""
+        streams = {**self.streams, **self._pending}
+        native = {**self.native, **self._native_pending}
+        return {"next_topic": self.next_topic,
+                "streams": [s.saved() for s in streams.values() if s is not None],
+                "native": {str(topic): {pid: asdict(state) for pid, state in producers.items()}
+                           for topic, producers in native.items() if producers}}
+
+    def restore(self, data: dict[str, Any] | None) -> None:
+        """Replace everything with :meth:`saved` output (None: empty)."""
+        data = data or {}
+        self.next_topic = self._committed_next = int(data.get("next_topic", NAMED_TOPIC_BASE))
+        streams = {}
+        for item in data.get("streams", []):
+            stream = Stream.restore(item)
+            streams[stream.name] = stream
+        self.streams = streams
+        self.by_topic = {s.topic: s.name for s in streams.values()}
+        self.native = {int(topic): {pid: Producer(**state) for pid, state in producers.items()}
+                       for topic, producers in data.get("native", {}).items()}
+        self._native_pending.clear()
+        self._pending.clear()
+        self._undo.clear()
+        self.removed.clear()
+        self.changed.clear()
+        self.dirty = False
+
+    def changes(self) -> dict[str, Any]:
+        """What the group being applied changed, whole per stream and per producer table
+        (for the catalog's journal, :mod:`messaging.broker.state_log`)."""
+        return {"next_topic": self.next_topic,
+                "streams": {name: s.saved() if s is not None else None
+                            for name, s in self._pending.items()},
+                "native": {str(topic): {pid: asdict(state) for pid, state in producers.items()}
+                           for topic, producers in self._native_pending.items()}}
+
+    def replay(self, changes: dict[str, Any]) -> None:
+        """Apply a journal line written by :meth:`changes` (at start-up)."""
+        self.next_topic = self._committed_next = int(changes.get("next_topic",
+                                                                 self.next_topic))
+        for name, saved in changes.get("streams", {}).items():
+            old = self.streams.pop(name, None)
+            if old is not None:
+                self.by_topic.pop(old.topic, None)
+            if saved is not None:
+                stream = Stream.restore(saved)
+                self.streams[name] = stream
+                self.by_topic[stream.topic] = name
+        for topic, producers in changes.get("native", {}).items():
+            self.native[int(topic)] = {pid: Producer(**state)
+                                       for pid, state in producers.items()}
+
+    # -- transactions -----------------------------------------------------------------------
+
+    def mark(self) -> tuple[int, int, int]:
+        """A savepoint for :meth:`rollback`."""
+        return len(self._undo), len(self.removed), self.next_topic
+
+    def rollback(self, mark: tuple[int, int, int] | None = None) -> None:
+        """Undo every change since ``mark`` (None: since the last :meth:`commit`)."""
+        undo, removed, next_topic = mark or (0, 0, self._committed_next)
+        while len(self._undo) > undo:
+            key, before = self._undo.pop()
+            pending: dict[Any, Any] = (self._native_pending if isinstance(key, int)
+                                       else self._pending)
+            if before is _MISSING:
+                pending.pop(key, None)
+            else:
+                pending[key] = before
+        self.next_topic = next_topic
+        del self.removed[removed:]
+        if mark is None:
+            self.changed.clear()
+
+    @property
+    def pending(self) -> bool:
+        """Whether the group being applied changed the catalog (it must be saved with it)."""
+        return (bool(self._pending) or bool(self._native_pending)
+                or self.next_topic != self._committed_next)
+
+    def commit(self) -> tuple[list[int], set[int]]:
+        """Fold the group's changes in; returns the topics to remove and those whose stream
+        changed (closed, deleted)."""
+        if self.pending:
+            self.dirty = True
+        for name, stream in self._pending.items():
+            # One store per stream, never pop-then-set: readers on other threads always find
+            # a stream that exists.
+            old = self.streams.get(name)
+            if stream is not None:
+                self.by_topic[stream.topic] = name
+                self.streams[name] = stream
+            else:
+                self.streams.pop(name, None)
+            if old is not None and (stream is None or old.topic != stream.topic):
+                self.by_topic.pop(old.topic, None)
+        self.native.update(self._native_pending)
+        self._pending.clear()
+        self._native_pending.clear()
+        self._undo.clear()
+        self._committed_next = self.next_topic
+        removed, self.removed = self.removed, []
+        changed, self.changed = self.changed, set()
+        return removed, changed
+
+    def _get(self, name: str) -> Stream | None:
+        """A stream as the group being applied sees it."""
+        if name in self._pending:
+            return self._pending[name]
+        return self.streams.get(name)
+
+    def _set_native(self, topic: int, producers: dict[str, Producer]) -> None:
+        self._undo.append((topic, self._native_pending.get(topic, _MISSING)))
+        self._native_pending[topic] = producers
+
+    def _set(self, name: str, stream: Stream | None) -> None:
+        self._undo.append((name, self._pending.get(name, _MISSING)))
+        self._pending[name] = stream
+
+    def _replace(self, stream: Stream) -> Stream:
+        """A copy of ``stream`` to change within the group."""
+        copy = replace(stream, producers=dict(stream.producers))
+        self._set(stream.name, copy)
+        return copy
+
+    def _add(self, stream: Stream) -> None:
+        self._set(stream.name, stream)
+
+    def _drop(self, stream: Stream) -> None:
+        self._set(stream.name, None)
+        self.removed.append(stream.topic)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def get(self, name: str) -> Stream | None:
+        """The stream of that name (soft-deleted ones too), or None."""
+        return self.streams.get(name)
+
+    def name_of(self, topic_id: int) -> str | None:
+        """The name of a named topic."""
+        return self.by_topic.get(topic_id)
+
+    def lineage(self, stream: Stream) -> list[tuple[int, Position | None, Position]]:
+        """The pieces a reader of ``stream`` goes through, oldest first.
+
+        Each is ``(topic, through, after)``: the topic's messages after position ``after``
+        up to position ``through`` (None: no end); a fork ends its source's piece at the
+        fork point.
+        """
+        chain: list[tuple[int, Position | None, Position]] = []
+        end: Position | None = None
+        current: Stream | None = stream
+        while current is not None:
+            start = current.fork.at if current.fork is not None else (0, 0)
+            chain.append((current.topic, end, start))
+            if current.fork is None:
+                break
+            end = current.fork.at if end is None else min(end, current.fork.at)
+            current = self.streams.get(current.fork.source)
+        chain.reverse()
+        # Each piece starts after the previous one's end: a fork's own topic holds only
+        # indexes above its fork point, so ``after`` matters only for the oldest piece.
+        return [(topic, through, after if i == 0 else (0, 0))
+                for i, (topic, through, after) in enumerate(chain)]
+
+    # -- the state machine ------------------------------------------------------------------
+
+    def apply(self, data: bytes) -> Decision:
+        """Apply one stream operation; the frames after it go to ``Decision.topic``.
+
+        Raises a :class:`MessagingError` when the command must not apply at all (the caller
+        rolls the catalog back to its savepoint).
+        """
+        try:
+            op = json.loads(data)
+            kind = op["op"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise CorruptFrameError(f"stream command is not valid JSON: {err}") from err
+        if kind == "create":
+            return self._create(op)
+        if kind == "append":
+            return self._append(op)
+        if kind in ("delete", "expire"):
+            return self._delete(op)
+        if kind == "produce":
+            return self._produce(op)
+        raise CorruptFrameError(f"unknown stream command {kind!r}")
+
+    def appended(self, decision: Decision, first: int, last: int) -> StreamOutcome:
+        """Record the data a command appended (indexes ``first``..``last``, 0 for none);
+        returns its outcome."""
+        op = decision.op
+        native: Producer | None = op.get("native")
+        if native is not None or op["op"] == "produce":
+            if native is not None:
+                native.first, native.last = first, last
+            extra = op.get("outcome", {})
+            return StreamOutcome("", (last, 0), False, **{"first": first, "last": last,
+                                                           **extra})
+        stream = self._get(op["name"])
+        if stream is None:
+            return StreamOutcome(op["name"], (0, 0), False, **op.get("outcome", {}))
+        if op.get("done"):
+            return StreamOutcome(stream.name, stream.tail, stream.closed,
+                                 content_type=stream.content_type, **op.get("outcome", {}))
+        if decision.topic is not None and (last or op.get("close")):
+            stream = stream if op.get("fresh") else self._replace(stream)
+            if last:
+                stream.tail = (last, 0)
+                producer = op.get("producer")
+                state = stream.producers.get(str(producer[0])) if producer else None
+                if state is not None:
+                    state.first, state.last = first, last
+            if op.get("close") and not stream.closed:
+                stream.closed = True
+                producer = op.get("producer")
+                stream.closed_by = tuple(producer) if producer else None
+                self.changed.add(stream.topic)
+        extra = op.get("outcome", {})
+        return StreamOutcome(stream.name, stream.tail, stream.closed,
+                             content_type=stream.content_type, **extra)
+
+    def _create(self, op: dict[str, Any]) -> Decision:
+        name = op["name"]
+        existing = self._get(name)
+        if existing is not None and op.get("replaces") == existing.topic:
+            self._delete({"name": name, "topic": existing.topic}, quiet=True)
+            existing = self._get(name)
+        wanted = self._configure(op)
+        if existing is not None:
+            if existing.deleted:
+                raise StreamConflictError(f"stream {name!r} was deleted and is still read by "
+                                          "forks: it cannot be created again yet")
+            if not self._same(existing, wanted, op):
+                raise StreamConflictError(f"stream {name!r} exists with another configuration")
+            op["done"] = True
+            op["outcome"] = {"created": False}
+            op["name"] = name
+            return Decision(None, op)
+        topic = self.next_topic  # a function of the commands alone: the same on every node
+        self.next_topic = topic + 1
+        wanted.topic = topic
+        if wanted.fork is not None:
+            source = self._get(wanted.fork.source)
+            assert source is not None
+            source = self._replace(source)
+            source.forks += 1
+        self._add(wanted)
+        op["fresh"] = True
+        op["outcome"] = {"created": True}
+        op["close"] = bool(op.get("closed"))
+        return Decision(topic, op)
+
+    def _configure(self, op: dict[str, Any]) -> Stream:
+        """The stream a create asks for (fork inheritance applied; topic not yet chosen)."""
+        name = op["name"]
+        ttl = op.get("ttl")
+        expires_at = op.get("expires_at")
+        expires = op.get("expires")
+        content_type = op.get("content_type")
+        fork = None
+        tail: Position = (0, 0)
+        if op.get("fork"):
+            spec = op["fork"]
+            source = self._get(spec["source"])
+            if source is None:
+                raise StreamNotFoundError(f"fork source {spec['source']!r} not found")
+            if source.deleted:
+                raise StreamConflictError(f"fork source {spec['source']!r} was deleted")
+            at = tuple(spec["at"])
+            if at > source.tail:
+                raise BadRequestError("Stream-Fork-Offset is beyond the source stream's tail")
+            if content_type is None:
+                content_type = source.content_type
+            elif media_type(content_type) != media_type(source.content_type):
+                raise StreamConflictError("Content-Type differs from the fork source's "
+                                          f"{source.content_type!r}")
+            if ttl is None and expires_at is None:
+                ttl, expires_at, expires = source.ttl, source.expires_at, source.expires
+            fork = Fork(source.name, at, spec.get("offset"), int(spec.get("sub", 0)))
+            tail = at
+        return Stream(name=name, topic=0, content_type=content_type or "application/octet-stream",
+                      created=float(op.get("now", 0.0)), ttl=ttl, expires_at=expires_at,
+                      expires=expires, fork=fork, tail=tail)
+
+    @staticmethod
+    def _same(existing: Stream, wanted: Stream, op: dict[str, Any]) -> bool:
+        """Whether a repeated create matches the stream (content type, expiry, closure, fork)."""
+        if media_type(existing.content_type) != media_type(wanted.content_type):
+            return False
+        if (existing.ttl, existing.expires) != (wanted.ttl, wanted.expires):
+            return False
+        if existing.closed != bool(op.get("closed")):
+            return False
+        if (existing.fork is None) != (wanted.fork is None):
+            return False
+        if existing.fork is not None and wanted.fork is not None:
+            return (existing.fork.source, existing.fork.offset, existing.fork.sub) == (
+                wanted.fork.source, wanted.fork.offset, wanted.fork.sub)
+        return True
+
+    def _append(self, op: dict[str, Any]) -> Decision:
+        name = op["name"]
+        stream = self._get(name)
+        if stream is None:
+            raise StreamNotFoundError(f"stream {name!r} not found")
+        if stream.deleted:
+            raise StreamGoneError(f"stream {name!r} was deleted")
+        producer = op.get("producer")
+        if stream.closed:
+            if producer is not None and stream.closed_by == tuple(producer):
+                op["done"] = True
+                op["outcome"] = {"duplicate": True, "producer": (producer[1], producer[2])}
+                return Decision(None, op)
+            if op.get("close") and not op.get("count"):
+                op["done"] = True  # closing a closed stream: idempotent
+                return Decision(None, op)
+            raise StreamClosedError(f"stream {name!r} is closed", stream.tail)
+        if op.get("count") and op.get("content_type") is not None and (
+                media_type(op["content_type"]) != media_type(stream.content_type)):
+            raise StreamConflictError(f"Content-Type {op['content_type']!r} does not match the "
+                                      f"stream's {stream.content_type!r}")
+        now = float(op.get("now", 0.0))
+        outcome: dict[str, Any] = {}
+        new_state: Producer | None = None
+        if producer is not None:
+            new_state, duplicate = check_producer(stream.producers, producer, now)
+            if duplicate is not None:
+                op["done"] = True
+                op["outcome"] = {"duplicate": True, "producer": (duplicate.epoch, duplicate.seq)}
+                return Decision(None, op)
+            assert new_state is not None
+            outcome["producer"] = (new_state.epoch, new_state.seq)
+        seq_text = op.get("seq")
+        if seq_text is not None and stream.seq is not None and seq_text <= stream.seq:
+            raise StreamConflictError(f"Stream-Seq {seq_text!r} is not above the last one, "
+                                      f"{stream.seq!r}")
+        if new_state is not None or seq_text is not None:
+            stream = self._replace(stream)
+            op["fresh"] = True
+            if new_state is not None and producer is not None:
+                stream.producers[str(producer[0])] = new_state
+                trim_producers(stream.producers, now)
+            if seq_text is not None:
+                stream.seq = seq_text
+        op["outcome"] = outcome
+        return Decision(stream.topic, op)
+
+    def _produce(self, op: dict[str, Any]) -> Decision:
+        """A native publish with producer headers: deduplicated like a stream append."""
+        topic = int(op["topic"])
+        if topic >= NAMED_TOPIC_BASE:
+            raise BadRequestError(f"topic {topic} belongs to a named stream")
+        producers = self._native_pending.get(topic, self.native.get(topic, {}))
+        now = float(op.get("now", 0.0))
+        new_state, duplicate = check_producer(producers, op["producer"], now)
+        if duplicate is not None:
+            op["done"] = True
+            op["outcome"] = {"duplicate": True, "producer": (duplicate.epoch, duplicate.seq),
+                             "first": duplicate.first, "last": duplicate.last}
+            return Decision(None, op)
+        assert new_state is not None
+        changed = dict(producers)
+        changed[str(op["producer"][0])] = new_state
+        trim_producers(changed, now)
+        self._set_native(topic, changed)
+        op["native"] = new_state
+        op["outcome"] = {"producer": (new_state.epoch, new_state.seq)}
+        return Decision(topic, op)
+
+    def _delete(self, op: dict[str, Any], *, quiet: bool = False) -> Decision:
+        name = op["name"]
+        stream = self._get(name)
+        expiring = op.get("op") == "expire" or quiet
+        if stream is None or (op.get("topic") is not None and stream.topic != op["topic"]):
+            if expiring:
+                op["done"] = True
+                return Decision(None, op)
+            raise StreamNotFoundError(f"stream {name!r} not found")
+        if stream.deleted:
+            if expiring:
+                op["done"] = True
+                return Decision(None, op)
+            raise StreamGoneError(f"stream {name!r} was deleted")
+        if stream.forks:
+            stream = self._replace(stream)
+            stream.deleted = True
+            self.changed.add(stream.topic)
+        else:
+            self._collect(stream)
+        op["done"] = True
+        return Decision(None, op)
+
+    def _collect(self, stream: Stream) -> None:
+        """Remove a stream nobody reads through any more, and sources it kept alive."""
+        current: Stream | None = stream
+        while current is not None:
+            self._drop(current)
+            self.changed.add(current.topic)
+            if current.fork is None:
+                return
+            source = self._get(current.fork.source)
+            if source is None:
+                return
+            source = self._replace(source)
+            source.forks -= 1
+            current = source if source.deleted and source.forks <= 0 else None
+
+    # -- expiry -----------------------------------------------------------------------------
+
+    @staticmethod
+    def expired(stream: Stream, now: float, last_used: float) -> bool:
+        """Whether ``stream`` has expired at ``now`` (``last_used``: its last read or write
+        on this node, for a sliding TTL)."""
+        if stream.expires is not None and now >= stream.expires:
+            return True
+        return stream.ttl is not None and now >= last_used + stream.ttl
+

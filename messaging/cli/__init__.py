@@ -1,0 +1,1 @@
+"""The ``messaging`` command: the broker, the client commands, token management."""

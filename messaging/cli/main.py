@@ -1,0 +1,196 @@
+"""The ``messaging`` command: run a broker, publish, tail, list topics, ping."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from messaging import __version__
+from messaging.cli.logging import setup_logging
+from messaging.config import BrokerConfig, broker_options, load_config, parse_host_port
+from messaging.errors import MessagingError
+from messaging.http.auth import new_token, parse_scope, token_line
+from messaging.http.server import BrokerServer, check_security
+
+BROKER_HELP = """\
+Run a broker: publishers POST messages, subscribers stream them; every message is stored in
+per-topic segment files of checksummed frames under --data.
+
+Durability (--fsync):
+  always    (default) a publish is acknowledged only after its frames are fsynced; concurrent
+            publishes share one write and one fsync (group commit). Nothing acknowledged is
+            lost on a crash or power failure.
+  interval  frames are fsynced every 100 ms; a publish is acknowledged once written. A crash
+            of the machine (not just the process) can lose the last 100 ms of acknowledged
+            messages.
+  never     the operating system decides when to write; a machine crash can lose any amount
+            of acknowledged messages. For benchmarks and throwaway data only.
+
+Faults: a full disk answers 507 (reads go on; publishing resumes once space is freed); a
+failed write answers 500 and keeps nothing; a failed fsync stops the topic for writes (503)
+until a restart re-verifies its files. Nothing from a failed publish ever becomes visible.
+
+Security: without --tokens every request is allowed; that is refused unless --bind is a
+loopback address or --insecure is given. --tls-cert/--tls-key serve HTTPS.
+
+Settings come from, by precedence: these options, MESSAGING_<OPTION> environment variables
+(MESSAGING_MAX_SEGMENT_SIZE=64M, MESSAGING_BIND=0.0.0.0:8086), a TOML --config file
+(max-segment-size = "64M"; see examples/broker.toml), then the defaults shown.
+
+Sizes take K/M/G suffixes (binary: 10M = 10 MiB); durations take ms/s/m/h (default s).
+"""
+
+
+def _broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("broker", help="run a broker", description=BROKER_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    defaults = BrokerConfig()
+    # Nothing defaults here: a setting not given comes from the environment, the config file
+    # or BrokerConfig (messaging.config.load_config).
+    p.add_argument("--bind", type=parse_host_port, default=argparse.SUPPRESS,
+                   metavar="HOST:PORT",
+                   help=f"HTTP address HOST:PORT (default {defaults.host}:{defaults.port})")
+    p.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="read settings from this TOML file (also $MESSAGING_CONFIG)")
+    for name, option, default in broker_options():
+        shown = (f" (default {option.show(default)})"
+                 if default not in (None, [], False) else "")
+        if option.switch:
+            p.add_argument(option.flag, dest=name, action="store_true",
+                           default=argparse.SUPPRESS, help=option.help)
+            continue
+        p.add_argument(option.flag, dest=name, type=option.parse or str,
+                       default=argparse.SUPPRESS, choices=option.choices,
+                       metavar=option.metavar, action="append" if option.repeat else "store",
+                       help=option.help + shown)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="messaging", description="An HTTP messaging broker with durable segmented topics.")
+    parser.add_argument("--version", action="version", version=f"messaging {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _broker_parser(sub)
+    _token_parser(sub)
+    from messaging.cli.client import add_client_commands
+
+    add_client_commands(sub)
+    return parser
+
+
+def _config(args: argparse.Namespace) -> BrokerConfig:
+    explicit = {name: getattr(args, name) for name, _o, _d in broker_options()
+                if hasattr(args, name)}
+    if hasattr(args, "bind"):
+        explicit["host"], explicit["port"] = args.bind
+    config_file = args.config or (Path(os.environ["MESSAGING_CONFIG"])
+                                  if os.environ.get("MESSAGING_CONFIG") else None)
+    config = load_config(explicit, os.environ, config_file)
+    if not str(config.data).strip() or config.data == Path():
+        # Path("") is the current directory: a broker would scatter its files there.
+        raise MessagingError("--data is empty: give the data directory (e.g. --data ./data)")
+    config.etcd_settings()  # refuses bad cluster options before anything starts
+    check_security(config)
+    return config
+
+
+def _token_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "token", help="make bearer tokens",
+        description="Make a bearer token: prints the token (give it to the client) and the "
+        "line to add to the broker's --tokens file (which stores only its hash).")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = actions.add_parser("create", help="make a new token")
+    create.add_argument("--name", required=True, help="who the token is for (shown in logs)")
+    create.add_argument("--scope", action="append", required=True, metavar="SCOPE",
+                        help="read[=TOPICS], write[=TOPICS], consume[=IDS] or admin; TOPICS "
+                        "are ids and stream names, IDS subscriber ids; a trailing * is a "
+                        "prefix (repeat for several scopes)")
+    create.set_defaults(run=_create_token)
+
+
+def _create_token(args: argparse.Namespace) -> int:
+    if not args.name or any(c.isspace() for c in args.name):
+        raise MessagingError(f"invalid --name {args.name!r}: one word")
+    try:
+        scopes = [parse_scope(text) for text in args.scope]
+    except ValueError as err:
+        raise MessagingError(str(err)) from err
+    token = new_token()
+    print(f"token: {token}")
+    print("add this line to the broker's tokens file (then send the broker SIGHUP):")
+    print(token_line(args.name, token, scopes))
+    return 0
+
+
+async def run_broker(config: BrokerConfig) -> None:
+    """Run until SIGINT or SIGTERM, then shut down cleanly."""
+    server = BrokerServer(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if config.tokens is not None and server.tokens is not None:
+        tokens = server.tokens
+
+        def reload_tokens() -> None:
+            try:
+                tokens.reload()
+            except MessagingError as err:
+                logging.getLogger("messaging").error("%s; keeping the tokens read before", err)
+
+        loop.add_signal_handler(signal.SIGHUP, reload_tokens)
+    print(f"messaging broker listening on {server.url} (data {config.data})", flush=True)
+    await stop.wait()
+    logging.getLogger("messaging").info("shutting down")
+    await server.stop()
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop when it is installed (faster HTTP handling), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``messaging`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "broker":
+        try:
+            config = _config(args)
+            setup_logging(config.log_level, config.log_format)
+            with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+                runner.run(run_broker(config))
+        except MessagingError as err:
+            print(f"messaging broker: error: {err}", file=sys.stderr)
+            return 1
+        return 0
+    try:
+        return int(args.run(args))
+    except MessagingError as err:
+        print(f"messaging {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `messaging tail ... | head`): not an error.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,622 @@
+"""The async Python client: Client (publish, read, ping, topics, heartbeats).
+
+Client owns the HTTP session and turns broker answers (or their absence) into results or
+:class:`MessagingError` subclasses worded for users: what failed, where, and why. Which broker
+to try, redirects and retry timing are :mod:`messaging.failover`'s decisions. Publishes are
+idempotent by default (:mod:`~messaging.client.producer`): each carries producer headers, so
+one whose answer was lost is sent again and the broker stores it once. With ``idempotent=False`` a
+publish that may have reached a broker is never retried: the caller gets
+:class:`PublishOutcomeUnknownError`. Subscriptions are :class:`Conn` (:mod:`messaging.client.conn`),
+re-exported here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import ssl
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from messaging.client.conn import Conn, MessageBatch
+from messaging.client.producer import Lanes
+from messaging.config import DEFAULT_MAX_REQUEST_SIZE
+from messaging.errors import (
+    ClientConfigError,
+    ConnectionFailedError,
+    ConnStateError,
+    CorruptFrameError,
+    InvalidURLError,
+    MessagingError,
+    NoLeaderError,
+    NotABrokerError,
+    PublishOutcomeUnknownError,
+    TopicTruncatedError,
+    error_for_status,
+    is_unsigned,
+)
+from messaging.failover import (
+    DEFAULT_RETRY_TIMEOUT,
+    Brokers,
+    Retry,
+    RetryPolicy,
+    base_url,
+    refused,
+    unique,
+)
+from messaging.files import read_json, write_json_atomic
+from messaging.frames import FRAMES_CONTENT_TYPE, HEADER_SIZE, Message, decode, encode_batch
+
+__all__ = ["DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_RETRY_TIMEOUT", "Client", "Conn",
+           "MessageBatch", "Published", "Response"]
+
+_CONNECT_TIMEOUT: tuple[type[BaseException], ...] = tuple(
+    t for t in [getattr(aiohttp, "ConnectionTimeoutError", None)] if t is not None)
+# Failures of a request that never left this machine (safe to send elsewhere) ...
+_NOT_SENT: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError,
+                                                *_CONNECT_TIMEOUT)
+# ... and of one that may have reached a broker.
+_MAYBE_SENT = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A successful broker answer; ``url`` is the broker (``scheme://host:port``) that gave it."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    url: str = ""
+
+    def json(self) -> Any:
+        """The body as JSON (:class:`NotABrokerError` if it is not JSON)."""
+        try:
+            return json.loads(self.body)
+        except ValueError as err:  # JSONDecodeError and UnicodeDecodeError
+            raise NotABrokerError.at(self.url, "its answer is not JSON") from err
+
+
+class Client:
+    """A connection pool to a broker or cluster; use as ``async with Client(urls) as c``."""
+
+    def __init__(self, urls: Sequence[str] | str, config_path: Path | str | None = None, *,
+                 timeout: float = 30.0, retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
+                 max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
+                 idempotent: bool = True, producer_id: str | None = None,
+                 token: str | None = None, ca: Path | str | None = None) -> None:
+        self.config_path = Path(config_path) if config_path is not None else None
+        # The config file is read by open(), on a thread: nothing here touches the disk.
+        self.brokers = Brokers([urls] if isinstance(urls, str) else urls)
+        if not self.brokers.urls and self.config_path is None:
+            raise InvalidURLError("no broker URL given")
+        self.timeout = timeout
+        self.retry_timeout = retry_timeout
+        self.max_request_size = max_request_size
+        #: Producer lanes of idempotent publishes (None: publishes are not idempotent).
+        self.producers = Lanes(producer_id) if idempotent else None
+        self.token = token  # sent as Authorization: Bearer on every request
+        self.ca = Path(ca) if ca is not None else None  # verifies https brokers' certificates
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Client:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Read the config file, create the HTTP session (``async with`` does this)."""
+        if self.config_path is not None:
+            self.brokers.add(await asyncio.to_thread(_saved_urls, self.config_path))
+            if not self.brokers.urls:
+                raise InvalidURLError(f"no broker URL given, and none in {self.config_path}")
+        if self._session is None:
+            context: ssl.SSLContext | bool = True
+            if self.ca is not None:
+                context = await asyncio.to_thread(_ssl_context, self.ca)
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeout),
+                connector=aiohttp.TCPConnector(limit=0, ssl=context),
+                headers={"Authorization": f"Bearer {self.token}"} if self.token else None)
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The open session (raises if the client is not open)."""
+        if self._session is None:
+            raise ConnStateError("the client is not open: use 'async with Client(...)'")
+        return self._session
+
+    @property
+    def urls(self) -> list[str]:
+        """The broker URLs this client knows (``scheme://host:port``)."""
+        return self.brokers.urls
+
+    @property
+    def leader(self) -> str | None:
+        """The broker a 307 last pointed at, tried first for writes."""
+        return self.brokers.leader
+
+    @property
+    def reached(self) -> bool:
+        """Whether any broker ever answered this client."""
+        return self.brokers.reached
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """Backoff and give-up rules, with ``retry_timeout`` as the time budget."""
+        return RetryPolicy(budget=self.retry_timeout)
+
+    # -- requests with failover -------------------------------------------------------------
+
+    async def request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
+                      data: bytes | None = None, headers: dict[str, str] | None = None,
+                      write: bool = False, idempotent: bool = True) -> Response:
+        """One API call with failover, redirects and (for idempotent calls) retries.
+
+        Reads, pings and heartbeats retry with backoff for ``retry_timeout`` seconds (503s
+        too); while no broker ever answered, a refused connection (or an unknown host) on
+        every URL is definitive after a few quick rounds. Only :class:`MessagingError`
+        subclasses leave it.
+        """
+        loop = asyncio.get_running_loop()
+        retry = Retry(self.retry_policy, started=loop.time())
+        last_error: BaseException | None = None
+        failures: dict[str, BaseException] = {}
+        query = {k: str(v) for k, v in (params or {}).items() if v is not None}
+        while True:
+            refused_everywhere = True
+            for base in self.brokers.order(write):
+                try:
+                    url, resp = await self._send(method, base, path, query, data, headers)
+                    async with resp:
+                        response = Response(resp.status, dict(resp.headers),
+                                            await _read(url, resp), url)
+                except _Failed as failed:
+                    if not idempotent and failed.sent:
+                        raise PublishOutcomeUnknownError(
+                            f"{method} {failed.url}{path}: {_describe(failed.err)} after the "
+                            "request was sent; the publish may or may not have been applied",
+                        ) from failed.err
+                    last_error = failures[failed.url] = failed.err
+                    refused_everywhere = refused_everywhere and _refused(failed.err)
+                    self.brokers.failed(base)
+                    continue
+                refused_everywhere = False
+                if (response.status == 503 or (response.status == 504 and idempotent)) and (
+                        not retry.exhausted(loop.time())):
+                    last_error = error_for_status(503, response.headers, response.url)
+                    continue
+                if response.status >= 300:
+                    raise error_for_status(response.status, response.headers, response.url)
+                return response
+            if not retry.failed(loop.time(), refused_everywhere=refused_everywhere,
+                                reached=self.brokers.reached):
+                if isinstance(last_error, MessagingError):
+                    raise last_error
+                raise ConnectionFailedError(_unreachable(failures),
+                                            refused=refused_everywhere) from last_error
+            await asyncio.sleep(retry.delay(loop.time()))
+            if isinstance(last_error, NoLeaderError):
+                self.brokers.forget_leader()
+
+    @contextlib.asynccontextmanager
+    async def stream(self, path: str, params: dict[str, str],
+                     content_type: str) -> AsyncIterator[AsyncIterator[bytes]]:
+        """``GET path`` from the first broker that answers, its body as chunks while open.
+
+        One round over the URLs (following 307s) and no retries: the caller resumes from
+        where it got to. :class:`ConnectionFailedError` when no broker could be reached or
+        the body broke off (``refused`` when every URL refused the connection); an error
+        answer, or one that is not ``content_type``, raises its :class:`MessagingError`.
+        """
+        failures: dict[str, BaseException] = {}
+        for base in self.brokers.order(write=False):
+            try:
+                url, resp = await self._send("GET", base, path, params)
+            except _Failed as failed:
+                failures[failed.url] = failed.err
+                self.brokers.failed(base)
+                continue
+            async with resp:
+                if resp.status >= 300:
+                    raise error_for_status(resp.status, resp.headers, url)
+                _check_content_type(url, resp.headers.get("Content-Type", ""), content_type)
+                yield _Chunks(url, resp)
+                return
+        raise ConnectionFailedError(
+            _unreachable(failures),
+            refused=bool(failures) and all(_refused(e) for e in failures.values()))
+
+    async def _send(self, method: str, base: str, path: str, params: dict[str, str],
+                    data: bytes | None = None, headers: dict[str, str] | None = None,
+                    ) -> tuple[str, aiohttp.ClientResponse]:
+        """Send to ``base``, following 307s: the broker that answered and its open answer.
+
+        A failed connection raises :class:`_Failed`; the caller reads and releases the answer.
+        """
+        url, hops = base, 0
+        while True:
+            try:
+                resp = await self.session.request(method, url + path, params=params, data=data,
+                                                  headers=headers, allow_redirects=False)
+            except aiohttp.ClientResponseError as err:
+                raise NotABrokerError.at(url, "its answer is not valid HTTP") from err
+            except _MAYBE_SENT as err:
+                raise _Failed(url, err) from err
+            self.brokers.answered(url)
+            following = None
+            if resp.status == 307:
+                location = resp.headers.get("Location", url)
+                following = self.brokers.redirected(url, location, hops)
+            if following is None:
+                return url, resp
+            resp.release()
+            url, hops = following, hops + 1
+
+    # -- the API ----------------------------------------------------------------------------
+
+    async def publish(self, topic: int, data: bytes, type: int = 1) -> int:
+        """Publish one message; returns its index once the broker acknowledged it.
+
+        Idempotent (unless the client was made with ``idempotent=False``): retried until the
+        broker answers, and stored once however often it was sent.
+        """
+        lane = self.producers.take(topic) if self.producers is not None else None
+        try:
+            response = await self.request(
+                "POST", "/messaging/messages", params={"topicID": topic, "type": type},
+                data=data, headers={"Content-Type": "application/octet-stream",
+                                    **(lane.headers() if lane is not None else {})},
+                write=True, idempotent=lane is not None)
+        except BaseException as err:
+            if lane is not None and self.producers is not None:
+                self.producers.give_back(lane, err)
+            raise
+        if lane is not None and self.producers is not None:
+            self.producers.give_back(lane)
+        return _broker_index(response)
+
+    async def publish_batch(self, topic: int, datas: Sequence[bytes],
+                            type: int = 1) -> tuple[int, int]:
+        """Publish many messages framed here (CRC computed once, on this side).
+
+        Bodies are split at ``max_request_size``; each request is all-or-nothing, and the
+        returned range spans from the first request's first index to the last one's last.
+        """
+        if not datas:
+            raise MessagingError("publish_batch needs at least one message")
+        first = last = 0
+        lanes = self.producers
+        for chunk in _split(datas, self.max_request_size):
+            lane = lanes.take(topic) if lanes is not None else None
+            try:
+                response = await self.request(
+                    "POST", "/messaging/messages", params={"topicID": topic},
+                    data=encode_batch(topic, chunk, type),
+                    headers={"Content-Type": FRAMES_CONTENT_TYPE,
+                             **(lane.headers() if lane is not None else {})},
+                    write=True, idempotent=lane is not None)
+            except BaseException as err:
+                if lane is not None and lanes is not None:
+                    lanes.give_back(lane, err)
+                raise
+            if lane is not None and lanes is not None:
+                lanes.give_back(lane)
+            result = _json_object(response)
+            first = first or _index_field(response, result, "first")
+            last = _index_field(response, result, "last")
+        return first, last
+
+    async def ping(self) -> list[str]:
+        """Ask the leader for the cluster's URLs; remember and persist them."""
+        response = await self.request("POST", "/messaging/ping", write=True)
+        urls = _url_list(response)
+        if urls:
+            self.brokers.replace(urls)
+            if self.config_path is not None:
+                await _save_urls(self.config_path, urls)
+        return urls
+
+    async def topics(self) -> list[dict[str, Any]]:
+        """Every topic with first/last index, size, segments and subscribers."""
+        response = await self.request("GET", "/messaging/topics")
+        result = response.json()
+        if not isinstance(result, list) or not all(isinstance(t, dict) for t in result):
+            raise NotABrokerError.at(response.url, "its topic list is not a JSON list of objects")
+        return result
+
+    async def topic(self, topic: int, after: int | None = None,
+                    count: int | None = None) -> dict[str, Any]:
+        """One topic; with ``after`` and ``count`` also the index of the count-th message."""
+        response = await self.request("GET", f"/messaging/topics/{topic}",
+                                      params={"after": after, "count": count})
+        return _json_object(response)
+
+    async def heartbeat(self, topic: int, index: int, url: str) -> None:
+        """Tell the broker subscriber ``url`` has processed ``topic`` through ``index``."""
+        await self.request("POST", "/messaging/heartbeat",
+                           params={"topicID": topic, "index": index, "url": url}, write=True)
+
+    async def read(self, topic: int, index: int = 0, end: int | None = None,
+                   limit: int | None = None) -> list[Message]:
+        """A non-streaming read of messages ``index`` ≤ i < ``end`` (up to ``limit``).
+
+        ``index`` 0 means the first index retention kept.
+        """
+        params = {"topicID": topic, "index": index, "end": end, "limit": limit}
+        try:
+            response = await self.request("GET", "/messaging/messages", params=params)
+        except TopicTruncatedError as err:
+            if index != 0 or err.first_index <= 0:
+                raise
+            index = params["index"] = err.first_index
+            response = await self.request("GET", "/messaging/messages", params=params)
+        _check_content_type(response.url, response.headers.get("Content-Type", ""),
+                            FRAMES_CONTENT_TYPE)
+        messages, used = decode(response.body, after=max(index - 1, 0))
+        if used != len(response.body):
+            raise CorruptFrameError("the broker's answer ended inside a frame")
+        return messages
+
+    def conn(self, topic: int, data_url: str | None = None,
+             heartbeat_interval: float = 1.0, *, consumer: str | None = None) -> Conn:
+        """A subscription to ``topic``; ``data_url`` names it for heartbeats.
+
+        With ``consumer`` it starts right after that consumer's stored position and
+        heartbeats as it; ``heartbeat_interval`` 0 leaves committing to :meth:`Conn.commit`.
+        """
+        return Conn(self, topic, data_url, heartbeat_interval, consumer)
+
+    # -- stored consumer positions and explicit producers (messaging.client.consumer, .journal) ---
+
+    async def consumers(self, topic: int | None = None,
+                        name: str | None = None) -> list[dict[str, Any]]:
+        """Stored consumer positions: topic, name, index, last_index, lag, last_seen, live."""
+        response = await self.request("GET", "/messaging/consumers",
+                                      params={"topicID": topic, "name": name})
+        result = response.json()
+        if not isinstance(result, list) or not all(isinstance(c, dict) for c in result):
+            raise NotABrokerError.at(response.url, "its consumer list is not a JSON list")
+        return result
+
+    async def reset_consumer(self, name: str, topic: int, index: int) -> None:
+        """Set consumer ``name``'s position in ``topic`` to ``index`` (also backwards)."""
+        await self.request("PUT", f"/messaging/consumers/{quote(name, safe='')}",
+                           params={"topicID": topic, "index": index}, write=True)
+
+    async def delete_consumer(self, name: str, topic: int | None = None) -> list[int]:
+        """Forget consumer ``name`` (in ``topic``, or everywhere); returns the topics."""
+        response = await self.request("DELETE", f"/messaging/consumers/{quote(name, safe='')}",
+                                      params={"topicID": topic}, write=True)
+        topics = _json_object(response).get("topics")
+        return [int(t) for t in topics] if isinstance(topics, list) else []
+
+    async def publish_as(self, topic: int, datas: Sequence[bytes],
+                         producer: tuple[str, int, int], type: int = 1) -> Published:
+        """Publish ``datas`` as one all-or-nothing request with explicit producer headers.
+
+        ``producer`` is ``(id, epoch, seq)``: sending the same one again (after a crash, by
+        another process) is stored once; the answer says whether this one was a duplicate
+        (then the indexes are the original's). Retried like any idempotent publish; a fenced
+        epoch (403) or a sequence gap (409) raises.
+        """
+        if not datas:
+            raise MessagingError("publish_as needs at least one message")
+        pid, epoch, seq = producer
+        response = await self.request(
+            "POST", "/messaging/messages", params={"topicID": topic},
+            data=encode_batch(topic, datas, type),
+            headers={"Content-Type": FRAMES_CONTENT_TYPE, "Producer-Id": pid,
+                     "Producer-Epoch": str(epoch), "Producer-Seq": str(seq)},
+            write=True)
+        result = _json_object(response)
+        return Published(_index_field(response, result, "first"),
+                         _index_field(response, result, "last"),
+                         response.headers.get("X-Broker-Duplicate") == "true")
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """The answer to :meth:`Client.publish_as`: the stored index range, and whether the
+    request was a duplicate of one stored before."""
+
+    first: int
+    last: int
+    duplicate: bool
+
+
+# -- turning what came back (or did not) into MessagingErrors -------------------------------
+
+
+def _ssl_context(ca: Path) -> ssl.SSLContext:
+    """A TLS context that trusts the CA in ``ca`` (a PEM file)."""
+    try:
+        return ssl.create_default_context(cafile=str(ca))
+    except (OSError, ssl.SSLError) as err:
+        raise ClientConfigError(f"cannot use CA file {ca}: {err}") from err
+
+
+def _saved_urls(path: Path) -> list[str]:
+    """The URLs a config file holds; :class:`ClientConfigError` naming the file otherwise."""
+    if not path.exists():
+        return []
+    try:
+        config = read_json(path)
+    except OSError as err:
+        raise ClientConfigError(f"cannot read client config {path}: "
+                                f"{(err.strerror or str(err)).lower()}") from err
+    except ValueError as err:
+        raise ClientConfigError(f"invalid client config {path}: not JSON ({err})") from err
+    urls = config.get("urls") if isinstance(config, dict) else None
+    if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+        raise ClientConfigError(f'invalid client config {path}: expected JSON '
+                                f'{{"urls": ["http://HOST:PORT", ...]}}')
+    try:
+        return [base_url(u) for u in urls]
+    except InvalidURLError as err:
+        raise ClientConfigError(f"invalid client config {path}: {err}") from err
+
+
+async def _save_urls(path: Path, urls: list[str]) -> None:
+    try:
+        await asyncio.to_thread(write_json_atomic, path, {"urls": urls})
+    except OSError as err:
+        raise ClientConfigError(f"cannot write client config {path}: "
+                                f"{(err.strerror or str(err)).lower()}") from err
+
+
+def _broker_index(response: Response) -> int:
+    value = response.headers.get("X-Broker-Index")
+    if value is None:
+        raise NotABrokerError.at(response.url, "its answer has no X-Broker-Index")
+    if not is_unsigned(value):
+        raise NotABrokerError.at(response.url, f"invalid X-Broker-Index {value!r}")
+    return int(value)
+
+
+def _json_object(response: Response) -> dict[str, Any]:
+    result = response.json()
+    if not isinstance(result, dict):
+        raise NotABrokerError.at(response.url, "its answer is not a JSON object")
+    return result
+
+
+def _index_field(response: Response, result: dict[str, Any], name: str) -> int:
+    value = result.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise NotABrokerError.at(response.url, f"its answer has no valid {name!r} index")
+    return value
+
+
+def _url_list(response: Response) -> list[str]:
+    """The ``{"urls": [...]}`` of a ping (or cluster change) answer."""
+    result = response.json()
+    urls = result.get("urls") if isinstance(result, dict) else None
+    if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+        raise NotABrokerError.at(response.url, 'its answer is not {"urls": [...]}')
+    try:
+        return unique(base_url(u) for u in urls)
+    except InvalidURLError as err:
+        raise NotABrokerError.at(response.url, f"it listed an {err}") from err
+
+
+def _check_content_type(url: str, content_type: str, wanted: str) -> None:
+    if content_type.split(";")[0].strip().lower() != wanted:
+        what = "frames" if wanted == FRAMES_CONTENT_TYPE else wanted
+        raise NotABrokerError.at(url, f"it sent {content_type or 'no content type'}, not {what}")
+
+
+def _refused(err: BaseException) -> bool:
+    """Whether a connection failed definitively (see :func:`messaging.failover.refused`)."""
+    return isinstance(err, aiohttp.ClientConnectorError) and refused(err.os_error)
+
+
+def _describe(err: BaseException) -> str:
+    """What went wrong with a connection, in words (no library class names)."""
+    if isinstance(err, aiohttp.ClientConnectorCertificateError):
+        return "the TLS certificate was not accepted"
+    if isinstance(err, aiohttp.ClientSSLError):
+        return "the TLS handshake failed"
+    if isinstance(err, aiohttp.ClientConnectorError):
+        return _describe_os_error(err.os_error)
+    if isinstance(err, aiohttp.ServerDisconnectedError):
+        return "the server closed the connection"
+    if isinstance(err, aiohttp.ClientPayloadError):
+        return "the answer was cut off"
+    if isinstance(err, asyncio.TimeoutError):
+        return "timed out"
+    if isinstance(err, OSError):
+        return _describe_os_error(err)
+    return "the connection failed"
+
+
+def _describe_os_error(err: OSError) -> str:
+    if isinstance(err, socket.gaierror):
+        if err.errno == socket.EAI_NONAME:
+            return "unknown host"
+        return f"host name lookup failed ({(err.strerror or 'no reason given').lower()})"
+    if refused(err):
+        return "connection refused"
+    if isinstance(err, TimeoutError):
+        return "timed out"
+    if err.strerror:
+        return err.strerror[0].lower() + err.strerror[1:]
+    return "the connection failed"
+
+
+def _unreachable(failures: dict[str, BaseException]) -> str:
+    """``cannot connect to URL: why``, for every URL that failed."""
+    if len(failures) == 1:
+        (url, err), = failures.items()
+        return f"cannot connect to {url}: {_describe(err)}"
+    reasons = "; ".join(f"{url}: {_describe(err)}" for url, err in failures.items())
+    return f"cannot connect to any broker ({reasons or 'no URL tried'})"
+
+
+def _split(datas: Sequence[bytes], max_bytes: int) -> Iterator[Sequence[bytes]]:
+    start = 0
+    size = 0
+    for i, data in enumerate(datas):
+        frame = HEADER_SIZE + len(data)
+        if i > start and size + frame > max_bytes:
+            yield datas[start:i]
+            start, size = i, 0
+        size += frame
+    yield datas[start:]
+
+
+class _Failed(Exception):
+    """A connection to ``url`` failed with ``err``; never leaves this module."""
+
+    def __init__(self, url: str, err: BaseException) -> None:
+        super().__init__(url, err)
+        self.url = url
+        self.err = err
+
+    @property
+    def sent(self) -> bool:
+        """Whether the request may have reached the broker."""
+        return not isinstance(self.err, _NOT_SENT)
+
+
+async def _read(url: str, resp: aiohttp.ClientResponse) -> bytes:
+    """The whole body of an answer; :class:`_Failed` if it breaks off."""
+    try:
+        return await resp.read()
+    except _MAYBE_SENT as err:
+        raise _Failed(url, err) from err
+
+
+class _Chunks:
+    """A streaming answer's body as chunks; a break becomes :class:`ConnectionFailedError`."""
+
+    def __init__(self, url: str, response: aiohttp.ClientResponse) -> None:
+        self.url = url
+        self._response = response
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            data = await self._response.content.readany()
+        except _MAYBE_SENT as err:
+            raise ConnectionFailedError(_unreachable({self.url: err}),
+                                        refused=_refused(err)) from err
+        if not data:
+            raise StopAsyncIteration
+        return data

@@ -1,0 +1,231 @@
+"""One broker process: open the data directory, choose the log, serve HTTP, run retention."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+import ssl
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from messaging.aio import cancel_and_wait
+from messaging.broker.broker import Broker
+from messaging.config import BrokerConfig, ConfigError
+from messaging.errors import DataDirectoryError
+from messaging.http.access_log import ACCESS_LOGGER
+from messaging.http.app import (
+    ConnectionLimits,
+    connection_factory,
+    make_app,
+)
+from messaging.http.auth import Tokens
+from messaging.http.health import add_health_routes
+from messaging.http.limits import Limits
+from messaging.http.streams import StreamHandlers
+from messaging.log.base import Log
+from messaging.log.local import LocalLog
+
+if TYPE_CHECKING:
+    from messaging.http.snapshot import SnapshotSource
+
+log = logging.getLogger(__name__)
+
+#: Connections the kernel queues before the broker accepts them (a burst of clients).
+LISTEN_BACKLOG = 1024
+
+
+class BrokerServer:
+    """A running broker: :meth:`start`, then :meth:`stop` (or ``async with``)."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.broker: Broker | None = None
+        self.log: Log | None = None
+        self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
+        self.connections: ConnectionLimits | None = None
+        self._retention: asyncio.Task[None] | None = None
+        self.port = config.port
+        self.tokens: Tokens | None = None
+
+    @property
+    def url(self) -> str:
+        """The URL this broker advertises."""
+        scheme = "https" if self.config.tls_cert is not None else "http"
+        return self.config.advertise or f"{scheme}://{self.config.host}:{self.port}"
+
+    async def start(self) -> None:
+        """Bind, recover the data directory, start the log and serve."""
+        config = self.config
+        loop = asyncio.get_running_loop()
+        check_security(config)
+        tls = await loop.run_in_executor(None, tls_context, config)
+        if config.tokens is not None:
+            self.tokens = await loop.run_in_executor(None, Tokens, config.tokens)
+        sock = _bind(config.host, config.port)
+        self.port = sock.getsockname()[1]
+        try:
+            self.broker = await loop.run_in_executor(None, lambda: Broker.open(
+                config.data, max_segment_size=config.max_segment_size,
+                max_topic_size=config.max_topic_size,
+                subscriber_timeout=config.subscriber_timeout))
+            self.log = await self._start_log(self.broker)
+        except BaseException:
+            sock.close()
+            if self.broker is not None:
+                await loop.run_in_executor(None, self.broker.close)
+            raise
+        snapshots: SnapshotSource | None = None
+        if config.etcd_settings() is not None:
+            from messaging.log.etcd.log import EtcdLog
+
+            assert isinstance(self.log, EtcdLog)
+            snapshots = self.log  # peers catch up from this node's data
+        app = broker_app(config, self.broker, self.log, tokens=self.tokens,
+                         snapshots=snapshots)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                                     shutdown_timeout=5.0)
+        await self._runner.setup()
+        assert self._runner.server is not None
+        # The runner's server is a protocol factory; serving it through our own factory
+        # puts BrokerConnection (header timeout, connection cap) on every connection.
+        self.connections = ConnectionLimits(config.header_timeout, config.max_connections)
+        self._listener = await loop.create_server(
+            connection_factory(self._runner.server, self.connections,
+                               logging.getLogger(ACCESS_LOGGER) if config.access_log else None),
+            sock=sock,
+            backlog=LISTEN_BACKLOG, ssl=tls)
+        self._retention = asyncio.create_task(self._retention_loop(), name="messaging-retention")
+        log.info("broker listening on %s (data %s, fsync %s)", self.url, config.data,
+                 config.fsync)
+
+    async def _start_log(self, broker: Broker) -> Log:
+        config = self.config
+        etcd = config.etcd_settings()
+        if etcd is not None:
+            from messaging.log.etcd.log import EtcdLog  # grpc: only in cluster mode
+
+            cluster = EtcdLog(broker, self.url, etcd, config.fsync,
+                              peer_token=config.peer_token,
+                              peer_ca=str(config.peer_ca) if config.peer_ca else None)
+            await cluster.start()
+            return cluster
+        local = LocalLog(broker, self.url, config.fsync)
+        await local.start()
+        return local
+
+    async def _retention_loop(self) -> None:
+        assert self.broker is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.config.truncation_interval)
+            try:
+                await loop.run_in_executor(None, self.broker.enforce_retention)
+            except Exception:
+                log.exception("retention failed")
+
+    async def stop(self) -> None:
+        """Stop accepting, finish in-flight publishes, fsync, end streams, close."""
+        loop = asyncio.get_running_loop()
+        retention, self._retention = self._retention, None
+        listener, self._listener = self._listener, None
+        log_, self.log = self.log, None
+        broker, self.broker = self.broker, None
+        runner, self._runner = self._runner, None
+        await cancel_and_wait(retention)
+        if listener is not None:
+            listener.close()
+        if log_ is not None:
+            await log_.close()
+        if broker is not None:
+            # Waits for a retention run still going on a thread.
+            await loop.run_in_executor(None, broker.close)
+        if runner is not None:
+            await runner.cleanup()
+        if self.connections is not None:
+            self.connections.close()
+        if broker is not None:
+            log.info("broker stopped")
+
+    async def __aenter__(self) -> BrokerServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def broker_app(config: BrokerConfig, broker: Broker, log_: Log, *,
+               tokens: Tokens | None = None,
+               snapshots: SnapshotSource | None = None) -> web.Application:
+    """Every route a broker node serves: the API, health, Durable Streams and, in a cluster
+    (``snapshots``), the snapshot peers catch up from. ``tokens``: authenticate requests."""
+    limits = Limits(max_streams=config.max_streams, max_subscribers=config.max_subscribers,
+                    min_upload_rate=config.min_upload_rate,
+                    max_append_rate=config.max_append_rate)
+    app = make_app(broker, log_, max_message_size=config.max_message_size,
+                   max_request_size=config.max_request_size, tokens=tokens, limits=limits)
+    add_health_routes(app, broker, log_)
+    StreamHandlers(broker, log_, config.max_message_size,
+                   long_poll_timeout=config.long_poll_timeout,
+                   max_request_size=config.max_request_size, limits=limits).install(app)
+    if snapshots is not None:
+        from messaging.http.snapshot import add_snapshot_route
+
+        add_snapshot_route(app, snapshots)
+    return app
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (or ``localhost``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_security(config: BrokerConfig) -> None:
+    """Refuse to serve a non-loopback address to everyone by accident."""
+    if config.tokens is None and not config.insecure and not is_loopback(config.host):
+        raise ConfigError(
+            f"refusing to serve {config.host}:{config.port} without authentication: give "
+            "--tokens FILE (see messaging token create), or --insecure to let anyone who "
+            "reaches the port read, write and delete")
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    if config.tls_client_ca is not None and config.tls_cert is None:
+        raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key")
+
+
+def tls_context(config: BrokerConfig) -> ssl.SSLContext | None:
+    """The server's TLS context (None without --tls-cert); reads the files (blocking)."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+        if config.tls_client_ca is not None:
+            context.load_verify_locations(cafile=config.tls_client_ca)
+            context.verify_mode = ssl.CERT_REQUIRED
+    except (OSError, ssl.SSLError) as err:
+        raise ConfigError(f"cannot use the TLS files: {err}") from err
+    return context
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as err:
+        sock.close()
+        raise DataDirectoryError(f"cannot listen on {host}:{port}: "
+                                 f"{err.strerror or err}") from err
+    sock.setblocking(False)
+    return sock

@@ -1,0 +1,65 @@
+"""``GET /messaging/snapshot``: a cluster node's snapshot for a peer that catches up.
+
+The node captures the snapshot on its writer thread (no apply runs then, so the cut is exactly
+the applied revision) and streams the files from other threads: segments are append-only, so
+the captured committed prefixes do not change under the reader. Admin scope only: a snapshot
+holds every topic's data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from aiohttp import web
+
+from messaging.broker.snapshot import (
+    REVISION_HEADER,
+    SNAPSHOT_CONTENT_TYPE,
+    SNAPSHOT_PATH,
+    SnapshotStream,
+)
+from messaging.errors import BadRequestError
+from messaging.http.auth import requires
+
+_CHUNK = 1 << 20
+
+
+class SnapshotSource(Protocol):
+    """What serves snapshots: the cluster log (it knows the cluster and the revision)."""
+
+    cluster: str
+
+    async def open_snapshot(self) -> SnapshotStream:
+        """A snapshot taken on the writer thread, at the applied revision."""
+        ...
+
+
+def add_snapshot_route(app: web.Application, source: SnapshotSource) -> None:
+    """Serve ``GET /messaging/snapshot?cluster=NAME`` from ``source``.
+
+    Admin only: a snapshot holds every topic's data, whatever a token may read.
+    """
+
+    @requires("admin")
+    async def handler(request: web.Request) -> web.StreamResponse:
+        cluster = request.query.get("cluster", "")
+        if cluster != source.cluster:
+            raise BadRequestError(f"this node belongs to cluster {source.cluster!r}, "
+                                  f"not {cluster!r}")
+        loop = asyncio.get_running_loop()
+        snapshot = await source.open_snapshot()
+        try:
+            response = web.StreamResponse(headers={
+                "Content-Type": SNAPSHOT_CONTENT_TYPE,
+                REVISION_HEADER: str(snapshot.header["revision"])})
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            while chunk := await loop.run_in_executor(None, snapshot.read, _CHUNK):
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+        finally:
+            await loop.run_in_executor(None, snapshot.close)
+
+    app.router.add_get(SNAPSHOT_PATH, handler)

@@ -1,0 +1,628 @@
+"""EtcdLog: the Log protocol on etcd. The command log is the revision history of one key.
+
+Every key lives under ``/messaging/<cluster>/``: ``log`` (the command log) and
+``nodes/<advertise URL>`` (membership, bound to a lease).
+
+- Writes (:mod:`messaging.log.etcd.writer`): any node takes them. Concurrent commands are
+  group-committed into one put of the log key (at most about 1 MiB); several puts may be in
+  flight. A publisher is answered once *this* node has applied the revision its put created
+  (fsynced under ``--fsync always``). A put that may have left is never resent: only one
+  refused before it was sent moves on to the next endpoint.
+- Apply: one supervised watch of the log key from the last revision received; each revision is
+  decoded into its commands and applied in revision order by ``Broker.write_group`` on one
+  writer thread, so every node assigns the same indexes and writes the same segment files.
+- Checkpoint: ``DATA/cluster.json`` holds the revision through which every log entry is
+  durable here and the broker index after it; written only after that data is fsynced. A
+  restart replays from it: replay reassigns identical indexes and topics skip stale frames.
+- Membership (:mod:`messaging.log.etcd.membership`): each node registers ``{url,
+  durable_revision}`` under a lease; the first live node (by URL) compacts etcd below the
+  smallest durable revision of every registered node.
+- A node whose next revision was compacted installs a snapshot fetched from a live peer
+  (verified, staged, renamed over its topics, never merged) and watches on from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from messaging.aio import cancel_and_wait
+from messaging.broker.broker import FORMAT, ApplyResult, Broker, heartbeat_command
+from messaging.broker.snapshot import SnapshotStream
+from messaging.config import FSYNC_MODES, EtcdSettings, FsyncMode
+from messaging.errors import (
+    BrokerClosedError,
+    ClusterUnavailableError,
+    DataDirectoryError,
+    MessagingError,
+    StorageError,
+    StorageFailedError,
+)
+from messaging.files import read_json, write_json_atomic
+from messaging.log.etcd.client import (
+    CompactedError,
+    EtcdClient,
+    describe,
+    load_credentials,
+)
+from messaging.log.etcd.membership import Membership
+from messaging.log.etcd.snapshot_fetch import fetch_snapshot
+from messaging.log.etcd.writer import LogWriter, decode_entry
+from messaging.log.local import DeferredSync
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CHECKPOINT", "EtcdLog", "EtcdSettings"]
+
+CHECKPOINT = "cluster.json"
+APPLY_BATCH_BYTES = 32 << 20
+CHECKPOINT_REVISIONS = 100
+CHECKPOINT_INTERVAL = 1.0
+MONITOR_INTERVAL = 0.5
+MEMBERSHIP_INTERVAL = 1.0
+#: A checkpoint that only records log-free revisions (nothing applied) waits this long.
+IDLE_CHECKPOINT_INTERVAL = 10.0
+#: The log moved on but the watch brought nothing for this long: restart the watch.
+WATCH_STUCK = 3.0
+CLOSE_GRACE = 5.0
+_EVENT_PUT = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Revision:
+    revision: int
+    value: bytes
+
+
+class _GroupFailed(Exception):
+    """Nothing of a batch of revisions was applied (local disk trouble): try it again."""
+
+
+class _Diverged(Exception):
+    """Part of a batch applied and part failed locally: this node can no longer follow."""
+
+
+@dataclass(slots=True)
+class _Applied:
+    spans: list[tuple[int, bytes, int, int, int]]  # revision, node, seq, first command, count
+    results: list[ApplyResult | MessagingError]
+    touched: set[int]
+
+
+class EtcdLog:
+    """The Log protocol over etcd: every node accepts writes and applies the same log."""
+
+    def __init__(self, broker: Broker, url: str, settings: EtcdSettings,
+                 fsync: FsyncMode = "always", *, peer_token: str | None = None,
+                 peer_ca: str | None = None) -> None:
+        if fsync not in FSYNC_MODES:
+            raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}")
+        self.broker = broker
+        self.url = url
+        self.settings = settings
+        self.cluster = settings.cluster
+        self.fsync = fsync
+        self.peer_token = peer_token  # peers that require tokens serve snapshots to admins
+        self.peer_ca = peer_ca
+        prefix = f"/messaging/{settings.cluster}/".encode()
+        self._log_key = prefix + b"log"
+        self._checkpoint_path = broker.path / CHECKPOINT
+        self._client = EtcdClient(settings)
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="messaging-writer")
+        self._unsynced = DeferredSync(broker)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+        self._writes = LogWriter(self._client, self._log_key, os.urandom(8),
+                               self._quorum_read)
+        # apply (the applied fields are written on the writer thread only)
+        self._queue: asyncio.Queue[_Revision] = asyncio.Queue(maxsize=64)
+        self._received = 0
+        self._applied = 0
+        self._applied_index = 0
+        self._idle_covered = 0  # no log entry in (applied, this]: seen by a quorum read
+        self._checkpointed = 0
+        self._checkpoint_at = 0.0
+        self._since_checkpoint = 0
+        self._apply_error: str | None = None
+        self._failure: MessagingError | None = None
+        # watch
+        self._watch_endpoint = 0
+        self._watch_attempt: asyncio.Task[None] | None = None
+        self._watch_live = False
+        self._watch_event_at = 0.0
+        self._watch_restarts = 0
+        self._watch_error: str | None = None
+        self._watch_from = 0
+        self._etcd_revision = 0  # as of the last quorum read
+        self._log_revision = 0  # the log key's last revision, as of the last quorum read
+        self._membership = Membership(self._client, self.cluster, url,
+                                      lambda: self._checkpointed, settings.compact_every)
+        self.snapshots_installed = 0
+        self._logged: dict[str, float] = {}
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Read the checkpoint, then start writing, watching, monitoring and registering."""
+        loop = asyncio.get_running_loop()
+        try:
+            credentials, checkpoint = await loop.run_in_executor(self._writer, self._load)
+        except BaseException:
+            await loop.run_in_executor(None, self._writer.shutdown)
+            raise
+        self._client = EtcdClient(self.settings, credentials)
+        self._membership.client = self._writes.client = self._client
+        revision = int(checkpoint["revision"])
+        self._received = self._applied = self._checkpointed = revision
+        self._applied_index = self.broker.index = int(checkpoint["index"])
+        self._checkpoint_at = time.monotonic()
+        log.info("cluster %s: node %s replays etcd's log from revision %d (broker index %d); "
+                 "etcd %s", self.cluster, self.url, revision + 1, self.broker.index,
+                 ",".join(self.settings.endpoints))
+        self._tasks = [
+            asyncio.create_task(self._writes.run(), name="messaging-etcd-puts"),
+            asyncio.create_task(self._apply_loop(), name="messaging-etcd-apply"),
+            asyncio.create_task(self._watch_loop(), name="messaging-etcd-watch"),
+            asyncio.create_task(self._supervised("etcd monitor", self._monitor,
+                                                 MONITOR_INTERVAL),
+                                name="messaging-etcd-monitor"),
+            asyncio.create_task(self._supervised("membership", self._membership.step,
+                                                 MEMBERSHIP_INTERVAL),
+                                name="messaging-etcd-membership"),
+        ]
+        if self.fsync == "interval":
+            self._tasks.append(asyncio.create_task(self._unsynced.run(self._writer),
+                                                   name="messaging-etcd-fsync"))
+
+    def _load(self) -> tuple[grpc.ChannelCredentials | None, dict[str, Any]]:
+        """TLS files and the checkpoint (writer thread); refuses foreign data directories."""
+        credentials = load_credentials(self.settings)
+        path = self._checkpoint_path
+        if not path.exists():
+            if self.broker.topics():
+                raise DataDirectoryError(
+                    f"{self.broker.path} holds topics but no {CHECKPOINT}: it was not written "
+                    f"by a node of cluster {self.cluster!r}. Start this node with an empty data "
+                    "directory; it catches up from etcd or from a peer's snapshot")
+            # From now on this directory belongs to the cluster: a crash before the first
+            # periodic checkpoint replays from the start.
+            self._write_checkpoint(0, 0)
+            return credentials, {"revision": 0, "index": 0}
+        try:
+            checkpoint: dict[str, Any] = read_json(path)
+        except (OSError, ValueError) as err:
+            raise DataDirectoryError(f"{path} is unreadable: {err}") from err
+        if checkpoint.get("cluster") != self.cluster:
+            raise DataDirectoryError(f"{path} belongs to cluster {checkpoint.get('cluster')!r}, "
+                                     f"not {self.cluster!r}")
+        if checkpoint.get("installing"):
+            # A snapshot install was interrupted: the topics may be half old, half new.
+            log.warning("an interrupted snapshot install left %s; discarding local topics and "
+                        "catching up again", self.broker.path)
+            empty = {"format": FORMAT, "index": 0, "subscribers": {}, "topics": []}
+            self.broker.install_snapshot(io.BytesIO(json.dumps(empty).encode() + b"\n"))
+            checkpoint = {"revision": 0, "index": 0}
+            self._write_checkpoint(0, 0)
+        self.broker.catalog.restore(checkpoint.get("catalog"))
+        return credentials, checkpoint
+
+    async def close(self) -> None:
+        """Let in-flight writes apply (briefly), stop every task, fsync and checkpoint."""
+        self._closing = True
+        loop = asyncio.get_running_loop()
+        await self._writes.drain(CLOSE_GRACE)
+        for task in self._tasks:
+            await cancel_and_wait(task)
+        await self._writes.cancel_puts()
+        # Runs after whatever the writer thread is still doing (a cancelled apply's job).
+        await loop.run_in_executor(self._writer, self._final_checkpoint)
+        try:
+            await self._membership.leave()
+        except (grpc.aio.AioRpcError, MessagingError) as err:
+            log.info("could not revoke this node's lease on close: %s", describe(err))
+        await self._client.close()
+        await loop.run_in_executor(None, self._writer.shutdown)
+
+    def _final_checkpoint(self) -> None:
+        if self._failure is None:
+            self._unsynced.flush()
+            self._checkpoint(force=True)
+
+    # -- the Log protocol -------------------------------------------------------------------
+
+    async def apply(self, command: bytes) -> ApplyResult:
+        """Commit ``command`` through etcd and return what this node's state machine did."""
+        if self._closing:
+            raise BrokerClosedError("the broker is shutting down")
+        if self._failure is not None:
+            raise self._failure
+        future = self._writes.submit(command)
+        started = time.perf_counter()
+        result = await future
+        self.broker.metrics.publish_latency.observe(time.perf_counter() - started)
+        return result
+
+    async def heartbeat(self, topic: int, index: int, url: str) -> None:
+        """Record subscriber progress through the log, as durable as a publish."""
+        await self.apply(heartbeat_command(topic, index, url))
+
+    def is_leader(self) -> bool:
+        """Every node accepts writes (etcd orders them)."""
+        return True
+
+    def leader_url(self) -> str | None:
+        """This node: it accepts writes itself."""
+        return self.url
+
+    def urls(self) -> list[str]:
+        """The URLs of the live (registered) nodes, this one included."""
+        return self._membership.urls()
+
+    def not_ready(self) -> str | None:
+        """Why this node cannot take writes: stopped, watch down, no etcd quorum."""
+        if self._closing:
+            return "shutting down"
+        if self._failure is not None:
+            return str(self._failure)
+        if self._client.refused is not None:  # no retry gets past it: say it first
+            return self._client.refused
+        if not self._watch_live:
+            return f"the watch of etcd's log is not live: {self._watch_error or 'starting'}"
+        if not self._writes.quorum:
+            return f"no etcd quorum: {self._writes.quorum_error or 'not checked yet'}"
+        return None
+
+    def diagnostics(self) -> dict[str, Any]:
+        """etcd endpoints, revisions, lag, nodes, watch and quorum state."""
+        now = time.monotonic()
+        covered = max(self._applied, self._idle_covered)
+        return {
+            "mode": "etcd",
+            "role": "member",
+            "leader": self.url,
+            "peers": [u for u in self.urls() if u != self.url],
+            "cluster": self.cluster,
+            "endpoints": list(self.settings.endpoints),
+            "endpoint": self._client.endpoint,
+            "fsync": self.fsync,
+            "applied_revision": covered,
+            "last_entry_applied": self._applied,
+            "durable_revision": self._checkpointed,
+            "etcd_revision": self._etcd_revision,
+            "log_revision": self._log_revision,
+            "lag": max(0, self._etcd_revision - covered),
+            "nodes": {url: info["durable_revision"]
+                      for url, info in self._membership.nodes.items()},
+            "watch": {
+                "live": self._watch_live,
+                "from_revision": self._watch_from,
+                "endpoint": self.settings.endpoints[self._watch_endpoint],
+                "last_event_age": (round(now - self._watch_event_at, 3)
+                                   if self._watch_event_at else None),
+                "restarts": self._watch_restarts,
+                "error": self._watch_error,
+            },
+            **self._writes.diagnostics(),
+            "compacted_revision": self._membership.compacted,
+            "snapshots_installed": self.snapshots_installed,
+            "apply_error": self._apply_error,
+            "failure": None if self._failure is None else str(self._failure),
+        }
+
+    async def open_snapshot(self) -> SnapshotStream:
+        """This node's committed data at its applied revision, for a peer to install."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._writer, self._capture_snapshot)
+
+    def _capture_snapshot(self) -> SnapshotStream:
+        revision = max(self._applied, self._idle_covered)
+        return SnapshotStream.capture(self.broker, {"cluster": self.cluster,
+                                                    "revision": revision})
+
+    def _quorum_read(self, response: Any) -> None:
+        """A quorum read also tells how far etcd and the log key are (writer's callback)."""
+        self._etcd_revision = int(response.header.revision)
+        if response.kvs:
+            self._log_revision = int(response.kvs[0].mod_revision)
+        if self._log_revision <= self._applied:
+            # Nothing in the log after what is applied: everything through here is covered.
+            self._idle_covered = max(self._idle_covered, self._etcd_revision)
+
+    # -- applying the log -------------------------------------------------------------------
+
+    async def _apply_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            size = len(batch[0].value)
+            while size < APPLY_BATCH_BYTES and not self._queue.empty():
+                item = self._queue.get_nowait()
+                batch.append(item)
+                size += len(item.value)
+            delay = 0.1
+            while True:
+                try:
+                    applied = await loop.run_in_executor(self._writer, self._apply_revisions,
+                                                         batch)
+                    break
+                except _GroupFailed as err:
+                    self._apply_error = str(err)
+                    self._log_once("apply", logging.ERROR, "applying revisions %d..%d failed "
+                                   "(retrying): %s", batch[0].revision, batch[-1].revision, err)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                except _Diverged as err:
+                    self._failure = StorageFailedError(
+                        f"this node stopped applying the log at revision {batch[0].revision}: "
+                        f"{err}; restart it (it re-verifies its files and replays)")
+                    log.critical("%s", self._failure)
+                    for _ in batch:
+                        self._queue.task_done()
+                    await asyncio.Event().wait()  # never applies again; close() cancels
+            self._apply_error = None
+            self._answer(applied)
+            for _ in batch:
+                self._queue.task_done()
+
+    def _apply_revisions(self, batch: list[_Revision]) -> _Applied:
+        """Apply revisions in order as one group (writer thread)."""
+        commands: list[bytes] = []
+        spans: list[tuple[int, bytes, int, int, int]] = []
+        for item in batch:
+            try:
+                entry = decode_entry(item.value)
+            except ValueError as err:
+                # Every node sees the same bytes and skips them alike.
+                log.warning("revision %d of %s is not a log entry (%s); skipped",
+                            item.revision, self._log_key.decode(), err)
+                continue
+            spans.append((item.revision, entry.node, entry.seq, len(commands),
+                          len(entry.commands)))
+            commands.extend(entry.commands)
+        durable = self.fsync == "always"
+        results = (self.broker.write_group(commands, durable=durable, notify=False)
+                   if commands else [])
+        local = [r for r in results if isinstance(r, (StorageError, BrokerClosedError))]
+        if local:
+            if len(local) == len(results) and all(r is local[0] for r in local):
+                raise _GroupFailed(str(local[0]))  # nothing was applied: the index is back
+            raise _Diverged(str(local[0]))
+        touched = {t for r in results if isinstance(r, ApplyResult) for t in r.topics}
+        if not durable:
+            self._unsynced.add(touched)
+        self._applied_index = self.broker.index
+        self._applied = batch[-1].revision
+        self._since_checkpoint += len(batch)
+        self.broker.metrics.group_commits.inc(len(commands))
+        if self._checkpoint_due():
+            self._checkpoint()
+        return _Applied(spans, results, touched)
+
+    def _answer(self, applied: _Applied) -> None:
+        """Answer this node's publishers, then wake the followers (on the loop)."""
+        for _revision, node, seq, first, count in applied.spans:
+            self._writes.answer(node, seq, applied.results[first:first + count])
+        self.broker.notify(applied.touched)
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def _checkpoint_due(self) -> bool:
+        age = time.monotonic() - self._checkpoint_at
+        if self._applied > self._checkpointed:
+            return self._since_checkpoint >= CHECKPOINT_REVISIONS or age >= CHECKPOINT_INTERVAL
+        return self._idle_covered > self._checkpointed and age >= IDLE_CHECKPOINT_INTERVAL
+
+    def _checkpoint(self, *, force: bool = False) -> None:
+        """Write cluster.json for what is durable here (writer thread)."""
+        revision = max(self._applied, self._idle_covered)
+        if revision <= self._checkpointed and not force:
+            return
+        if self.fsync != "always":
+            self._unsynced.flush()
+        if any(topic.failure is not None for topic in self.broker.topics()):
+            return  # an fsync failed: what it covered is not known to be durable
+        self._write_checkpoint(revision, self._applied_index)
+        self._checkpointed = revision
+        self._since_checkpoint = 0
+        self._checkpoint_at = time.monotonic()
+
+    def _write_checkpoint(self, revision: int, index: int, *, installing: bool = False) -> None:
+        # The catalog as of this revision: replaying the log from here must decide every
+        # stream command (a retried append, a fenced producer) exactly as the first time.
+        state: dict[str, Any] = {"format": FORMAT, "cluster": self.cluster,
+                                 "revision": revision, "index": index,
+                                 "catalog": self.broker.catalog.saved()}
+        if installing:
+            state["installing"] = True
+        write_json_atomic(self._checkpoint_path, state)
+
+    # -- the watch --------------------------------------------------------------------------
+
+    async def _watch_loop(self) -> None:
+        """Keep one watch running; anything but cancellation restarts it on the next endpoint."""
+        failures = 0
+        while True:
+            attempt = asyncio.create_task(self._watch_once(), name="messaging-etcd-watch-once")
+            self._watch_attempt = attempt
+            try:
+                await asyncio.wait([attempt])
+            except asyncio.CancelledError:
+                await cancel_and_wait(attempt)
+                raise
+            finally:
+                self._watch_live = False
+                self._watch_attempt = None
+            error: BaseException | None
+            if attempt.cancelled():
+                error = TimeoutError(f"no event for {WATCH_STUCK:.0f}s while etcd's log moved "
+                                     "on")
+            else:
+                error = attempt.exception()
+            if isinstance(error, CompactedError):
+                await self._install_from_peer(error.compact_revision)
+                failures = 0
+                continue
+            reason = describe(error) if error is not None else "stream ended"
+            self._watch_error = reason
+            self._watch_restarts += 1
+            self._log_once(f"watch {reason}", logging.WARNING,
+                           "watch of %s on %s failed (%s); restarting from revision %d",
+                           self._log_key.decode(), self.settings.endpoints[self._watch_endpoint],
+                           reason, self._received + 1)
+            self._watch_endpoint = (self._watch_endpoint + 1) % len(self.settings.endpoints)
+            if self._watch_event_at and time.monotonic() - self._watch_event_at < 1.0:
+                failures = 0
+            await asyncio.sleep(min(0.1 * 2 ** failures, 1.0))
+            failures += 1
+
+    async def _watch_once(self) -> None:
+        start = await self._watch_start()
+        self._watch_from = start
+        call = await self._client.watch(self._log_key, start, self._watch_endpoint)
+        try:
+            async for response in call:
+                self._watch_event_at = time.monotonic()
+                if response.compact_revision:
+                    raise CompactedError(int(response.compact_revision))
+                if response.canceled:
+                    raise ConnectionError(response.cancel_reason or "watch canceled by etcd")
+                if response.created:
+                    self._watch_live = True
+                    self._watch_error = None
+                    log.info("watching %s from revision %d on %s", self._log_key.decode(), start,
+                             self.settings.endpoints[self._watch_endpoint])
+                for event in response.events:
+                    revision = int(event.kv.mod_revision)
+                    if event.type != _EVENT_PUT or revision <= self._received:
+                        continue
+                    await self._queue.put(_Revision(revision, bytes(event.kv.value)))
+                    self._received = revision
+                    self._watch_event_at = time.monotonic()  # a full queue is not a stuck watch
+        finally:
+            call.cancel()
+        raise ConnectionError("watch stream ended")
+
+    async def _watch_start(self) -> int:
+        """The revision to watch from: after what was received, skipping log-free history."""
+        start = max(self._received, self._idle_covered) + 1
+        response = await self._client.get(self._log_key, keys_only=True,
+                                          endpoint=self._watch_endpoint)
+        head = int(response.header.revision)
+        if not response.kvs:
+            return max(start, head + 1)
+        kv = response.kvs[0]
+        if kv.mod_revision < start:
+            return max(start, head + 1)  # no entry after what this node has
+        if self._received == 0:
+            return max(start, int(kv.create_revision))  # a new node: from the log's first entry
+        return start
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    async def _install_from_peer(self, compacted: int) -> None:
+        """Replace local data with a live peer's snapshot at or after ``compacted`` - 1."""
+        log.warning("etcd compacted the log through revision %d, past this node's revision %d: "
+                    "installing a snapshot from a peer", compacted, self._received)
+        self._watch_error = f"revision {self._received + 1} compacted: installing a snapshot"
+        await self._queue.join()  # everything received before is applied first
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await self._membership.refresh()
+            except (grpc.aio.AioRpcError, MessagingError) as err:
+                log.info("listing peers failed: %s", describe(err))
+            for url in [u for u in self._membership.urls() if u != self.url]:
+                try:
+                    header = await loop.run_in_executor(self._writer, self._install_snapshot,
+                                                        url, compacted)
+                except (OSError, ValueError, KeyError, MessagingError) as err:
+                    log.warning("snapshot from %s not installed: %s", url, describe(err))
+                    continue
+                self.snapshots_installed += 1
+                self._received = int(header["revision"])
+                log.info("installed the snapshot of %s at revision %d (broker index %d)", url,
+                         self._received, self.broker.index)
+                return
+            self._log_once("no snapshot", logging.WARNING, "no live peer served a snapshot "
+                           "at or after revision %d yet; retrying", compacted - 1)
+            await asyncio.sleep(MEMBERSHIP_INTERVAL)
+
+    def _install_snapshot(self, url: str, compacted: int) -> dict[str, Any]:
+        """Fetch, verify and install a peer's snapshot; then checkpoint it (writer thread)."""
+        self._unsynced.flush()  # the topics it names are about to be replaced
+
+        def accept(header: dict[str, Any]) -> None:
+            if header.get("cluster") != self.cluster:
+                raise DataDirectoryError(f"{url} serves cluster {header.get('cluster')!r}")
+            revision = int(header["revision"])
+            if revision + 1 < compacted:
+                raise DataDirectoryError(f"its snapshot is at revision {revision}, before the "
+                                         f"compaction at {compacted}")
+            self._write_checkpoint(self._checkpointed, self._applied_index, installing=True)
+
+        previous = (self._checkpointed, self._applied_index)
+        try:
+            with fetch_snapshot(url, self.cluster, token=self.peer_token,
+                                ca=self.peer_ca) as stream:
+                header = self.broker.install_snapshot(stream, accept)
+        except BaseException:
+            if self._checkpoint_path.exists():
+                self._write_checkpoint(*previous)  # local data untouched: keep its checkpoint
+            raise
+        self._applied = int(header["revision"])
+        self._applied_index = self.broker.index
+        self._idle_covered = 0
+        self._write_checkpoint(self._applied, self._applied_index)
+        self._checkpointed = self._applied
+        self._since_checkpoint = 0
+        self._checkpoint_at = time.monotonic()
+        return header
+
+    # -- health, membership, compaction -----------------------------------------------------
+
+    async def _supervised(self, what: str, step: Callable[[], Awaitable[None]],
+                          interval: float) -> None:
+        """Run ``step`` every ``interval`` until cancelled; a failure is logged, never fatal."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await step()
+            except asyncio.CancelledError:
+                raise
+            except (grpc.aio.AioRpcError, MessagingError, OSError, ValueError) as err:
+                self._log_once(what, logging.WARNING, "%s: %s", what, describe(err))
+            except Exception:
+                self._log_once(what, logging.ERROR, "%s failed", what, exc_info=True)
+
+    async def _monitor(self) -> None:
+        """Check quorum, restart a stuck watch, checkpoint an idle node."""
+        with contextlib.suppress(ClusterUnavailableError):
+            await self._writes.check_quorum()
+        attempt = self._watch_attempt
+        if (attempt is not None and self._log_revision > self._received
+                and time.monotonic() - self._watch_event_at > WATCH_STUCK):
+            attempt.cancel()  # the supervisor restarts it on the next endpoint
+        if self._failure is None and self._checkpoint_due():
+            await asyncio.get_running_loop().run_in_executor(self._writer, self._checkpoint)
+
+    def _log_once(self, kind: str, level: int, message: str, *args: Any,
+                  exc_info: bool = False) -> None:
+        """Log a recurring failure at most once per 10 s per kind."""
+        now = time.monotonic()
+        if now - self._logged.get(kind, float("-inf")) >= 10.0:
+            self._logged[kind] = now
+            log.log(level, message, *args, exc_info=exc_info)
+
+
+

@@ -1,0 +1,131 @@
+"""Cluster membership in etcd: registration under a lease, the live node list, compaction.
+
+Each broker node keeps ``/messaging/<cluster>/nodes/<advertise URL>`` = ``{url,
+durable_revision}`` bound to a lease it keeps alive; the key vanishes a few seconds after the
+node dies (or at once when it stops cleanly). The live nodes are the ones registered. The first
+live node by URL compacts etcd's history below the smallest durable revision of every node
+registered in this etcd (compaction is etcd-wide, so every messaging cluster counts): any node
+may do it, one at a time, and repeating it is harmless.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from messaging.log.etcd.client import QUICK_TIMEOUT, EtcdClient
+
+log = logging.getLogger(__name__)
+
+LEASE_TTL = 5
+#: A changed durable revision is re-registered at most this often (each put is a revision).
+REGISTER_INTERVAL = 5.0
+_ROOT = b"/messaging/"
+
+
+class Membership:
+    """This node's registration and what it knows of the others."""
+
+    def __init__(self, client: EtcdClient, cluster: str, url: str,
+                 durable_revision: Callable[[], int], compact_every: int) -> None:
+        self.client = client
+        self.url = url
+        self.compact_every = compact_every
+        self._durable_revision = durable_revision
+        self._prefix = _ROOT + cluster.encode() + b"/nodes/"
+        self._key = self._prefix + url.encode()
+        self.lease = 0
+        self._registered: str | None = None
+        self._registered_at = float("-inf")
+        #: Live nodes of this cluster: URL → registered value.
+        self.nodes: dict[str, dict[str, Any]] = {}
+        #: The revision this node last compacted etcd at (0: not yet).
+        self.compacted = 0
+
+    def urls(self) -> list[str]:
+        """The live nodes' URLs, this one included."""
+        return sorted({*self.nodes, self.url})
+
+    async def step(self) -> None:
+        """Keep the lease and registration, refresh the node list, compact when due."""
+        await self.register()
+        await self.refresh()
+        await self.maybe_compact()
+
+    async def register(self) -> None:
+        """Keep the lease alive (a new one if it expired) and the registration current."""
+        if self.lease:
+            ttl = await self.client.keep_alive(self.lease)
+            if ttl <= 0:
+                log.warning("lease of %s expired; registering again", self.url)
+                self.lease = 0
+        if not self.lease:
+            self.lease = await self.client.grant_lease(LEASE_TTL)
+            self._registered = None
+        value = json.dumps({"url": self.url, "durable_revision": self._durable_revision()},
+                           sort_keys=True)
+        now = time.monotonic()
+        if value != self._registered and (self._registered is None
+                                          or now - self._registered_at >= REGISTER_INTERVAL):
+            await self.client.put(self._key, value.encode(), lease=self.lease,
+                                  timeout=2 * QUICK_TIMEOUT)
+            self._registered = value
+            self._registered_at = now
+
+    async def refresh(self) -> None:
+        """Read the live nodes of this cluster (membership changes are logged)."""
+        nodes = await self._read_nodes(self._prefix)
+        joined = sorted(set(nodes) - set(self.nodes) - {self.url})
+        left = sorted(set(self.nodes) - set(nodes) - {self.url})
+        if joined:
+            log.info("cluster nodes joined: %s", ", ".join(joined))
+        if left:
+            log.info("cluster nodes left: %s", ", ".join(left))
+        self.nodes = nodes
+
+    async def maybe_compact(self) -> None:
+        """If this is the first live node, compact below every node's durable revision."""
+        live = sorted(self.nodes)
+        if not live or live[0] != self.url:
+            return
+        floors = await self._durable_revisions()
+        if not floors:
+            return
+        target = min(floors)
+        if target - self.compacted < self.compact_every:
+            return
+        await self.client.compact(target)
+        self.compacted = target
+        log.info("compacted etcd's history below revision %d", target)
+
+    async def leave(self) -> None:
+        """Revoke the lease: the registration vanishes at once."""
+        if self.lease:
+            await self.client.revoke_lease(self.lease)
+            self.lease = 0
+
+    async def _durable_revisions(self) -> list[int]:
+        """The durable revision of every node registered in this etcd, in any cluster."""
+        keys = await self.client.get(_ROOT, keys_only=True, prefix=True)
+        clusters = {parts[2] for kv in keys.kvs
+                    if len(parts := kv.key.split(b"/")) > 4 and parts[3] == b"nodes"}
+        floors: list[int] = []
+        for cluster in sorted(clusters):
+            nodes = await self._read_nodes(_ROOT + cluster + b"/nodes/")
+            floors.extend(int(info["durable_revision"]) for info in nodes.values())
+        return floors
+
+    async def _read_nodes(self, prefix: bytes) -> dict[str, dict[str, Any]]:
+        response = await self.client.get(prefix, prefix=True)
+        nodes = {}
+        for kv in response.kvs:
+            try:
+                info = json.loads(kv.value)
+                nodes[str(info["url"])] = {"url": str(info["url"]),
+                                           "durable_revision": int(info["durable_revision"])}
+            except (ValueError, KeyError, TypeError):
+                continue  # not ours: ignore it
+        return nodes

@@ -1,0 +1,316 @@
+"""The write side of EtcdLog: log entries, group commit into puts, and the quorum gate.
+
+Concurrent commands become one *log entry* (the value of one put of the log key): a header
+naming the writing process and its batch number, then each command with its length. Up to
+MAX_PUTS_IN_FLIGHT puts run at once; while all are busy, new commands pile up into the next,
+larger group. A put goes out only if etcd was seen with quorum within the last second
+(otherwise a quick linearizable read decides, and a failure is a 503 at once); a put that may
+have left and failed is a 504, never resent. The waiters of a put are answered by the apply
+side (:meth:`LogWriter.answer`) once this node has applied the put's revision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from messaging.broker.broker import ApplyResult
+from messaging.errors import (
+    BrokerClosedError,
+    ClusterNoSpaceError,
+    ClusterUnavailableError,
+    CommitUnknownError,
+    MessageTooLargeError,
+    MessagingError,
+)
+from messaging.log.base import answer_callers
+from messaging.log.etcd.client import EtcdClient, describe
+
+log = logging.getLogger(__name__)
+
+#: A put carries commands up to about this many bytes (etcd refuses requests over 1.5 MiB).
+MAX_PUT_BYTES = 1 << 20
+#: The largest single command: it goes alone in a put, still under etcd's default limit.
+MAX_COMMAND_BYTES = 1_400_000
+#: Puts may be in flight together: enough that puts stuck at a dead etcd leader do not stop
+#: new ones reaching the next one.
+MAX_PUTS_IN_FLIGHT = 8
+#: After its put committed, how long a publisher waits for this node to apply it.
+APPLY_TIMEOUT = 30.0
+#: A quorum proof (a successful read or put) younger than this lets a put go unchecked.
+QUORUM_FRESH = 1.0
+#: After a failed quorum check, puts fail at once with its error for this long.
+QUORUM_FAILED_HOLD = 0.5
+
+# A log entry (the value of one revision): this header, then each command with its length.
+_ENTRY = struct.Struct(
+    ">4s"  # magic
+    "8s"   # node id of the writer (random per process), to find its waiters
+    "Q"    # the writer's batch sequence number
+    "I"    # number of commands
+)
+_MAGIC = b"MSG1"
+_LENGTH = struct.Struct(">I")
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """The decoded value of one log revision."""
+
+    node: bytes
+    seq: int
+    commands: list[bytes]
+
+
+def encode_entry(node: bytes, seq: int, commands: Sequence[bytes]) -> bytes:
+    """One log value holding ``commands`` (each a buffer of frames)."""
+    parts = [_ENTRY.pack(_MAGIC, node, seq, len(commands))]
+    for command in commands:
+        parts.append(_LENGTH.pack(len(command)))
+        parts.append(command)
+    return b"".join(parts)
+
+
+def decode_entry(value: bytes) -> LogEntry:
+    """The commands of a log value; ValueError if it is not one."""
+    if len(value) < _ENTRY.size:
+        raise ValueError(f"{len(value)} bytes is too short for a log entry")
+    magic, node, seq, count = _ENTRY.unpack_from(value)
+    if magic != _MAGIC:
+        raise ValueError(f"unknown magic {magic!r}")
+    view = memoryview(value)
+    commands = []
+    offset = _ENTRY.size
+    for _ in range(count):
+        if offset + _LENGTH.size > len(value):
+            raise ValueError("truncated log entry")
+        (length,) = _LENGTH.unpack_from(value, offset)
+        offset += _LENGTH.size
+        if offset + length > len(value):
+            raise ValueError("truncated log entry")
+        commands.append(bytes(view[offset:offset + length]))
+        offset += length
+    if offset != len(value):
+        raise ValueError(f"{len(value) - offset} bytes after the last command")
+    return LogEntry(node, seq, commands)
+
+
+@dataclass(slots=True)
+class _Batch:
+    """The waiters of one put, answered when this node applies its revision."""
+
+    futures: list[asyncio.Future[ApplyResult]]
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class LogWriter:
+    """Group commit of commands into puts of the log key, behind a quorum gate."""
+
+    def __init__(self, client: EtcdClient, log_key: bytes, node_id: bytes,
+                 on_quorum_read: Callable[[Any], None]) -> None:
+        self.client = client
+        self.log_key = log_key
+        self.node_id = node_id
+        self._on_quorum_read = on_quorum_read
+        self._pending: list[tuple[bytes, asyncio.Future[ApplyResult]]] = []
+        self._wakeup = asyncio.Event()
+        self._slots = asyncio.Semaphore(MAX_PUTS_IN_FLIGHT)
+        self._batches: dict[int, _Batch] = {}
+        self._puts: set[asyncio.Task[None]] = set()
+        self._seq = 0
+        self.groups = 0
+        self._quorum_lock = asyncio.Lock()
+        self._quorum_at = float("-inf")
+        self._quorum_failed_at = float("-inf")
+        self.quorum_error: str | None = "not checked yet"
+        self.alarm: str | None = None
+        self._logged: dict[str, float] = {}
+
+    def submit(self, command: bytes) -> asyncio.Future[ApplyResult]:
+        """Queue ``command``; the future gets this node's result once it is applied."""
+        if len(command) > MAX_COMMAND_BYTES:
+            raise MessageTooLargeError(
+                f"in cluster mode a publish is limited to {MAX_COMMAND_BYTES} bytes of frames "
+                f"per request (etcd's default request limit is 1.5 MiB); this one has "
+                f"{len(command)}: split it into smaller batches")
+        future: asyncio.Future[ApplyResult] = asyncio.get_running_loop().create_future()
+        self._pending.append((command, future))
+        self._wakeup.set()
+        return future
+
+    def answer(self, node: bytes, seq: int, results: Sequence[ApplyResult | MessagingError],
+               ) -> None:
+        """The apply side applied batch ``seq`` of ``node``: answer it if it is one of ours."""
+        if node != self.node_id:
+            return
+        batch = self._batches.pop(seq, None)
+        if batch is None:
+            return  # its publishers were already told the outcome is unknown
+        answer_callers(batch.futures, results)
+        batch.done.set()
+
+    @property
+    def quorum(self) -> bool:
+        """Whether etcd was seen with quorum lately."""
+        return self.quorum_error is None and time.monotonic() - self._quorum_at < 3 * QUORUM_FRESH
+
+    def diagnostics(self) -> dict[str, Any]:
+        """Write-path figures."""
+        return {"quorum": self.quorum, "quorum_error": self.quorum_error, "alarm": self.alarm,
+                "puts_in_flight": len(self._puts), "pending": len(self._pending),
+                "groups": self.groups}
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Group pending commands into puts until cancelled; while every slot is busy, groups
+        grow."""
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._pending:
+                await self._slots.acquire()
+                group = self._take_group()
+                if not group:
+                    self._slots.release()
+                    break
+                task = asyncio.create_task(self._put_group(group), name="messaging-etcd-put")
+                self._puts.add(task)
+                task.add_done_callback(self._put_finished)
+
+    async def drain(self, timeout: float) -> None:
+        """Refuse what was not sent yet; give the puts in flight ``timeout`` s to be applied."""
+        pending, self._pending = self._pending, []
+        for _command, future in pending:
+            if not future.done():
+                future.set_exception(BrokerClosedError("the broker is shutting down"))
+        if self._puts:
+            await asyncio.wait(list(self._puts), timeout=timeout)
+
+    async def cancel_puts(self) -> None:
+        """Cancel the puts still in flight (their publishers hear the outcome is unknown)."""
+        for put in list(self._puts):
+            put.cancel()
+        if self._puts:
+            await asyncio.wait(list(self._puts))
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _put_finished(self, task: asyncio.Task[None]) -> None:
+        self._puts.discard(task)
+        self._slots.release()
+
+    def _take_group(self) -> list[tuple[bytes, asyncio.Future[ApplyResult]]]:
+        group: list[tuple[bytes, asyncio.Future[ApplyResult]]] = []
+        size = 0
+        taken = 0
+        for command, future in self._pending:
+            if group and size + len(command) > MAX_PUT_BYTES:
+                break
+            taken += 1
+            if future.done():  # its publisher went away before it was sent
+                continue
+            group.append((command, future))
+            size += len(command)
+        del self._pending[:taken]
+        return group
+
+    async def _put_group(self, group: list[tuple[bytes, asyncio.Future[ApplyResult]]]) -> None:
+        self._seq += 1
+        seq = self._seq
+        batch = _Batch([future for _, future in group])
+        self._batches[seq] = batch
+        value = encode_entry(self.node_id, seq, [command for command, _ in group])
+        self.groups += 1
+        try:
+            try:
+                await self.ensure_quorum()
+                revision = await self.client.put(self.log_key, value)
+            except MessagingError as err:
+                self._put_failed(err)
+                _fail(batch, err)
+                return
+            except Exception as err:  # a bug or an unexpected client error: never hang waiters
+                log.exception("put of %d commands failed", len(group))
+                _fail(batch, CommitUnknownError(f"the write may or may not be committed: "
+                                                f"{describe(err)}"))
+                return
+            self._quorum_proved()
+            self.alarm = None
+            try:
+                await asyncio.wait_for(batch.done.wait(), APPLY_TIMEOUT)
+            except TimeoutError:
+                _fail(batch, CommitUnknownError(
+                    f"committed in etcd at revision {revision}, but this node has not applied "
+                    f"it within {APPLY_TIMEOUT:.0f}s (see /messaging/diagnostics)"))
+        except asyncio.CancelledError:
+            _fail(batch, CommitUnknownError("the broker shut down before the write was known "
+                                            "to be applied; it may still be committed"))
+            raise
+        finally:
+            self._batches.pop(seq, None)
+
+    async def ensure_quorum(self) -> None:
+        """Raise ClusterUnavailableError unless etcd was recently seen with quorum."""
+        if time.monotonic() - self._quorum_at < QUORUM_FRESH:
+            return
+        async with self._quorum_lock:
+            now = time.monotonic()
+            if now - self._quorum_at < QUORUM_FRESH:
+                return
+            if now - self._quorum_failed_at < QUORUM_FAILED_HOLD and self.quorum_error:
+                raise ClusterUnavailableError(self.quorum_error)
+            await self._check_quorum()
+
+    async def check_quorum(self) -> None:
+        """A quick linearizable read now (the monitor's periodic check)."""
+        async with self._quorum_lock:
+            await self._check_quorum()
+
+    async def _check_quorum(self) -> None:
+        try:
+            response = await self.client.check_quorum(self.log_key)
+        except ClusterUnavailableError as err:
+            self.quorum_error = str(err)
+            self._quorum_failed_at = time.monotonic()
+            self._log_once("quorum", logging.WARNING, "%s", err)
+            raise
+        self._quorum_proved()
+        self._on_quorum_read(response)
+
+    def _quorum_proved(self) -> None:
+        self._quorum_at = time.monotonic()
+        if self.quorum_error is not None:
+            log.info("etcd quorum regained")
+        self.quorum_error = None
+
+    def _put_failed(self, err: MessagingError) -> None:
+        if isinstance(err, ClusterNoSpaceError):
+            self.alarm = "NOSPACE"
+            self._log_once("nospace", logging.ERROR, "%s", err)
+        elif isinstance(err, ClusterUnavailableError):
+            if self.quorum_error is None:
+                log.warning("etcd quorum lost: %s", err)
+            self.quorum_error = str(err)
+            self._quorum_failed_at = time.monotonic()
+            self._log_once("unavailable", logging.WARNING, "%s", err)
+        else:
+            self._log_once(type(err).__name__, logging.WARNING, "put failed: %s", err)
+
+    def _log_once(self, kind: str, level: int, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self._logged.get(kind, float("-inf")) >= 10.0:
+            self._logged[kind] = now
+            log.log(level, message, *args)
+
+
+def _fail(batch: _Batch, error: MessagingError) -> None:
+    for future in batch.futures:
+        if not future.done():
+            future.set_exception(error)
+    batch.done.set()

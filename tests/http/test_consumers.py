@@ -1,0 +1,45 @@
+"""The consumer endpoints and reads by consumer over real sockets (in-process broker):
+listing, the no-backwards rule, reset, delete, and the start of a read by consumer."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from messaging.frames import decode
+from messaging.http.server import BrokerServer
+
+
+async def read(http: aiohttp.ClientSession, url: str, **params: str) -> tuple[list[int], str]:
+    async with http.get(f"{url}/messaging/messages", params={"topicID": "1", **params}) as resp:
+        assert resp.status == 200, resp.headers.get("X-Broker-Error")
+        return ([m.index for m in decode(await resp.read())[0]],
+                resp.headers["X-Broker-Consumer-Index"])
+
+
+async def test_consumer_positions_over_http(server: BrokerServer,
+                                            http: aiohttp.ClientSession) -> None:
+    url = server.url
+    for n in range(6):
+        async with http.post(f"{url}/messaging/messages", params={"topicID": "1"},
+                             data=b"m%d" % n) as resp:
+            assert resp.status == 200
+    assert await read(http, url, consumer="new") == ([1, 2, 3, 4, 5, 6], "0")
+    for index in ("4", "2"):  # the second is lower: "alive", not a move back
+        async with http.post(f"{url}/messaging/heartbeat",
+                             params={"topicID": "1", "index": index, "url": "c"}) as resp:
+            assert resp.status == 200
+    assert await read(http, url, consumer="c") == ([5, 6], "4")
+    async with http.get(f"{url}/messaging/consumers", params={"topicID": "1"}) as resp:
+        (row,) = await resp.json()
+    assert {k: row[k] for k in ("topic", "name", "index", "last_index", "lag", "live")} == {
+        "topic": 1, "name": "c", "index": 4, "last_index": 6, "lag": 2, "live": True}
+    async with http.put(f"{url}/messaging/consumers/c",
+                        params={"topicID": "1", "index": "1"}) as resp:
+        assert resp.status == 200
+    assert await read(http, url, consumer="c") == ([2, 3, 4, 5, 6], "1")
+    async with http.delete(f"{url}/messaging/consumers/c") as resp:
+        assert (await resp.json()) == {"name": "c", "topics": [1]}
+    async with http.get(f"{url}/messaging/consumers") as resp:
+        assert await resp.json() == []
+    async with http.delete(f"{url}/messaging/consumers/c") as resp:
+        assert resp.status == 404

@@ -1,0 +1,169 @@
+"""The broker around the app: the header timeout and the connection cap, in process.
+
+The ``messaging broker`` command (its flags, the data directory) is tests/e2e/test_cli.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from messaging.frames import BatchDecoder
+from messaging.http.server import BrokerServer
+from tests.conftest import StartServer, wait_until
+from tests.raw_http import PING, closed_after, exchange, parse_head, read_response
+
+TIMEOUT = 0.5  # the header timeout these tests give their brokers
+
+
+async def open_streaming_get(server: BrokerServer, topic: int,
+                             ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(f"GET /messaging/messages?topicID={topic}&streaming=true HTTP/1.1\r\n"
+                 "Host: t\r\n\r\n".encode())
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert parse_head(head)[0] == 200
+    return reader, writer
+
+
+# -- 9: header timeout --------------------------------------------------------------------
+
+
+@pytest.mark.e2e  # over a second: left out of the unit run
+async def test_slowloris_connections_are_closed_after_the_header_timeout(
+        start_server: StartServer, http: aiohttp.ClientSession) -> None:
+    server = await start_server(header_timeout=TIMEOUT)
+    stream = await http.get(f"{server.url}/messaging/messages",
+                            params={"topicID": "1", "streaming": "true"})
+    assert stream.status == 200
+    connections = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(40)]
+    for _reader, writer in connections:
+        writer.write(b"GET /messaging/ping HTTP/1.1\r\nHost: t\r\nX-Slow: ab")  # half a line
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await asyncio.gather(*(writer.drain() for _reader, writer in connections))
+    await asyncio.wait_for(asyncio.gather(*(closed_after(reader) for reader, _w in connections)),
+                           10)
+    elapsed = loop.time() - started
+    assert TIMEOUT * 0.8 < elapsed < TIMEOUT + 3
+    assert server.connections is not None
+
+    async def only_the_stream_is_left() -> bool:
+        return server.connections is not None and server.connections.open == 1
+
+    await wait_until(only_the_stream_is_left, timeout=5, what="the slow connections to close")
+    for _reader, writer in connections:
+        writer.close()
+
+    # The streaming GET outlives the header timeout several times over and still delivers.
+    await asyncio.sleep(3 * TIMEOUT)  # the passing of time is what is being tested
+    assert server.connections.open == 1
+    async with http.post(f"{server.url}/messaging/messages", params={"topicID": "1"},
+                         data=b"still streaming") as resp:
+        assert resp.status == 200
+    decoder = BatchDecoder(after=0)
+    got: list = []
+    while not got:
+        batches = decoder.feed(await asyncio.wait_for(stream.content.readany(), 10))
+        got.extend(m for batch in batches for m in batch.messages())
+    assert [m.data for m in got] == [b"still streaming"]
+    stream.close()
+
+
+@pytest.mark.e2e  # over a second: left out of the unit run
+async def test_requests_that_finish_their_headers_in_time_are_served(
+        start_server: StartServer) -> None:
+    server = await start_server(header_timeout=TIMEOUT)
+    # Headers in pieces, complete within the timeout.
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    for piece in (b"GET /messaging/pi", b"ng HTTP/1.1\r\nHo", b"st: t\r\n", b"\r\n"):
+        writer.write(piece)
+        await asyncio.sleep(TIMEOUT / 8)
+    assert (await read_response(reader))[0] == 200
+    # A kept-alive connection serves a second request sent soon after the first.
+    await asyncio.sleep(TIMEOUT / 2)
+    writer.write(PING)
+    assert (await read_response(reader))[0] == 200
+    writer.close()
+
+    # A body that trickles in for longer than the timeout: the head was complete in time.
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"POST /messaging/messages?topicID=2 HTTP/1.1\r\nHost: t\r\n"
+                 b"Content-Length: 8\r\n\r\n")
+    for piece in (b"sl", b"ow", b" b", b"ody"):
+        await asyncio.sleep(TIMEOUT / 2)
+        writer.write(piece)
+    status, headers, _body = await read_response(reader)
+    assert status == 200 and headers["x-broker-index"] == "1"
+    writer.close()
+
+
+@pytest.mark.e2e  # 0.5 s a case, over two in all: left out of the unit run
+@pytest.mark.parametrize("case", ["idle", "partial-second", "pipelined-partial",
+                                  "declined-upgrade-tail"])
+async def test_kept_alive_connections_are_held_to_the_header_timeout(
+        start_server: StartServer, case: str) -> None:
+    server = await start_server(header_timeout=TIMEOUT)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    if case == "pipelined-partial":  # a whole request and half of the next in one write
+        writer.write(PING + b"GET /messaging/ping HTTP/1.1\r\nX-Slow: a")
+    elif case == "declined-upgrade-tail":
+        writer.write(b"GET /messaging/ping HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\n"
+                     b"Upgrade: nothing\r\n\r\n\x00\x01")
+    else:
+        writer.write(PING)
+    assert (await read_response(reader))[0] == 200
+    if case == "partial-second":
+        writer.write(b"GET /messaging/ping HTTP/1.1\r\nX-Slow: a")
+    assert await closed_after(reader) < TIMEOUT + 3
+    writer.close()
+
+
+async def fresh_get(url: str) -> tuple[int, str, str]:
+    """GET on a new connection: status, X-Broker-Error and the body."""
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as resp:
+        return resp.status, resp.headers.get("X-Broker-Error", ""), await resp.text()
+
+
+# -- 9: connection cap --------------------------------------------------------------------
+
+
+async def test_connections_past_the_cap_get_503_and_are_closed(
+        start_server: StartServer) -> None:
+    server = await start_server(max_connections=3)
+    streams = [await open_streaming_get(server, 1) for _ in range(3)]
+    assert server.connections is not None and server.connections.open == 3
+
+    raw = await exchange(server.port, PING)  # read to the end: the broker closes it
+    status, headers = parse_head(raw)
+    assert status == 503
+    assert "too many connections" in headers["x-broker-error"]
+    assert headers["connection"] == "close"
+    status, error, text = await fresh_get(f"{server.url}/messaging/ping")
+    assert status == 503 and "at most 3" in error and "too many connections" in text
+
+    _reader, writer = streams.pop()
+    writer.close()
+
+    async def below_the_cap() -> bool:
+        return server.connections is not None and server.connections.open < 3
+
+    await wait_until(below_the_cap, timeout=5, what="a connection to be released")
+    assert (await fresh_get(f"{server.url}/messaging/ping"))[0] == 200
+    for _reader, writer in streams:
+        writer.close()
+
+
+async def test_refused_connection_that_never_closes_is_cut(start_server: StartServer) -> None:
+    server = await start_server(max_connections=1)
+    _held = await open_streaming_get(server, 1)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert parse_head(head)[0] == 503
+    # The client neither reads on nor closes: the broker cuts it after a short linger.
+    assert await closed_after(reader) < 5
+    writer.close()
+    _held[1].close()

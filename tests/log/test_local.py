@@ -1,0 +1,114 @@
+"""The embedded log's writer thread: deferred fsyncs by mode, and a writer that cannot be
+stopped by a failed flush or leave a publish unanswered."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from messaging.broker.broker import Broker
+from messaging.errors import BrokerClosedError
+from messaging.frames import encode_batch, validate_publish
+from messaging.log.local import FSYNC_INTERVAL, DeferredSync, LocalLog
+from tests.conftest import StartServer
+
+
+def command(topic: int = 5) -> bytes:
+    """A validated one-message publish."""
+    return validate_publish(encode_batch(topic, [b"x"]))
+
+
+async def test_a_stream_deleted_before_the_interval_fsync_leaves_writes_working(
+        start_server: StartServer, http: aiohttp.ClientSession) -> None:
+    """The deferred fsync of a topic whose stream was deleted meanwhile skips it; writes go
+    on (the flush once raised for the missing topic and took the writer down)."""
+    server = await start_server(fsync="interval")
+    url = f"{server.url}/v1/stream"
+    headers = {"Content-Type": "application/octet-stream"}
+    async with http.put(f"{url}/gone", headers=headers) as resp:
+        assert resp.status == 201
+    async with http.post(f"{url}/gone", data=b"data", headers=headers) as resp:
+        assert resp.status == 204
+    async with http.delete(f"{url}/gone") as resp:
+        assert resp.status == 204
+    await asyncio.sleep(FSYNC_INTERVAL * 3)  # a flush ran over the removed topic
+    async with http.put(f"{url}/next", headers=headers) as resp:
+        assert resp.status == 201, await resp.text()
+    async with http.post(f"{server.url}/messaging/messages", params={"topicID": "3"},
+                         data=b"native") as resp:
+        assert resp.status == 200, await resp.text()
+
+
+async def test_a_failed_flush_is_logged_and_writes_go_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    broker = await asyncio.to_thread(Broker.open, tmp_path)
+    log = LocalLog(broker, "http://test", fsync="interval")
+    failures = [RuntimeError("flush broke")]
+
+    def flush(self: DeferredSync) -> None:
+        if failures:
+            raise failures.pop()
+
+    monkeypatch.setattr(DeferredSync, "flush", flush)
+    await log.start()
+    try:
+        await log.apply(command())
+        await asyncio.sleep(FSYNC_INTERVAL * 3)
+        assert not failures
+        assert (await asyncio.wait_for(log.apply(command()), 10)).count == 1
+    finally:
+        await log.close()
+        await asyncio.to_thread(broker.close)
+    assert "periodic fsync failed" in caplog.text
+
+
+async def test_never_fsyncs_only_when_closing(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    broker = await asyncio.to_thread(Broker.open, tmp_path)
+    synced: list[float] = []
+    real = Broker.sync
+
+    def counting(self: Broker, topic_ids: object) -> None:
+        synced.append(time.monotonic())
+        real(self, topic_ids)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Broker, "sync", counting)
+    log = LocalLog(broker, "http://test", fsync="never")
+    await log.start()
+    await log.apply(command())
+    await asyncio.sleep(FSYNC_INTERVAL * 4)
+    assert synced == []  # no periodic fsync in this mode
+    await log.close()
+    assert len(synced) == 1  # the written topic, fsynced once on the way out
+    await asyncio.to_thread(broker.close)
+
+
+async def test_a_writer_that_ends_answers_every_queued_publish(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """If the writer thread ends for any reason, publishes queued behind it are answered
+    (503: the broker's writer stopped), never left waiting; later ones are refused."""
+    broker = await asyncio.to_thread(Broker.open, tmp_path)
+    log = LocalLog(broker, "http://test", fsync="interval")
+    inside = threading.Event()
+
+    def flush(self: DeferredSync) -> None:
+        inside.set()
+        time.sleep(0.2)  # a publish queues up meanwhile
+        raise SystemExit("the thread is told to end")
+
+    monkeypatch.setattr(DeferredSync, "flush", flush)
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)
+    await log.start()
+    await asyncio.get_running_loop().run_in_executor(None, inside.wait, 5)
+    with pytest.raises(BrokerClosedError):
+        await asyncio.wait_for(log.apply(command()), 10)
+    with pytest.raises(BrokerClosedError):
+        await log.apply(command())
+    await log.close()
+    await asyncio.to_thread(broker.close)
