@@ -47,6 +47,7 @@ from messaging.broker.catalog import (
     StreamOutcome,
 )
 from messaging.broker.metrics import BrokerMetrics, TopicRow
+from messaging.broker.snapshot import FORMAT
 from messaging.broker.state_log import CatalogLog, incomplete
 from messaging.broker.subscribers import (
     CONSUMER_OP,
@@ -87,7 +88,6 @@ from messaging.topic.topic import Topic
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
 #: Internal command: data = u64 index + subscriber URL (UTF-8); the frame's topic field names
 #: the topic.
 SET_TOPIC_MAX_INDEX = INTERNAL_TYPE | 1
@@ -821,7 +821,7 @@ class Broker:
                     topic.stats.deleted_segments - before)
         return deleted
 
-    # -- snapshots (see messaging.broker.snapshot) -------------------------------------------------
+    # -- snapshots (see messaging.broker.snapshot) ------------------------------------------
 
     def write_snapshot(self, stream: IO[bytes]) -> None:
         """Write a snapshot of every topic's committed data (writer thread only)."""
@@ -830,30 +830,37 @@ class Broker:
     def install_snapshot(self, stream: IO[bytes],
                          accept: Callable[[dict[str, Any]], None] | None = None,
                          ) -> dict[str, Any]:
-        """Replace everything with a verified snapshot (see :func:`snapshot.install_verified`)."""
-        return snapshot.install_verified(self, stream, accept)
+        """Replace everything (topics, index, subscribers, catalog) with a snapshot; returns
+        its header.
 
-    def close_topics(self) -> None:
-        """Close and forget every topic (a snapshot is about to replace them)."""
+        Writer thread only. ``accept`` may refuse the header (raise) before anything is
+        touched. Nothing local is merged in, and a damaged or short snapshot leaves the
+        broker as it was: only a whole verified snapshot is renamed over ``topics/``.
+        """
+        header = snapshot.read_header(stream)
+        if accept is not None:
+            accept(header)
+        staging = snapshot.stage(self.path, header, stream)
         for topic in self.topics():
             topic.close()
         with self._lock:
             self._topics = {}
         self._open_files.clear()
-
-    def install(self, topics: dict[int, Topic], index: int,
-                subscribers: dict[str, dict[str, int]],
-                catalog: dict[str, Any] | None = None) -> None:
-        """Take over topics opened from a snapshot, with its broker index, subscribers and
-        catalog."""
+        snapshot.swap(self.path, staging)
+        opened = {}
+        for described in header["topics"]:
+            topic_id = int(described["id"])
+            opened[topic_id] = Topic.open(self.path / "topics" / str(topic_id), topic_id,
+                                          self.max_segment_size)
         with self._lock:
-            self._topics = topics
-            self.index = index
-        self.positions.restore(subscribers)
-        self.catalog.restore(catalog)
+            self._topics = opened
+            self.index = int(header["index"])
+        self.positions.restore(header.get("subscribers", {}))
+        self.catalog.restore(header.get("catalog"))
         self.save_state()
         self._new_topics.notify()
-
+        log.info("restored snapshot: %d topics, index %d", len(opened), self.index)
+        return header
 
 
 def _internal(type_: int, topic_id: int, data: bytes) -> PositionChange | None:

@@ -1,9 +1,11 @@
-"""Snapshots of a broker: write one, read one, install one.
+"""The snapshot format, in one place: describe and write one, read and stage one.
 
-A snapshot is one JSON header line (the broker's state: format, index, subscribers, and per
-topic its tombstone, segments and last index) followed by every segment's committed bytes in
-the order the header lists them. Installing one replaces every topic at once: the segments are
-written to a staging directory, fsynced, and renamed over ``topics/``.
+A snapshot is one JSON header line (the broker's state: format, index, subscribers, catalog,
+and per topic its tombstone, segments and last index) followed by every segment's committed
+bytes in the order the header lists them. Installing one replaces every topic at once: the
+segments are verified and written to a staging directory (:func:`stage`), fsynced, and renamed
+over ``topics/`` (:func:`swap`); the broker then opens them
+(:meth:`messaging.broker.broker.Broker.install_snapshot`).
 """
 
 from __future__ import annotations
@@ -13,19 +15,19 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, BinaryIO
+from typing import IO, Any, BinaryIO, Protocol
 
 from messaging.errors import CorruptDataError, DataDirectoryError, MessagingError
-from messaging.files import fsync_dir, read_json, write_json_atomic
+from messaging.files import fsync_dir, write_json_atomic
 from messaging.frames import scan
 from messaging.topic.topic import TOMBSTONE, Topic
 
-if TYPE_CHECKING:
-    from messaging.broker.broker import Broker
-
 log = logging.getLogger(__name__)
+
+#: The format of ``broker.json``, of a cluster checkpoint and of a snapshot's header.
+FORMAT = 1
 
 #: Where a cluster node serves its snapshot, what it is sent as, and the header naming the
 #: etcd revision it reflects.
@@ -35,7 +37,14 @@ REVISION_HEADER = "X-Messaging-Revision"
 _SEGMENT_NAME = re.compile(r"\d{20}\.seg")
 
 
-def describe(broker: Broker) -> tuple[dict[str, Any], list[tuple[Path, int]]]:
+class Snapshotted(Protocol):
+    """What a snapshot is taken of: the broker's saved state and its topics."""
+
+    def state(self) -> dict[str, Any]: ...
+    def topics(self) -> list[Topic]: ...
+
+
+def describe(broker: Snapshotted) -> tuple[dict[str, Any], list[tuple[Path, int]]]:
     """The header of a snapshot of ``broker``'s committed data, and the segment files (with
     the committed size of each) whose bytes follow it, in header order.
 
@@ -49,14 +58,12 @@ def describe(broker: Broker) -> tuple[dict[str, Any], list[tuple[Path, int]]]:
             if segment.committed_size:
                 segments.append({"name": segment.path.name, "size": segment.committed_size})
                 files.append((segment.path, segment.committed_size))
-        tomb = topic.path / TOMBSTONE
-        tombstone = read_json(tomb)["first_index"] if tomb.exists() else 0
-        topics.append({"id": topic.id, "tombstone": tombstone, "segments": segments,
+        topics.append({"id": topic.id, "tombstone": topic.tombstone, "segments": segments,
                        "last_index": topic.committed_index})
     return {**broker.state(), "topics": topics}, files
 
 
-def write(broker: Broker, stream: IO[bytes]) -> None:
+def write(broker: Snapshotted, stream: IO[bytes]) -> None:
     """Write a snapshot: one JSON header line, then every segment's committed bytes.
 
     Call from the writer thread (no apply may run meanwhile).
@@ -68,31 +75,23 @@ def write(broker: Broker, stream: IO[bytes]) -> None:
             _copy(f, stream, size)
 
 
-def install_verified(broker: Broker, stream: IO[bytes],
-                     accept: Callable[[dict[str, Any]], None] | None = None,
-                     ) -> dict[str, Any]:
-    """Replace everything (topics, index, subscribers) with a snapshot; returns its header.
-
-    Writer thread only. ``accept`` may refuse the header (raise) before anything is touched.
-    Nothing local is merged in, and a failure (a damaged or short snapshot) leaves the broker
-    as it was.
-    """
-    header = json.loads(stream.readline())
-    if not isinstance(header, dict) or header.get("format") != broker.state()["format"]:
-        raise DataDirectoryError(f"snapshot is not of format {broker.state()['format']}")
-    if accept is not None:
-        accept(header)
-    install(broker, header, stream)
+def read_header(stream: IO[bytes]) -> dict[str, Any]:
+    """A snapshot's header line, checked to be of this broker's :data:`FORMAT`."""
+    try:
+        header = json.loads(stream.readline())
+    except ValueError as err:
+        raise DataDirectoryError(f"snapshot header is not JSON: {err}") from err
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise DataDirectoryError(f"snapshot is not of format {FORMAT}")
     return header
 
 
-def install(broker: Broker, header: dict[str, Any], stream: IO[bytes]) -> None:
-    """Replace every topic of ``broker`` with the snapshot's, atomically on disk.
+def stage(root: Path, header: dict[str, Any], stream: IO[bytes]) -> Path:
+    """Write the snapshot's topics to ``root/topics.restore``, verified and fsynced.
 
-    Every segment is verified (frame checksums, index order, its name) while it is staged in
-    ``topics.restore``; only a whole verified snapshot is renamed over ``topics/``.
+    Every segment is verified (frame checksums, index order, its name) before it is written;
+    on any failure the staging directory is removed and nothing else was touched.
     """
-    root = broker.path
     staging = root / "topics.restore"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
@@ -116,21 +115,17 @@ def install(broker: Broker, header: dict[str, Any], stream: IO[bytes]) -> None:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    broker.close_topics()
+    return staging
+
+
+def swap(root: Path, staging: Path) -> None:
+    """Rename the staged topics over ``root/topics`` (every topic must be closed)."""
     old = root / "topics.old"
     shutil.rmtree(old, ignore_errors=True)
     (root / "topics").rename(old)
     staging.rename(root / "topics")
     fsync_dir(root)
     shutil.rmtree(old)
-    opened = {}
-    for described in header["topics"]:
-        topic_id = int(described["id"])
-        opened[topic_id] = Topic.open(root / "topics" / str(topic_id), topic_id,
-                                      broker.max_segment_size)
-    broker.install(opened, int(header["index"]), header.get("subscribers", {}),
-                   header.get("catalog"))
-    log.info("restored snapshot: %d topics, index %d", len(opened), broker.index)
 
 
 def _chunks(source: IO[bytes], size: int) -> Iterator[bytes]:
@@ -176,7 +171,7 @@ class SnapshotStream:
         self._head = json.dumps(header).encode() + b"\n"
 
     @classmethod
-    def capture(cls, broker: Broker, extra: dict[str, Any]) -> SnapshotStream:
+    def capture(cls, broker: Snapshotted, extra: dict[str, Any]) -> SnapshotStream:
         """Describe and open the broker's committed data (writer thread only)."""
         header, paths = describe(broker)
         files: list[tuple[BinaryIO, int]] = []

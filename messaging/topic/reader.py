@@ -9,15 +9,24 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_right
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from messaging.errors import CorruptDataError, CorruptFrameError, TopicTruncatedError
 from messaging.frames import HEADER_SIZE, frame_size, scan
-from messaging.topic.segment import Segment
+from messaging.topic.segment import Segment, SegmentView
 from messaging.topic.tail import TailChunk
+from messaging.topic.view import TopicView
 
-if TYPE_CHECKING:
-    from messaging.topic.topic import SegmentView, Topic
+
+class ReadableTopic(TopicView, Protocol):
+    """What a reader reads through: a topic's committed positions and segment views
+    (:class:`messaging.topic.topic.Topic` provides them)."""
+
+    def locate(self, index: int) -> tuple[Segment, int, int] | None: ...
+    def next_position(self, index: int) -> tuple[Segment, int, int] | None: ...
+    def view(self, segment: Segment) -> SegmentView: ...
+    def following(self, segment: Segment) -> Segment | None: ...
+    def corrupt(self, segment: Segment, error: Exception) -> CorruptDataError: ...
 
 #: Default size of one read.
 READ_CHUNK = 256 << 10
@@ -32,7 +41,7 @@ class TopicReader:
     Damage on disk is raised as :class:`CorruptDataError` after the good frames before it.
     """
 
-    def __init__(self, topic: Topic, index: int, end: int | None = None,
+    def __init__(self, topic: ReadableTopic, index: int, end: int | None = None,
                  limit: int | None = None) -> None:
         self.topic = topic
         self.next_index = max(index, 0)

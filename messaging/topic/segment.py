@@ -16,6 +16,7 @@ import threading
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from messaging.errors import CorruptDataError, CorruptFrameError
 from messaging.frames import HEADER_SIZE, INDEX, frame_size, scan
@@ -174,3 +175,13 @@ class Segment:
                     if count is not None:
                         count -= 1
         return position, ordinal
+
+
+class SegmentView(NamedTuple):
+    """What readers may see of a segment at one moment (see
+    :meth:`messaging.topic.topic.Topic.view`)."""
+
+    size: int  # committed bytes
+    last_index: int
+    messages: int
+    complete: bool  # nothing appended beyond what is committed

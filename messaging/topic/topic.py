@@ -20,7 +20,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
 from messaging.aio import Notifier
 from messaging.config import DEFAULT_MAX_SEGMENT_SIZE
@@ -46,6 +46,7 @@ from messaging.topic.segment import (
     MARK_EVERY,
     SEGMENT_SUFFIX,
     Segment,
+    SegmentView,
     segment_name,
 )
 from messaging.topic.tail import EMPTY_TAIL, Tail, TailBuffer, TailChunk
@@ -57,15 +58,6 @@ TOMBSTONE = "tombstone"
 #: Bytes of recent commits a topic keeps in memory for followers that have caught up.
 # Index and length only: what appending needs from each frame header.
 _unpack_index_and_length = header_unpacker("index", "length").unpack_from
-
-
-class SegmentView(NamedTuple):
-    """What readers may see of a segment at one moment (see :meth:`Topic.view`)."""
-
-    size: int  # committed bytes
-    last_index: int
-    messages: int
-    complete: bool  # nothing appended beyond what is committed
 
 
 @dataclass
@@ -193,6 +185,12 @@ class Topic:
             os.close(fd)
 
     # -- properties -------------------------------------------------------------------------
+
+    @property
+    def tombstone(self) -> int:
+        """The first index retention kept (0: retention never deleted anything)."""
+        with self._lock:
+            return self._tombstone
 
     @property
     def first_index(self) -> int:

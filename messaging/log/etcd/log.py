@@ -38,8 +38,8 @@ from typing import Any
 import grpc
 
 from messaging.aio import cancel_and_wait
-from messaging.broker.broker import FORMAT, ApplyResult, Broker, heartbeat_command
-from messaging.broker.snapshot import SnapshotStream
+from messaging.broker.broker import ApplyResult, Broker, heartbeat_command
+from messaging.broker.snapshot import FORMAT, SnapshotStream
 from messaging.config import FSYNC_MODES, EtcdSettings, FsyncMode
 from messaging.errors import (
     BrokerClosedError,
