@@ -106,11 +106,6 @@ class Message(NamedTuple):
     topic: int
     data: bytes
 
-    @property
-    def is_internal(self) -> bool:
-        """Whether this is a broker-internal command, never stored in a topic."""
-        return bool(self.type & INTERNAL_TYPE)
-
 
 _new_tuple = tuple.__new__
 
@@ -636,9 +631,13 @@ class FrameBatch:
     first: int
     last: int
     offsets: array[int] | None = None
+    topic: int = 0  # the topic its frames belong to, when one reader read them from one
 
     def __len__(self) -> int:
         return self.count
+
+    def __iter__(self) -> Iterator[Message]:
+        return iter(self.messages())
 
     def messages(self) -> list[Message]:
         """Decode every message of the batch (its frames were verified when it was made)."""

@@ -19,9 +19,19 @@ import aiohttp
 import pytest
 from blockbuster import BlockBuster, blockbuster_ctx
 
+from messaging.broker.broker import ApplyResult, Broker
 from messaging.config import BrokerConfig
+from messaging.errors import MessagingError
 from messaging.frames import Message, encode_many
 from messaging.http.server import BrokerServer
+
+
+def apply(broker: Broker, command: bytes) -> ApplyResult:
+    """Apply one command as its own group, not fsynced (as the logs do without --fsync)."""
+    result = broker.write_group([command], durable=False)[0]
+    if isinstance(result, MessagingError):
+        raise result
+    return result
 
 
 def frames(topic: int, indexes: Iterable[int], data: bytes | None = None) -> bytes:

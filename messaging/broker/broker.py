@@ -382,16 +382,6 @@ class Broker:
 
     # -- the state machine ------------------------------------------------------------------
 
-    def apply(self, command: bytes | bytearray) -> ApplyResult:
-        """Apply one command: stamp, write and commit it (not fsynced: the caller syncs).
-
-        The command must hold complete, verified frames (the publish path checked them).
-        """
-        result = self.write_group([command], durable=False)[0]
-        if isinstance(result, MessagingError):
-            raise result
-        return result
-
     def write_group(self, commands: Sequence[bytes | bytearray], *, durable: bool,
                     notify: bool = True) -> list[ApplyResult | MessagingError]:
         """Apply commands in order as one transaction; every topic is written once.
@@ -679,10 +669,6 @@ class Broker:
                                             self.index if stored else 0)
         return first, runs, heartbeats, outcome
 
-    def set_topic_max_index(self, topic_id: int, index: int, url: str) -> None:
-        """Record that subscriber ``url`` has processed ``topic_id`` through ``index``."""
-        self.positions.record(topic_id, index, url)
-
     def _topic_for_write(self, topic_id: int) -> Topic:
         topic = self._topics.get(topic_id)
         if topic is None:
@@ -772,6 +758,7 @@ class Broker:
             info["stats"] = vars(topic.stats).copy()
             failure = topic.failure
             info["writable"] = failure is None
+            info["followers"] = topic.waiting  # streams parked until its next commit
             if failure is not None:
                 info["failure"] = str(failure)
             topics.append(info)
@@ -822,10 +809,6 @@ class Broker:
         return deleted
 
     # -- snapshots (see messaging.broker.snapshot) ------------------------------------------
-
-    def write_snapshot(self, stream: IO[bytes]) -> None:
-        """Write a snapshot of every topic's committed data (writer thread only)."""
-        snapshot.write(self, stream)
 
     def install_snapshot(self, stream: IO[bytes],
                          accept: Callable[[dict[str, Any]], None] | None = None,

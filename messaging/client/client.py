@@ -25,7 +25,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from messaging.client.conn import Conn, MessageBatch
+from messaging.client.conn import Conn
 from messaging.client.producer import Lanes
 from messaging.config import DEFAULT_MAX_REQUEST_SIZE
 from messaging.errors import (
@@ -55,7 +55,7 @@ from messaging.files import read_json, write_json_atomic
 from messaging.frames import FRAMES_CONTENT_TYPE, HEADER_SIZE, Message, decode, encode_batch
 
 __all__ = ["DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_RETRY_TIMEOUT", "Client", "Conn",
-           "MessageBatch", "Published", "Response"]
+           "Published", "Response"]
 
 _CONNECT_TIMEOUT: tuple[type[BaseException], ...] = tuple(
     t for t in [getattr(aiohttp, "ConnectionTimeoutError", None)] if t is not None)

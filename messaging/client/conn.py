@@ -1,4 +1,4 @@
-"""Conn, a subscription to one topic, and MessageBatch, the verified frames it hands out.
+"""Conn, a subscription to one topic, handing out verified frames (FrameBatch).
 
 A Conn owns two background tasks: a reader that keeps one GET of the topic open (resuming from
 the last received index + 1 after a break, so nothing is re-delivered or skipped) and a
@@ -15,7 +15,7 @@ import logging
 import random
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Protocol
 
 from messaging.errors import (
@@ -32,9 +32,9 @@ from messaging.frames import (
     HEADER,
     HEADER_SIZE,
     BatchDecoder,
+    FrameBatch,
     Message,
     decode_slices,
-    decode_verified,
 )
 
 log = logging.getLogger(__name__)
@@ -70,27 +70,6 @@ class BrokerClient(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class MessageBatch:
-    """Verified frames of one topic over one buffer; messages are decoded only when asked."""
-
-    topic: int
-    buffer: bytes
-    count: int
-    first: int
-    last: int
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __iter__(self) -> Iterator[Message]:
-        return iter(self.messages())
-
-    def messages(self) -> list[Message]:
-        """Decode every message of the batch (its frames were verified when it was read)."""
-        return decode_verified(self.buffer)
-
-
 class _End:
     """Queued by the reader task when a non-streaming read reached the end of the topic."""
 
@@ -116,11 +95,11 @@ class Conn:
         self.index = 0
         self.streaming = True
         self._state = "new"
-        self._queue: asyncio.Queue[MessageBatch | BaseException | _End] = asyncio.Queue(
+        self._queue: asyncio.Queue[FrameBatch | BaseException | _End] = asyncio.Queue(
             _QUEUE_CHUNKS)
         self._current: list[Message] = []  # the slice being handed out
         self._position = 0  # within _current
-        self._current_batch: MessageBatch | None = None
+        self._current_batch: FrameBatch | None = None
         self._slices: Iterator[tuple[int, list[Message]]] = iter(())  # of _current_batch
         self._slice_at = 0  # the byte offset of _current in _current_batch
         self._made = 0  # messages of _current_batch made so far, _current's included
@@ -216,7 +195,7 @@ class Conn:
         self.index = message.index
         return message
 
-    async def batches(self) -> AsyncIterator[MessageBatch]:
+    async def batches(self) -> AsyncIterator[FrameBatch]:
         """Messages in batches over one buffer each (no Python object per message)."""
         batch = self._current_batch
         if batch is not None:
@@ -229,8 +208,8 @@ class Conn:
                 # intact (indexes need not be consecutive: the first is read from its frame).
                 rest = batch.buffer[used:]
                 self.index = batch.last
-                yield MessageBatch(self.topic, rest, left, HEADER.unpack_from(rest, 0)[0],
-                                   batch.last)
+                yield FrameBatch(rest, left, HEADER.unpack_from(rest, 0)[0], batch.last,
+                                 topic=self.topic)
         while True:
             try:
                 batch = await self._next_batch()
@@ -239,7 +218,7 @@ class Conn:
             self.index = batch.last
             yield batch
 
-    async def _next_batch(self) -> MessageBatch:
+    async def _next_batch(self) -> FrameBatch:
         if self._state == "new":
             raise ConnStateError("open() the Conn before iterating it")
         if self._state == "closed":
@@ -319,8 +298,7 @@ class Conn:
                 for batch in decoder.feed(data):
                     self._received = batch.last
                     self._from_first = self._by_consumer = False
-                    await self._queue.put(MessageBatch(self.topic, batch.buffer, batch.count,
-                                                       batch.first, batch.last))
+                    await self._queue.put(replace(batch, topic=self.topic))
             decoder.finish()
         return not self.streaming
 

@@ -18,6 +18,7 @@ from messaging.broker.broker import ApplyResult, Broker, heartbeat_command
 from messaging.errors import DataDirectoryError, DiskFullError, StorageError, StorageFailedError
 from messaging.frames import Message, decode, encode, encode_batch, encode_many
 from messaging.topic.topic import Topic
+from tests.conftest import apply
 from tests.faults import Faults, inject, open_files_under
 
 
@@ -36,11 +37,11 @@ def contents(broker: Broker) -> dict[int, list[tuple[int, bytes]]]:
 
 def test_indexes_are_assigned_across_topics(tmp_path: Path) -> None:
     broker = Broker.open(tmp_path)
-    assert broker.apply(encode(1, 10, b"a")).first == 1
-    result = broker.apply(encode_batch(20, [b"b", b"c"]))
+    assert apply(broker, encode(1, 10, b"a")).first == 1
+    result = apply(broker, encode_batch(20, [b"b", b"c"]))
     assert (result.first, result.last, result.count, result.topics) == (2, 3, 2, {20})
     mixed = encode(1, 10, b"d") + encode(1, 20, b"e") + encode(1, 10, b"f")
-    assert broker.apply(mixed).topics == {10, 20}
+    assert apply(broker, mixed).topics == {10, 20}
     commit_all(broker)
     assert contents(broker) == {10: [(1, b"a"), (4, b"d"), (6, b"f")],
                                 20: [(2, b"b"), (3, b"c"), (5, b"e")]}
@@ -49,8 +50,8 @@ def test_indexes_are_assigned_across_topics(tmp_path: Path) -> None:
 
 def test_internal_commands_record_subscribers_and_are_not_stored(tmp_path: Path) -> None:
     broker = Broker.open(tmp_path)
-    broker.apply(encode_batch(1, [b"x", b"y"]))
-    result = broker.apply(heartbeat_command(1, 2, "reader-1"))
+    apply(broker, encode_batch(1, [b"x", b"y"]))
+    result = apply(broker, heartbeat_command(1, 2, "reader-1"))
     assert result.count == 0 and broker.index == 2
     assert broker.subscribers(1) == {"reader-1": 2}
     commit_all(broker)
@@ -66,11 +67,11 @@ def test_replay_reassigns_the_same_indexes_and_skips_stale(tmp_path: Path) -> No
     commands = [encode(1, 1, b"a"), encode_batch(2, [b"b", b"c"]), encode(1, 1, b"d")]
     broker = Broker.open(tmp_path)
     for command in commands:
-        broker.apply(command)
+        apply(broker, command)
     commit_all(broker)
     before = contents(broker)
     broker.index = 1  # as a log restored at a snapshot taken after the first command
-    replayed = [broker.apply(c) for c in commands[1:]]
+    replayed = [apply(broker, c) for c in commands[1:]]
     assert [(r.first, r.last) for r in replayed] == [(2, 3), (4, 4)]
     commit_all(broker)
     assert contents(broker) == before
@@ -81,10 +82,10 @@ def test_retention_keeps_what_live_subscribers_need(tmp_path: Path) -> None:
     broker = Broker.open(tmp_path, max_segment_size=50, max_topic_size=0,
                          subscriber_timeout=60)
     for _i in range(20):
-        broker.apply(encode(1, 1, b"0123456789" * 3))
+        apply(broker, encode(1, 1, b"0123456789" * 3))
     commit_all(broker)
-    broker.set_topic_max_index(1, 5, "slow")
-    broker.set_topic_max_index(1, 15, "fast")
+    broker.positions.record(1, 5, "slow")
+    broker.positions.record(1, 15, "fast")
     assert broker.enforce_retention() > 0
     assert broker.topic(1).first_index <= 6
     seen = broker.positions.last_seen(1, "slow")
@@ -101,11 +102,11 @@ def test_a_subscriber_resuming_after_retention_is_not_told_data_is_gone(tmp_path
     must still let it resume at heartbeat + 1, though that index is in another topic."""
     broker = Broker.open(tmp_path, max_segment_size=100, max_topic_size=0)
     for _ in range(10):  # topics 1 and 2 interleaved: topic 1 holds odd indexes only
-        broker.apply(encode(1, 1, b"x" * 60) + encode(1, 2, b"y" * 60))
+        apply(broker, encode(1, 1, b"x" * 60) + encode(1, 2, b"y" * 60))
     commit_all(broker)
     first_segment = broker.topic(1).segments()[0]
     heartbeat = first_segment.last_index
-    broker.set_topic_max_index(1, heartbeat, "reporter")
+    broker.positions.record(1, heartbeat, "reporter")
     assert broker.enforce_retention() > 0
     assert not first_segment.path.exists()
     with broker.topic(1).reader(heartbeat + 1) as reader:

@@ -29,6 +29,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from messaging.broker import snapshot as snapshot_format
 from messaging.broker import stream_reads
 from messaging.broker.broker import ApplyResult, Broker, heartbeat_command
 from messaging.broker.catalog import (
@@ -715,7 +716,7 @@ def test_catalog_travels_in_snapshots(tmp_path: Path) -> None:
         ok(delete(source, "s"))
         create(target, "other", messages=[b"replaced"])
         snapshot = io.BytesIO()
-        source.write_snapshot(snapshot)
+        snapshot_format.write(source, snapshot)
         snapshot.seek(0)
         target.install_snapshot(snapshot)
         assert target.catalog.streams == source.catalog.streams

@@ -14,6 +14,7 @@ from messaging.broker.snapshot import SnapshotStream
 from messaging.errors import CorruptDataError, DataDirectoryError
 from messaging.frames import encode
 from tests.broker.test_broker import commit_all, contents
+from tests.conftest import apply
 
 
 def snapshot_bytes(broker: Broker, **extra: Any) -> bytes:
@@ -28,8 +29,8 @@ def snapshot_bytes(broker: Broker, **extra: Any) -> bytes:
 def source(tmp_path: Path) -> Iterator[Broker]:
     broker = Broker.open(tmp_path / "a", max_segment_size=200)
     for i in range(40):
-        broker.apply(encode(1, i % 3, f"message {i}".encode()))
-    broker.apply(heartbeat_command(1, 7, "sub"))
+        apply(broker, encode(1, i % 3, f"message {i}".encode()))
+    apply(broker, heartbeat_command(1, 7, "sub"))
     commit_all(broker)
     broker.topic(0).truncate(0, 2**64)
     yield broker
@@ -39,7 +40,7 @@ def source(tmp_path: Path) -> Iterator[Broker]:
 def test_install_replaces_everything(source: Broker, tmp_path: Path) -> None:
     data = snapshot_bytes(source, cluster="c", revision=12)
     target = Broker.open(tmp_path / "b", max_segment_size=200)
-    target.apply(encode(1, 99, b"local only: must not survive"))
+    apply(target, encode(1, 99, b"local only: must not survive"))
     header = target.install_snapshot(io.BytesIO(data))
     assert (header["cluster"], header["revision"]) == ("c", 12)
     assert contents(target) == contents(source)
@@ -50,7 +51,7 @@ def test_install_replaces_everything(source: Broker, tmp_path: Path) -> None:
         theirs = {p.name: p.read_bytes() for p in topic.path.iterdir()}
         ours = {p.name: p.read_bytes() for p in (tmp_path / "b/topics" / str(topic.id)).iterdir()}
         assert ours == theirs
-    assert target.apply(encode(1, 1, b"after")).first == 41
+    assert apply(target, encode(1, 1, b"after")).first == 41
     target.close()
 
 
@@ -65,7 +66,7 @@ def test_a_damaged_snapshot_changes_nothing(source: Broker, tmp_path: Path,
     else:
         data = bytearray(bytes(data).replace(b".seg", b".bad", 1))
     target = Broker.open(tmp_path / "b")
-    target.apply(encode(1, 99, b"kept"))
+    apply(target, encode(1, 99, b"kept"))
     before = contents(target)
     with pytest.raises((CorruptDataError, DataDirectoryError)):
         target.install_snapshot(io.BytesIO(bytes(data)))
@@ -77,7 +78,7 @@ def test_a_damaged_snapshot_changes_nothing(source: Broker, tmp_path: Path,
 def test_accept_may_refuse_before_anything_changes(source: Broker, tmp_path: Path) -> None:
     data = snapshot_bytes(source, cluster="other", revision=3)
     target = Broker.open(tmp_path / "b")
-    target.apply(encode(1, 99, b"kept"))
+    apply(target, encode(1, 99, b"kept"))
 
     def accept(header: dict[str, Any]) -> None:
         if header["cluster"] != "c":

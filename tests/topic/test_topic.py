@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from array import array
 from pathlib import Path
 
@@ -172,13 +173,32 @@ async def test_cancelled_waiters_leave_nothing_behind(tmp_path: Path) -> None:
     await asyncio.to_thread(topic.close)
 
 
-async def test_waiting_takes_no_lock_the_writer_holds(tmp_path: Path) -> None:
-    """A writer busy on disk (holding its locks) never stalls a follower on the loop."""
+async def test_waiting_takes_no_lock_the_writer_holds(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer busy on disk (its fdatasync held, its locks taken) never stalls a follower
+    on the loop."""
     topic = await asyncio.to_thread(make, tmp_path, [[1]])
-    with topic._write_lock:  # as during a long write, roll or fsync
+    entered, release = threading.Event(), threading.Event()
+    real_fdatasync = os.fdatasync
+
+    def slow_fdatasync(fd: int) -> None:
+        entered.set()
+        release.wait(10)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
+    topic.append(frames(1, [2]))
+    writer = asyncio.ensure_future(asyncio.to_thread(topic.sync))
+    assert await asyncio.to_thread(entered.wait, 10)
+    try:
         assert topic.committed_index == 1
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(topic.wait_for(1), 0.05)
+    finally:
+        release.set()
+        await writer
+    await asyncio.to_thread(topic.commit)
+    await asyncio.wait_for(topic.wait_for(1), 5)
     await asyncio.to_thread(topic.close)
 
 

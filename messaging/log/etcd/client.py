@@ -70,10 +70,6 @@ def load_credentials(settings: EtcdSettings) -> grpc.ChannelCredentials | None:
         certificate_chain=settings.cert.read_bytes() if settings.cert else None)
 
 
-class NotSentError(Exception):
-    """A call that certainly never reached etcd's Raft log (connection refused, no leader)."""
-
-
 class CompactedError(Exception):
     """The revision a watch wanted to start from was compacted away."""
 
