@@ -339,15 +339,16 @@ class Broker:
             log.warning("could not remove %s: %s", path, err.strerror or err)
 
     def state(self) -> dict[str, Any]:
-        """The broker's own metadata as saved in ``broker.json``."""
-        with self._lock:
-            return {
-                "format": FORMAT,
-                "index": self.index,
-                "subscribers": self.positions.saved(),
-                "catalog": self.catalog.saved(),
-                "catalog_seq": self._catalog_log.seq,
-            }
+        """The broker's own metadata as saved in ``broker.json`` (writer thread: the catalog and
+        the index are its own; positions lock themselves). No broker lock is held meanwhile,
+        so the loop never waits for a large catalog to be copied."""
+        return {
+            "format": FORMAT,
+            "index": self.index,
+            "subscribers": self.positions.saved(),
+            "catalog": self.catalog.saved(),
+            "catalog_seq": self._catalog_log.seq,
+        }
 
     def save_state(self, *, durable: bool = True) -> None:
         """Write ``broker.json`` atomically (one writer at a time; fsynced when ``durable``),
@@ -755,7 +756,7 @@ class Broker:
         topics = []
         for topic in self.topics():
             info = self.topic_info(topic)
-            info["stats"] = vars(topic.stats).copy()
+            info["stats"] = topic.stats.copy()
             failure = topic.failure
             info["writable"] = failure is None
             info["followers"] = topic.waiting  # streams parked until its next commit

@@ -18,6 +18,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from typing import Protocol
 
+from messaging.aio import wait_finished
 from messaging.errors import (
     ConnClosedError,
     ConnectionFailedError,
@@ -148,8 +149,7 @@ class Conn:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await wait_finished(task)  # the caller's own cancellation goes on
         self._tasks = []
         while not self._queue.empty():
             self._queue.get_nowait()

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
+from messaging.aio import wait_finished
 from messaging.client.client import Client
 from messaging.client.conn import Conn
 from messaging.errors import MessagingError
@@ -415,8 +416,7 @@ class Consumer(Generic[V]):
                 for task in tasks:
                     task.cancel()
                 for task in tasks:
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                    await wait_finished(task)  # the caller's own cancellation goes on
                 for conn in conns:
                     await conn.close()
                 await self._on_thread(self.store.close)

@@ -92,17 +92,19 @@ class Segment:
     def ensure_indexed(self) -> CorruptFrameError | None:
         """Index a segment recovery did not read (older segments never change).
 
-        Needs only this segment's own lock, never the topic's. Returns the damage found the
-        first time (the good frames before it stay readable); raises FileNotFoundError if
-        retention deleted the file.
+        Needs only this segment's own lock, never the topic's, and holds it only to install
+        the index it built, not across reading the file: two readers that meet here may both
+        read it, and the first to finish indexes it. Returns the damage found the first time
+        (the good frames before it stay readable); raises FileNotFoundError if retention
+        deleted the file.
         """
         if self.indexed:
             return None
+        with self.path.open("rb") as f:
+            data = f.read()
         with self.index_lock:
             if self.indexed:
                 return None
-            with self.path.open("rb") as f:
-                data = f.read()
             return self.build_index(data, verify=False)
 
     # -- appending --------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import threading
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -62,12 +62,31 @@ _unpack_index_and_length = header_unpacker("index", "length").unpack_from
 
 @dataclass
 class TopicStats:
-    """Counters a topic keeps for diagnostics and metrics."""
+    """Counters a topic keeps for diagnostics and metrics.
+
+    Reader threads count damage and the retention thread deletions while others read them:
+    :meth:`add` and :meth:`copy` take the counters' own lock (never held across I/O).
+    """
 
     recovered_truncated_bytes: int = 0
     corrupt_frames: int = 0
     deleted_segments: int = 0
     deleted_bytes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: int) -> None:
+        """Add to counters by name."""
+        with self._lock:
+            for name, count in counts.items():
+                setattr(self, name, getattr(self, name) + count)
+
+    def copy(self) -> dict[str, int]:
+        """Every counter at one moment."""
+        with self._lock:
+            return {"recovered_truncated_bytes": self.recovered_truncated_bytes,
+                    "corrupt_frames": self.corrupt_frames,
+                    "deleted_segments": self.deleted_segments,
+                    "deleted_bytes": self.deleted_bytes}
 
 
 class Topic:
@@ -174,7 +193,7 @@ class Topic:
         if error is None:
             return
         cut = len(data) - segment.size
-        self.stats.recovered_truncated_bytes += cut
+        self.stats.add(recovered_truncated_bytes=cut)
         log.warning("topic %d: truncated %d bytes at byte %d of %s (%s)", self.id, cut,
                     segment.size, segment.path.name, error)
         fd = os.open(segment.path, os.O_WRONLY)
@@ -650,7 +669,7 @@ class Topic:
         damage = CorruptDataError(f"topic {self.id} segment {segment.path.name}: {error}")
         if str(damage) not in self._damage_logged:  # once per place, not once per reader
             self._damage_logged.add(str(damage))
-            self.stats.corrupt_frames += 1
+            self.stats.add(corrupt_frames=1)
             log.error("%s", damage)
         return damage
 
@@ -736,8 +755,7 @@ class Topic:
             with contextlib.suppress(FileNotFoundError):
                 segment.path.unlink()
             deleted += segment.size
-            self.stats.deleted_segments += 1
-            self.stats.deleted_bytes += segment.size
+            self.stats.add(deleted_segments=1, deleted_bytes=segment.size)
             log.info("topic %d: retention deleted %s (%d bytes); first index now %d",
                      self.id, segment.path.name, segment.size, first_kept)
         fsync_dir(self.path)

@@ -29,6 +29,7 @@ import io
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -125,7 +126,10 @@ class EtcdLog:
         self._closing = False
         self._writes = LogWriter(self._client, self._log_key, os.urandom(8),
                                self._quorum_read)
-        # apply (the applied fields are written on the writer thread only)
+        # apply: the applied fields below are written on the writer thread, except that the
+        # loop's quorum reads raise ``_idle_covered``; both sides touch the three under
+        # ``_progress_lock`` (held for a few assignments, never across I/O).
+        self._progress_lock = threading.Lock()
         self._queue: asyncio.Queue[_Revision] = asyncio.Queue(maxsize=64)
         self._received = 0
         self._applied = 0
@@ -147,7 +151,7 @@ class EtcdLog:
         self._etcd_revision = 0  # as of the last quorum read
         self._log_revision = 0  # the log key's last revision, as of the last quorum read
         self._membership = Membership(self._client, self.cluster, url,
-                                      lambda: self._checkpointed, settings.compact_every)
+                                      self._durable_revision, settings.compact_every)
         self.snapshots_installed = 0
         self._logged: dict[str, float] = {}
 
@@ -286,7 +290,9 @@ class EtcdLog:
     def diagnostics(self) -> dict[str, Any]:
         """etcd endpoints, revisions, lag, nodes, watch and quorum state."""
         now = time.monotonic()
-        covered = max(self._applied, self._idle_covered)
+        with self._progress_lock:
+            applied, checkpointed = self._applied, self._checkpointed
+            covered = max(applied, self._idle_covered)
         return {
             "mode": "etcd",
             "role": "member",
@@ -297,8 +303,8 @@ class EtcdLog:
             "endpoint": self._client.endpoint,
             "fsync": self.fsync,
             "applied_revision": covered,
-            "last_entry_applied": self._applied,
-            "durable_revision": self._checkpointed,
+            "last_entry_applied": applied,
+            "durable_revision": checkpointed,
             "etcd_revision": self._etcd_revision,
             "log_revision": self._log_revision,
             "lag": max(0, self._etcd_revision - covered),
@@ -326,7 +332,8 @@ class EtcdLog:
         return await loop.run_in_executor(self._writer, self._capture_snapshot)
 
     def _capture_snapshot(self) -> SnapshotStream:
-        revision = max(self._applied, self._idle_covered)
+        with self._progress_lock:
+            revision = max(self._applied, self._idle_covered)
         return SnapshotStream.capture(self.broker, {"cluster": self.cluster,
                                                     "revision": revision})
 
@@ -335,9 +342,10 @@ class EtcdLog:
         self._etcd_revision = int(response.header.revision)
         if response.kvs:
             self._log_revision = int(response.kvs[0].mod_revision)
-        if self._log_revision <= self._applied:
-            # Nothing in the log after what is applied: everything through here is covered.
-            self._idle_covered = max(self._idle_covered, self._etcd_revision)
+        with self._progress_lock:
+            if self._log_revision <= self._applied:
+                # Nothing in the log after what is applied: everything through here is covered.
+                self._idle_covered = max(self._idle_covered, self._etcd_revision)
 
     # -- applying the log -------------------------------------------------------------------
 
@@ -402,11 +410,11 @@ class EtcdLog:
         if not durable:
             self._unsynced.add(touched)
         self._applied_index = self.broker.index
-        self._applied = batch[-1].revision
+        with self._progress_lock:
+            self._applied = batch[-1].revision
         self._since_checkpoint += len(batch)
         self.broker.metrics.group_commits.inc(len(commands))
-        if self._checkpoint_due():
-            self._checkpoint()
+        self._checkpoint_if_due()
         return _Applied(spans, results, touched)
 
     def _answer(self, applied: _Applied) -> None:
@@ -417,23 +425,38 @@ class EtcdLog:
 
     # -- checkpoints ------------------------------------------------------------------------
 
-    def _checkpoint_due(self) -> bool:
+    def _durable_revision(self) -> int:
+        """The revision through which this node's data is durable (any thread)."""
+        with self._progress_lock:
+            return self._checkpointed
+
+    def _checkpoint_if_due(self) -> None:
+        """Checkpoint after enough revisions or time, or after a while idle (writer thread)."""
         age = time.monotonic() - self._checkpoint_at
-        if self._applied > self._checkpointed:
-            return self._since_checkpoint >= CHECKPOINT_REVISIONS or age >= CHECKPOINT_INTERVAL
-        return self._idle_covered > self._checkpointed and age >= IDLE_CHECKPOINT_INTERVAL
+        with self._progress_lock:
+            applied, idle, checkpointed = (self._applied, self._idle_covered,
+                                           self._checkpointed)
+        if applied > checkpointed:
+            due = self._since_checkpoint >= CHECKPOINT_REVISIONS or age >= CHECKPOINT_INTERVAL
+        else:
+            due = idle > checkpointed and age >= IDLE_CHECKPOINT_INTERVAL
+        if due:
+            self._checkpoint()
 
     def _checkpoint(self, *, force: bool = False) -> None:
         """Write cluster.json for what is durable here (writer thread)."""
-        revision = max(self._applied, self._idle_covered)
-        if revision <= self._checkpointed and not force:
+        with self._progress_lock:
+            revision = max(self._applied, self._idle_covered)
+            checkpointed = self._checkpointed
+        if revision <= checkpointed and not force:
             return
         if self.fsync != "always":
             self._unsynced.flush()
         if any(topic.failure is not None for topic in self.broker.topics()):
             return  # an fsync failed: what it covered is not known to be durable
         self._write_checkpoint(revision, self._applied_index)
-        self._checkpointed = revision
+        with self._progress_lock:
+            self._checkpointed = revision
         self._since_checkpoint = 0
         self._checkpoint_at = time.monotonic()
 
@@ -515,7 +538,8 @@ class EtcdLog:
 
     async def _watch_start(self) -> int:
         """The revision to watch from: after what was received, skipping log-free history."""
-        start = max(self._received, self._idle_covered) + 1
+        with self._progress_lock:
+            start = max(self._received, self._idle_covered) + 1
         response = await self._client.get(self._log_key, keys_only=True,
                                           endpoint=self._watch_endpoint)
         head = int(response.header.revision)
@@ -580,11 +604,12 @@ class EtcdLog:
             if self._checkpoint_path.exists():
                 self._write_checkpoint(*previous)  # local data untouched: keep its checkpoint
             raise
-        self._applied = int(header["revision"])
+        revision = int(header["revision"])
         self._applied_index = self.broker.index
-        self._idle_covered = 0
-        self._write_checkpoint(self._applied, self._applied_index)
-        self._checkpointed = self._applied
+        self._write_checkpoint(revision, self._applied_index)
+        with self._progress_lock:
+            self._applied = self._checkpointed = revision
+            self._idle_covered = 0
         self._since_checkpoint = 0
         self._checkpoint_at = time.monotonic()
         return header
@@ -613,8 +638,9 @@ class EtcdLog:
         if (attempt is not None and self._log_revision > self._received
                 and time.monotonic() - self._watch_event_at > WATCH_STUCK):
             attempt.cancel()  # the supervisor restarts it on the next endpoint
-        if self._failure is None and self._checkpoint_due():
-            await asyncio.get_running_loop().run_in_executor(self._writer, self._checkpoint)
+        if self._failure is None:
+            await asyncio.get_running_loop().run_in_executor(self._writer,
+                                                             self._checkpoint_if_due)
 
     def _log_once(self, kind: str, level: int, message: str, *args: Any,
                   exc_info: bool = False) -> None:
