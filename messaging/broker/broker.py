@@ -28,7 +28,6 @@ import resource
 import shutil
 import struct
 import threading
-import time
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -84,6 +83,7 @@ from messaging.frames import (
     stamp_index,
     stamp_indexes,
 )
+from messaging.quiet_log import QuietLog
 from messaging.topic.topic import Topic
 
 log = logging.getLogger(__name__)
@@ -205,8 +205,7 @@ class Broker:
         self._topics_dir_dirty = False
         self._heartbeats: list[PositionChange] = []  # recorded by the group being applied
         self._open_files: OrderedDict[int, None] = OrderedDict()  # topics holding a write file
-        self._failure_logged = 0.0
-        self._failures_unlogged = 0
+        self._failures = QuietLog(log, _FAILURE_LOG_INTERVAL)
         # fdatasyncs of the topics one group wrote, side by side (made on first use).
         self._syncers: ThreadPoolExecutor | None = None
 
@@ -525,16 +524,9 @@ class Broker:
         reason = "disk_full" if error.status == 507 else (
             "stopped" if isinstance(error, StorageFailedError) else "error")
         self.metrics.write_failures.labels(reason).inc()
-        now = time.monotonic()
-        if now - self._failure_logged < _FAILURE_LOG_INTERVAL:
-            self._failures_unlogged += 1
-            return
-        more = (f" ({self._failures_unlogged} more failed groups not logged)"
-                if self._failures_unlogged else "")
-        log.error("a group of %d commands failed, nothing of it kept: %s%s", commands, error,
-                  more)
-        self._failure_logged = now
-        self._failures_unlogged = 0
+        self._failures.log("group", logging.ERROR,
+                           "a group of %d commands failed, nothing of it kept: %s", commands,
+                           error)
 
     def _journal(self, touched: set[int], first: int, *, durable: bool) -> bool:
         """Write the group's state changes (catalog, positions) and the frames it stages to

@@ -61,6 +61,7 @@ from messaging.log.etcd.membership import Membership
 from messaging.log.etcd.snapshot_fetch import fetch_snapshot
 from messaging.log.etcd.writer import LogWriter, decode_entry
 from messaging.log.local import DeferredSync
+from messaging.quiet_log import RECURRING_LOG_INTERVAL, QuietLog
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ class EtcdLog:
         self._membership = Membership(self._client, self.cluster, url,
                                       self._durable_revision, settings.compact_every)
         self.snapshots_installed = 0
-        self._logged: dict[str, float] = {}
+        self._quiet = QuietLog(log, RECURRING_LOG_INTERVAL)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -366,7 +367,7 @@ class EtcdLog:
                     break
                 except _GroupFailed as err:
                     self._apply_error = str(err)
-                    self._log_once("apply", logging.ERROR, "applying revisions %d..%d failed "
+                    self._quiet.log("apply", logging.ERROR, "applying revisions %d..%d failed "
                                    "(retrying): %s", batch[0].revision, batch[-1].revision, err)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 2.0)
@@ -499,7 +500,7 @@ class EtcdLog:
             reason = describe(error) if error is not None else "stream ended"
             self._watch_error = reason
             self._watch_restarts += 1
-            self._log_once(f"watch {reason}", logging.WARNING,
+            self._quiet.log(f"watch {reason}", logging.WARNING,
                            "watch of %s on %s failed (%s); restarting from revision %d",
                            self._log_key.decode(), self.settings.endpoints[self._watch_endpoint],
                            reason, self._received + 1)
@@ -578,7 +579,7 @@ class EtcdLog:
                 log.info("installed the snapshot of %s at revision %d (broker index %d)", url,
                          self._received, self.broker.index)
                 return
-            self._log_once("no snapshot", logging.WARNING, "no live peer served a snapshot "
+            self._quiet.log("no snapshot", logging.WARNING, "no live peer served a snapshot "
                            "at or after revision %d yet; retrying", compacted - 1)
             await asyncio.sleep(MEMBERSHIP_INTERVAL)
 
@@ -626,9 +627,9 @@ class EtcdLog:
             except asyncio.CancelledError:
                 raise
             except (grpc.aio.AioRpcError, MessagingError, OSError, ValueError) as err:
-                self._log_once(what, logging.WARNING, "%s: %s", what, describe(err))
+                self._quiet.log(what, logging.WARNING, "%s: %s", what, describe(err))
             except Exception:
-                self._log_once(what, logging.ERROR, "%s failed", what, exc_info=True)
+                self._quiet.log(what, logging.ERROR, "%s failed", what, exc_info=True)
 
     async def _monitor(self) -> None:
         """Check quorum, restart a stuck watch, checkpoint an idle node."""
@@ -642,13 +643,6 @@ class EtcdLog:
             await asyncio.get_running_loop().run_in_executor(self._writer,
                                                              self._checkpoint_if_due)
 
-    def _log_once(self, kind: str, level: int, message: str, *args: Any,
-                  exc_info: bool = False) -> None:
-        """Log a recurring failure at most once per 10 s per kind."""
-        now = time.monotonic()
-        if now - self._logged.get(kind, float("-inf")) >= 10.0:
-            self._logged[kind] = now
-            log.log(level, message, *args, exc_info=exc_info)
 
 
 

@@ -30,6 +30,7 @@ from messaging.errors import (
 )
 from messaging.log.base import answer_callers
 from messaging.log.etcd.client import EtcdClient, describe
+from messaging.quiet_log import RECURRING_LOG_INTERVAL, QuietLog
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ class LogWriter:
         self._quorum_failed_at = float("-inf")
         self.quorum_error: str | None = "not checked yet"
         self.alarm: str | None = None
-        self._logged: dict[str, float] = {}
+        self._quiet = QuietLog(log, RECURRING_LOG_INTERVAL)
 
     def submit(self, command: bytes) -> asyncio.Future[ApplyResult]:
         """Queue ``command``; the future gets this node's result once it is applied."""
@@ -278,7 +279,7 @@ class LogWriter:
         except ClusterUnavailableError as err:
             self.quorum_error = str(err)
             self._quorum_failed_at = time.monotonic()
-            self._log_once("quorum", logging.WARNING, "%s", err)
+            self._quiet.log("quorum", logging.WARNING, "%s", err)
             raise
         self._quorum_proved()
         self._on_quorum_read(response)
@@ -292,21 +293,16 @@ class LogWriter:
     def _put_failed(self, err: MessagingError) -> None:
         if isinstance(err, ClusterNoSpaceError):
             self.alarm = "NOSPACE"
-            self._log_once("nospace", logging.ERROR, "%s", err)
+            self._quiet.log("nospace", logging.ERROR, "%s", err)
         elif isinstance(err, ClusterUnavailableError):
             if self.quorum_error is None:
                 log.warning("etcd quorum lost: %s", err)
             self.quorum_error = str(err)
             self._quorum_failed_at = time.monotonic()
-            self._log_once("unavailable", logging.WARNING, "%s", err)
+            self._quiet.log("unavailable", logging.WARNING, "%s", err)
         else:
-            self._log_once(type(err).__name__, logging.WARNING, "put failed: %s", err)
+            self._quiet.log(type(err).__name__, logging.WARNING, "put failed: %s", err)
 
-    def _log_once(self, kind: str, level: int, message: str, *args: Any) -> None:
-        now = time.monotonic()
-        if now - self._logged.get(kind, float("-inf")) >= 10.0:
-            self._logged[kind] = now
-            log.log(level, message, *args)
 
 
 def _fail(batch: _Batch, error: MessagingError) -> None:

@@ -1,0 +1,55 @@
+"""A log that stays readable under a flood: each kind of recurring line at most once per
+interval, the ones held back counted and reported with the next line of that kind.
+
+A full disk fails every group, a lost etcd quorum every put, a watch every retry: without
+this, one fault writes thousands of identical lines a second and buries the first one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+#: How often a recurring failure (etcd unreachable, a watch retrying) is logged.
+RECURRING_LOG_INTERVAL = 10.0
+
+
+class QuietLog:
+    """Lines of one ``logger``, each ``kind`` at most once per ``interval`` seconds.
+
+    Thread-safe: the broker's writer thread and the event loop may share one.
+    """
+
+    def __init__(self, logger: logging.Logger, interval: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.logger = logger
+        self.interval = interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def log(self, kind: str, level: int, message: str, *args: Any,
+            exc_info: bool = False) -> bool:
+        """Log ``message % args`` unless a line of ``kind`` went out less than ``interval``
+        ago (then it is only counted); returns whether it was logged."""
+        now = self._clock()
+        with self._lock:
+            if now - self._last.get(kind, float("-inf")) < self.interval:
+                self._held[kind] = self._held.get(kind, 0) + 1
+                return False
+            self._last[kind] = now
+            held = self._held.pop(kind, 0)
+        if held:
+            message += " (%d more like it not logged)"
+            args = (*args, held)
+        self.logger.log(level, message, *args, exc_info=exc_info)
+        return True
+
+    def held(self, kind: str) -> int:
+        """How many lines of ``kind`` were held back since the last one logged."""
+        with self._lock:
+            return self._held.get(kind, 0)
