@@ -125,6 +125,9 @@ def read_trace(path: str | os.PathLike[str]) -> list[tuple[int, str, str, str]]:
 
 
 if __name__ == "__main__":
+    # Run as a script, this file's folder (tests/) is first on sys.path, and its http/ would
+    # shadow the standard library's: put the repository there instead.
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
     install()
     from messaging.cli.main import main
 

@@ -21,17 +21,11 @@ always agree.
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import os
-import resource
-import shutil
 import struct
 import threading
 from array import array
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeGuard
@@ -67,7 +61,6 @@ from messaging.errors import (
     StorageFailedError,
 )
 from messaging.files import (
-    fsync_dir,
     read_json,
     remove_stale_temporaries,
     storage_error,
@@ -84,6 +77,7 @@ from messaging.frames import (
     stamp_indexes,
 )
 from messaging.quiet_log import QuietLog
+from messaging.topic.store import TopicStore
 from messaging.topic.topic import Topic
 
 log = logging.getLogger(__name__)
@@ -98,21 +92,6 @@ _NAMED_RANGE = (f"topic ids from {NAMED_TOPIC_BASE} up belong to named streams: 
 
 #: Seconds between two log lines about failed writes (the rest are counted, not logged).
 _FAILURE_LOG_INTERVAL = 1.0
-
-
-#: Threads that fdatasync the topics of one group side by side.
-SYNC_THREADS = 8
-
-
-def default_max_open_files() -> int:
-    """How many topics may keep a segment file open for writing: a quarter of RLIMIT_NOFILE.
-
-    Readers and sockets need the rest; an idle topic holds no descriptor at all.
-    """
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        soft = 1 << 16
-    return max(8, min(soft // 4, 4096))
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,30 +163,24 @@ class Broker:
         self.max_segment_size = max_segment_size
         self.max_topic_size = max_topic_size
         self.subscriber_timeout = subscriber_timeout
-        self.max_open_files = max_open_files or default_max_open_files()
         self.metrics = metrics or BrokerMetrics()
         self.metrics.watch_subscribers(self._subscriber_rows)
         self.metrics.watch_topics(self._topic_rows)
         self.index = 0
-        self._topics: dict[int, Topic] = {}
+        #: The topics' files: directories, the lock, the open-file budget, fsyncs.
+        self.store = TopicStore(path, max_segment_size, max_open_files)
         self.positions = Subscribers(subscriber_timeout)
         #: Named topics (streams): changed only by commands, in the group transaction.
         self.catalog = Catalog()
         #: Woken after every group that changed the catalog (closure, deletion, creation).
         self.streams_changed = Notifier()
         self._catalog_log = CatalogLog(path)
-        self._lock = threading.Lock()
-        self._lock_fd: int | None = None
         self._new_topics = Notifier()
         self._save_lock = threading.Lock()  # one broker.json writer at a time
         self._retention_lock = threading.Lock()  # held by a retention run, and by close()
         self._closing = False
-        self._topics_dir_dirty = False
         self._heartbeats: list[PositionChange] = []  # recorded by the group being applied
-        self._open_files: OrderedDict[int, None] = OrderedDict()  # topics holding a write file
         self._failures = QuietLog(log, _FAILURE_LOG_INTERVAL)
-        # fdatasyncs of the topics one group wrote, side by side (made on first use).
-        self._syncers: ThreadPoolExecutor | None = None
 
     # -- opening and closing ----------------------------------------------------------------
 
@@ -219,19 +192,9 @@ class Broker:
         return broker
 
     def _open(self) -> None:
-        try:
-            (self.path / "topics").mkdir(parents=True, exist_ok=True)
-            self._lock_fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as err:
-            raise DataDirectoryError(f"cannot use data directory {self.path}: "
-                                     f"{err.strerror}") from err
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            os.close(self._lock_fd)
-            self._lock_fd = None
-            raise DataDirectoryError(f"data directory {self.path} is in use by another "
-                                     "broker") from err
+        topics = self.store.open()
+        for topic in topics:
+            self.metrics.recovered_truncated_bytes.inc(topic.stats.recovered_truncated_bytes)
         state: dict[str, Any] = {"format": FORMAT}
         meta = self.path / "broker.json"
         if meta.exists():
@@ -243,11 +206,6 @@ class Broker:
                 raise DataDirectoryError(f"{meta} has format {state.get('format')!r}; this "
                                          f"broker reads format {FORMAT}")
         remove_stale_temporaries(meta)
-        for entry in sorted((self.path / "topics").iterdir()):
-            if entry.is_dir() and entry.name.isdigit():
-                topic = Topic.open(entry, int(entry.name), self.max_segment_size)
-                self._topics[topic.id] = topic
-                self.metrics.recovered_truncated_bytes.inc(topic.stats.recovered_truncated_bytes)
         self.catalog.restore(state.get("catalog"))
         self.positions.restore(state.get("subscribers", {}))
         try:
@@ -259,9 +217,9 @@ class Broker:
         # is written only by groups that change state, and a deleted stream's topic took its
         # indexes with it. Reusing an index would break the consistent cut.
         self.index = max([int(state.get("index", 0)), journaled]
-                         + [t.last_index for t in self._topics.values()])
+                         + [t.last_index for t in self.store.all()])
         # Nothing is written here: a broker whose disk is full still starts and serves reads.
-        log.info("opened %s: %d topics, index %d", self.path, len(self._topics), self.index)
+        log.info("opened %s: %d topics, index %d", self.path, len(self.store.ids()), self.index)
 
     def _replay_journal(self, after: int) -> int:
         """Apply the state journal's lines after ``after`` (start-up); returns the broker
@@ -283,23 +241,23 @@ class Broker:
         return int(entries[-1].get("index", 0)) if entries else 0
 
     def _last_on_disk(self, topic_id: int) -> int:
-        topic = self._topics.get(topic_id)
+        topic = self.store.get(topic_id)
         return topic.last_index if topic is not None else 0
 
     def _cut_group(self, entry: dict[str, Any]) -> None:
         """Remove the frames of a group the journal records as interrupted (start-up)."""
         first = int(entry["group"]["first"])
         for key in entry["group"]["last"]:
-            topic = self._topics.get(int(key))
+            topic = self.store.get(int(key))
             if topic is None or topic.last_index < first:
                 continue
             removed = topic.cut_after(first - 1)
             log.warning("topic %d: removed %d bytes of a group a crash interrupted (from index "
                         "%d; it was never acknowledged)", topic.id, removed, first)
             if not any(topic.path.iterdir()):  # it held nothing but that group
-                self._remove_topic(topic.id)
+                self.store.remove(topic.id)
             else:
-                self._topics[topic.id] = Topic.open(topic.path, topic.id, self.max_segment_size)
+                self.store.reopen(topic)
 
     def _reconcile_streams(self) -> None:
         """Make the named topics on disk match the catalog saved with them (start-up).
@@ -309,33 +267,16 @@ class Broker:
         the directories of named topics the catalog does not know (a create or a delete that
         a crash interrupted).
         """
-        for topic_id in [t for t in self._topics if t >= NAMED_TOPIC_BASE]:
+        for topic_id in [t for t in self.store.ids() if t >= NAMED_TOPIC_BASE]:
             name = self.catalog.name_of(topic_id)
-            if name is None:
-                self._remove_topic(topic_id)
+            topic = self.store.get(topic_id)
+            if name is None or topic is None:
+                self.store.remove(topic_id)
                 continue
             stream = self.catalog.streams[name]
-            topic = self._topics[topic_id]
             if topic.last_index > stream.tail[0]:
                 topic.cut_after(stream.tail[0])
-                self._topics[topic_id] = Topic.open(topic.path, topic_id, self.max_segment_size)
-
-    def _remove_topic(self, topic_id: int) -> None:
-        """Close a topic and delete its files (a deleted stream's, after its group committed)."""
-        with self._lock:
-            topic = self._topics.pop(topic_id, None)
-        self._open_files.pop(topic_id, None)
-        path = self.path / "topics" / str(topic_id)
-        if topic is not None:
-            topic.close()
-        try:
-            shutil.rmtree(path, ignore_errors=False)
-            fsync_dir(self.path / "topics")
-        except FileNotFoundError:
-            pass
-        except OSError as err:
-            # The catalog no longer names it: the next start-up removes what is left.
-            log.warning("could not remove %s: %s", path, err.strerror or err)
+                self.store.reopen(topic)
 
     def state(self) -> dict[str, Any]:
         """The broker's own metadata as saved in ``broker.json`` (writer thread: the catalog and
@@ -364,20 +305,15 @@ class Broker:
         """Wait for a running retention, sync and close every topic, save the state, unlock."""
         with self._retention_lock:
             self._closing = True
-        for topic in self.topics():
-            topic.close()
-        if self._syncers is not None:
-            self._syncers.shutdown()
-            self._syncers = None
-        if self._lock_fd is not None:
+        self.store.close()
+        if not self.store.closed:
             try:
                 self.save_state()
             except OSError as err:
                 # Heartbeats were saved as they were acknowledged; this only refreshes the index.
                 log.warning("could not save %s/broker.json on close: %s", self.path,
                             err.strerror or err)
-            os.close(self._lock_fd)
-            self._lock_fd = None
+            self.store.unlock()
         self._new_topics.notify()
 
     # -- the state machine ------------------------------------------------------------------
@@ -399,12 +335,12 @@ class Broker:
         journaled = False
         try:
             results = self._stage_group(commands, touched)
-            if self._topics_dir_dirty:
-                fsync_dir(self.path / "topics")  # the new topics' directories
-                self._topics_dir_dirty = False
+            self.store.sync_new_dirs()
             # The state first, then the frames: see messaging.broker.state_log for why.
             journaled = self._journal(touched, before + 1, durable=durable)
-            self._write_topics(list(touched), durable=durable)
+            rounds = self.store.write(list(touched), durable=durable)
+            if rounds:
+                self.metrics.fsyncs.inc(rounds)
         except (MessagingError, OSError) as err:
             error = err if isinstance(err, MessagingError) else storage_error(
                 f"writing to {self.path}", err)
@@ -420,10 +356,10 @@ class Broker:
         # wait for a commit that has already happened.
         removed, changed = self.catalog.commit()
         for topic_id in touched:
-            self._topics[topic_id].commit(notify=notify)
+            self.store[topic_id].commit(notify=notify)
         for topic_id in removed:
-            self._remove_topic(topic_id)
-        self._release_idle_files(t for t in touched if t not in removed)
+            self.store.remove(topic_id)
+        self.store.release_idle(t for t in touched if t not in removed)
         if changed or removed:
             self.streams_changed.notify()
         if journaled and self._catalog_log.due:
@@ -437,7 +373,7 @@ class Broker:
     def notify(self, topic_ids: Iterable[int]) -> None:
         """Wake the followers of topics a :meth:`write_group` with ``notify=False`` changed."""
         for topic_id in topic_ids:
-            topic = self._topics.get(topic_id)
+            topic = self.store.get(topic_id)
             if topic is not None:
                 topic.notify()
 
@@ -453,7 +389,7 @@ class Broker:
                 first, command_runs, heartbeats, outcome = (
                     self._stamp_known(command) if _known(command) else self._stamp(command))
                 for topic_id, _run in command_runs:
-                    topic = self._topics.get(topic_id)
+                    topic = self.store.get(topic_id)
                     if topic is not None:
                         topic.check_writable()
             except MessagingError as err:
@@ -485,36 +421,10 @@ class Broker:
             self.metrics.bytes_published.inc(size)
         return results
 
-    def _write_topics(self, topic_ids: list[int], *, durable: bool) -> None:
-        """Write (and fsync when ``durable``) every topic, within the open-file budget.
-
-        Files other topics keep open are closed first as far as this group needs the room.
-        A group touching more topics than ``max_open_files`` goes in slices, those already
-        holding a file first: each slice is written, fsynced and its files closed before the
-        next one opens any.
-        """
-        budget = self.max_open_files
-        self._make_room(topic_ids)
-        if len(topic_ids) <= budget:
-            for topic_id in topic_ids:
-                self._topics[topic_id].write()
-            if durable:
-                self.sync(topic_ids)
-            return
-        topic_ids = sorted(topic_ids, key=lambda topic_id: topic_id not in self._open_files)
-        for start in range(0, len(topic_ids), budget):
-            part = topic_ids[start:start + budget]
-            for topic_id in part:
-                self._topics[topic_id].write()
-            self.sync(part)
-            for topic_id in part:
-                if self._topics[topic_id].release():
-                    self._open_files.pop(topic_id, None)
-
     def _abort(self, touched: Iterable[int], index: int) -> None:
         """Undo a failed group: topics cut back to what was committed, index restored."""
         for topic_id in touched:
-            self._topics[topic_id].abort()
+            self.store[topic_id].abort()
         self._heartbeats.clear()
         self.catalog.rollback()
         self.index = index
@@ -540,7 +450,7 @@ class Broker:
             entry["positions"] = [[c.topic, c.index, c.name, c.kind] for c in self._heartbeats]
         if touched:
             entry["group"] = {"first": first,
-                              "last": {str(t): self._topics[t].last_index for t in touched}}
+                              "last": {str(t): self.store[t].last_index for t in touched}}
         self._catalog_log.append(entry, durable=durable)
         return True
 
@@ -553,36 +463,6 @@ class Broker:
         for (topic_id, url), previous in before.items():
             if previous is None:
                 log.info("topic %d: new subscriber %r", topic_id, url)
-
-    def _make_room(self, group: list[int]) -> None:
-        """Close other topics' write files, least recently used first, so that those open
-        while ``group`` is written stay within ``max_open_files`` (a file not yet fsynced,
-        under ``--fsync interval`` or ``never``, stays open)."""
-        files = self._open_files
-        if len(files) + len(group) <= self.max_open_files:
-            return  # room enough even if every topic of the group opens a file
-        members = set(group)
-        others = [topic_id for topic_id in files if topic_id not in members]
-        excess = len(others) - (self.max_open_files - min(len(members), self.max_open_files))
-        for topic_id in others[:max(excess, 0)]:
-            topic = self._topics.get(topic_id)
-            if topic is None or topic.release():
-                del files[topic_id]
-
-    def _release_idle_files(self, used: Iterable[int]) -> None:
-        """Keep at most ``max_open_files`` topics holding a segment file open for writing."""
-        files = self._open_files
-        for topic_id in used:
-            files[topic_id] = None
-            files.move_to_end(topic_id)
-        if len(files) <= self.max_open_files:
-            return
-        for topic_id in list(files):
-            topic = self._topics.get(topic_id)
-            if topic is None or topic.release():
-                del files[topic_id]
-                if len(files) <= self.max_open_files:
-                    return
 
     def _stamp_known(self, command: Command) -> Stamped:
         """Assign indexes to a validated single-topic command: no header is read again."""
@@ -663,42 +543,19 @@ class Broker:
         return first, runs, heartbeats, outcome
 
     def _topic_for_write(self, topic_id: int) -> Topic:
-        topic = self._topics.get(topic_id)
+        topic = self.store.get(topic_id)
         if topic is None:
-            try:
-                topic = Topic.open(self.path / "topics" / str(topic_id), topic_id,
-                                   self.max_segment_size)
-            except OSError as err:
-                raise storage_error(f"creating topic {topic_id}", err) from err
-            with self._lock:
-                self._topics[topic_id] = topic
-            self._topics_dir_dirty = True  # fsynced once for the group, before it is answered
+            topic = self.store.create(topic_id)  # its entry fsynced before the group's answer
             self._new_topics.notify()
             name = self.catalog.name_of(topic_id)
             log.info("topic %d created%s", topic_id, f" (stream {name!r})" if name else "")
         return topic
 
     def sync(self, topic_ids: Iterable[int]) -> None:
-        """fsync the given topics; raises the first failure after trying every topic.
-
-        Several topics are fsynced side by side on a few threads: the file system commits
-        their journal entries together (ten topics' fdatasyncs take about half as long as one
-        after another on ext4).
-        """
-        # A topic may be gone by now (a deleted stream's, between a write and a deferred
-        # fsync): nothing of it is left to make durable.
-        topics = [topic for topic in map(self._topics.get, topic_ids) if topic is not None]
+        """fsync the given topics (a deferred sync); raises the first failure after trying
+        every topic (see :meth:`TopicStore.sync`)."""
         try:
-            if len(topics) == 1:
-                topics[0].sync()
-            elif topics:
-                if self._syncers is None:
-                    self._syncers = ThreadPoolExecutor(max_workers=SYNC_THREADS,
-                                                       thread_name_prefix="messaging-fsync")
-                outcomes = [self._syncers.submit(topic.sync) for topic in topics]
-                wait(outcomes)
-                for outcome in outcomes:
-                    outcome.result()  # the first failure, once every fsync has ended
+            self.store.sync(topic_ids)
         finally:
             self.metrics.fsyncs.inc()
 
@@ -706,19 +563,17 @@ class Broker:
 
     def topic(self, topic_id: int) -> Topic | None:
         """The topic, or None if nothing was ever published to it."""
-        with self._lock:
-            return self._topics.get(topic_id)
+        return self.store.get(topic_id)
 
     def topics(self) -> list[Topic]:
         """Every topic, by id."""
-        with self._lock:
-            return [self._topics[i] for i in sorted(self._topics)]
+        return self.store.all()
 
     async def wait_for_topic(self, topic_id: int) -> Topic | None:
         """The topic, waiting for its first message if needed; None if the broker closed."""
         await self._new_topics.wait_until(
-            lambda: topic_id in self._topics or self._lock_fd is None)
-        return self._topics.get(topic_id)
+            lambda: topic_id in self.store or self.store.closed)
+        return self.store.get(topic_id)
 
     def subscribers(self, topic_id: int) -> dict[str, int]:
         """Subscriber URL → heartbeated index for one topic."""
@@ -756,7 +611,8 @@ class Broker:
                 info["failure"] = str(failure)
             topics.append(info)
         return {"index": self.index, "path": str(self.path), "topics": topics,
-                "open_files": len(self._open_files), "max_open_files": self.max_open_files}
+                "open_files": self.store.open_files,
+                "max_open_files": self.store.max_open_files}
 
     def _topic_rows(self) -> list[TopicRow]:
         """Every topic's figures and health, for the metrics."""
@@ -767,7 +623,7 @@ class Broker:
     def _subscriber_rows(self) -> list[tuple[int, str, int, int]]:
         rows = []
         for topic_id, url, index in self.positions.rows():
-            topic = self._topics.get(topic_id)
+            topic = self.store.get(topic_id)
             last = topic.committed_index if topic is not None else 0
             rows.append((topic_id, url, index, max(last - index, 0)))
         return rows
@@ -817,20 +673,15 @@ class Broker:
         if accept is not None:
             accept(header)
         staging = snapshot.stage(self.path, header, stream)
-        for topic in self.topics():
-            topic.close()
-        with self._lock:
-            self._topics = {}
-        self._open_files.clear()
+        self.store.close_all()
         snapshot.swap(self.path, staging)
         opened = {}
         for described in header["topics"]:
             topic_id = int(described["id"])
-            opened[topic_id] = Topic.open(self.path / "topics" / str(topic_id), topic_id,
+            opened[topic_id] = Topic.open(self.store.topics_dir / str(topic_id), topic_id,
                                           self.max_segment_size)
-        with self._lock:
-            self._topics = opened
-            self.index = int(header["index"])
+        self.store.replace_all(opened)
+        self.index = int(header["index"])
         self.positions.restore(header.get("subscribers", {}))
         self.catalog.restore(header.get("catalog"))
         self.save_state()
