@@ -109,9 +109,9 @@ class ApplyResult:
         return self.last - self.first + 1 if self.last else 0
 
 
-def heartbeat_command(topic: int, index: int, url: str) -> bytes:
+def heartbeat_command(topic: int, index: int, subscriber_id: str) -> bytes:
     """The internal frame that records a subscriber's progress."""
-    return encode(SET_TOPIC_MAX_INDEX, topic, _U64.pack(index) + url.encode())
+    return encode(SET_TOPIC_MAX_INDEX, topic, _U64.pack(index) + subscriber_id.encode())
 
 
 @dataclass(frozen=True, slots=True)
@@ -460,9 +460,9 @@ class Broker:
         if not heartbeats:
             return
         before = self.positions.record_all(heartbeats)
-        for (topic_id, url), previous in before.items():
+        for (topic_id, subscriber_id), previous in before.items():
             if previous is None:
-                log.info("topic %d: new subscriber %r", topic_id, url)
+                log.info("topic %d: new subscriber %r", topic_id, subscriber_id)
 
     def _stamp_known(self, command: Command) -> Stamped:
         """Assign indexes to a validated single-topic command: no header is read again."""
@@ -622,10 +622,10 @@ class Broker:
 
     def _subscriber_rows(self) -> list[tuple[int, str, int, int]]:
         rows = []
-        for topic_id, url, index in self.positions.rows():
+        for topic_id, subscriber_id, index in self.positions.rows():
             topic = self.store.get(topic_id)
             last = topic.committed_index if topic is not None else 0
-            rows.append((topic_id, url, index, max(last - index, 0)))
+            rows.append((topic_id, subscriber_id, index, max(last - index, 0)))
         return rows
 
     # -- retention --------------------------------------------------------------------------
@@ -700,8 +700,8 @@ def _internal(type_: int, topic_id: int, data: bytes) -> PositionChange | None:
     if len(data) < _U64.size:
         raise CorruptFrameError("heartbeat command too short")
     try:
-        url = data[_U64.size:].decode()
+        subscriber_id = data[_U64.size:].decode()
     except UnicodeDecodeError as err:
         raise CorruptFrameError("heartbeat command with a subscriber id that is not UTF-8"
                                 ) from err
-    return PositionChange(topic_id, _U64.unpack_from(data)[0], url)
+    return PositionChange(topic_id, _U64.unpack_from(data)[0], subscriber_id)

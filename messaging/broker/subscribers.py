@@ -71,15 +71,17 @@ class Subscribers:
         self._by_topic: dict[int, dict[str, Subscriber]] = {}
         self._lock = threading.Lock()
 
-    def record(self, topic: int, index: int, url: str) -> None:
-        """Subscriber ``url`` has processed ``topic`` through ``index``."""
+    def record(self, topic: int, index: int, subscriber_id: str) -> None:
+        """Subscriber ``subscriber_id`` (the heartbeat's ``url`` parameter) has processed
+        ``topic`` through ``index``."""
         with self._lock:
             subs = self._by_topic.setdefault(topic, {})
-            current = subs.get(url)
+            current = subs.get(subscriber_id)
             if current is None or index >= current.index:
-                subs[url] = Subscriber(index)
+                subs[subscriber_id] = Subscriber(index)
             else:
-                subs[url] = Subscriber(current.index)  # alive: a fresh timeout, same place
+                # Alive: a fresh timeout, the same place.
+                subs[subscriber_id] = Subscriber(current.index)
 
     def apply(self, change: PositionChange) -> None:
         """Apply one heartbeat, reset or delete (see :class:`PositionChange`)."""
@@ -120,24 +122,24 @@ class Subscribers:
     def undo(self, before: Undo) -> None:
         """Put back what :meth:`record_all` changed (its group failed to be saved)."""
         with self._lock:
-            for (topic, url), subscriber in before.items():
+            for (topic, subscriber_id), subscriber in before.items():
                 subs = self._by_topic.setdefault(topic, {})
                 if subscriber is None:
-                    subs.pop(url, None)
+                    subs.pop(subscriber_id, None)
                     if not subs:
                         del self._by_topic[topic]
                 else:
-                    subs[url] = subscriber
+                    subs[subscriber_id] = subscriber
 
     def positions(self, topic: int) -> dict[str, int]:
         """Subscriber id → heartbeated index, for one topic."""
         with self._lock:
-            return {url: s.index for url, s in self._by_topic.get(topic, {}).items()}
+            return {who: s.index for who, s in self._by_topic.get(topic, {}).items()}
 
-    def last_seen(self, topic: int, url: str) -> float | None:
+    def last_seen(self, topic: int, subscriber_id: str) -> float | None:
         """When (``time.monotonic``) a subscriber last heartbeated, or None if unknown."""
         with self._lock:
-            subscriber = self._by_topic.get(topic, {}).get(url)
+            subscriber = self._by_topic.get(topic, {}).get(subscriber_id)
             return subscriber.seen if subscriber is not None else None
 
     def floor(self, topic: int, now: float | None = None) -> int:
@@ -172,8 +174,8 @@ class Subscribers:
 
         A restart gives every subscriber a fresh timeout: it may be reconnecting right now.
         """
-        restored = {int(topic): {url: Subscriber(int(index)) for url, index in urls.items()}
-                    for topic, urls in saved.items()}
+        restored = {int(topic): {who: Subscriber(int(index)) for who, index in ids.items()}
+                    for topic, ids in saved.items()}
         with self._lock:
             self._by_topic = restored
 
