@@ -22,31 +22,26 @@ always agree.
 from __future__ import annotations
 
 import logging
-import struct
 import threading
-from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol, TypeGuard
+from typing import IO, Any, Protocol
 
 from messaging.aio import Notifier
 from messaging.broker import snapshot
 from messaging.broker.catalog import (
     NAMED_TOPIC_BASE,
-    STREAM_OP,
     Catalog,
-    Decision,
     StreamOutcome,
 )
+from messaging.broker.commands import Run, stamp
 from messaging.broker.metrics import BrokerMetrics, TopicRow
 from messaging.broker.snapshot import FORMAT
 from messaging.broker.state_log import CatalogLog, incomplete
 from messaging.broker.subscribers import (
-    CONSUMER_OP,
     PositionChange,
     Subscribers,
-    parse_consumer_command,
 )
 from messaging.config import (
     DEFAULT_MAX_SEGMENT_SIZE,
@@ -54,8 +49,6 @@ from messaging.config import (
     DEFAULT_SUBSCRIBER_TIMEOUT,
 )
 from messaging.errors import (
-    BadRequestError,
-    CorruptFrameError,
     DataDirectoryError,
     MessagingError,
     StorageFailedError,
@@ -66,29 +59,11 @@ from messaging.files import (
     storage_error,
     write_json_atomic,
 )
-from messaging.frames import (
-    HEADER,
-    HEADER_SIZE,
-    INTERNAL_TYPE,
-    Command,
-    encode,
-    set_topic,
-    stamp_index,
-    stamp_indexes,
-)
 from messaging.quiet_log import QuietLog
 from messaging.topic.store import TopicStore
 from messaging.topic.topic import Topic
 
 log = logging.getLogger(__name__)
-
-#: Internal command: data = u64 index + subscriber URL (UTF-8); the frame's topic field names
-#: the topic.
-SET_TOPIC_MAX_INDEX = INTERNAL_TYPE | 1
-_U64 = struct.Struct(">Q")
-
-_NAMED_RANGE = (f"topic ids from {NAMED_TOPIC_BASE} up belong to named streams: write to them "
-                "through /v1/stream/{name}")
 
 #: Seconds between two log lines about failed writes (the rest are counted, not logged).
 _FAILURE_LOG_INTERVAL = 1.0
@@ -107,29 +82,6 @@ class ApplyResult:
     def count(self) -> int:
         """How many messages the command held."""
         return self.last - self.first + 1 if self.last else 0
-
-
-def heartbeat_command(topic: int, index: int, subscriber_id: str) -> bytes:
-    """The internal frame that records a subscriber's progress."""
-    return encode(SET_TOPIC_MAX_INDEX, topic, _U64.pack(index) + subscriber_id.encode())
-
-
-@dataclass(frozen=True, slots=True)
-class Run:
-    """Consecutive frames of one command for one topic, stamped; with the frames' offsets and
-    first index when the command was validated (:class:`messaging.frames.Command`)."""
-
-    frames: memoryview
-    offsets: array[int] | None = None
-    first: int = 0
-
-
-Stamped = tuple[int, list[tuple[int, Run]], list[PositionChange], StreamOutcome | None]
-
-
-def _known(command: bytes | bytearray) -> TypeGuard[Command]:
-    """Whether a command comes validated, single-topic, with its frames' offsets."""
-    return isinstance(command, Command) and command.topic is not None
 
 
 class TopicSummary(Protocol):
@@ -386,8 +338,10 @@ class Broker:
             before = self.index
             mark = self.catalog.mark()
             try:
-                first, command_runs, heartbeats, outcome = (
-                    self._stamp_known(command) if _known(command) else self._stamp(command))
+                stamped = stamp(command, self.index, self.catalog)
+                self.index = stamped.index
+                first, command_runs = stamped.first, stamped.runs
+                heartbeats, outcome = stamped.heartbeats, stamped.stream
                 for topic_id, _run in command_runs:
                     topic = self.store.get(topic_id)
                     if topic is not None:
@@ -463,84 +417,6 @@ class Broker:
         for (topic_id, subscriber_id), previous in before.items():
             if previous is None:
                 log.info("topic %d: new subscriber %r", topic_id, subscriber_id)
-
-    def _stamp_known(self, command: Command) -> Stamped:
-        """Assign indexes to a validated single-topic command: no header is read again."""
-        view = memoryview(bytearray(command))
-        offsets = command.offsets
-        assert command.topic is not None
-        if command.topic >= NAMED_TOPIC_BASE:
-            raise BadRequestError(_NAMED_RANGE)
-        first = self.index + 1
-        stamp_indexes(view, offsets, first, command.stride)
-        self.index += len(offsets)
-        return first, [(command.topic, Run(view, offsets, first))], [], None
-
-    def _stamp(self, command: bytes | bytearray) -> Stamped:
-        """Assign indexes to a command's messages.
-
-        Returns its first index, its runs of frames per topic, the heartbeats it records and
-        what its stream operation did. The frames after a stream operation (:data:`STREAM_OP`)
-        go to that stream's topic (their topic field and checksum are set here) or, when the
-        operation decides so (a retried append, a repeated create), are skipped.
-        """
-        view = memoryview(bytearray(command))
-        size = len(view)
-        runs: list[tuple[int, Run]] = []
-        heartbeats: list[PositionChange] = []
-        first = 0
-        offset = run_start = 0
-        run_topic = -1
-        decision: Decision | None = None
-        decision_first = 0
-        outcome: StreamOutcome | None = None
-        while offset < size:
-            if size - offset < HEADER_SIZE:
-                raise CorruptFrameError(f"command has an incomplete frame at byte {offset}")
-            _index, _crc, type_, topic_id, length = HEADER.unpack_from(view, offset)
-            end = offset + HEADER_SIZE + length
-            if end > size:
-                raise CorruptFrameError(f"command has an incomplete frame at byte {offset}")
-            if decision is not None and not type_ & INTERNAL_TYPE:
-                if decision.topic is None:  # skipped: nothing of it is stored
-                    offset = run_start = end
-                    continue
-                if topic_id != decision.topic:
-                    if topic_id:
-                        raise BadRequestError(f"a publish to topic {decision.topic} holds a "
-                                              f"frame of topic {topic_id}")
-                    topic_id = decision.topic
-                    set_topic(view, offset, topic_id)
-            elif topic_id >= NAMED_TOPIC_BASE and not type_ & INTERNAL_TYPE:
-                raise BadRequestError(_NAMED_RANGE)
-            if type_ & INTERNAL_TYPE or topic_id != run_topic:
-                if run_topic >= 0 and offset > run_start:
-                    runs.append((run_topic, Run(view[run_start:offset])))
-                run_start, run_topic = offset, topic_id
-            if type_ & INTERNAL_TYPE:
-                data = bytes(view[offset + HEADER_SIZE:end])
-                if type_ == STREAM_OP:
-                    if decision is not None:
-                        raise CorruptFrameError("a command holds one stream operation at most")
-                    decision = self.catalog.apply(data)
-                    decision_first = self.index + 1
-                else:
-                    heartbeat = _internal(type_, topic_id, data)
-                    if heartbeat is not None:
-                        heartbeats.append(heartbeat)
-                run_start, run_topic = end, -1
-            else:
-                self.index += 1
-                first = first or self.index
-                stamp_index(view, offset, self.index)
-            offset = end
-        if run_topic >= 0 and offset > run_start:
-            runs.append((run_topic, Run(view[run_start:offset])))
-        if decision is not None:
-            stored = self.index >= decision_first
-            outcome = self.catalog.appended(decision, decision_first if stored else 0,
-                                            self.index if stored else 0)
-        return first, runs, heartbeats, outcome
 
     def _topic_for_write(self, topic_id: int) -> Topic:
         topic = self.store.get(topic_id)
@@ -688,20 +564,3 @@ class Broker:
         self._new_topics.notify()
         log.info("restored snapshot: %d topics, index %d", len(opened), self.index)
         return header
-
-
-def _internal(type_: int, topic_id: int, data: bytes) -> PositionChange | None:
-    """The position change an internal frame records, or None for a type this broker ignores."""
-    if type_ == CONSUMER_OP:
-        return parse_consumer_command(topic_id, data)
-    if type_ != SET_TOPIC_MAX_INDEX:
-        log.warning("ignoring unknown internal command type %#x", type_)
-        return None
-    if len(data) < _U64.size:
-        raise CorruptFrameError("heartbeat command too short")
-    try:
-        subscriber_id = data[_U64.size:].decode()
-    except UnicodeDecodeError as err:
-        raise CorruptFrameError("heartbeat command with a subscriber id that is not UTF-8"
-                                ) from err
-    return PositionChange(topic_id, _U64.unpack_from(data)[0], subscriber_id)

@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from typing import Any
 
-from messaging.broker.broker import ApplyResult, Broker, heartbeat_command
+from messaging.broker.broker import ApplyResult, Broker
+from messaging.broker.commands import heartbeat_command
 from messaging.config import FSYNC_MODES, FsyncMode
 from messaging.errors import BrokerClosedError, MessagingError
 from messaging.log.base import answer_callers

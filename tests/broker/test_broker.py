@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from messaging.broker.broker import ApplyResult, Broker, heartbeat_command
+from messaging.broker.broker import ApplyResult, Broker
+from messaging.broker.commands import heartbeat_command
 from messaging.errors import DataDirectoryError, DiskFullError, StorageError, StorageFailedError
 from messaging.frames import Message, decode, encode, encode_batch, encode_many
 from messaging.topic.topic import Topic

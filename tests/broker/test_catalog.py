@@ -31,7 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from messaging.broker import snapshot as snapshot_format
 from messaging.broker import stream_reads
-from messaging.broker.broker import ApplyResult, Broker, heartbeat_command
+from messaging.broker.broker import ApplyResult, Broker
 from messaging.broker.catalog import (
     APPEND_END,
     CONTINUED,
@@ -47,6 +47,7 @@ from messaging.broker.catalog import (
     stream_command,
     token,
 )
+from messaging.broker.commands import heartbeat_command
 from messaging.broker.state_log import CatalogLog
 from messaging.errors import (
     BadRequestError,

@@ -9,7 +9,8 @@ import io
 from pathlib import Path
 
 from messaging.broker import snapshot as snapshot_format
-from messaging.broker.broker import Broker, heartbeat_command
+from messaging.broker.broker import Broker
+from messaging.broker.commands import heartbeat_command
 from messaging.frames import encode
 from tests.broker.test_broker import commit_all, contents
 from tests.conftest import apply

@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from messaging.broker.broker import ApplyResult, Broker, heartbeat_command
+from messaging.broker.broker import ApplyResult, Broker
 from messaging.broker.catalog import StreamNotFoundError, stream_command
+from messaging.broker.commands import heartbeat_command
 from messaging.broker.subscribers import DELETE, RESET, consumer_command
 from messaging.errors import MessagingError
 from messaging.frames import encode_batch

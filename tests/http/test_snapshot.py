@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from messaging.broker.broker import Broker, heartbeat_command
+from messaging.broker.broker import Broker
+from messaging.broker.commands import heartbeat_command
 from messaging.broker.snapshot import SnapshotStream
 from messaging.errors import CorruptDataError, DataDirectoryError
 from messaging.frames import encode
