@@ -569,16 +569,19 @@ def _uniform_prefix(buffer: bytes | bytearray | memoryview, after: int | None,
 
 
 def validate_publish(body: bytes, *, topic: int | None = None,
-                     max_length: int = HARD_MAX_MESSAGE_SIZE) -> Command:
+                     max_length: int = HARD_MAX_MESSAGE_SIZE, uniform_fast: bool = True,
+                     ) -> Command:
     """Check a publish body in one pass; returns it as a :class:`Command`.
 
     Every frame must be complete, within ``max_length``, of a public type (not broker-
     internal), for ``topic`` when one is given, and carry a matching CRC-32C. Raises
     :class:`CorruptFrameError` (or a subclass) naming the first bad frame's byte offset.
+    Frames all of one size are checked with strided slices; ``uniform_fast=False`` walks
+    them one by one instead (the reference the fast path is tested against).
     """
     if not body:
         raise CorruptFrameError("empty body: expected frames")
-    uniform = _validate_uniform(body, topic, max_length)
+    uniform = _validate_uniform(body, topic, max_length) if uniform_fast else None
     return uniform if uniform is not None else _walk_publish(body, topic, max_length)
 
 

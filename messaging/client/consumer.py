@@ -530,48 +530,8 @@ class Consumer(Generic[V]):
 
     async def _publish(self, publishes: list[tuple[int, int, bytes]],
                        producers: dict[int, tuple[int, int]]) -> None:
-        """Send the derived messages, per target topic in order, and advance ``producers``.
-
-        Requests are cut the same way whenever the same publishes are sent again, so each
-        goes out with the same (epoch, seq) as the first time. A broker that forgot this
-        producer (unused for 7 days) answers 409 to a sequence above 0: the target then
-        starts a new epoch at seq 0.
-        """
-        for topic in sorted({t for t, _type, _d in publishes}):
-            mine = [(type_, data) for t, type_, data in publishes if t == topic]
-            epoch, seq = producers.get(topic, (0, 0))
-            for type_, datas in self._requests(mine):
-                try:
-                    await self.client.publish_as(topic, datas, (self.producer_id, epoch, seq),
-                                                 type_)
-                except MessagingError as err:
-                    if err.status == 403:
-                        raise ConsumerError(f"consumer {self.name}: its producer on topic "
-                                            f"{topic} was fenced by a newer epoch: {err}"
-                                            ) from err
-                    if err.status != 409 or seq == 0:
-                        raise
-                    epoch, seq = epoch + 1, 0
-                    log.warning("consumer %s: topic %d forgot its producer; starting epoch %d",
-                                self.name, topic, epoch)
-                    await self.client.publish_as(topic, datas,
-                                                 (self.producer_id, epoch, seq), type_)
-                seq += 1
-            producers[topic] = (epoch, seq)
-
-    def _requests(self, publishes: list[tuple[int, bytes]]) -> list[tuple[int, list[bytes]]]:
-        """Consecutive messages of one type, cut at ``max_publish_bytes``."""
-        requests: list[tuple[int, list[bytes]]] = []
-        size = 0
-        for type_, data in publishes:
-            frame = HEADER_SIZE + len(data)
-            if not requests or requests[-1][0] != type_ or (
-                    size + frame > self.max_publish_bytes and requests[-1][1]):
-                requests.append((type_, []))
-                size = 0
-            requests[-1][1].append(data)
-            size += frame
-        return requests
+        await publish_derived(self.client, self.producer_id, self.name, publishes, producers,
+                              self.max_publish_bytes)
 
     # -- heartbeats ------------------------------------------------------------------------------
 
@@ -592,3 +552,50 @@ class Consumer(Generic[V]):
         while True:
             await asyncio.sleep(self.heartbeat_interval)
             await self._heartbeat(self.topics)
+
+
+async def publish_derived(client: Client, producer_id: str, name: str,
+                          publishes: list[tuple[int, int, bytes]],
+                          producers: dict[int, tuple[int, int]], max_bytes: int) -> None:
+    """Send a consumer's derived messages (topic, type, data), per target topic in order,
+    and advance ``producers`` (target topic -> (epoch, next seq)).
+
+    Requests are cut the same way whenever the same publishes are sent again
+    (:func:`cut_requests`), so each goes out with the same (epoch, seq) as the first time. A
+    broker that forgot this producer (unused for 7 days) answers 409 to a sequence above 0:
+    the target then starts a new epoch at seq 0.
+    """
+    for topic in sorted({t for t, _type, _d in publishes}):
+        mine = [(type_, data) for t, type_, data in publishes if t == topic]
+        epoch, seq = producers.get(topic, (0, 0))
+        for type_, datas in cut_requests(mine, max_bytes):
+            try:
+                await client.publish_as(topic, datas, (producer_id, epoch, seq), type_)
+            except MessagingError as err:
+                if err.status == 403:
+                    raise ConsumerError(f"consumer {name}: its producer on topic {topic} was "
+                                        f"fenced by a newer epoch: {err}") from err
+                if err.status != 409 or seq == 0:
+                    raise
+                epoch, seq = epoch + 1, 0
+                log.warning("consumer %s: topic %d forgot its producer; starting epoch %d",
+                            name, topic, epoch)
+                await client.publish_as(topic, datas, (producer_id, epoch, seq), type_)
+            seq += 1
+        producers[topic] = (epoch, seq)
+
+
+def cut_requests(publishes: list[tuple[int, bytes]], max_bytes: int,
+                 ) -> list[tuple[int, list[bytes]]]:
+    """Consecutive messages (type, data) of one type, cut at ``max_bytes`` of frames."""
+    requests: list[tuple[int, list[bytes]]] = []
+    size = 0
+    for type_, data in publishes:
+        frame = HEADER_SIZE + len(data)
+        if not requests or requests[-1][0] != type_ or (
+                size + frame > max_bytes and requests[-1][1]):
+            requests.append((type_, []))
+            size = 0
+        requests[-1][1].append(data)
+        size += frame
+    return requests

@@ -28,6 +28,8 @@ from messaging.client.consumer import (
     JSONFileStore,
     SQLiteStore,
     Transaction,
+    cut_requests,
+    publish_derived,
 )
 from messaging.errors import MessagingError
 from messaging.frames import Message
@@ -220,19 +222,16 @@ class FakeClient:
 
 async def test_a_forgotten_producer_starts_a_new_epoch(tmp_path: Path) -> None:
     fake = FakeClient()
-    consumer = Consumer(fake, [1], JSONFileStore(tmp_path / "s.json"),  # type: ignore[arg-type]
-                        json_handler, name="idle")
     producers = {DERIVED: (4, 7)}
-    await consumer._publish([(DERIVED, 1, b"a")], producers)
+    await publish_derived(fake, "consumer/idle", "idle",  # type: ignore[arg-type]
+                          [(DERIVED, 1, b"a")], producers, 1 << 20)
     assert fake.sent == [(DERIVED, ("consumer/idle", 4, 7)), (DERIVED, ("consumer/idle", 5, 0))]
     assert producers == {DERIVED: (5, 1)}
 
 
-def test_requests_are_cut_the_same_way_every_time(tmp_path: Path) -> None:
-    consumer = Consumer(None, [1], JSONFileStore(tmp_path / "s.json"),  # type: ignore[arg-type]
-                        json_handler, name="cut", max_publish_bytes=140)
+def test_requests_are_cut_the_same_way_every_time() -> None:
     publishes = [(1, b"x" * 40), (1, b"y" * 40), (1, b"z" * 40), (2, b"t"), (1, b"u")]
-    assert consumer._requests(publishes) == [
+    assert cut_requests(publishes, 140) == [
         (1, [b"x" * 40, b"y" * 40]), (1, [b"z" * 40]), (2, [b"t"]), (1, [b"u"])]
 
 
