@@ -32,6 +32,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from messaging.broker.producers import (
+    Producer,
+    check_producer,
+    trim_producers,
+)
 from messaging.errors import (
     BadRequestError,
     CorruptFrameError,
@@ -46,10 +51,6 @@ STREAM_OP = INTERNAL_TYPE | 2
 #: Named topics get ids from here up; native publishes to this range are refused (400)
 #: so that a topic directory here always belongs to the catalog.
 NAMED_TOPIC_BASE = 1 << 63
-#: Producer entries unused this long are forgotten (seconds).
-PRODUCER_TTL = 7 * 24 * 3600.0
-#: At most this many producers are remembered per stream.
-MAX_PRODUCERS = 10_000
 #: Frame type of a stream message that ends an append; a message that an append continues
 #: after (one item of a JSON batch, or one piece of a body over the message size) has
 #: :data:`CONTINUED`.
@@ -109,48 +110,6 @@ class StreamClosedError(MessagingError):
         return {"Stream-Closed": "true", "Stream-Next-Offset": token(self.tail)}
 
 
-class ProducerFencedError(MessagingError):
-    """A producer epoch older than the stream's (a zombie)."""
-
-    status = 403
-
-    def __init__(self, message: str, epoch: int) -> None:
-        super().__init__(message)
-        self.epoch = epoch
-
-    def headers(self) -> dict[str, str]:
-        """The epoch the stream holds."""
-        return {"Producer-Epoch": str(self.epoch)}
-
-
-class ProducerSequenceGapError(MessagingError):
-    """A producer sequence number that skips ahead of the next one expected."""
-
-    status = 409
-
-    def __init__(self, message: str, expected: int, received: int) -> None:
-        super().__init__(message)
-        self.expected = expected
-        self.received = received
-
-    def headers(self) -> dict[str, str]:
-        """The sequence expected and the one received."""
-        return {"Producer-Expected-Seq": str(self.expected),
-                "Producer-Received-Seq": str(self.received)}
-
-
-@dataclass(slots=True)
-class Producer:
-    """An idempotent producer's state on one topic: its epoch, the last sequence number it
-    had accepted (with the index range that stored it), and when it was last used."""
-
-    epoch: int
-    seq: int
-    used: float
-    first: int = 0
-    last: int = 0
-
-
 _DIGITS = re.compile(r"[0-9]+")
 _MAX_SAFE_INTEGER = 2**53 - 1
 
@@ -172,48 +131,6 @@ def parse_producer(headers: Mapping[str, str]) -> tuple[str, int, int] | None:
             raise BadRequestError(f"invalid {label} {text!r}: an integer 0..2^53-1")
         numbers.append(int(text))
     return pid, numbers[0], numbers[1]
-
-
-def check_producer(producers: dict[str, Producer], producer: list[Any], now: float,
-                   ) -> tuple[Producer | None, Producer | None]:
-    """Validate ``[id, epoch, seq]`` against a topic's producers (PROTOCOL.md §5.2.1).
-
-    Returns ``(new state, None)`` to accept, ``(None, state)`` for a duplicate; raises
-    :class:`ProducerFencedError` (403), :class:`ProducerSequenceGapError` (409) or
-    :class:`BadRequestError` (a new epoch not starting at 0).
-    """
-    pid, epoch, seq = str(producer[0]), int(producer[1]), int(producer[2])
-    state = producers.get(pid)
-    if state is not None and now - state.used > PRODUCER_TTL:
-        state = None
-    if state is None:
-        if seq != 0:
-            raise ProducerSequenceGapError(
-                f"producer {pid!r} is new here and must start at seq 0", 0, seq)
-        return Producer(epoch, 0, now), None
-    if epoch < state.epoch:
-        raise ProducerFencedError(f"producer {pid!r} epoch {epoch} is stale (the topic has "
-                                  f"epoch {state.epoch})", state.epoch)
-    if epoch > state.epoch:
-        if seq != 0:
-            raise BadRequestError(f"producer {pid!r}: a new epoch must start at seq 0")
-        return Producer(epoch, 0, now), None
-    if seq <= state.seq:
-        return None, state
-    if seq == state.seq + 1:
-        return Producer(epoch, seq, now), None
-    raise ProducerSequenceGapError(f"producer {pid!r} sent seq {seq}, expected {state.seq + 1}",
-                                   state.seq + 1, seq)
-
-
-def trim_producers(producers: dict[str, Producer], now: float) -> None:
-    """Forget producers unused for PRODUCER_TTL, and the oldest beyond MAX_PRODUCERS."""
-    for pid in [p for p, s in producers.items() if now - s.used > PRODUCER_TTL]:
-        del producers[pid]
-    if len(producers) > MAX_PRODUCERS:
-        oldest = sorted(producers, key=lambda p: producers[p].used)
-        for pid in oldest[:len(producers) - MAX_PRODUCERS]:
-            del producers[pid]
 
 
 @dataclass(slots=True)

@@ -36,9 +36,6 @@ from messaging.broker.catalog import (
     APPEND_END,
     CONTINUED,
     NAMED_TOPIC_BASE,
-    PRODUCER_TTL,
-    ProducerFencedError,
-    ProducerSequenceGapError,
     StreamClosedError,
     StreamConflictError,
     StreamGoneError,
@@ -48,6 +45,11 @@ from messaging.broker.catalog import (
     token,
 )
 from messaging.broker.commands import heartbeat_command
+from messaging.broker.producers import (
+    PRODUCER_TTL,
+    ProducerFencedError,
+    ProducerSequenceGapError,
+)
 from messaging.broker.state_log import CatalogLog
 from messaging.errors import (
     BadRequestError,

@@ -16,8 +16,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from messaging.broker.catalog import Catalog, ProducerFencedError, stream_command
+from messaging.broker.catalog import Catalog, stream_command
 from messaging.broker.commands import Stamped, heartbeat_command, stamp
+from messaging.broker.producers import ProducerFencedError
 from messaging.errors import MessagingError
 from messaging.frames import decode, encode_batch
 
