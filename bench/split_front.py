@@ -176,14 +176,6 @@ class LogClient(asyncio.Protocol):
         """Subscriber progress is not part of the experiment."""
         raise BrokerClosedError("heartbeats are not served by the split front")
 
-    def is_leader(self) -> bool:
-        """The front stands for a single node, which always leads."""
-        return True
-
-    def leader_url(self) -> str | None:
-        """This front's URL."""
-        return self.url
-
     def urls(self) -> list[str]:
         """Just this front."""
         return [self.url]

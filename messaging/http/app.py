@@ -32,9 +32,7 @@ from messaging.errors import (
     BadRequestError,
     MessageTooLargeError,
     MessagingError,
-    NoLeaderError,
     NotFoundError,
-    NotLeaderError,
 )
 from messaging.frames import (
     FRAMES_CONTENT_TYPE,
@@ -172,18 +170,9 @@ class Handlers:
 
     # -- writes -----------------------------------------------------------------------------
 
-    def _require_leader(self) -> None:
-        if self.log.is_leader():
-            return
-        leader = self.log.leader_url()
-        if leader is None:
-            raise NoLeaderError("no leader: the cluster cannot accept writes right now")
-        raise NotLeaderError(leader)
-
     @requires("write")
     async def publish(self, request: web.Request) -> web.Response:
         """POST /messaging/messages: one message's data, or a body of frames."""
-        self._require_leader()
         principal = principal_of(request)
         frames = request.content_type == FRAMES_CONTENT_TYPE
         if frames:
@@ -246,7 +235,6 @@ class Handlers:
     @requires("consume")
     async def heartbeat(self, request: web.Request) -> web.Response:
         """POST /messaging/heartbeat: a subscriber has processed a topic through an index."""
-        self._require_leader()
         url = request.query.get("url", "")
         if not url:
             raise BadRequestError("missing parameter url (the subscriber's id)")
@@ -414,8 +402,7 @@ class Handlers:
 
     @requires("read")
     async def ping(self, request: web.Request) -> web.Response:
-        """GET or POST /messaging/ping: the leader lists the cluster's URLs."""
-        self._require_leader()
+        """GET or POST /messaging/ping: every live node's URL."""
         return web.json_response({"urls": self.log.urls()})
 
     @requires("read")
@@ -606,12 +593,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn exceptions into API errors; a 307 keeps the path and query."""
+    """Turn exceptions into API errors (status, ``X-Broker-Error``, the message as text)."""
     try:
         return await handler(request)
-    except NotLeaderError as err:
-        location = err.leader_url.rstrip("/") + request.path_qs
-        return error_response(307, str(err), {"Location": location})
     except MessagingError as err:
         return error_response(err.status, str(err), err.headers())
     except web.HTTPException as err:
@@ -658,7 +642,7 @@ def make_app(broker: BrokerView, log_: Log, *,
     app.router.add_get("/messaging/diagnostics", handlers.diagnostics)
     app.router.add_post("/messaging/retention", handlers.retention)
     app.router.add_get("/metrics", handlers.metrics)
-    add_routes(app, ConsumerHandlers(broker, log_, handlers._require_leader))
+    add_routes(app, ConsumerHandlers(broker, log_))
     return app
 
 

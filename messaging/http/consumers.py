@@ -21,7 +21,7 @@ after NAME's position (:func:`start_index`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -87,11 +87,9 @@ class CommandLog(Protocol):
 class ConsumerHandlers:
     """``/messaging/consumers`` over a broker and its log."""
 
-    def __init__(self, broker: ConsumerBroker, log: CommandLog,
-                 require_writable: Callable[[], None] | None = None) -> None:
+    def __init__(self, broker: ConsumerBroker, log: CommandLog) -> None:
         self.broker = broker
         self.log = log
-        self._require_writable = require_writable
 
     def listing(self, topic: int | None = None, name: str | None = None,
                 ) -> list[dict[str, Any]]:
@@ -130,7 +128,6 @@ class ConsumerHandlers:
     @requires("admin")
     async def reset(self, request: web.Request) -> web.Response:
         """PUT /messaging/consumers/{name}?topicID=T&index=I: set a position, also backwards."""
-        self._writable()
         name = check_name(request.match_info.get("name"))
         topic = _required_int(request.query.get("topicID"), "topicID")
         index = _required_int(request.query.get("index"), "index")
@@ -140,7 +137,6 @@ class ConsumerHandlers:
     @requires("admin")
     async def delete(self, request: web.Request) -> web.Response:
         """DELETE /messaging/consumers/{name} (optional topicID): forget a consumer."""
-        self._writable()
         name = check_name(request.match_info.get("name"))
         topic = _optional_int(request.query.get("topicID"), "topicID")
         known = [row["topic"] for row in self.listing(topic, name)]
@@ -149,10 +145,6 @@ class ConsumerHandlers:
             raise NotFoundError(f"no consumer {name!r}{where}")
         await self.log.apply(consumer_command(DELETE, topic, name))
         return web.json_response({"name": name, "topics": known})
-
-    def _writable(self) -> None:
-        if self._require_writable is not None:
-            self._require_writable()
 
 
 def add_routes(app: web.Application, handlers: ConsumerHandlers) -> None:
