@@ -49,6 +49,7 @@ from messaging.errors import ERROR_HEADER, BrokerClosedError, MessagingError, er
 from messaging.frames import Command
 from messaging.http.app import errors_middleware
 from messaging.http.connections import ConnectionLimits, connection_factory
+from messaging.http.executors import Executors
 from messaging.http.limits import Limits
 from messaging.http.messages import MessageHandlers
 from messaging.http.server import LISTEN_BACKLOG
@@ -210,10 +211,13 @@ async def run_front(port: int, log_socket: str, stop: asyncio.Event) -> None:
     defaults = BrokerConfig(data=Path("unused"))  # the broker's default limits
     url = f"http://127.0.0.1:{port}"
     _, client = await loop.create_unix_connection(lambda: LogClient(url), log_socket)
-    handlers = MessageHandlers(cast(BrokerView, _NoReads()), client, defaults.max_message_size,
-                               defaults.max_request_size, Limits())
+    executors = Executors()  # big bodies are validated on its threads, as in the broker
+    handlers = MessageHandlers(cast(BrokerView, _NoReads()), client, executors,
+                               defaults.max_message_size, defaults.max_request_size, Limits())
     app = web.Application(middlewares=[errors_middleware], client_max_size=max(
         defaults.max_request_size, defaults.max_message_size + 1024))
+    app.on_startup.append(executors.start)
+    app.on_cleanup.append(executors.stop)
     app.router.add_post("/messaging/messages", handlers.publish)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=5.0)

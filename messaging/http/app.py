@@ -32,6 +32,7 @@ from messaging.http.auth import (
 )
 from messaging.http.connections import report_rejection
 from messaging.http.consumers import ConsumerHandlers
+from messaging.http.executors import Executors
 from messaging.http.health import HealthHandlers
 from messaging.http.limits import Limits
 from messaging.http.messages import MessageHandlers
@@ -56,19 +57,22 @@ def make_app(broker: BrokerView, log_: Log, config: BrokerConfig | None = None, 
     limits = Limits(max_streams=config.max_streams, max_subscribers=config.max_subscribers,
                     min_upload_rate=config.min_upload_rate,
                     max_append_rate=config.max_append_rate)
-    messages = MessageHandlers(broker, log_, config.max_message_size, config.max_request_size,
-                               limits)
+    executors = Executors()
+    messages = MessageHandlers(broker, log_, executors, config.max_message_size,
+                               config.max_request_size, limits)
     consumers = ConsumerHandlers(broker, log_)
     health = HealthHandlers(broker, log_)
-    streams = StreamHandlers(broker, log_, config.max_message_size,
+    streams = StreamHandlers(broker, log_, executors, config.max_message_size,
                              long_poll_timeout=config.long_poll_timeout,
                              max_request_size=config.max_request_size, limits=limits)
     # Without tokens every request is allowed: no authentication step at all.
     middlewares = [errors_middleware] + ([auth_middleware(tokens)] if tokens is not None else [])
     app = web.Application(middlewares=middlewares, client_max_size=max(
         config.max_request_size, config.max_message_size + 1024))
+    app.on_startup.append(executors.start)
     app.on_startup.append(streams.start)
     app.on_cleanup.append(streams.stop)
+    app.on_cleanup.append(executors.stop)
     app.on_response_prepare.append(streams.add_cors)
 
     router = app.router

@@ -4,8 +4,9 @@ diagnostics, retention and metrics, and the parsing of their parameters.
 :class:`MessageHandlers` depends on :class:`~messaging.broker.view.BrokerView` (reads) and
 :class:`~messaging.log.base.Log` (writes: every publish and heartbeat is a command through the
 log). Errors are raised as :class:`~messaging.errors.MessagingError`; the middleware in
-:mod:`messaging.http.app` turns them into answers. File reads, and the validation of big
-publish bodies, run on threads.
+:mod:`messaging.http.app` turns them into answers. Blocking work goes to the room's threads
+(:mod:`messaging.http.executors`): file reads to the read pool, big publish bodies to the
+validation pool.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from messaging.headers import (
 )
 from messaging.http.auth import Principal, principal_of, requires
 from messaging.http.consumers import check_name, start_index
+from messaging.http.executors import Executors
 from messaging.http.fanout import FanOuts
 from messaging.http.limits import Limits
 from messaging.log.base import Log
@@ -55,7 +57,7 @@ log = logging.getLogger(__name__)
 
 _FIRST_FRAME = array("q", [0])  # the offsets of a single-frame command
 #: Publish bodies up to this size are validated on the event loop (about 0.4 ms for 256 KiB of
-#: 100 B frames); bigger ones on a thread.
+#: 100 B frames); bigger ones on a validation thread.
 VALIDATE_ON_LOOP = 256 << 10
 #: Bytes a stream reads from disk per write: it starts at the minimum and doubles up to the
 #: maximum while the socket keeps up (see MessageHandlers._send).
@@ -65,13 +67,14 @@ _MAX_U64_DIGITS = len(str(2**64 - 1))
 
 
 class MessageHandlers:
-    """The native API's handlers, bound to one broker and its log."""
+    """The native API's handlers, bound to one broker, its log and the room's threads."""
 
-    def __init__(self, broker: BrokerView, log: Log, max_message_size: int,
-                 max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
+    def __init__(self, broker: BrokerView, log: Log, executors: Executors,
+                 max_message_size: int, max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
                  limits: Limits | None = None) -> None:
         self.broker = broker
         self.log = log
+        self.executors = executors
         self.max_message_size = max_message_size
         self.max_request_size = max_request_size
         self.limits = limits or Limits()
@@ -96,7 +99,7 @@ class MessageHandlers:
                             max_length=self.max_message_size)
             # A big batch would stall every other request: check it on a thread.
             command = (check() if len(body) <= VALIDATE_ON_LOOP
-                       else await asyncio.get_running_loop().run_in_executor(None, check))
+                       else await self.executors.validate(check))
         else:
             topic = _required_int(request, "topicID")
             principal.require("write", str(topic), f"topic {topic}")
@@ -195,12 +198,11 @@ class MessageHandlers:
         if topic is None and not streaming:
             raise NotFoundError(f"topic {topic_id} not found")
         reader = topic.reader(index, end, limit) if topic is not None else None
-        loop = asyncio.get_running_loop()
         # Read the first chunk before answering, so an error (410, damage on disk) is a
         # proper status rather than a broken 200.
         first: list[bytes] = []  # handed over to _send, which alone then holds the chunk
         if reader is not None and request.method != "HEAD":
-            first.append(await loop.run_in_executor(None, reader.read, STREAM_CHUNK_MIN))
+            first.append(await self.executors.read(reader.read, STREAM_CHUNK_MIN))
         response = web.StreamResponse(headers={
             "Content-Type": FRAMES_CONTENT_TYPE,
             INDEX_HEADER: str(topic.committed_index if topic is not None else 0), **extra,
@@ -243,12 +245,12 @@ class MessageHandlers:
 
         Chunks grow from STREAM_CHUNK_MIN to STREAM_CHUNK while each write leaves the socket
         drained, and drop back (with no read-ahead) when it does not: a subscriber that stops
-        reading pins at most about one STREAM_CHUNK. A follower that has caught up parks in
+        reading pins at most about one STREAM_CHUNK. Reads run on the room's read threads
+        (:mod:`messaging.http.executors`). A follower that has caught up parks in
         the topic's fan-out (:mod:`messaging.http.fanout`), which writes each new commit from the
         in-memory tail to its socket; one a little behind reads that tail on the loop. A read
         in flight is always awaited, whatever happens to the response.
         """
-        loop = asyncio.get_running_loop()
         topic = reader.topic
         sent = 0
         size = STREAM_CHUNK_MIN
@@ -259,7 +261,7 @@ class MessageHandlers:
                 # from there, with no read and no thread (a follower that fell a little behind
                 # stays cheap, and does not take a thread from every other one).
                 following = None if caught_up else reader.read_tail()
-                ahead = (loop.run_in_executor(None, reader.read, size)
+                ahead = (self.executors.read(reader.read, size)
                          if not caught_up and following is None and _drained(transport)
                          else None)
                 try:
@@ -281,7 +283,7 @@ class MessageHandlers:
                     chunk = b""
                     continue
                 else:
-                    chunk = await loop.run_in_executor(None, reader.read, size)
+                    chunk = await self.executors.read(reader.read, size)
                 size = min(size * 2, STREAM_CHUNK) if _drained(transport) else STREAM_CHUNK_MIN
                 continue
             if reader.done or topic.closed or not streaming:
@@ -294,8 +296,8 @@ class MessageHandlers:
                 continue
             await topic.wait_for(reader.last_index)
             tail = reader.read_tail()
-            chunk = tail if tail is not None else await loop.run_in_executor(
-                None, reader.read, size)
+            chunk = tail if tail is not None else await self.executors.read(
+                reader.read, size)
 
     def _readable(self, principal: Principal, topic_id: int) -> bool:
         """Whether the principal may read a topic (by id, or by its stream's name)."""
@@ -337,8 +339,7 @@ class MessageHandlers:
         if after is not None and count is not None:
             if count < 1:
                 raise BadRequestError("count must be at least 1")
-            loop = asyncio.get_running_loop()
-            info["index"] = await loop.run_in_executor(None, topic.index_after, after, count)
+            info["index"] = await self.executors.read(topic.index_after, after, count)
         return web.json_response(info)
 
     @requires("read")

@@ -3,8 +3,9 @@
 Every write is a command through the log (see :mod:`messaging.broker.catalog`): create, append,
 close and delete are durable under the same ``--fsync`` rules as native publishes, replicated
 in a cluster, and decided by the state machine (idempotent producers included). Reads go
-through a stream's fork lineage (:mod:`~messaging.broker.stream_reads`) on a thread; long-poll
-and SSE wait for the writer's notifications, never in a sleep loop.
+through a stream's fork lineage (:mod:`~messaging.broker.stream_reads`) on the room's read
+threads (:mod:`messaging.http.executors`); long-poll and SSE wait for the writer's
+notifications, never in a sleep loop.
 
 Sliding TTLs are kept per node: a read or write on a node extends the stream's life there;
 the node that finds a stream expired deletes it through the log.
@@ -22,7 +23,6 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
-from functools import partial
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -51,6 +51,7 @@ from messaging.errors import BadRequestError, MessagingError
 from messaging.frames import encode
 from messaging.headers import PRODUCER_EPOCH_HEADER, PRODUCER_SEQ_HEADER
 from messaging.http.auth import OPEN, principal_of, requires
+from messaging.http.executors import Executors
 from messaging.http.limits import Limits
 from messaging.log.base import Log
 
@@ -121,13 +122,14 @@ class StreamHandlers:
     and runs the expiry sweep from :meth:`start` to :meth:`stop`.
     """
 
-    def __init__(self, broker: BrokerView, log_: Log, max_message_size: int, *,
-                 long_poll_timeout: float = DEFAULT_LONG_POLL_TIMEOUT,
+    def __init__(self, broker: BrokerView, log_: Log, executors: Executors,
+                 max_message_size: int, *, long_poll_timeout: float = DEFAULT_LONG_POLL_TIMEOUT,
                  sse_lifetime: float = DEFAULT_SSE_LIFETIME,
                  max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
                  limits: Limits | None = None) -> None:
         self.broker = broker
         self.log = log_
+        self.executors = executors
         self.max_message_size = max_message_size
         self.max_request_size = max_request_size
         self.limits = limits or Limits()
@@ -265,8 +267,8 @@ class StreamHandlers:
             if at > source.tail:
                 raise BadRequestError("Stream-Fork-Offset is beyond the source stream's tail")
             if sub:
-                at = await self._blocking(stream_reads.resolve_sub_offset, self._topics(),
-                                          self.broker.catalog, source, at, sub)
+                at = await self.executors.read(stream_reads.resolve_sub_offset, self._topics(),
+                                               self.broker.catalog, source, at, sub)
             op["fork"] = {"source": source_name, "at": list(at), "offset": offset_text,
                           "sub": sub}
             if content_type is None:
@@ -311,9 +313,6 @@ class StreamHandlers:
         last = len(messages) - 1
         return b"".join(encode(APPEND_END if i == last else CONTINUED, 0, m)
                         for i, m in enumerate(messages))
-
-    async def _blocking(self, function: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(None, partial(function, *args))
 
     def _topics(self) -> stream_reads.TopicSource:
         """The broker as stream reads take it. They declare the concrete Topic (they read with
@@ -479,9 +478,8 @@ class StreamHandlers:
         return web.Response(status=204, headers=answer)
 
     async def _read_items(self, stream: Stream, position: Position) -> list[stream_reads.Item]:
-        items: list[stream_reads.Item] = await self._blocking(
-            stream_reads.read, self._topics(), self.broker.catalog, stream, position)
-        return items
+        return await self.executors.read(stream_reads.read, self._topics(), self.broker.catalog,
+                                         stream, position)
 
     async def _wait(self, name: str, stream: Stream, position: Position, timeout: float,
                     ) -> tuple[list[stream_reads.Item], Stream]:
