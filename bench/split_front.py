@@ -1,6 +1,6 @@
 """The two processes of the split experiment (bench/bench_split.py): an HTTP front and a log.
 
-``front --port P --log SOCKET``: the broker's own publish handler (``Handlers.publish``
+``front --port P --log SOCKET``: the broker's own publish handler (``MessageHandlers.publish``
 behind ``errors_middleware``, served by ``BrokerConnection`` with the broker's defaults) on
 uvloop, so every request is parsed, validated, encoded and answered exactly as the broker
 does it. Its log is a :class:`LogClient`, which hands each command to the log process over a
@@ -42,18 +42,16 @@ from aiohttp import web
 
 from messaging.broker.broker import ApplyResult, Broker
 from messaging.broker.metrics import BrokerMetrics
+from messaging.broker.view import BrokerView
 from messaging.cli.main import event_loop_factory
 from messaging.config import BrokerConfig
 from messaging.errors import ERROR_HEADER, BrokerClosedError, MessagingError, error_for_status
 from messaging.frames import Command
-from messaging.http.app import (
-    BrokerView,
-    ConnectionLimits,
-    Handlers,
-    connection_factory,
-    errors_middleware,
-)
+from messaging.http.app import errors_middleware
+from messaging.http.connections import ConnectionLimits, connection_factory
+from messaging.http.executors import Executors
 from messaging.http.limits import Limits
+from messaging.http.messages import MessageHandlers
 from messaging.http.server import LISTEN_BACKLOG
 from messaging.log.local import LocalLog
 
@@ -176,14 +174,6 @@ class LogClient(asyncio.Protocol):
         """Subscriber progress is not part of the experiment."""
         raise BrokerClosedError("heartbeats are not served by the split front")
 
-    def is_leader(self) -> bool:
-        """The front stands for a single node, which always leads."""
-        return True
-
-    def leader_url(self) -> str | None:
-        """This front's URL."""
-        return self.url
-
     def urls(self) -> list[str]:
         """Just this front."""
         return [self.url]
@@ -221,10 +211,13 @@ async def run_front(port: int, log_socket: str, stop: asyncio.Event) -> None:
     defaults = BrokerConfig(data=Path("unused"))  # the broker's default limits
     url = f"http://127.0.0.1:{port}"
     _, client = await loop.create_unix_connection(lambda: LogClient(url), log_socket)
-    handlers = Handlers(cast(BrokerView, _NoReads()), client, defaults.max_message_size,
-                        defaults.max_request_size, Limits())
+    executors = Executors()  # big bodies are validated on its threads, as in the broker
+    handlers = MessageHandlers(cast(BrokerView, _NoReads()), client, executors,
+                               defaults.max_message_size, defaults.max_request_size, Limits())
     app = web.Application(middlewares=[errors_middleware], client_max_size=max(
         defaults.max_request_size, defaults.max_message_size + 1024))
+    app.on_startup.append(executors.start)
+    app.on_cleanup.append(executors.stop)
     app.router.add_post("/messaging/messages", handlers.publish)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=5.0)

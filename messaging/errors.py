@@ -148,16 +148,6 @@ class ClusterNoSpaceError(MessagingError):
     status = 507
 
 
-class NotLeaderError(MessagingError):
-    """This node is a follower; the write belongs on the leader at ``leader_url``."""
-
-    status = 307
-
-    def __init__(self, leader_url: str) -> None:
-        super().__init__(f"not the leader; the leader is {leader_url}")
-        self.leader_url = leader_url
-
-
 class BrokerClosedError(MessagingError):
     """The broker (or its log) is shutting down and accepts no more work."""
 

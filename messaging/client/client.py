@@ -53,6 +53,13 @@ from messaging.failover import (
 )
 from messaging.files import read_json, write_json_atomic
 from messaging.frames import FRAMES_CONTENT_TYPE, HEADER_SIZE, Message, decode, encode_batch
+from messaging.headers import (
+    DUPLICATE_HEADER,
+    INDEX_HEADER,
+    PRODUCER_EPOCH_HEADER,
+    PRODUCER_ID_HEADER,
+    PRODUCER_SEQ_HEADER,
+)
 
 __all__ = ["DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_RETRY_TIMEOUT", "Client", "Conn",
            "Published", "Response"]
@@ -420,13 +427,13 @@ class Client:
         response = await self.request(
             "POST", "/messaging/messages", params={"topicID": topic},
             data=encode_batch(topic, datas, type),
-            headers={"Content-Type": FRAMES_CONTENT_TYPE, "Producer-Id": pid,
-                     "Producer-Epoch": str(epoch), "Producer-Seq": str(seq)},
+            headers={"Content-Type": FRAMES_CONTENT_TYPE, PRODUCER_ID_HEADER: pid,
+                     PRODUCER_EPOCH_HEADER: str(epoch), PRODUCER_SEQ_HEADER: str(seq)},
             write=True)
         result = _json_object(response)
         return Published(_index_field(response, result, "first"),
                          _index_field(response, result, "last"),
-                         response.headers.get("X-Broker-Duplicate") == "true")
+                         response.headers.get(DUPLICATE_HEADER) == "true")
 
 
 @dataclass(frozen=True, slots=True)
@@ -480,11 +487,11 @@ async def _save_urls(path: Path, urls: list[str]) -> None:
 
 
 def _broker_index(response: Response) -> int:
-    value = response.headers.get("X-Broker-Index")
+    value = response.headers.get(INDEX_HEADER)
     if value is None:
-        raise NotABrokerError.at(response.url, "its answer has no X-Broker-Index")
+        raise NotABrokerError.at(response.url, f"its answer has no {INDEX_HEADER}")
     if not is_unsigned(value):
-        raise NotABrokerError.at(response.url, f"invalid X-Broker-Index {value!r}")
+        raise NotABrokerError.at(response.url, f"invalid {INDEX_HEADER} {value!r}")
     return int(value)
 
 

@@ -44,6 +44,7 @@ from messaging.errors import (
 )
 from messaging.failover import Retry
 from messaging.frames import FRAMES_CONTENT_TYPE, BatchDecoder, Message, decode
+from messaging.headers import INDEX_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +284,7 @@ class Receiver:
             return 0  # no journal yet
         messages, _used = decode(response.body, after=self.index)
         self._buffer.extend(messages)
-        committed = response.headers.get("X-Broker-Index", "0")
+        committed = response.headers.get(INDEX_HEADER, "0")
         return int(committed) if committed.isdigit() else 0
 
     async def wait(self) -> None:

@@ -7,31 +7,31 @@ Both are broker-internal commands (:data:`messaging.broker.subscribers.CONSUMER_
 same log as heartbeats, so they are applied in the group transaction, saved in
 ``broker.json`` before the answer, and identical on every node of a cluster.
 
-Endpoints (registered by :func:`add_routes`):
+Endpoints (routed in :mod:`messaging.http.app`):
 
 - ``GET /messaging/consumers`` (optional ``topicID``, ``name``): every consumer's position,
   the topic's last index, lag and when it was last seen.
 - ``PUT /messaging/consumers/{name}?topicID=T&index=I``: reset a position (also backwards).
 - ``DELETE /messaging/consumers/{name}`` (optional ``topicID``): forget a consumer.
 
-``GET /messaging/messages?topicID=T&consumer=NAME`` (in :mod:`messaging.http.app`) starts right
+``GET /messaging/messages?topicID=T&consumer=NAME`` (in :mod:`messaging.http.messages`) starts right
 after NAME's position (:func:`start_index`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
 from aiohttp import web
 
-from messaging.broker.subscribers import DELETE, RESET, Subscriber, consumer_command
+from messaging.broker.subscribers import DELETE, RESET, consumer_command
+from messaging.broker.view import BrokerView
 from messaging.errors import BadRequestError, NotFoundError
 from messaging.http.auth import principal_of, requires
+from messaging.log.base import Log
 
-#: Header of a read by consumer: the position it started after (0: a new consumer).
-CONSUMER_INDEX_HEADER = "X-Broker-Consumer-Index"
 #: Longest consumer name accepted (it is saved in broker.json and sent in every heartbeat).
 MAX_NAME = 1024
 
@@ -55,43 +55,12 @@ def check_name(name: str | None) -> str:
     return name
 
 
-class TopicInfo(Protocol):
-    """What the listing reads of a topic."""
-
-    @property
-    def committed_index(self) -> int: ...
-
-
-class PositionsView(Protocol):
-    """What the listing reads of subscriber positions."""
-
-    def subscribers(self) -> list[tuple[int, str, Subscriber]]: ...
-
-
-class ConsumerBroker(Protocol):
-    """The broker state the consumer endpoints read."""
-
-    @property
-    def positions(self) -> PositionsView: ...
-    @property
-    def subscriber_timeout(self) -> float: ...
-    def topic(self, topic_id: int) -> Any: ...
-
-
-class CommandLog(Protocol):
-    """The log the consumer endpoints write through."""
-
-    async def apply(self, command: bytes) -> Any: ...
-
-
 class ConsumerHandlers:
     """``/messaging/consumers`` over a broker and its log."""
 
-    def __init__(self, broker: ConsumerBroker, log: CommandLog,
-                 require_writable: Callable[[], None] | None = None) -> None:
+    def __init__(self, broker: BrokerView, log: Log) -> None:
         self.broker = broker
         self.log = log
-        self._require_writable = require_writable
 
     def listing(self, topic: int | None = None, name: str | None = None,
                 ) -> list[dict[str, Any]]:
@@ -130,7 +99,6 @@ class ConsumerHandlers:
     @requires("admin")
     async def reset(self, request: web.Request) -> web.Response:
         """PUT /messaging/consumers/{name}?topicID=T&index=I: set a position, also backwards."""
-        self._writable()
         name = check_name(request.match_info.get("name"))
         topic = _required_int(request.query.get("topicID"), "topicID")
         index = _required_int(request.query.get("index"), "index")
@@ -140,7 +108,6 @@ class ConsumerHandlers:
     @requires("admin")
     async def delete(self, request: web.Request) -> web.Response:
         """DELETE /messaging/consumers/{name} (optional topicID): forget a consumer."""
-        self._writable()
         name = check_name(request.match_info.get("name"))
         topic = _optional_int(request.query.get("topicID"), "topicID")
         known = [row["topic"] for row in self.listing(topic, name)]
@@ -149,17 +116,6 @@ class ConsumerHandlers:
             raise NotFoundError(f"no consumer {name!r}{where}")
         await self.log.apply(consumer_command(DELETE, topic, name))
         return web.json_response({"name": name, "topics": known})
-
-    def _writable(self) -> None:
-        if self._require_writable is not None:
-            self._require_writable()
-
-
-def add_routes(app: web.Application, handlers: ConsumerHandlers) -> None:
-    """Register the consumer endpoints on ``app``."""
-    app.router.add_get("/messaging/consumers", handlers.list)
-    app.router.add_put("/messaging/consumers/{name}", handlers.reset)
-    app.router.add_delete("/messaging/consumers/{name}", handlers.delete)
 
 
 def _optional_int(value: str | None, name: str) -> int | None:

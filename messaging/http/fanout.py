@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 from messaging.broker.metrics import BrokerMetrics
 from messaging.topic.segment import Segment
 from messaging.topic.tail import Tail, TailChunk
+from messaging.topic.view import ReaderView, TopicView
 
 #: Followers written to in one loop callback.
 SLICE = 64
@@ -31,37 +31,11 @@ SLICE = 64
 REST_FROM = 0.0005
 
 
-class FollowedTopic(Protocol):
-    """What the fan-out needs of a topic."""
-
-    @property
-    def closed(self) -> bool: ...
-    @property
-    def committed_index(self) -> int: ...
-    @property
-    def tail(self) -> Tail: ...
-    def listen(self, callback: Callable[[], None]) -> None: ...
-    def unlisten(self, callback: Callable[[], None]) -> None: ...
-
-
-class FollowingReader(Protocol):
-    """What the fan-out needs of a parked stream's reader."""
-
-    @property
-    def topic(self) -> FollowedTopic: ...
-    @property
-    def delivered(self) -> int: ...
-    @property
-    def last_index(self) -> int: ...
-    def tail_position(self) -> tuple[Segment, int] | None: ...
-    def adopt_tail(self, chunk: TailChunk) -> int: ...
-
-
 @dataclass(eq=False)
 class Follower:
     """One parked stream: its reader, its socket, and the future its task awaits."""
 
-    reader: FollowingReader
+    reader: ReaderView
     transport: asyncio.Transport
     chunked: bool
     released: asyncio.Future[None] = field(
@@ -90,7 +64,7 @@ class FanOut:
     under load a pass carries several commits in one write per socket.
     """
 
-    def __init__(self, topic: FollowedTopic, metrics: BrokerMetrics) -> None:
+    def __init__(self, topic: TopicView, metrics: BrokerMetrics) -> None:
         self.topic = topic
         self.metrics = metrics
         self.followers: set[Follower] = set()
@@ -198,9 +172,9 @@ class FanOuts:
 
     def __init__(self, metrics: BrokerMetrics) -> None:
         self.metrics = metrics
-        self._by_topic: dict[FollowedTopic, FanOut] = {}
+        self._by_topic: dict[TopicView, FanOut] = {}
 
-    async def follow(self, reader: FollowingReader, transport: asyncio.Transport,
+    async def follow(self, reader: ReaderView, transport: asyncio.Transport,
                      chunked: bool) -> int:
         """Park a caught-up stream until it must take the ordinary path again.
 

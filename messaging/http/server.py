@@ -7,7 +7,6 @@ import ipaddress
 import logging
 import socket
 import ssl
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -16,20 +15,12 @@ from messaging.broker.broker import Broker
 from messaging.config import BrokerConfig, ConfigError
 from messaging.errors import DataDirectoryError
 from messaging.http.access_log import ACCESS_LOGGER
-from messaging.http.app import (
-    ConnectionLimits,
-    connection_factory,
-    make_app,
-)
+from messaging.http.app import make_app
 from messaging.http.auth import Tokens
-from messaging.http.health import add_health_routes
-from messaging.http.limits import Limits
-from messaging.http.streams import StreamHandlers
+from messaging.http.connections import ConnectionLimits, connection_factory
+from messaging.http.snapshot import SnapshotSource
 from messaging.log.base import Log
 from messaging.log.local import LocalLog
-
-if TYPE_CHECKING:
-    from messaging.http.snapshot import SnapshotSource
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +75,7 @@ class BrokerServer:
 
             assert isinstance(self.log, EtcdLog)
             snapshots = self.log  # peers catch up from this node's data
-        app = broker_app(config, self.broker, self.log, tokens=self.tokens,
-                         snapshots=snapshots)
+        app = make_app(self.broker, self.log, config, tokens=self.tokens, snapshots=snapshots)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                      shutdown_timeout=5.0)
         await self._runner.setup()
@@ -156,27 +146,6 @@ class BrokerServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
-
-
-def broker_app(config: BrokerConfig, broker: Broker, log_: Log, *,
-               tokens: Tokens | None = None,
-               snapshots: SnapshotSource | None = None) -> web.Application:
-    """Every route a broker node serves: the API, health, Durable Streams and, in a cluster
-    (``snapshots``), the snapshot peers catch up from. ``tokens``: authenticate requests."""
-    limits = Limits(max_streams=config.max_streams, max_subscribers=config.max_subscribers,
-                    min_upload_rate=config.min_upload_rate,
-                    max_append_rate=config.max_append_rate)
-    app = make_app(broker, log_, max_message_size=config.max_message_size,
-                   max_request_size=config.max_request_size, tokens=tokens, limits=limits)
-    add_health_routes(app, broker, log_)
-    StreamHandlers(broker, log_, config.max_message_size,
-                   long_poll_timeout=config.long_poll_timeout,
-                   max_request_size=config.max_request_size, limits=limits).install(app)
-    if snapshots is not None:
-        from messaging.http.snapshot import add_snapshot_route
-
-        add_snapshot_route(app, snapshots)
-    return app
 
 
 def is_loopback(host: str) -> bool:

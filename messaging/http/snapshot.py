@@ -16,7 +16,6 @@ from aiohttp import web
 from messaging.broker.snapshot import (
     REVISION_HEADER,
     SNAPSHOT_CONTENT_TYPE,
-    SNAPSHOT_PATH,
     SnapshotStream,
 )
 from messaging.errors import BadRequestError
@@ -35,14 +34,18 @@ class SnapshotSource(Protocol):
         ...
 
 
-def add_snapshot_route(app: web.Application, source: SnapshotSource) -> None:
-    """Serve ``GET /messaging/snapshot?cluster=NAME`` from ``source``.
+class SnapshotHandlers:
+    """``GET /messaging/snapshot?cluster=NAME`` from ``source`` (routed at
+    :data:`messaging.broker.snapshot.SNAPSHOT_PATH`)."""
 
-    Admin only: a snapshot holds every topic's data, whatever a token may read.
-    """
+    def __init__(self, source: SnapshotSource) -> None:
+        self.source = source
 
     @requires("admin")
-    async def handler(request: web.Request) -> web.StreamResponse:
+    async def snapshot(self, request: web.Request) -> web.StreamResponse:
+        """Stream a snapshot. Admin only: it holds every topic's data, whatever a token may
+        read."""
+        source = self.source
         cluster = request.query.get("cluster", "")
         if cluster != source.cluster:
             raise BadRequestError(f"this node belongs to cluster {source.cluster!r}, "
@@ -61,5 +64,3 @@ def add_snapshot_route(app: web.Application, source: SnapshotSource) -> None:
             return response
         finally:
             await loop.run_in_executor(None, snapshot.close)
-
-    app.router.add_get(SNAPSHOT_PATH, handler)

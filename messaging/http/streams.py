@@ -3,8 +3,9 @@
 Every write is a command through the log (see :mod:`messaging.broker.catalog`): create, append,
 close and delete are durable under the same ``--fsync`` rules as native publishes, replicated
 in a cluster, and decided by the state machine (idempotent producers included). Reads go
-through a stream's fork lineage (:mod:`~messaging.broker.stream_reads`) on a thread; long-poll
-and SSE wait for the writer's notifications, never in a sleep loop.
+through a stream's fork lineage (:mod:`~messaging.broker.stream_reads`) on the room's read
+threads (:mod:`messaging.http.executors`); long-poll and SSE wait for the writer's
+notifications, never in a sleep loop.
 
 Sliding TTLs are kept per node: a read or write on a node extends the stream's life there;
 the node that finds a stream expired deletes it through the log.
@@ -22,13 +23,12 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
-from functools import partial
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, cast
 
 from aiohttp import web
 
-from messaging.aio import Notifier
+from messaging.aio import cancel_and_wait
 from messaging.broker import stream_reads
 from messaging.broker.catalog import (
     APPEND_END,
@@ -45,13 +45,15 @@ from messaging.broker.catalog import (
     stream_command,
     token,
 )
+from messaging.broker.view import BrokerView
 from messaging.config import DEFAULT_LONG_POLL_TIMEOUT, DEFAULT_MAX_REQUEST_SIZE
 from messaging.errors import BadRequestError, MessagingError
 from messaging.frames import encode
+from messaging.headers import PRODUCER_EPOCH_HEADER, PRODUCER_SEQ_HEADER
 from messaging.http.auth import OPEN, principal_of, requires
+from messaging.http.executors import Executors
 from messaging.http.limits import Limits
 from messaging.log.base import Log
-from messaging.topic.topic import Topic
 
 log = logging.getLogger(__name__)
 
@@ -89,17 +91,6 @@ SCOPES: Mapping[str, str] = MappingProxyType({
     "OPTIONS": OPEN})
 
 
-class StreamsBroker(Protocol):
-    """What the stream handlers use of the broker."""
-
-    @property
-    def catalog(self) -> Catalog: ...
-    @property
-    def streams_changed(self) -> Notifier: ...
-    def topic(self, topic_id: int) -> Topic | None: ...
-    async def wait_for_topic(self, topic_id: int) -> Topic | None: ...
-
-
 def cursor(client: str | None) -> str:
     """A ``Stream-Cursor``: the current 20 s interval, always above the client's own."""
     current = int((time.time() - _CURSOR_EPOCH) // _CURSOR_INTERVAL)
@@ -125,15 +116,20 @@ def _expires(text: str) -> float:
 
 
 class StreamHandlers:
-    """The ``/v1/stream/{name}`` endpoints of one broker."""
+    """The ``/v1/stream/{name}`` endpoints of one broker.
 
-    def __init__(self, broker: StreamsBroker, log_: Log, max_message_size: int, *,
-                 long_poll_timeout: float = DEFAULT_LONG_POLL_TIMEOUT,
+    :mod:`messaging.http.app` routes :meth:`handle`, adds :meth:`add_cors` to every answer
+    and runs the expiry sweep from :meth:`start` to :meth:`stop`.
+    """
+
+    def __init__(self, broker: BrokerView, log_: Log, executors: Executors,
+                 max_message_size: int, *, long_poll_timeout: float = DEFAULT_LONG_POLL_TIMEOUT,
                  sse_lifetime: float = DEFAULT_SSE_LIFETIME,
                  max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
                  limits: Limits | None = None) -> None:
         self.broker = broker
         self.log = log_
+        self.executors = executors
         self.max_message_size = max_message_size
         self.max_request_size = max_request_size
         self.limits = limits or Limits()
@@ -143,28 +139,22 @@ class StreamHandlers:
         self._started = time.time()
         self._sweeper: asyncio.Task[None] | None = None
 
-    # -- wiring -----------------------------------------------------------------------------
+    # -- wiring (see messaging.http.app) ----------------------------------------------------
 
-    def install(self, app: web.Application) -> None:
-        """Add the routes, the CORS headers and the expiry sweep to ``app``."""
-        app.router.add_route("*", PREFIX + "{name:.+}", self.handle)
-        app.on_response_prepare.append(self._add_cors)
-        app.on_startup.append(self._start)
-        app.on_cleanup.append(self._stop)
-
-    async def _add_cors(self, request: web.Request, response: web.StreamResponse) -> None:
+    async def add_cors(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Give every answer under PREFIX (errors too) the CORS and security headers."""
         if request.path.startswith(PREFIX):
             for name, value in CORS_HEADERS.items():
                 response.headers.setdefault(name, value)
 
-    async def _start(self, _app: web.Application) -> None:
+    async def start(self, _app: web.Application) -> None:
+        """Start the expiry sweep (an ``on_startup`` hook)."""
         self._sweeper = asyncio.create_task(self._sweep(), name="messaging-stream-expiry")
 
-    async def _stop(self, _app: web.Application) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+    async def stop(self, _app: web.Application) -> None:
+        """Stop the expiry sweep (an ``on_cleanup`` hook)."""
+        sweeper, self._sweeper = self._sweeper, None
+        await cancel_and_wait(sweeper)
 
     async def _sweep(self) -> None:
         """Delete expired streams through the log, every EXPIRY_SWEEP_INTERVAL."""
@@ -277,8 +267,8 @@ class StreamHandlers:
             if at > source.tail:
                 raise BadRequestError("Stream-Fork-Offset is beyond the source stream's tail")
             if sub:
-                at = await self._blocking(stream_reads.resolve_sub_offset, self.broker,
-                                          self.broker.catalog, source, at, sub)
+                at = await self.executors.read(stream_reads.resolve_sub_offset, self._topics(),
+                                               self.broker.catalog, source, at, sub)
             op["fork"] = {"source": source_name, "at": list(at), "offset": offset_text,
                           "sub": sub}
             if content_type is None:
@@ -324,8 +314,11 @@ class StreamHandlers:
         return b"".join(encode(APPEND_END if i == last else CONTINUED, 0, m)
                         for i, m in enumerate(messages))
 
-    async def _blocking(self, function: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(None, partial(function, *args))
+    def _topics(self) -> stream_reads.TopicSource:
+        """The broker as stream reads take it. They declare the concrete Topic (they read with
+        its default chunk size) where BrokerView promises a TopicView; the broker behind
+        BrokerView hands out Topics."""
+        return cast(stream_reads.TopicSource, self.broker)
 
     # -- append and close -------------------------------------------------------------------
 
@@ -366,11 +359,11 @@ class StreamHandlers:
         if outcome.closed:
             answer["Stream-Closed"] = "true"
         if producer is not None and outcome.producer is not None:
-            answer["Producer-Epoch"] = str(outcome.producer[0])
-            answer["Producer-Seq"] = str(outcome.producer[1])
+            answer[PRODUCER_EPOCH_HEADER] = str(outcome.producer[0])
+            answer[PRODUCER_SEQ_HEADER] = str(outcome.producer[1])
         elif producer is not None:
-            answer["Producer-Epoch"] = str(producer[1])
-            answer["Producer-Seq"] = str(producer[2])
+            answer[PRODUCER_EPOCH_HEADER] = str(producer[1])
+            answer[PRODUCER_SEQ_HEADER] = str(producer[2])
         if outcome.duplicate or not messages:
             return web.Response(status=204, headers=answer)
         return web.Response(status=200 if producer is not None else 204, headers=answer)
@@ -485,9 +478,8 @@ class StreamHandlers:
         return web.Response(status=204, headers=answer)
 
     async def _read_items(self, stream: Stream, position: Position) -> list[stream_reads.Item]:
-        items: list[stream_reads.Item] = await self._blocking(
-            stream_reads.read, self.broker, self.broker.catalog, stream, position)
-        return items
+        return await self.executors.read(stream_reads.read, self._topics(), self.broker.catalog,
+                                         stream, position)
 
     async def _wait(self, name: str, stream: Stream, position: Position, timeout: float,
                     ) -> tuple[list[stream_reads.Item], Stream]:

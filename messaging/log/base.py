@@ -15,7 +15,7 @@ from messaging.broker.broker import ApplyResult
 
 
 class Log(Protocol):
-    """What the HTTP layer and the server need from a log: ordered writes and who leads."""
+    """What the HTTP layer and the server need from a log: ordered writes and the nodes."""
 
     async def start(self) -> None:
         """Start background work (the writer; in a cluster, the watch of the command log)."""
@@ -26,19 +26,11 @@ class Log(Protocol):
         ...
 
     async def apply(self, command: bytes) -> ApplyResult:
-        """Order and apply a command; raises NotLeaderError / NoLeaderError when it cannot."""
+        """Order and apply a command; raises a MessagingError when it cannot."""
         ...
 
     async def heartbeat(self, topic: int, index: int, url: str) -> None:
         """Record a subscriber's progress (coalesced where the log is replicated)."""
-        ...
-
-    def is_leader(self) -> bool:
-        """Whether this node accepts writes."""
-        ...
-
-    def leader_url(self) -> str | None:
-        """The advertised URL of the node that accepts writes, if known."""
         ...
 
     def urls(self) -> list[str]:

@@ -129,14 +129,6 @@ class LocalLog:
         """Record subscriber progress through the group commit, as durable as a publish."""
         await self.apply(heartbeat_command(topic, index, url))
 
-    def is_leader(self) -> bool:
-        """A single node always leads."""
-        return True
-
-    def leader_url(self) -> str | None:
-        """This node's URL."""
-        return self.url
-
     def urls(self) -> list[str]:
         """Just this node."""
         return [self.url]

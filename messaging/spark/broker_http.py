@@ -24,6 +24,7 @@ from messaging.errors import (
 )
 from messaging.failover import Brokers, Retry, RetryPolicy, refused
 from messaging.frames import FRAMES_CONTENT_TYPE
+from messaging.headers import PRODUCER_EPOCH_HEADER, PRODUCER_ID_HEADER, PRODUCER_SEQ_HEADER
 
 
 @functools.lru_cache(maxsize=8)
@@ -151,8 +152,9 @@ class BrokerHTTP:
         ``(id, epoch, seq)`` it is stored once however often it is sent."""
         headers = {"Content-Type": FRAMES_CONTENT_TYPE}
         if producer is not None:
-            headers.update({"Producer-Id": producer[0], "Producer-Epoch": str(producer[1]),
-                            "Producer-Seq": str(producer[2])})
+            headers.update({PRODUCER_ID_HEADER: producer[0],
+                            PRODUCER_EPOCH_HEADER: str(producer[1]),
+                            PRODUCER_SEQ_HEADER: str(producer[2])})
         conn, response = self.open("POST", "/messaging/messages", {"topicID": topic},
                                    body=body, headers=headers)
         response.read()

@@ -1,8 +1,9 @@
 """Every route declares the scope it needs, and the scope is checked before any parameter.
 
-The routes come from the router of an application built as ``BrokerServer`` builds it (API,
-health, Durable Streams and the cluster's snapshot route), so a route added later is covered
-without being listed here: one that declares no scope fails these tests.
+The routes come from the router of an application built as ``BrokerServer`` builds it
+(:func:`messaging.http.app.make_app`: API, consumers, health, Durable Streams and the
+cluster's snapshot route), so a route added later is covered without being listed here: one
+that declares no scope fails these tests.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from messaging.http.auth import (
     requires,
     token_line,
 )
-from messaging.http.server import broker_app
 from messaging.log.local import LocalLog
 
 #: A sample value for each path parameter of the routes.
@@ -92,8 +92,8 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
     broker = await loop.run_in_executor(None, Broker.open, config.data)
     log = LocalLog(broker, "http://127.0.0.1:0")
     await log.start()
-    app = broker_app(config, broker, log, tokens=await loop.run_in_executor(None, Tokens, path),
-                     snapshots=FakeSnapshots(broker))
+    app = make_app(broker, log, config, tokens=await loop.run_in_executor(None, Tokens, path),
+                   snapshots=FakeSnapshots(broker))
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

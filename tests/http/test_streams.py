@@ -27,6 +27,7 @@ from messaging.broker import stream_reads
 from messaging.broker.catalog import NAMED_TOPIC_BASE, parse_token
 from messaging.frames import FRAMES_CONTENT_TYPE, encode
 from messaging.http import streams
+from messaging.http.executors import Executors
 from messaging.http.server import BrokerServer
 from tests.conftest import StartServer
 
@@ -631,7 +632,7 @@ async def test_a_reader_behind_a_commit_returns_at_once(server: BrokerServer,
     position = parse_token(headers["Stream-Next-Offset"])
     assert position is not None
     assert (await call(http, "POST", url, b"second", OCTET))[0] == 204  # committed now
-    handlers = streams.StreamHandlers(server.broker, server.log, 1 << 20)
+    handlers = streams.StreamHandlers(server.broker, server.log, Executors(), 1 << 20)
     stream = server.broker.catalog.streams["behind"]
     # Bounded well below the wait's own timeout: waiting it out is the bug.
     await asyncio.wait_for(handlers._changed(stream, position[0], timeout=60), 10)

@@ -263,14 +263,6 @@ class EtcdLog:
         """Record subscriber progress through the log, as durable as a publish."""
         await self.apply(heartbeat_command(topic, index, url))
 
-    def is_leader(self) -> bool:
-        """Every node accepts writes (etcd orders them)."""
-        return True
-
-    def leader_url(self) -> str | None:
-        """This node: it accepts writes itself."""
-        return self.url
-
     def urls(self) -> list[str]:
         """The URLs of the live (registered) nodes, this one included."""
         return self._membership.urls()

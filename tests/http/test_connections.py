@@ -1,4 +1,6 @@
-"""The broker around the app: the header timeout and the connection cap, in process.
+"""The broker's connections, in process: the header timeout, the connection cap, and
+malformed requests (floods of what aiohttp cannot parse) logged as one rate-limited warning
+line each, never a traceback.
 
 The ``messaging broker`` command (its flags, the data directory) is tests/e2e/test_cli.py.
 """
@@ -6,14 +8,17 @@ The ``messaging broker`` command (its flags, the data directory) is tests/e2e/te
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 
 import aiohttp
 import pytest
 
 from messaging.frames import BatchDecoder
+from messaging.http.connections import RejectionLog
 from messaging.http.server import BrokerServer
 from tests.conftest import StartServer, wait_until
-from tests.raw_http import PING, closed_after, exchange, parse_head, read_response
+from tests.raw_http import PING, closed_after, exchange, parse_head, read_response, responses
 
 TIMEOUT = 0.5  # the header timeout these tests give their brokers
 
@@ -167,3 +172,81 @@ async def test_refused_connection_that_never_closes_is_cut(start_server: StartSe
     assert await closed_after(reader) < 5
     writer.close()
     _held[1].close()
+
+
+# -- 10: malformed requests are one rate-limited warning line, never a traceback ------------
+
+MALFORMED = [
+    b"G\x00T / HTTP/1.1\r\nHost: t\r\n\r\n",                         # bad method
+    b"GET\r\n\r\n",                                                   # bad request line
+    b"GET / HTTP/9.Z\r\nHost: t\r\n\r\n",                             # bad version
+    b"GET / HTTP/1.1\r\nHo st: t\r\n\r\n",                            # invalid header name
+    b"GET / HTTP/1.1\r\nX: a\x00b\r\n\r\n",                           # invalid header value
+    b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n",                    # request line too long
+    b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * 300 + b"\r\n",              # too many headers
+    b"GET /\xc3\xa9 HTTP/1.1\r\nHost: t\r\n\r\n",                      # raw non-ASCII path
+    b"POST /messaging/messages?topicID=1 HTTP/1.1\r\nHost: t\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",       # bad chunk size
+    b"POST /messaging/messages?topicID=1 HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",                   # smuggling attempt
+    b"POST /messaging/messages?topicID=1 HTTP/1.1\r\nHost: t\r\n"
+    b"Content-Length: abc\r\n\r\n",                                   # bad Content-Length
+    b"POST /messaging/messages?topicID=1 HTTP/1.1\r\nHost: t\r\n"
+    b"Content-Encoding: gzip\r\nContent-Length: 5\r\n\r\nhello",      # not gzip
+    b"POST /messaging/messages HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n"
+    b"Content-Type: application/x-messaging-frames\r\n"
+    b"Content-Encoding: deflate\r\n\r\nhello",                          # not deflate
+    b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + b"\x00" * 40,  # TLS on the HTTP port
+    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",                              # HTTP/2 preface
+]
+
+
+async def test_malformed_requests_log_no_tracebacks(server: BrokerServer,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    requests = MALFORMED * 20  # 300 requests
+    limit = asyncio.Semaphore(50)
+
+    async def send(request: bytes) -> bytes:
+        async with limit:
+            return await exchange(server.port, request)
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    answers = await asyncio.wait_for(asyncio.gather(*(send(r) for r in requests)), 60)
+    elapsed = loop.time() - started
+    assert server.connections is not None
+    server.connections.rejections.flush()
+
+    for request, raw in zip(requests, answers, strict=True):
+        status, headers = responses(raw)[-1]
+        assert status == 400, (request[:60], raw[:300])
+        assert headers["x-broker-error"], raw[:300]
+
+    assert "Traceback" not in caplog.text
+    assert not [r for r in caplog.records if r.exc_info], caplog.text[:3000]
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert all(r.name == "messaging.http.connections" for r in warnings), {
+        r.name for r in warnings}
+    rejected = [r for r in warnings if r.getMessage().startswith("rejected")]
+    summaries = [int(m.group(1)) for r in warnings
+                 if (m := re.match(r"(\d+) more rejected", r.getMessage()))]
+    assert len(warnings) == len(rejected) + len(summaries)
+    assert len(rejected) + sum(summaries) == len(requests)  # each one exactly once
+    seconds = int(elapsed) + 2  # rate windows the flood can touch
+    assert len(rejected) <= seconds * server.connections.rejections.per_second
+    assert len(summaries) <= seconds
+
+
+@pytest.mark.e2e  # over a second: left out of the unit run
+async def test_rejection_log_summarises_past_its_rate(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    rejections = RejectionLog(logging.getLogger("test.rejections"), per_second=3)
+    for i in range(10):
+        rejections.warning("rejected %d", i)
+    assert [r.getMessage() for r in caplog.records] == ["rejected 0", "rejected 1", "rejected 2"]
+    await asyncio.sleep(1.2)  # the summary is due when the one-second window ends
+    assert caplog.records[-1].getMessage().startswith("7 more rejected")
+    rejections.warning("rejected again")
+    assert caplog.records[-1].getMessage() == "rejected again"
+    assert len(caplog.records) == 5

@@ -1,0 +1,59 @@
+"""What the rooms above read of the broker: the one protocol of this boundary.
+
+:class:`~messaging.broker.broker.Broker` satisfies it; the HTTP handlers (native API, consumers,
+Durable Streams, readiness) depend on :class:`BrokerView` alone, so tests pass fakes through
+it. Writes never go through here: they are commands through the log
+(:class:`messaging.log.base.Log`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from messaging.aio import Notifier
+from messaging.broker.catalog import Catalog
+from messaging.broker.metrics import BrokerMetrics
+from messaging.broker.subscribers import Subscribers
+from messaging.topic.view import TopicView
+
+
+class BrokerView(Protocol):
+    """The broker as the HTTP layer reads it: topics, subscribers, streams, figures."""
+
+    @property
+    def metrics(self) -> BrokerMetrics: ...
+    @property
+    def positions(self) -> Subscribers:
+        """Every subscriber's (consumer's) stored position, with when it was last seen."""
+        ...
+    @property
+    def subscriber_timeout(self) -> float:
+        """Seconds a silent subscriber still holds retention back."""
+        ...
+    @property
+    def catalog(self) -> Catalog:
+        """The named streams (Durable Streams)."""
+        ...
+    @property
+    def streams_changed(self) -> Notifier:
+        """Notified whenever the catalog changes."""
+        ...
+    def topic(self, topic_id: int) -> TopicView | None: ...
+    def topics(self) -> Sequence[TopicView]: ...
+    async def wait_for_topic(self, topic_id: int) -> TopicView | None:
+        """The topic, once it exists."""
+        ...
+    def topic_info(self, topic: TopicView) -> dict[str, Any]:
+        """A topic's row of ``GET /messaging/topics``."""
+        ...
+    def stream_name(self, topic_id: int) -> str | None:
+        """The name of the stream a topic holds, if it holds one."""
+        ...
+    def subscribers(self, topic_id: int) -> dict[str, int]:
+        """A topic's subscribers and the index each has heartbeated."""
+        ...
+    def diagnostics(self) -> dict[str, Any]: ...
+    def enforce_retention(self, now: float | None = None) -> int:
+        """Run retention now (blocking: call it on a thread); the bytes deleted."""
+        ...

@@ -1,0 +1,403 @@
+"""The native API at ``/messaging/``: publish, read and stream, heartbeat, ping, topics,
+diagnostics, retention and metrics, and the parsing of their parameters.
+
+:class:`MessageHandlers` depends on :class:`~messaging.broker.view.BrokerView` (reads) and
+:class:`~messaging.log.base.Log` (writes: every publish and heartbeat is a command through the
+log). Errors are raised as :class:`~messaging.errors.MessagingError`; the middleware in
+:mod:`messaging.http.app` turns them into answers. Blocking work goes to the room's threads
+(:mod:`messaging.http.executors`): file reads to the read pool, big publish bodies to the
+validation pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from array import array
+from functools import partial
+from typing import Any
+
+from aiohttp import HttpVersion11, web
+
+from messaging import __version__ as VERSION
+from messaging.broker.catalog import parse_producer, stream_command
+from messaging.broker.metrics import BrokerMetrics
+from messaging.broker.view import BrokerView
+from messaging.config import DEFAULT_MAX_REQUEST_SIZE
+from messaging.errors import (
+    BadRequestError,
+    MessageTooLargeError,
+    MessagingError,
+    NotFoundError,
+)
+from messaging.frames import (
+    FRAMES_CONTENT_TYPE,
+    INTERNAL_TYPE,
+    Command,
+    encode,
+    validate_publish,
+)
+from messaging.headers import (
+    CONSUMER_INDEX_HEADER,
+    DUPLICATE_HEADER,
+    INDEX_HEADER,
+    PRODUCER_EPOCH_HEADER,
+    PRODUCER_SEQ_HEADER,
+)
+from messaging.http.auth import Principal, principal_of, requires
+from messaging.http.consumers import check_name, start_index
+from messaging.http.executors import Executors
+from messaging.http.fanout import FanOuts
+from messaging.http.limits import Limits
+from messaging.log.base import Log
+from messaging.topic.view import ReaderView
+
+log = logging.getLogger(__name__)
+
+_FIRST_FRAME = array("q", [0])  # the offsets of a single-frame command
+#: Publish bodies up to this size are validated on the event loop (about 0.4 ms for 256 KiB of
+#: 100 B frames); bigger ones on a validation thread.
+VALIDATE_ON_LOOP = 256 << 10
+#: Bytes a stream reads from disk per write: it starts at the minimum and doubles up to the
+#: maximum while the socket keeps up (see MessageHandlers._send).
+STREAM_CHUNK_MIN = 16 << 10
+STREAM_CHUNK = 64 << 10
+_MAX_U64_DIGITS = len(str(2**64 - 1))
+
+
+class MessageHandlers:
+    """The native API's handlers, bound to one broker, its log and the room's threads."""
+
+    def __init__(self, broker: BrokerView, log: Log, executors: Executors,
+                 max_message_size: int, max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
+                 limits: Limits | None = None) -> None:
+        self.broker = broker
+        self.log = log
+        self.executors = executors
+        self.max_message_size = max_message_size
+        self.max_request_size = max_request_size
+        self.limits = limits or Limits()
+        self.fanouts = FanOuts(broker.metrics)
+
+    # -- writes -----------------------------------------------------------------------------
+
+    @requires("write")
+    async def publish(self, request: web.Request) -> web.Response:
+        """POST /messaging/messages: one message's data, or a body of frames."""
+        principal = principal_of(request)
+        frames = request.content_type == FRAMES_CONTENT_TYPE
+        if frames:
+            topic_id = _optional_int(request, "topicID")
+            if topic_id is None and not principal.can("write"):
+                raise BadRequestError("give topicID: this token may write to some topics only")
+            if topic_id is not None:
+                principal.require("write", str(topic_id), f"topic {topic_id}")
+                self.limits.admit_append(f"topic {topic_id}")
+            body = await self.limits.read_body(request, self.max_request_size)
+            check = partial(validate_publish, body, topic=topic_id,
+                            max_length=self.max_message_size)
+            # A big batch would stall every other request: check it on a thread.
+            command = (check() if len(body) <= VALIDATE_ON_LOOP
+                       else await self.executors.validate(check))
+        else:
+            topic = _required_int(request, "topicID")
+            principal.require("write", str(topic), f"topic {topic}")
+            self.limits.admit_append(f"topic {topic}")
+            type_ = _optional_int(request, "type")
+            type_ = 1 if type_ is None else type_
+            if type_ & INTERNAL_TYPE or type_ > 0xFFFF:
+                raise BadRequestError(f"invalid type {type_}: must be 0..{INTERNAL_TYPE - 1}")
+            if (request.content_length or 0) > self.max_message_size:
+                raise MessageTooLargeError(f"message of {request.content_length} bytes exceeds "
+                                           f"the maximum of {self.max_message_size}")
+            body = await self.limits.read_body(request, self.max_request_size)
+            if len(body) > self.max_message_size:
+                raise MessageTooLargeError(f"message of {len(body)} bytes exceeds the maximum "
+                                           f"of {self.max_message_size}")
+            command = Command.of(encode(type_, topic, body), _FIRST_FRAME, topic)
+        producer = parse_producer(request.headers)
+        headers: dict[str, str] = {}
+        if producer is not None:
+            # Idempotent: the state machine stores it once whatever retries bring.
+            if command.topic is None:
+                raise BadRequestError("a publish with producer headers goes to one topic: "
+                                      "give topicID")
+            payload: bytes = stream_command({"op": "produce", "topic": command.topic,
+                                             "producer": list(producer), "now": time.time()},
+                                            command)
+        else:
+            payload = command
+        result = await self.log.apply(payload)
+        first, last = result.first, result.last
+        outcome = result.stream
+        if outcome is not None and outcome.producer is not None:
+            first, last = outcome.first, outcome.last
+            headers[PRODUCER_EPOCH_HEADER] = str(outcome.producer[0])
+            headers[PRODUCER_SEQ_HEADER] = str(outcome.producer[1])
+            if outcome.duplicate:
+                headers[DUPLICATE_HEADER] = "true"
+        headers[INDEX_HEADER] = str(last)
+        if frames:
+            count = last - first + 1 if last else 0
+            return web.json_response({"first": first, "last": last, "count": count},
+                                     headers=headers)
+        return web.Response(headers=headers)
+
+    @requires("consume")
+    async def heartbeat(self, request: web.Request) -> web.Response:
+        """POST /messaging/heartbeat: a subscriber has processed a topic through an index."""
+        url = request.query.get("url", "")
+        if not url:
+            raise BadRequestError("missing parameter url (the subscriber's id)")
+        principal_of(request).require("consume", url, f"subscriber {url!r}")
+        topic = _required_int(request, "topicID")
+        index = _required_int(request, "index")
+        self.limits.check_subscriber(url, self.broker.subscribers(topic))
+        await self.log.heartbeat(topic, index, url)
+        return web.Response()
+
+    @requires("admin")
+    async def retention(self, request: web.Request) -> web.Response:
+        """POST /messaging/retention: run retention now (it also runs on a timer)."""
+        loop = asyncio.get_running_loop()
+        deleted = await loop.run_in_executor(None, self.broker.enforce_retention)
+        return web.json_response({"deleted_bytes": deleted})
+
+    # -- reads ------------------------------------------------------------------------------
+
+    @requires("read")
+    async def read(self, request: web.Request) -> web.StreamResponse:
+        """GET /messaging/messages: frames from ``index``; ``streaming=true`` keeps it open.
+
+        A non-streaming read of a topic that never existed is a 404; a streaming one waits
+        for the topic's first message. HEAD answers the headers a GET would, without a body.
+        """
+        topic_id = _required_int(request, "topicID")
+        self._require_read(request, topic_id)
+        index = _optional_int(request, "index") or 0
+        end = _optional_int(request, "end")
+        limit = _optional_int(request, "limit")
+        streaming = _bool(request, "streaming")
+        if streaming and request.method != "HEAD":
+            with self.limits.stream():
+                return await self._read(request, topic_id, index, end, limit, streaming)
+        return await self._read(request, topic_id, index, end, limit, streaming)
+
+    async def _read(self, request: web.Request, topic_id: int, index: int, end: int | None,
+                    limit: int | None, streaming: bool) -> web.StreamResponse:
+        topic = self.broker.topic(topic_id)
+        extra: dict[str, str] = {}
+        if "consumer" in request.query:  # start right after a consumer's stored position
+            if "index" in request.query:
+                raise BadRequestError("give index or consumer, not both")
+            index, position = start_index(
+                self.broker.subscribers(topic_id), check_name(request.query["consumer"]),
+                topic.first_index if topic is not None else 0)
+            extra[CONSUMER_INDEX_HEADER] = str(position)
+        if topic is None and not streaming:
+            raise NotFoundError(f"topic {topic_id} not found")
+        reader = topic.reader(index, end, limit) if topic is not None else None
+        # Read the first chunk before answering, so an error (410, damage on disk) is a
+        # proper status rather than a broken 200.
+        first: list[bytes] = []  # handed over to _send, which alone then holds the chunk
+        if reader is not None and request.method != "HEAD":
+            first.append(await self.executors.read(reader.read, STREAM_CHUNK_MIN))
+        response = web.StreamResponse(headers={
+            "Content-Type": FRAMES_CONTENT_TYPE,
+            INDEX_HEADER: str(topic.committed_index if topic is not None else 0), **extra,
+        })
+        if request.method == "HEAD":
+            await response.prepare(request)
+            return response
+        if request.version >= HttpVersion11:  # HTTP/1.0 gets a body ended by closing
+            response.enable_chunked_encoding()
+        await response.prepare(request)
+        metrics = self.broker.metrics
+        streams = metrics.active_streams if streaming else None
+        if streams is not None:
+            streams.inc()
+        try:
+            if reader is None:
+                topic = await self.broker.wait_for_topic(topic_id)
+                reader = topic.reader(index, end, limit) if topic is not None else None
+            if reader is not None:
+                await self._send(response, reader, first.pop() if first else b"", streaming,
+                                 metrics,
+                                 request.transport)
+        except MessagingError as err:
+            # The 200 and its headers are gone: end the stream abruptly, so the reader sees a
+            # broken response, reconnects from where it got to, and is told the error then.
+            log.warning("stream of topic %d broken off: %s", topic_id, err)
+            if request.transport is not None:
+                request.transport.abort()
+            return response
+        finally:
+            if streams is not None:
+                streams.dec()
+        await response.write_eof()
+        return response
+
+    async def _send(self, response: web.StreamResponse, reader: ReaderView,
+                    chunk: bytes | memoryview, streaming: bool, metrics: BrokerMetrics,
+                    transport: asyncio.Transport | None) -> None:
+        """Write chunks, reading the next one on a thread while the socket keeps up.
+
+        Chunks grow from STREAM_CHUNK_MIN to STREAM_CHUNK while each write leaves the socket
+        drained, and drop back (with no read-ahead) when it does not: a subscriber that stops
+        reading pins at most about one STREAM_CHUNK. Reads run on the room's read threads
+        (:mod:`messaging.http.executors`). A follower that has caught up parks in
+        the topic's fan-out (:mod:`messaging.http.fanout`), which writes each new commit from the
+        in-memory tail to its socket; one a little behind reads that tail on the loop. A read
+        in flight is always awaited, whatever happens to the response.
+        """
+        topic = reader.topic
+        sent = 0
+        size = STREAM_CHUNK_MIN
+        while True:
+            if chunk:
+                caught_up = reader.last_index >= topic.committed_index
+                # Behind, but the topic's in-memory tail still holds what comes next: take it
+                # from there, with no read and no thread (a follower that fell a little behind
+                # stays cheap, and does not take a thread from every other one).
+                following = None if caught_up else reader.read_tail()
+                ahead = (self.executors.read(reader.read, size)
+                         if not caught_up and following is None and _drained(transport)
+                         else None)
+                try:
+                    await response.write(chunk)
+                except BaseException:
+                    if ahead is not None:
+                        await asyncio.wait([ahead])  # never leave a read running behind us
+                        if not ahead.cancelled():
+                            ahead.exception()  # retrieved: its error does not matter now
+                    raise
+                metrics.bytes_streamed.inc(len(chunk))
+                metrics.messages_streamed.inc(reader.delivered - sent)
+                sent = reader.delivered
+                if following is not None:
+                    chunk = following
+                elif ahead is not None:
+                    chunk = await ahead
+                elif caught_up:
+                    chunk = b""
+                    continue
+                else:
+                    chunk = await self.executors.read(reader.read, size)
+                size = min(size * 2, STREAM_CHUNK) if _drained(transport) else STREAM_CHUNK_MIN
+                continue
+            if reader.done or topic.closed or not streaming:
+                return
+            if (transport is not None and reader.end is None and reader.remaining is None
+                    and reader.last_index >= topic.committed_index and _drained(transport)):
+                # Caught up, socket drained: park in the fan-out, which writes every new
+                # commit to this socket without waking this task, until it needs the files.
+                sent += await self.fanouts.follow(reader, transport, response.chunked)
+                continue
+            await topic.wait_for(reader.last_index)
+            tail = reader.read_tail()
+            chunk = tail if tail is not None else await self.executors.read(
+                reader.read, size)
+
+    def _readable(self, principal: Principal, topic_id: int) -> bool:
+        """Whether the principal may read a topic (by id, or by its stream's name)."""
+        if principal.can("read", str(topic_id)):
+            return True
+        name = self.broker.stream_name(topic_id)
+        return name is not None and principal.can("read", name)
+
+    def _require_read(self, request: web.Request, topic_id: int) -> None:
+        principal = principal_of(request)
+        if not self._readable(principal, topic_id):
+            principal.require("read", str(topic_id), f"topic {topic_id}")
+
+    @requires("read")
+    async def ping(self, request: web.Request) -> web.Response:
+        """GET or POST /messaging/ping: every live node's URL."""
+        return web.json_response({"urls": self.log.urls()})
+
+    @requires("read")
+    async def topics(self, request: web.Request) -> web.Response:
+        """GET /messaging/topics (those the token may read)."""
+        principal = principal_of(request)
+        return web.json_response([self.broker.topic_info(t) for t in self.broker.topics()
+                                  if self._readable(principal, t.id)])
+
+    @requires("read")
+    async def topic(self, request: web.Request) -> web.Response:
+        """GET /messaging/topics/{id}, with ``after`` and ``count`` for count-based batching."""
+        topic_id = _int(request.match_info["id"], "topic id")
+        self._require_read(request, topic_id)
+        topic = self.broker.topic(topic_id)
+        if topic is None:
+            raise NotFoundError(f"topic {topic_id} not found")
+        info = self.broker.topic_info(topic)
+        after = _optional_int(request, "after")
+        count = _optional_int(request, "count")
+        if (after is None) != (count is None):
+            raise BadRequestError("after and count go together")
+        if after is not None and count is not None:
+            if count < 1:
+                raise BadRequestError("count must be at least 1")
+            info["index"] = await self.executors.read(topic.index_after, after, count)
+        return web.json_response(info)
+
+    @requires("read")
+    async def diagnostics(self, request: web.Request) -> web.Response:
+        """GET /messaging/diagnostics (file system paths only for admin tokens)."""
+        report = {"version": VERSION, **self.broker.diagnostics(), **self.log.diagnostics()}
+        if not principal_of(request).can("admin"):
+            report = _without_paths(report)
+        return web.json_response(report)
+
+    @requires("admin")
+    async def metrics(self, request: web.Request) -> web.Response:
+        """GET /metrics in the Prometheus text format."""
+        return web.Response(body=self.broker.metrics.render(),
+                            headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+def _without_paths(value: Any) -> Any:
+    """A diagnostics report without the file system paths in it."""
+    if isinstance(value, dict):
+        return {k: _without_paths(v) for k, v in value.items() if k != "path"}
+    if isinstance(value, list):
+        return [_without_paths(v) for v in value]
+    return value
+
+
+def _drained(transport: asyncio.Transport | None) -> bool:
+    """Whether everything written to the socket so far has been handed to the kernel."""
+    return transport is None or transport.get_write_buffer_size() == 0
+
+
+def _int(value: str, name: str) -> int:
+    # ASCII digits only: int() would also take "１２", "1_0", "+7" and " 1 ".
+    if not (value.isascii() and value.isdigit() and len(value) <= _MAX_U64_DIGITS):
+        raise BadRequestError(f"invalid {name} {value!r}: expected an unsigned integer")
+    number = int(value)
+    if number >= 2**64:
+        raise BadRequestError(f"invalid {name} {value!r}: expected an unsigned integer")
+    return number
+
+
+def _optional_int(request: web.Request, name: str) -> int | None:
+    value = request.query.get(name)
+    return None if value is None or value == "" else _int(value, name)
+
+
+def _required_int(request: web.Request, name: str) -> int:
+    value = _optional_int(request, name)
+    if value is None:
+        raise BadRequestError(f"missing parameter {name}")
+    return value
+
+
+def _bool(request: web.Request, name: str) -> bool:
+    value = request.query.get(name, "false").lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no", ""):
+        return False
+    raise BadRequestError(f"invalid {name} {value!r}: expected true or false")
+
