@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from messaging.client import Client
-from messaging.journal import CaughtUp, Checkpoint, Entry, FencedError, Receiver, Writer
+from messaging.errors import FencedError
+from messaging.journal import CaughtUp, Checkpoint, Entry, Receiver, Writer
 
 CHECKPOINT_EVERY = 25
 

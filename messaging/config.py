@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from messaging.errors import BadRequestError, MessagingError
+from messaging.errors import BadRequestError, ConfigError
 
 FsyncMode = Literal["always", "interval", "never"]
 FSYNC_MODES: tuple[FsyncMode, ...] = ("always", "interval", "never")
@@ -318,10 +318,6 @@ def broker_options() -> Iterator[tuple[str, Option, Any]]:
 #: Environment variables ``MESSAGING_<FIELD>`` (e.g. ``MESSAGING_MAX_SEGMENT_SIZE``) set
 #: options too, as do the keys of a TOML ``--config`` file (``max-segment-size = "64M"``).
 ENV_PREFIX = "MESSAGING_"
-
-
-class ConfigError(MessagingError):
-    """A configuration file, environment variable or option that cannot be used."""
 
 
 def load_config(explicit: Mapping[str, Any], environ: Mapping[str, str],

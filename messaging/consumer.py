@@ -2,15 +2,15 @@
 exactly-once processing with application state and positions committed together."""
 
 from messaging.client.consumer import (
-    Checkpoint,
-    Consumer,
-    ConsumerError,
-    Intent,
-    JSONFileStore,
-    SQLiteStore,
-    Store,
-    Transaction,
+           Checkpoint,
+           Consumer,
+           Intent,
+           JSONFileStore,
+           SQLiteStore,
+           Store,
+           Transaction,
 )
+from messaging.errors import ConsumerError
 
 __all__ = ["Checkpoint", "Consumer", "ConsumerError", "Intent", "JSONFileStore",
            "SQLiteStore", "Store", "Transaction"]

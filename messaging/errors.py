@@ -1,4 +1,4 @@
-"""The one exception hierarchy of messaging.
+"""The one exception hierarchy of messaging: every error class of the package is here.
 
 Every class carries the HTTP status it maps to; only :mod:`messaging.http.app` turns exceptions
 into responses, and :func:`error_for_status` turns them back into the same classes for the
@@ -7,14 +7,20 @@ clients (from the status and headers, never by parsing the message).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from http import HTTPStatus
 
-#: The header every error answer of a broker carries: the error message.
-ERROR_HEADER = "X-Broker-Error"
-#: Headers of a 410 answer (see :class:`TopicTruncatedError`).
-FIRST_INDEX_HEADER = "X-Broker-First-Index"
-TOPIC_HEADER = "X-Broker-Topic"
+from messaging.headers import (
+    ERROR_HEADER,
+    FIRST_INDEX_HEADER,
+    PRODUCER_EPOCH_HEADER,
+    PRODUCER_EXPECTED_SEQ_HEADER,
+    PRODUCER_RECEIVED_SEQ_HEADER,
+    STREAM_CLOSED_HEADER,
+    STREAM_NEXT_OFFSET_HEADER,
+    TOPIC_HEADER,
+)
 
 
 class MessagingError(Exception):
@@ -154,6 +160,10 @@ class BrokerClosedError(MessagingError):
     status = 503
 
 
+class BindError(MessagingError):
+    """The broker cannot listen on its address (in use, not this machine's, no permission)."""
+
+
 class DataDirectoryError(MessagingError):
     """The data directory cannot be used (permissions, wrong format, locked by another broker)."""
 
@@ -224,6 +234,141 @@ _BY_STATUS: dict[int, type[MessagingError]] = {
     504: PublishOutcomeUnknownError,
     507: DiskFullError,
 }
+
+
+# -- configuration ----------------------------------------------------------------------------
+
+
+class ConfigError(MessagingError):
+    """A configuration file, environment variable or option that cannot be used."""
+
+# -- limits (messaging.http.limits) -----------------------------------------------------------
+
+
+class TooManyStreamsError(MessagingError):
+    """Every streaming slot is taken."""
+
+    status = 503
+
+class TooManyRequestsError(MessagingError):
+    """A rate or count limit; ``retry_after`` seconds until it is worth trying again."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        """When to try again."""
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
+
+class SlowUploadError(MessagingError):
+    """A request body that did not arrive at the minimum rate."""
+
+    status = 408
+
+# -- authentication and scopes (messaging.http.auth) ------------------------------------------
+
+
+class UnauthorizedError(MessagingError):
+    """No credentials, or credentials no token matches."""
+
+    status = 401
+
+    def headers(self) -> dict[str, str]:
+        """How to authenticate."""
+        return {"WWW-Authenticate": 'Bearer realm="messaging"'}
+
+class ForbiddenError(MessagingError):
+    """A valid token without the scope a request needs."""
+
+    status = 403
+
+class UndeclaredScopeError(MessagingError):
+    """A route that declares no scope: refused, never served open (a bug in the broker)."""
+
+    status = 500
+
+class TokensFileError(MessagingError):
+    """A tokens file that cannot be used (the message names the file and line)."""
+
+# -- named streams (messaging.broker.catalog) -------------------------------------------------
+
+
+class StreamNotFoundError(NotFoundError):
+    """No stream of that name (or it expired)."""
+
+class StreamGoneError(MessagingError):
+    """The stream was deleted while forks still read it (soft-deleted)."""
+
+    status = 410
+
+class StreamConflictError(MessagingError):
+    """A create with another configuration, a content type or ``Stream-Seq`` conflict."""
+
+    status = 409
+
+class StreamClosedError(MessagingError):
+    """An append to a closed stream."""
+
+    status = 409
+
+    def __init__(self, message: str, next_offset: str) -> None:
+        super().__init__(message)
+        self.next_offset = next_offset  # the stream's final offset, as a token
+
+    def headers(self) -> dict[str, str]:
+        """The closure and the final offset."""
+        return {STREAM_CLOSED_HEADER: "true", STREAM_NEXT_OFFSET_HEADER: self.next_offset}
+
+# -- idempotent producers (messaging.broker.producers) ----------------------------------------
+
+
+class ProducerFencedError(MessagingError):
+    """A producer epoch older than the stream's (a zombie)."""
+
+    status = 403
+
+    def __init__(self, message: str, epoch: int) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+
+    def headers(self) -> dict[str, str]:
+        """The epoch the stream holds."""
+        return {PRODUCER_EPOCH_HEADER: str(self.epoch)}
+
+class ProducerSequenceGapError(MessagingError):
+    """A producer sequence number that skips ahead of the next one expected."""
+
+    status = 409
+
+    def __init__(self, message: str, expected: int, received: int) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.received = received
+
+    def headers(self) -> dict[str, str]:
+        """The sequence expected and the one received."""
+        return {PRODUCER_EXPECTED_SEQ_HEADER: str(self.expected),
+                PRODUCER_RECEIVED_SEQ_HEADER: str(self.received)}
+
+# -- transactional consumers (messaging.client.consumer) --------------------------------------
+
+
+class ConsumerError(MessagingError):
+    """A consumer cannot go on: its store is in use or damaged, or its producer fenced."""
+
+# -- journals (messaging.client.journal) ------------------------------------------------------
+
+
+class JournalError(MessagingError):
+    """A journal used the wrong way, or a writer that can no longer write."""
+
+class FencedError(JournalError):
+    """A writer whose epoch is no longer the journal's: another primary took over."""
+
+    status = 403
 
 
 def error_for_status(status: int, headers: Mapping[str, str], url: str = "") -> MessagingError:

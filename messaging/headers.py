@@ -1,9 +1,8 @@
 """The HTTP header names of the broker's API, shared by the server (``messaging.http``) and the
 clients (``messaging.client``, ``messaging.spark``): one table, so both sides spell them alike.
 
-This module imports nothing from the package: every room may use it. The error answer's own
-headers (``X-Broker-Error``, ``X-Broker-First-Index``, ``X-Broker-Topic``) stay with the error
-hierarchy in :mod:`messaging.errors`, which also reads them back (``error_for_status``).
+This module imports nothing from the package: every room may use it (the error hierarchy in
+:mod:`messaging.errors` too, which writes the error answer's headers and reads them back).
 """
 
 from __future__ import annotations
@@ -21,3 +20,19 @@ CONSUMER_INDEX_HEADER = "X-Broker-Consumer-Index"
 PRODUCER_ID_HEADER = "Producer-Id"
 PRODUCER_EPOCH_HEADER = "Producer-Epoch"
 PRODUCER_SEQ_HEADER = "Producer-Seq"
+#: On a 409 for a sequence gap: the sequence expected and the one received.
+PRODUCER_EXPECTED_SEQ_HEADER = "Producer-Expected-Seq"
+PRODUCER_RECEIVED_SEQ_HEADER = "Producer-Received-Seq"
+
+#: Every error answer: the error message (also the text/plain body).
+ERROR_HEADER = "X-Broker-Error"
+#: A 410 answer: the first index still available, and the topic.
+FIRST_INDEX_HEADER = "X-Broker-First-Index"
+TOPIC_HEADER = "X-Broker-Topic"
+
+#: Durable Streams: a closed stream, and the offset to read from next.
+STREAM_CLOSED_HEADER = "Stream-Closed"
+STREAM_NEXT_OFFSET_HEADER = "Stream-Next-Offset"
+
+#: A cluster node's snapshot: the etcd revision it reflects.
+REVISION_HEADER = "X-Messaging-Revision"

@@ -83,7 +83,8 @@ def test_flag_defaults_are_broker_config_defaults() -> None:
 
 
 def test_config_file_environment_and_flags_precedence(tmp_path: Path) -> None:
-    from messaging.config import ConfigError, load_config
+    from messaging.config import load_config
+    from messaging.errors import ConfigError
 
     file = tmp_path / "broker.toml"
     file.write_text('bind = "127.0.0.1:9000"\nmax-segment-size = "64M"\nfsync = "never"\n'

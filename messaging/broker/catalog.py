@@ -27,8 +27,6 @@ Rules this module documents:
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -40,8 +38,10 @@ from messaging.broker.producers import (
 from messaging.errors import (
     BadRequestError,
     CorruptFrameError,
-    MessagingError,
-    NotFoundError,
+    StreamClosedError,
+    StreamConflictError,
+    StreamGoneError,
+    StreamNotFoundError,
 )
 from messaging.frames import INTERNAL_TYPE, encode
 
@@ -78,59 +78,6 @@ def parse_token(text: str) -> Position | None:
 def media_type(content_type: str) -> str:
     """A content type compared as the protocol compares them: no parameters, lower case."""
     return content_type.split(";", 1)[0].strip().lower()
-
-
-class StreamNotFoundError(NotFoundError):
-    """No stream of that name (or it expired)."""
-
-
-class StreamGoneError(MessagingError):
-    """The stream was deleted while forks still read it (soft-deleted)."""
-
-    status = 410
-
-
-class StreamConflictError(MessagingError):
-    """A create with another configuration, a content type or ``Stream-Seq`` conflict."""
-
-    status = 409
-
-
-class StreamClosedError(MessagingError):
-    """An append to a closed stream."""
-
-    status = 409
-
-    def __init__(self, message: str, tail: Position) -> None:
-        super().__init__(message)
-        self.tail = tail
-
-    def headers(self) -> dict[str, str]:
-        """The closure and the final offset."""
-        return {"Stream-Closed": "true", "Stream-Next-Offset": token(self.tail)}
-
-
-_DIGITS = re.compile(r"[0-9]+")
-_MAX_SAFE_INTEGER = 2**53 - 1
-
-
-def parse_producer(headers: Mapping[str, str]) -> tuple[str, int, int] | None:
-    """``Producer-Id``/``-Epoch``/``-Seq`` of a request: all three or none (400 otherwise)."""
-    pid = headers.get("Producer-Id")
-    epoch = headers.get("Producer-Epoch")
-    seq = headers.get("Producer-Seq")
-    if pid is None and epoch is None and seq is None:
-        return None
-    if pid is None or epoch is None or seq is None:
-        raise BadRequestError("Producer-Id, Producer-Epoch and Producer-Seq go together")
-    if not pid:
-        raise BadRequestError("Producer-Id must not be empty")
-    numbers = []
-    for label, text in (("Producer-Epoch", epoch), ("Producer-Seq", seq)):
-        if not _DIGITS.fullmatch(text) or int(text) > _MAX_SAFE_INTEGER:
-            raise BadRequestError(f"invalid {label} {text!r}: an integer 0..2^53-1")
-        numbers.append(int(text))
-    return pid, numbers[0], numbers[1]
 
 
 @dataclass(slots=True)
@@ -564,7 +511,7 @@ class Catalog:
             if op.get("close") and not op.get("count"):
                 op["done"] = True  # closing a closed stream: idempotent
                 return Decision(None, op)
-            raise StreamClosedError(f"stream {name!r} is closed", stream.tail)
+            raise StreamClosedError(f"stream {name!r} is closed", token(stream.tail))
         if op.get("count") and op.get("content_type") is not None and (
                 media_type(op["content_type"]) != media_type(stream.content_type)):
             raise StreamConflictError(f"Content-Type {op['content_type']!r} does not match the "

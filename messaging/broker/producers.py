@@ -12,42 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from messaging.errors import BadRequestError, MessagingError
+from messaging.errors import BadRequestError, ProducerFencedError, ProducerSequenceGapError
 
 #: Producer entries unused this long are forgotten (seconds).
 PRODUCER_TTL = 7 * 24 * 3600.0
 #: At most this many producers are remembered per stream.
 MAX_PRODUCERS = 10_000
-
-class ProducerFencedError(MessagingError):
-    """A producer epoch older than the stream's (a zombie)."""
-
-    status = 403
-
-    def __init__(self, message: str, epoch: int) -> None:
-        super().__init__(message)
-        self.epoch = epoch
-
-    def headers(self) -> dict[str, str]:
-        """The epoch the stream holds."""
-        return {"Producer-Epoch": str(self.epoch)}
-
-
-class ProducerSequenceGapError(MessagingError):
-    """A producer sequence number that skips ahead of the next one expected."""
-
-    status = 409
-
-    def __init__(self, message: str, expected: int, received: int) -> None:
-        super().__init__(message)
-        self.expected = expected
-        self.received = received
-
-    def headers(self) -> dict[str, str]:
-        """The sequence expected and the one received."""
-        return {"Producer-Expected-Seq": str(self.expected),
-                "Producer-Received-Seq": str(self.received)}
-
 
 @dataclass(slots=True)
 class Producer:

@@ -29,11 +29,9 @@ log = logging.getLogger(__name__)
 #: The format of ``broker.json``, of a cluster checkpoint and of a snapshot's header.
 FORMAT = 1
 
-#: Where a cluster node serves its snapshot, what it is sent as, and the header naming the
-#: etcd revision it reflects.
+#: Where a cluster node serves its snapshot, and what it is sent as.
 SNAPSHOT_PATH = "/messaging/snapshot"
 SNAPSHOT_CONTENT_TYPE = "application/x-messaging-snapshot"
-REVISION_HEADER = "X-Messaging-Revision"
 _SEGMENT_NAME = re.compile(r"\d{20}\.seg")
 
 

@@ -49,7 +49,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from messaging.aio import wait_finished
 from messaging.client.client import Client
 from messaging.client.conn import Conn
-from messaging.errors import MessagingError
+from messaging.errors import ConsumerError, MessagingError
 from messaging.files import read_json, write_json_atomic
 from messaging.frames import HEADER_SIZE, Message
 
@@ -63,10 +63,6 @@ _T = TypeVar("_T")
 HANDLED, INTENT, PUBLISHED, COMMITTED = "handled", "intent", "published", "committed"
 #: Bytes of derived messages per publish request (below a cluster's etcd request limit).
 DEFAULT_MAX_PUBLISH_BYTES = 1 << 20
-
-
-class ConsumerError(MessagingError):
-    """A consumer cannot go on: its store is in use or damaged, or its producer fenced."""
 
 
 # -- what the store keeps ---------------------------------------------------------------------

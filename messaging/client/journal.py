@@ -38,6 +38,8 @@ from messaging.client.client import Client
 from messaging.errors import (
     ConnectionFailedError,
     CorruptFrameError,
+    FencedError,
+    JournalError,
     MessagingError,
     NotFoundError,
     TopicTruncatedError,
@@ -86,16 +88,6 @@ class CaughtUp(Exception):
     def __init__(self, index: int) -> None:
         super().__init__(f"caught up with the journal through index {index}")
         self.index = index
-
-
-class JournalError(MessagingError):
-    """A journal used the wrong way, or a writer that can no longer write."""
-
-
-class FencedError(JournalError):
-    """A writer whose epoch is no longer the journal's: another primary took over."""
-
-    status = 403
 
 
 def _pack(epoch: int, data: bytes) -> bytes:

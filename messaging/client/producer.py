@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 
 from messaging.errors import ClientError, MessagingError
+from messaging.headers import PRODUCER_EPOCH_HEADER, PRODUCER_ID_HEADER, PRODUCER_SEQ_HEADER
 
 
 @dataclass(slots=True)
@@ -27,8 +28,8 @@ class Lane:
 
     def headers(self) -> dict[str, str]:
         """The producer headers of the lane's next request."""
-        return {"Producer-Id": self.id, "Producer-Epoch": str(self.epoch),
-                "Producer-Seq": str(self.seq)}
+        return {PRODUCER_ID_HEADER: self.id, PRODUCER_EPOCH_HEADER: str(self.epoch),
+                PRODUCER_SEQ_HEADER: str(self.seq)}
 
 
 class Lanes:

@@ -21,15 +21,8 @@ from aiohttp.http_exceptions import ContentEncodingError
 from messaging.broker.snapshot import SNAPSHOT_PATH
 from messaging.broker.view import BrokerView
 from messaging.config import BrokerConfig
-from messaging.errors import MessagingError
-from messaging.http.auth import (
-    OPEN,
-    PRINCIPAL,
-    ForbiddenError,
-    Tokens,
-    UndeclaredScopeError,
-    declared_scope,
-)
+from messaging.errors import ForbiddenError, MessagingError, UndeclaredScopeError
+from messaging.http.auth import OPEN, PRINCIPAL, Tokens, declared_scope
 from messaging.http.connections import report_rejection
 from messaging.http.consumers import ConsumerHandlers
 from messaging.http.executors import Executors

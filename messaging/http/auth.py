@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from messaging.errors import MessagingError
+from messaging.errors import ForbiddenError, TokensFileError, UnauthorizedError
 
 log = logging.getLogger(__name__)
 
@@ -49,32 +49,6 @@ _SCOPE_ATTRIBUTE = "required_scope"
 H = TypeVar("H", bound=Callable[..., Any])
 #: A route's declaration: one kind (or OPEN), or a kind per HTTP method.
 Declaration = str | Mapping[str, str]
-
-
-class UnauthorizedError(MessagingError):
-    """No credentials, or credentials no token matches."""
-
-    status = 401
-
-    def headers(self) -> dict[str, str]:
-        """How to authenticate."""
-        return {"WWW-Authenticate": 'Bearer realm="messaging"'}
-
-
-class ForbiddenError(MessagingError):
-    """A valid token without the scope a request needs."""
-
-    status = 403
-
-
-class UndeclaredScopeError(MessagingError):
-    """A route that declares no scope: refused, never served open (a bug in the broker)."""
-
-    status = 500
-
-
-class TokensFileError(MessagingError):
-    """A tokens file that cannot be used (the message names the file and line)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from messaging.config import DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS
-from messaging.errors import ERROR_HEADER
+from messaging.headers import ERROR_HEADER
 from messaging.http.access_log import AccessLogger
 from messaging.http.responses import error_response, one_line
 

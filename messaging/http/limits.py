@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,35 +28,15 @@ from messaging.config import (
     MAX_SUBSCRIBER_ID,
     UPLOAD_GRACE,
 )
-from messaging.errors import BadRequestError, MessageTooLargeError, MessagingError
+from messaging.errors import (
+    BadRequestError,
+    MessageTooLargeError,
+    SlowUploadError,
+    TooManyRequestsError,
+    TooManyStreamsError,
+)
 
 _READ = 64 << 10
-
-
-class TooManyStreamsError(MessagingError):
-    """Every streaming slot is taken."""
-
-    status = 503
-
-
-class TooManyRequestsError(MessagingError):
-    """A rate or count limit; ``retry_after`` seconds until it is worth trying again."""
-
-    status = 429
-
-    def __init__(self, message: str, retry_after: float = 1.0) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-    def headers(self) -> dict[str, str]:
-        """When to try again."""
-        return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
-
-
-class SlowUploadError(MessagingError):
-    """A request body that did not arrive at the minimum rate."""
-
-    status = 408
 
 
 @dataclass

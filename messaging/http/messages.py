@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import HttpVersion11, web
 
 from messaging import __version__ as VERSION
-from messaging.broker.catalog import parse_producer, stream_command
+from messaging.broker.catalog import stream_command
 from messaging.broker.metrics import BrokerMetrics
 from messaging.broker.view import BrokerView
 from messaging.config import DEFAULT_MAX_REQUEST_SIZE
@@ -50,6 +50,7 @@ from messaging.http.consumers import check_name, start_index
 from messaging.http.executors import Executors
 from messaging.http.fanout import FanOuts
 from messaging.http.limits import Limits
+from messaging.http.producer_headers import parse_producer
 from messaging.log.base import Log
 from messaging.topic.view import ReaderView
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from messaging.errors import ERROR_HEADER
+from messaging.headers import ERROR_HEADER
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None,

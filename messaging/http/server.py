@@ -12,8 +12,8 @@ from aiohttp import web
 
 from messaging.aio import cancel_and_wait
 from messaging.broker.broker import Broker
-from messaging.config import BrokerConfig, ConfigError
-from messaging.errors import DataDirectoryError
+from messaging.config import BrokerConfig
+from messaging.errors import BindError, ConfigError
 from messaging.http.access_log import ACCESS_LOGGER
 from messaging.http.app import make_app
 from messaging.http.auth import Tokens
@@ -194,7 +194,6 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.listen(LISTEN_BACKLOG)
     except OSError as err:
         sock.close()
-        raise DataDirectoryError(f"cannot listen on {host}:{port}: "
-                                 f"{err.strerror or err}") from err
+        raise BindError(f"cannot listen on {host}:{port}: {err.strerror or err}") from err
     sock.setblocking(False)
     return sock

@@ -36,23 +36,31 @@ from messaging.broker.catalog import (
     Catalog,
     Position,
     Stream,
-    StreamConflictError,
-    StreamGoneError,
-    StreamNotFoundError,
     media_type,
-    parse_producer,
     parse_token,
     stream_command,
     token,
 )
 from messaging.broker.view import BrokerView
 from messaging.config import DEFAULT_LONG_POLL_TIMEOUT, DEFAULT_MAX_REQUEST_SIZE
-from messaging.errors import BadRequestError, MessagingError
+from messaging.errors import (
+    BadRequestError,
+    MessagingError,
+    StreamConflictError,
+    StreamGoneError,
+    StreamNotFoundError,
+)
 from messaging.frames import encode
-from messaging.headers import PRODUCER_EPOCH_HEADER, PRODUCER_SEQ_HEADER
+from messaging.headers import (
+    PRODUCER_EPOCH_HEADER,
+    PRODUCER_SEQ_HEADER,
+    STREAM_CLOSED_HEADER,
+    STREAM_NEXT_OFFSET_HEADER,
+)
 from messaging.http.auth import OPEN, principal_of, requires
 from messaging.http.executors import Executors
 from messaging.http.limits import Limits
+from messaging.http.producer_headers import parse_producer
 from messaging.log.base import Log
 
 log = logging.getLogger(__name__)
@@ -239,7 +247,7 @@ class StreamHandlers:
         expires = _expires(expires_text) if expires_text is not None else None
         op: dict[str, Any] = {"op": "create", "name": name, "content_type": content_type,
                               "ttl": ttl, "expires_at": expires_text, "expires": expires,
-                              "closed": _is_true(headers.get("Stream-Closed")),
+                              "closed": _is_true(headers.get(STREAM_CLOSED_HEADER)),
                               "now": time.time()}
         sub_text = headers.get("Stream-Fork-Sub-Offset")
         offset_text = headers.get("Stream-Fork-Offset")
@@ -288,16 +296,16 @@ class StreamHandlers:
         assert outcome is not None
         self._touch(name)
         answer = {"Content-Type": outcome.content_type or (content_type or ""),
-                  "Stream-Next-Offset": token(outcome.tail)}
+                  STREAM_NEXT_OFFSET_HEADER: token(outcome.tail)}
         if outcome.closed:
-            answer["Stream-Closed"] = "true"
+            answer[STREAM_CLOSED_HEADER] = "true"
         if outcome.created:
             answer["Location"] = str(request.url.with_query(None))
             return web.Response(status=201, headers=answer)
         stream = self.broker.catalog.streams.get(name)
         if stream is not None:
             answer["Content-Type"] = stream.content_type
-            answer["Stream-Next-Offset"] = token(stream.tail)
+            answer[STREAM_NEXT_OFFSET_HEADER] = token(stream.tail)
         return web.Response(status=200, headers=answer)
 
     def _pieces(self, body: bytes) -> list[bytes]:
@@ -325,7 +333,7 @@ class StreamHandlers:
     async def append(self, request: web.Request, name: str) -> web.StreamResponse:
         """POST: append (one message; JSON arrays are flattened one level) and/or close."""
         headers = request.headers
-        close = _is_true(headers.get("Stream-Closed"))
+        close = _is_true(headers.get(STREAM_CLOSED_HEADER))
         producer = parse_producer(headers)
         seq = headers.get("Stream-Seq")
         self.limits.admit_append(f"stream {name!r}")
@@ -355,9 +363,9 @@ class StreamHandlers:
         outcome = result.stream
         assert outcome is not None
         self._touch(name)
-        answer = {"Stream-Next-Offset": token(outcome.tail)}
+        answer = {STREAM_NEXT_OFFSET_HEADER: token(outcome.tail)}
         if outcome.closed:
-            answer["Stream-Closed"] = "true"
+            answer[STREAM_CLOSED_HEADER] = "true"
         if producer is not None and outcome.producer is not None:
             answer[PRODUCER_EPOCH_HEADER] = str(outcome.producer[0])
             answer[PRODUCER_SEQ_HEADER] = str(outcome.producer[1])
@@ -381,10 +389,10 @@ class StreamHandlers:
         """HEAD: the stream's metadata (not cacheable; does not extend a sliding TTL)."""
         stream = await self._lookup(name)
         answer = {"Content-Type": stream.content_type,
-                  "Stream-Next-Offset": token(stream.tail), "Cache-Control": "no-store",
+                  STREAM_NEXT_OFFSET_HEADER: token(stream.tail), "Cache-Control": "no-store",
                   "ETag": self._etag(stream, "-1", token(stream.tail), stream.closed)}
         if stream.closed:
-            answer["Stream-Closed"] = "true"
+            answer[STREAM_CLOSED_HEADER] = "true"
         if stream.ttl is not None:
             answer["Stream-TTL"] = str(stream.ttl)
         if stream.expires_at is not None:
@@ -430,10 +438,10 @@ class StreamHandlers:
                 return await self._sse(request, stream, position, client_cursor)
         if start_text == "now" and live is None:
             answer = {"Content-Type": stream.content_type,
-                      "Stream-Next-Offset": token(stream.tail), "Stream-Up-To-Date": "true",
+                      STREAM_NEXT_OFFSET_HEADER: token(stream.tail), "Stream-Up-To-Date": "true",
                       "Cache-Control": "no-store"}
             if stream.closed:
-                answer["Stream-Closed"] = "true"
+                answer[STREAM_CLOSED_HEADER] = "true"
             return web.Response(status=200, headers=answer,
                                 body=b"[]" if stream.json else b"")
         items = await self._read_items(stream, position)
@@ -452,7 +460,7 @@ class StreamHandlers:
             start_text == "now") else position
         up_to_date = end >= stream.tail
         closed = stream.closed and up_to_date
-        answer = {"Content-Type": stream.content_type, "Stream-Next-Offset": token(end),
+        answer = {"Content-Type": stream.content_type, STREAM_NEXT_OFFSET_HEADER: token(end),
                   "ETag": self._etag(stream, start_text, token(end), closed)}
         if live == "long-poll":
             answer["Stream-Cursor"] = cursor(client_cursor)
@@ -461,18 +469,18 @@ class StreamHandlers:
         if up_to_date:
             answer["Stream-Up-To-Date"] = "true"
         if closed:
-            answer["Stream-Closed"] = "true"
+            answer[STREAM_CLOSED_HEADER] = "true"
         if request.headers.get("If-None-Match") == answer["ETag"]:
             return web.Response(status=304, headers={"ETag": answer["ETag"]})
         return web.Response(status=200, headers=answer, body=stream_reads.body(stream, items))
 
     def _no_content(self, stream: Stream, position: Position, client_cursor: str | None, *,
                     closed: bool) -> web.Response:
-        answer = {"Stream-Next-Offset": token(max(position, stream.tail) if closed
+        answer = {STREAM_NEXT_OFFSET_HEADER: token(max(position, stream.tail) if closed
                                               else position),
                   "Stream-Up-To-Date": "true"}
         if closed:
-            answer["Stream-Closed"] = "true"
+            answer[STREAM_CLOSED_HEADER] = "true"
         else:
             answer["Stream-Cursor"] = cursor(client_cursor)
         return web.Response(status=204, headers=answer)

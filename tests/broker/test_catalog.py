@@ -36,26 +36,24 @@ from messaging.broker.catalog import (
     APPEND_END,
     CONTINUED,
     NAMED_TOPIC_BASE,
-    StreamClosedError,
-    StreamConflictError,
-    StreamGoneError,
-    StreamNotFoundError,
     StreamOutcome,
     stream_command,
     token,
 )
 from messaging.broker.commands import heartbeat_command
-from messaging.broker.producers import (
-    PRODUCER_TTL,
-    ProducerFencedError,
-    ProducerSequenceGapError,
-)
+from messaging.broker.producers import PRODUCER_TTL
 from messaging.broker.state_log import CatalogLog
 from messaging.errors import (
     BadRequestError,
     DiskFullError,
     MessagingError,
+    ProducerFencedError,
+    ProducerSequenceGapError,
     StorageError,
+    StreamClosedError,
+    StreamConflictError,
+    StreamGoneError,
+    StreamNotFoundError,
 )
 from messaging.frames import encode
 from messaging.topic.topic import Topic

@@ -18,8 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from messaging.broker.catalog import Catalog, stream_command
 from messaging.broker.commands import Stamped, heartbeat_command, stamp
-from messaging.broker.producers import ProducerFencedError
-from messaging.errors import MessagingError
+from messaging.errors import MessagingError, ProducerFencedError
 from messaging.frames import decode, encode_batch
 
 NOW = 1_790_000_000.0

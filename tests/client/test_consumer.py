@@ -23,7 +23,6 @@ from messaging.client.consumer import (
     PUBLISHED,
     Checkpoint,
     Consumer,
-    ConsumerError,
     Intent,
     JSONFileStore,
     SQLiteStore,
@@ -31,7 +30,7 @@ from messaging.client.consumer import (
     cut_requests,
     publish_derived,
 )
-from messaging.errors import MessagingError
+from messaging.errors import ConsumerError, MessagingError
 from messaging.frames import Message
 from messaging.http.server import BrokerServer
 from tests.conftest import StartServer

@@ -12,15 +12,8 @@ import random
 import pytest
 
 from messaging.client.client import Client
-from messaging.client.journal import (
-    CaughtUp,
-    Checkpoint,
-    Entry,
-    FencedError,
-    JournalError,
-    Receiver,
-    Writer,
-)
+from messaging.client.journal import CaughtUp, Checkpoint, Entry, Receiver, Writer
+from messaging.errors import FencedError, JournalError
 from messaging.http.server import BrokerServer
 
 TOPIC = 5

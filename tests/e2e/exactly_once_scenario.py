@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from messaging.broker.broker import ApplyResult, Broker
-from messaging.broker.catalog import StreamNotFoundError, stream_command
+from messaging.broker.catalog import stream_command
 from messaging.broker.commands import heartbeat_command
 from messaging.broker.subscribers import DELETE, RESET, consumer_command
-from messaging.errors import MessagingError
+from messaging.errors import MessagingError, StreamNotFoundError
 from messaging.frames import encode_batch
 
 NOW = 1_790_000_000.0

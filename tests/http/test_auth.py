@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from messaging.errors import TokensFileError, UnauthorizedError
 from messaging.http.auth import (
     Principal,
     Scope,
     Tokens,
-    TokensFileError,
-    UnauthorizedError,
     hash_token,
     new_token,
     parse_scope,
