@@ -22,6 +22,7 @@ from aiohttp import HttpVersion11, web
 
 from messaging import __version__ as VERSION
 from messaging.broker.catalog import stream_command
+from messaging.broker.commands import heartbeat_command
 from messaging.broker.metrics import BrokerMetrics
 from messaging.broker.view import BrokerView
 from messaging.config import DEFAULT_MAX_REQUEST_SIZE
@@ -155,7 +156,7 @@ class MessageHandlers:
         topic = _required_int(request, "topicID")
         index = _required_int(request, "index")
         self.limits.check_subscriber(url, self.broker.subscribers(topic))
-        await self.log.heartbeat(topic, index, url)
+        await self.log.apply(heartbeat_command(topic, index, url))
         return web.Response()
 
     @requires("admin")

@@ -26,11 +26,8 @@ class Log(Protocol):
         ...
 
     async def apply(self, command: bytes) -> ApplyResult:
-        """Order and apply a command; raises a MessagingError when it cannot."""
-        ...
-
-    async def heartbeat(self, topic: int, index: int, url: str) -> None:
-        """Record a subscriber's progress (coalesced where the log is replicated)."""
+        """Order and apply a command (a publish, a stream operation, a heartbeat: see
+        :mod:`messaging.broker.commands`); raises a MessagingError when it cannot."""
         ...
 
     def urls(self) -> list[str]:

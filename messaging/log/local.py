@@ -20,7 +20,6 @@ from concurrent.futures import Executor
 from typing import Any
 
 from messaging.broker.broker import ApplyResult, Broker
-from messaging.broker.commands import heartbeat_command
 from messaging.config import FSYNC_MODES, FsyncMode
 from messaging.errors import BrokerClosedError, MessagingError
 from messaging.log.base import answer_callers
@@ -124,10 +123,6 @@ class LocalLog:
         result = await future
         self.broker.metrics.publish_latency.observe(time.perf_counter() - started)
         return result
-
-    async def heartbeat(self, topic: int, index: int, url: str) -> None:
-        """Record subscriber progress through the group commit, as durable as a publish."""
-        await self.apply(heartbeat_command(topic, index, url))
 
     def urls(self) -> list[str]:
         """Just this node."""

@@ -40,7 +40,6 @@ import grpc
 
 from messaging.aio import cancel_and_wait
 from messaging.broker.broker import ApplyResult, Broker
-from messaging.broker.commands import heartbeat_command
 from messaging.broker.snapshot import FORMAT, SnapshotStream
 from messaging.config import FSYNC_MODES, EtcdSettings, FsyncMode
 from messaging.errors import (
@@ -258,10 +257,6 @@ class EtcdLog:
         result = await future
         self.broker.metrics.publish_latency.observe(time.perf_counter() - started)
         return result
-
-    async def heartbeat(self, topic: int, index: int, url: str) -> None:
-        """Record subscriber progress through the log, as durable as a publish."""
-        await self.apply(heartbeat_command(topic, index, url))
 
     def urls(self) -> list[str]:
         """The URLs of the live (registered) nodes, this one included."""
