@@ -14,7 +14,8 @@ from typing import NamedTuple, Protocol
 from messaging.broker.catalog import APPEND_END, Catalog, Position, Stream
 from messaging.errors import BadRequestError
 from messaging.frames import HEADER, HEADER_SIZE, frame_columns
-from messaging.topic.topic import Topic
+from messaging.topic.reader import READ_CHUNK
+from messaging.topic.view import TopicView
 
 #: Bytes of message data one catch-up read returns at most (one message more if it is bigger).
 READ_LIMIT = 1 << 20
@@ -23,7 +24,7 @@ READ_LIMIT = 1 << 20
 class TopicSource(Protocol):
     """Where readers find topics."""
 
-    def topic(self, topic_id: int) -> Topic | None: ...
+    def topic(self, topic_id: int) -> TopicView | None: ...
 
 
 class Item(NamedTuple):
@@ -74,7 +75,7 @@ def read(topics: TopicSource, catalog: Catalog, stream: Stream, after: Position,
         reader = topic.reader(first)
         stop = False
         while not stop and (size < limit or not items):
-            chunk = reader.read()
+            chunk = reader.read(READ_CHUNK)
             if not chunk:
                 break
             if through is None or reader.last_index <= through[0]:  # no fork point in it

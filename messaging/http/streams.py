@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, cast
+from typing import Any
 
 from aiohttp import web
 
@@ -275,7 +275,7 @@ class StreamHandlers:
             if at > source.tail:
                 raise BadRequestError("Stream-Fork-Offset is beyond the source stream's tail")
             if sub:
-                at = await self.executors.read(stream_reads.resolve_sub_offset, self._topics(),
+                at = await self.executors.read(stream_reads.resolve_sub_offset, self.broker,
                                                self.broker.catalog, source, at, sub)
             op["fork"] = {"source": source_name, "at": list(at), "offset": offset_text,
                           "sub": sub}
@@ -322,11 +322,6 @@ class StreamHandlers:
         return b"".join(encode(APPEND_END if i == last else CONTINUED, 0, m)
                         for i, m in enumerate(messages))
 
-    def _topics(self) -> stream_reads.TopicSource:
-        """The broker as stream reads take it. They declare the concrete Topic (they read with
-        its default chunk size) where BrokerView promises a TopicView; the broker behind
-        BrokerView hands out Topics."""
-        return cast(stream_reads.TopicSource, self.broker)
 
     # -- append and close -------------------------------------------------------------------
 
@@ -486,7 +481,7 @@ class StreamHandlers:
         return web.Response(status=204, headers=answer)
 
     async def _read_items(self, stream: Stream, position: Position) -> list[stream_reads.Item]:
-        return await self.executors.read(stream_reads.read, self._topics(), self.broker.catalog,
+        return await self.executors.read(stream_reads.read, self.broker, self.broker.catalog,
                                          stream, position)
 
     async def _wait(self, name: str, stream: Stream, position: Position, timeout: float,
