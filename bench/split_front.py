@@ -41,12 +41,12 @@ from typing import Any, cast
 from aiohttp import web
 
 from messaging.broker.broker import ApplyResult, Broker
+from messaging.broker.commands import Command
 from messaging.broker.metrics import BrokerMetrics
 from messaging.broker.view import BrokerView
 from messaging.cli.main import event_loop_factory
 from messaging.config import BrokerConfig
 from messaging.errors import BrokerClosedError, MessagingError, error_for_status
-from messaging.frames import Command
 from messaging.headers import ERROR_HEADER
 from messaging.http.app import errors_middleware
 from messaging.http.connections import ConnectionLimits, connection_factory

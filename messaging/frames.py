@@ -194,39 +194,6 @@ def frame_size(buffer: bytes | bytearray | memoryview, offset: int = 0) -> int |
     return HEADER_SIZE + length
 
 
-def stamp_index(buffer: bytearray | memoryview, offset: int, index: int) -> None:
-    """Write the broker-assigned ``index`` into the frame at ``offset`` (the CRC is unchanged)."""
-    INDEX.pack_into(buffer, offset, index)
-
-
-def stamp_indexes(buffer: bytearray | memoryview, offsets: Sequence[int], first: int,
-                  stride: int = 0) -> None:
-    """Number the frames at ``offsets`` ``first``, ``first + 1``, ... (CRCs unchanged).
-
-    With ``stride`` (every frame that size, the first at 0) each byte of the index field is
-    written to all frames in one strided copy instead of one call per frame.
-    """
-    count = len(offsets)
-    if not stride:
-        pack = INDEX.pack_into
-        for k, offset in enumerate(offsets):
-            pack(buffer, offset, first + k)
-        return
-    at, size = FIELD_AT["index"]
-    indexes = struct.pack(f">{count}{_FIELD_CODE['index']}", *range(first, first + count))
-    for j in range(size):
-        buffer[at + j::stride] = indexes[j::size]
-
-
-def set_topic(buffer: bytearray | memoryview, offset: int, topic: int) -> None:
-    """Set the topic of the frame at ``offset`` and its checksum (which covers the topic)."""
-    _TOPIC.pack_into(buffer, offset + FIELD_AT["topic"][0], topic)
-    length = _LENGTH.unpack_from(buffer, offset)[0]
-    end = offset + HEADER_SIZE + length
-    _CRC.pack_into(buffer, offset + FIELD_AT["crc"][0],
-                   crc32c(memoryview(buffer)[offset + CRC_START:end]))
-
-
 def decode(buffer: bytes | bytearray | memoryview, after: int | None = None,
            max_length: int = HARD_MAX_MESSAGE_SIZE) -> tuple[list[Message], int]:
     """Decode the complete frames at the start of ``buffer``.
@@ -282,7 +249,7 @@ def frame_columns(buffer: bytes) -> FrameColumns:
     is checked again, and no object is made per message. Frames of one size are taken apart
     field by field with strided copies rather than header by header."""
     size = len(buffer)
-    uniform = _uniform_frames(buffer)
+    uniform = uniform_frames(buffer)
     if uniform is not None and uniform[0] * uniform[1] == size:
         stride, count = uniform
         datas = [buffer[offset:offset + stride - HEADER_SIZE]
@@ -321,7 +288,7 @@ def decode_slices(buffer: bytes, size: int) -> Iterator[tuple[int, list[Message]
     the young generation, and the full collections that brings cost more than making them.
     Frames of one size are unpacked by one struct per frame in C (no Python step each).
     """
-    uniform = _uniform_frames(buffer)
+    uniform = uniform_frames(buffer)
     if uniform is not None and uniform[0] * uniform[1] == len(buffer):
         stride, count = uniform
         unpack = _frame_struct(stride - HEADER_SIZE).iter_unpack
@@ -456,37 +423,11 @@ def scan(buffer: bytes | bytearray | memoryview, *, start: int = 0, after: int |
     return result
 
 
-class Command(bytes):
-    """A publish body already validated: its frames' offsets, and the one topic they are for
-    (None when they are for several), so the state machine and the topic need not walk the
-    headers again. Where a command is replicated as plain bytes, they walk them.
-
-    ``stride`` is the size of every frame when all are the same size (else 0): their indexes
-    can then be stamped with a few strided copies instead of one call per frame.
-    """
-
-    offsets: array[int]
-    topic: int | None
-    stride: int
-
-    @classmethod
-    def of(cls, body: bytes, offsets: array[int], topic: int | None,
-           stride: int = 0) -> Command:
-        """Wrap a validated body."""
-        command = cls(body)
-        command.offsets = offsets
-        command.topic = topic
-        command.stride = stride
-        return command
-
-
-#: Byte values without the internal-type bit (the high byte of the type field).
-_PUBLIC_HIGH_BYTES = bytes(range(INTERNAL_TYPE >> 8))
 #: Frames per body below which the per-frame walk is as quick as the strided checks.
 _UNIFORM_MIN_FRAMES = 16
 
 
-def _same_field(body: bytes | bytearray | memoryview, start: int, size: int, stride: int,
+def same_field(body: bytes | bytearray | memoryview, start: int, size: int, stride: int,
                 expected: bytes | bytearray | memoryview) -> bool:
     """Whether each of the whole frames of ``stride`` bytes at the start of ``body`` holds
     ``expected`` in the field at ``start``: one strided slice per byte, compared in C."""
@@ -496,30 +437,7 @@ def _same_field(body: bytes | bytearray | memoryview, start: int, size: int, str
                for j in range(size))
 
 
-def _validate_uniform(body: bytes, topic: int | None, max_length: int) -> Command | None:
-    """Validate a body whose frames all have the first frame's length, without a Python step
-    per header: lengths, topics and types are checked with strided slices, and the checksums
-    with one ``crc32c`` call per frame compared all at once. ``None``: the body is not like
-    that, or something is wrong in it (the per-frame walk then names the first bad frame).
-    """
-    size = len(body)
-    uniform = _uniform_frames(body)
-    if uniform is None or uniform[0] * uniform[1] != size or uniform[0] - HEADER_SIZE > max_length:
-        return None
-    stride = uniform[0]
-    first_topic = _TOPIC.unpack_from(body, FIELD_AT["topic"][0])[0]
-    if topic is not None and first_topic != topic:
-        return None
-    topic_at, topic_size = FIELD_AT["topic"]
-    type_at = FIELD_AT["type"][0]
-    if not (_same_field(body, topic_at, topic_size, stride, body[topic_at:topic_at + topic_size])
-            and not body[type_at::stride].translate(None, _PUBLIC_HIGH_BYTES)
-            and _checksums_match(body, stride)):
-        return None
-    return Command.of(body, array("q", range(0, size, stride)), first_topic, stride)
-
-
-def _uniform_frames(buffer: bytes | bytearray | memoryview) -> tuple[int, int] | None:
+def uniform_frames(buffer: bytes | bytearray | memoryview) -> tuple[int, int] | None:
     """``(stride, count)`` of the whole frames at the start of ``buffer`` when there are
     enough of them to be worth the strided checks and all have the first one's length (one
     strided slice per byte of the length field); ``None`` otherwise. Nothing else is checked.
@@ -530,13 +448,13 @@ def _uniform_frames(buffer: bytes | bytearray | memoryview) -> tuple[int, int] |
     count = len(buffer) // stride
     if count < _UNIFORM_MIN_FRAMES:
         return None
-    if not _same_field(buffer, LENGTH_OFFSET, FIELD_AT["length"][1], stride,
+    if not same_field(buffer, LENGTH_OFFSET, FIELD_AT["length"][1], stride,
                        buffer[LENGTH_OFFSET:HEADER_SIZE]):
         return None
     return stride, count
 
 
-def _checksums_match(body: bytes, stride: int) -> bool:
+def checksums_match(body: bytes, stride: int) -> bool:
     """Whether every frame of a uniform body carries its checksum: one ``crc32c`` call per
     frame, compared with the stored ones all at once."""
     view = memoryview(body)
@@ -554,7 +472,7 @@ def _uniform_prefix(buffer: bytes | bytearray | memoryview, after: int | None,
     they all have the first one's length, carry their checksums and (with ``after``) indexes
     increasing from ``after``; checked with strided slices. ``None``: not so (or too few to
     be worth it): the per-frame walk then decides, and names any damage."""
-    uniform = _uniform_frames(buffer)
+    uniform = uniform_frames(buffer)
     if uniform is None or uniform[0] - HEADER_SIZE > max_length:
         return None
     stride, count = uniform
@@ -563,63 +481,9 @@ def _uniform_prefix(buffer: bytes | bytearray | memoryview, after: int | None,
     if after is not None and (indexes[0] <= after
                               or not all(map(operator.lt, indexes, indexes[1:]))):
         return None
-    if not _checksums_match(body, stride):
+    if not checksums_match(body, stride):
         return None
     return count, stride, indexes[-1]
-
-
-def validate_publish(body: bytes, *, topic: int | None = None,
-                     max_length: int = HARD_MAX_MESSAGE_SIZE, uniform_fast: bool = True,
-                     ) -> Command:
-    """Check a publish body in one pass; returns it as a :class:`Command`.
-
-    Every frame must be complete, within ``max_length``, of a public type (not broker-
-    internal), for ``topic`` when one is given, and carry a matching CRC-32C. Raises
-    :class:`CorruptFrameError` (or a subclass) naming the first bad frame's byte offset.
-    Frames all of one size are checked with strided slices; ``uniform_fast=False`` walks
-    them one by one instead (the reference the fast path is tested against).
-    """
-    if not body:
-        raise CorruptFrameError("empty body: expected frames")
-    uniform = _validate_uniform(body, topic, max_length) if uniform_fast else None
-    return uniform if uniform is not None else _walk_publish(body, topic, max_length)
-
-
-def _walk_publish(body: bytes, topic: int | None, max_length: int) -> Command:
-    """:func:`validate_publish` one frame at a time: any body, and names the first bad frame."""
-    view = memoryview(body)
-    size = len(view)
-    offsets: array[int] = array("q")
-    record = offsets.append
-    offset = 0
-    first_topic = -1
-    single = True
-    unpack = _unpack_header
-    while offset < size:
-        if size - offset < HEADER_SIZE:
-            raise CorruptFrameError(f"incomplete frame at byte {offset} of {size}")
-        _index, crc, type_, frame_topic, length = unpack(view, offset)
-        if length > max_length:
-            raise FrameTooLargeError(f"frame at byte {offset}: data length {length} exceeds "
-                                     f"{max_length}")
-        end = offset + HEADER_SIZE + length
-        if end > size:
-            raise CorruptFrameError(f"incomplete frame at byte {offset} of {size}")
-        if type_ & INTERNAL_TYPE:
-            raise CorruptFrameError(f"frame at byte {offset}: type {type_:#x} is reserved for "
-                                    "the broker")
-        if topic is not None and frame_topic != topic:
-            raise CorruptFrameError(f"frame at byte {offset} is for topic {frame_topic}, not "
-                                    f"topicID {topic}")
-        if crc32c(view[offset + CRC_START:end]) != crc:
-            raise ChecksumError(f"frame at byte {offset}: checksum mismatch")
-        if first_topic < 0:
-            first_topic = frame_topic
-        elif frame_topic != first_topic:
-            single = False
-        record(offset)
-        offset = end
-    return Command.of(body, offsets, first_topic if single else None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,11 +11,11 @@ from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from messaging.broker.commands import Command, stamp_index, validate_publish
 from messaging.errors import ChecksumError, CorruptFrameError
 from messaging.frames import (
     HEADER_SIZE,
     BatchDecoder,
-    Command,
     FrameScan,
     Message,
     decode,
@@ -26,8 +26,6 @@ from messaging.frames import (
     encode_batch,
     encode_many,
     scan,
-    stamp_index,
-    validate_publish,
 )
 
 messages = st.builds(

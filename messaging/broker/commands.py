@@ -1,6 +1,8 @@
-"""Commands of the log as the state machine reads them: stamping (assigning broker indexes to
-a command's messages and finding the topics, heartbeats and stream operation it holds), and
-the internal heartbeat command. Pure: no I/O, so a model of the broker can drive it in memory.
+"""Commands of the log as the state machine reads them: validating a publish body into a
+:class:`Command`, stamping (assigning broker indexes to a command's messages and finding the
+topics, heartbeats and stream operation it holds), and the internal heartbeat command. Pure:
+no I/O, so a model of the broker can drive it in memory. The frame codec itself, shared with
+the clients, is :mod:`messaging.frames`.
 """
 
 from __future__ import annotations
@@ -8,7 +10,10 @@ from __future__ import annotations
 import logging
 import struct
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from crc32c import crc32c
 
 from messaging.broker.catalog import (
     NAMED_TOPIC_BASE,
@@ -18,19 +23,34 @@ from messaging.broker.catalog import (
     StreamOutcome,
 )
 from messaging.broker.subscribers import CONSUMER_OP, PositionChange, parse_consumer_command
-from messaging.errors import BadRequestError, CorruptFrameError
+from messaging.errors import (
+    BadRequestError,
+    ChecksumError,
+    CorruptFrameError,
+    FrameTooLargeError,
+)
 from messaging.frames import (
+    CRC_START,
+    FIELD_AT,
+    HARD_MAX_MESSAGE_SIZE,
     HEADER,
+    HEADER_FIELDS,
     HEADER_SIZE,
+    INDEX,
     INTERNAL_TYPE,
-    Command,
+    checksums_match,
     encode,
-    set_topic,
-    stamp_index,
-    stamp_indexes,
+    header_unpacker,
+    same_field,
+    uniform_frames,
 )
 
 log = logging.getLogger(__name__)
+
+_FIELD_CODE = {name: code for name, code, _doc in HEADER_FIELDS}
+_TOPIC = struct.Struct(">" + _FIELD_CODE["topic"])
+_CRC = struct.Struct(">" + _FIELD_CODE["crc"])
+_LENGTH = header_unpacker("length")
 
 #: Internal command: data = u64 index + subscriber URL (UTF-8); the frame's topic field names
 #: the topic.
@@ -170,3 +190,147 @@ def _internal(type_: int, topic_id: int, data: bytes) -> PositionChange | None:
         raise CorruptFrameError("heartbeat command with a subscriber id that is not UTF-8"
                                 ) from err
     return PositionChange(topic_id, _U64.unpack_from(data)[0], subscriber_id)
+
+
+# -- validating a publish body -------------------------------------------------------------------
+
+
+class Command(bytes):
+    """A publish body already validated: its frames' offsets, and the one topic they are for
+    (None when they are for several), so the state machine and the topic need not walk the
+    headers again. Where a command is replicated as plain bytes, they walk them.
+
+    ``stride`` is the size of every frame when all are the same size (else 0): their indexes
+    can then be stamped with a few strided copies instead of one call per frame.
+    """
+
+    offsets: array[int]
+    topic: int | None
+    stride: int
+
+    @classmethod
+    def of(cls, body: bytes, offsets: array[int], topic: int | None,
+           stride: int = 0) -> Command:
+        """Wrap a validated body."""
+        command = cls(body)
+        command.offsets = offsets
+        command.topic = topic
+        command.stride = stride
+        return command
+
+
+#: Byte values without the internal-type bit (the high byte of the type field).
+_PUBLIC_HIGH_BYTES = bytes(range(INTERNAL_TYPE >> 8))
+
+
+def _validate_uniform(body: bytes, topic: int | None, max_length: int) -> Command | None:
+    """Validate a body whose frames all have the first frame's length, without a Python step
+    per header: lengths, topics and types are checked with strided slices, and the checksums
+    with one ``crc32c`` call per frame compared all at once. ``None``: the body is not like
+    that, or something is wrong in it (the per-frame walk then names the first bad frame).
+    """
+    size = len(body)
+    uniform = uniform_frames(body)
+    if uniform is None or uniform[0] * uniform[1] != size or uniform[0] - HEADER_SIZE > max_length:
+        return None
+    stride = uniform[0]
+    first_topic = _TOPIC.unpack_from(body, FIELD_AT["topic"][0])[0]
+    if topic is not None and first_topic != topic:
+        return None
+    topic_at, topic_size = FIELD_AT["topic"]
+    type_at = FIELD_AT["type"][0]
+    if not (same_field(body, topic_at, topic_size, stride, body[topic_at:topic_at + topic_size])
+            and not body[type_at::stride].translate(None, _PUBLIC_HIGH_BYTES)
+            and checksums_match(body, stride)):
+        return None
+    return Command.of(body, array("q", range(0, size, stride)), first_topic, stride)
+
+
+def validate_publish(body: bytes, *, topic: int | None = None,
+                     max_length: int = HARD_MAX_MESSAGE_SIZE, uniform_fast: bool = True,
+                     ) -> Command:
+    """Check a publish body in one pass; returns it as a :class:`Command`.
+
+    Every frame must be complete, within ``max_length``, of a public type (not broker-
+    internal), for ``topic`` when one is given, and carry a matching CRC-32C. Raises
+    :class:`CorruptFrameError` (or a subclass) naming the first bad frame's byte offset.
+    Frames all of one size are checked with strided slices; ``uniform_fast=False`` walks
+    them one by one instead (the reference the fast path is tested against).
+    """
+    if not body:
+        raise CorruptFrameError("empty body: expected frames")
+    uniform = _validate_uniform(body, topic, max_length) if uniform_fast else None
+    return uniform if uniform is not None else _walk_publish(body, topic, max_length)
+
+
+def _walk_publish(body: bytes, topic: int | None, max_length: int) -> Command:
+    """:func:`validate_publish` one frame at a time: any body, and names the first bad frame."""
+    view = memoryview(body)
+    size = len(view)
+    offsets: array[int] = array("q")
+    record = offsets.append
+    offset = 0
+    first_topic = -1
+    single = True
+    unpack = HEADER.unpack_from
+    while offset < size:
+        if size - offset < HEADER_SIZE:
+            raise CorruptFrameError(f"incomplete frame at byte {offset} of {size}")
+        _index, crc, type_, frame_topic, length = unpack(view, offset)
+        if length > max_length:
+            raise FrameTooLargeError(f"frame at byte {offset}: data length {length} exceeds "
+                                     f"{max_length}")
+        end = offset + HEADER_SIZE + length
+        if end > size:
+            raise CorruptFrameError(f"incomplete frame at byte {offset} of {size}")
+        if type_ & INTERNAL_TYPE:
+            raise CorruptFrameError(f"frame at byte {offset}: type {type_:#x} is reserved for "
+                                    "the broker")
+        if topic is not None and frame_topic != topic:
+            raise CorruptFrameError(f"frame at byte {offset} is for topic {frame_topic}, not "
+                                    f"topicID {topic}")
+        if crc32c(view[offset + CRC_START:end]) != crc:
+            raise ChecksumError(f"frame at byte {offset}: checksum mismatch")
+        if first_topic < 0:
+            first_topic = frame_topic
+        elif frame_topic != first_topic:
+            single = False
+        record(offset)
+        offset = end
+    return Command.of(body, offsets, first_topic if single else None)
+
+
+# -- writing indexes and topics into frames ------------------------------------------------------
+
+
+def stamp_index(buffer: bytearray | memoryview, offset: int, index: int) -> None:
+    """Write the broker-assigned ``index`` into the frame at ``offset`` (the CRC is unchanged)."""
+    INDEX.pack_into(buffer, offset, index)
+
+
+def stamp_indexes(buffer: bytearray | memoryview, offsets: Sequence[int], first: int,
+                  stride: int = 0) -> None:
+    """Number the frames at ``offsets`` ``first``, ``first + 1``, ... (CRCs unchanged).
+
+    With ``stride`` (every frame that size, the first at 0) each byte of the index field is
+    written to all frames in one strided copy instead of one call per frame.
+    """
+    count = len(offsets)
+    if not stride:
+        pack = INDEX.pack_into
+        for k, offset in enumerate(offsets):
+            pack(buffer, offset, first + k)
+        return
+    at, size = FIELD_AT["index"]
+    indexes = struct.pack(f">{count}{_FIELD_CODE['index']}", *range(first, first + count))
+    for j in range(size):
+        buffer[at + j::stride] = indexes[j::size]
+
+
+def set_topic(buffer: bytearray | memoryview, offset: int, topic: int) -> None:
+    """Set the topic of the frame at ``offset`` and its checksum (which covers the topic)."""
+    _TOPIC.pack_into(buffer, offset + FIELD_AT["topic"][0], topic)
+    length = _LENGTH.unpack_from(buffer, offset)[0]
+    end = offset + HEADER_SIZE + length
+    _CRC.pack_into(buffer, offset + FIELD_AT["crc"][0],
+                   crc32c(memoryview(buffer)[offset + CRC_START:end]))

@@ -22,7 +22,7 @@ from aiohttp import HttpVersion11, web
 
 from messaging import __version__ as VERSION
 from messaging.broker.catalog import stream_command
-from messaging.broker.commands import heartbeat_command
+from messaging.broker.commands import Command, heartbeat_command, validate_publish
 from messaging.broker.metrics import BrokerMetrics
 from messaging.broker.view import BrokerView
 from messaging.config import DEFAULT_MAX_REQUEST_SIZE
@@ -32,13 +32,7 @@ from messaging.errors import (
     MessagingError,
     NotFoundError,
 )
-from messaging.frames import (
-    FRAMES_CONTENT_TYPE,
-    INTERNAL_TYPE,
-    Command,
-    encode,
-    validate_publish,
-)
+from messaging.frames import FRAMES_CONTENT_TYPE, INTERNAL_TYPE, encode
 from messaging.headers import (
     CONSUMER_INDEX_HEADER,
     DUPLICATE_HEADER,

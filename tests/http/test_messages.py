@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from messaging import frames as message_module
+from messaging.broker import commands as commands_module
 from messaging.frames import (
     FRAMES_CONTENT_TYPE,
     HEADER_SIZE,
@@ -569,7 +569,7 @@ async def test_big_batches_are_validated_off_the_loop(server: BrokerServer,
                                                       http: aiohttp.ClientSession,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     threads: list[str] = []
-    validate = message_module.validate_publish
+    validate = commands_module.validate_publish
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         threads.append(threading.current_thread().name)

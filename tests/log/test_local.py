@@ -12,8 +12,9 @@ import aiohttp
 import pytest
 
 from messaging.broker.broker import Broker
+from messaging.broker.commands import validate_publish
 from messaging.errors import BrokerClosedError
-from messaging.frames import encode_batch, validate_publish
+from messaging.frames import encode_batch
 from messaging.log.local import FSYNC_INTERVAL, DeferredSync, LocalLog
 from tests.conftest import StartServer
 
