@@ -25,7 +25,7 @@ from messaging.errors import ForbiddenError, MessagingError, UndeclaredScopeErro
 from messaging.http.auth import OPEN, PRINCIPAL, Tokens, declared_scope
 from messaging.http.connections import report_rejection
 from messaging.http.consumers import ConsumerHandlers
-from messaging.http.executors import Executors
+from messaging.http.executors import EXECUTORS, Executors
 from messaging.http.health import HealthHandlers
 from messaging.http.limits import Limits
 from messaging.http.messages import MessageHandlers
@@ -90,7 +90,8 @@ def make_app(broker: BrokerView, log_: Log, config: BrokerConfig | None = None, 
     # Durable Streams: one handler for every method, which declares a scope per method.
     router.add_route("*", STREAMS_PREFIX + "{name:.+}", streams.handle)
     if snapshots is not None:  # a cluster node: peers catch up from its snapshot
-        router.add_get(SNAPSHOT_PATH, SnapshotHandlers(snapshots).snapshot)
+        router.add_get(SNAPSHOT_PATH, SnapshotHandlers(snapshots, executors).snapshot)
+    app[EXECUTORS] = executors
     return app
 
 

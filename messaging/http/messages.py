@@ -156,8 +156,7 @@ class MessageHandlers:
     @requires("admin")
     async def retention(self, request: web.Request) -> web.Response:
         """POST /messaging/retention: run retention now (it also runs on a timer)."""
-        loop = asyncio.get_running_loop()
-        deleted = await loop.run_in_executor(None, self.broker.enforce_retention)
+        deleted = await self.executors.maintain(self.broker.enforce_retention)
         return web.json_response({"deleted_bytes": deleted})
 
     # -- reads ------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from messaging.http.access_log import ACCESS_LOGGER
 from messaging.http.app import make_app
 from messaging.http.auth import Tokens
 from messaging.http.connections import ConnectionLimits, connection_factory
+from messaging.http.executors import EXECUTORS, Executors
 from messaging.http.snapshot import SnapshotSource
 from messaging.log.base import Log
 from messaging.log.local import LocalLog
@@ -88,7 +89,8 @@ class BrokerServer:
                                logging.getLogger(ACCESS_LOGGER) if config.access_log else None),
             sock=sock,
             backlog=LISTEN_BACKLOG, ssl=tls)
-        self._retention = asyncio.create_task(self._retention_loop(), name="messaging-retention")
+        self._retention = asyncio.create_task(self._retention_loop(app[EXECUTORS]),
+                                              name="messaging-retention")
         log.info("broker listening on %s (data %s, fsync %s)", self.url, config.data,
                  config.fsync)
 
@@ -107,13 +109,12 @@ class BrokerServer:
         await local.start()
         return local
 
-    async def _retention_loop(self) -> None:
+    async def _retention_loop(self, executors: Executors) -> None:
         assert self.broker is not None
-        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.config.truncation_interval)
             try:
-                await loop.run_in_executor(None, self.broker.enforce_retention)
+                await executors.maintain(self.broker.enforce_retention)
             except Exception:
                 log.exception("retention failed")
 

@@ -8,7 +8,6 @@ holds every topic's data.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Protocol
 
 from aiohttp import web
@@ -17,6 +16,7 @@ from messaging.broker.snapshot import SNAPSHOT_CONTENT_TYPE, SnapshotStream
 from messaging.errors import BadRequestError
 from messaging.headers import REVISION_HEADER
 from messaging.http.auth import requires
+from messaging.http.executors import Executors
 
 _CHUNK = 1 << 20
 
@@ -35,8 +35,9 @@ class SnapshotHandlers:
     """``GET /messaging/snapshot?cluster=NAME`` from ``source`` (routed at
     :data:`messaging.broker.snapshot.SNAPSHOT_PATH`)."""
 
-    def __init__(self, source: SnapshotSource) -> None:
+    def __init__(self, source: SnapshotSource, executors: Executors) -> None:
         self.source = source
+        self.executors = executors  # the snapshot's files are read on the maintenance thread
 
     @requires("admin")
     async def snapshot(self, request: web.Request) -> web.StreamResponse:
@@ -47,7 +48,6 @@ class SnapshotHandlers:
         if cluster != source.cluster:
             raise BadRequestError(f"this node belongs to cluster {source.cluster!r}, "
                                   f"not {cluster!r}")
-        loop = asyncio.get_running_loop()
         snapshot = await source.open_snapshot()
         try:
             response = web.StreamResponse(headers={
@@ -55,9 +55,9 @@ class SnapshotHandlers:
                 REVISION_HEADER: str(snapshot.header["revision"])})
             response.enable_chunked_encoding()
             await response.prepare(request)
-            while chunk := await loop.run_in_executor(None, snapshot.read, _CHUNK):
+            while chunk := await self.executors.maintain(snapshot.read, _CHUNK):
                 await response.write(chunk)
             await response.write_eof()
             return response
         finally:
-            await loop.run_in_executor(None, snapshot.close)
+            await self.executors.maintain(snapshot.close)
