@@ -45,3 +45,17 @@ def test_threads_share_one() -> None:
         thread.join(30)
     assert logged.count(True) == 1
     assert quiet.held("k") == 3999
+
+
+def test_several_lines_per_window_and_a_summary_of_ones_own(
+        caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    quiet = QuietLog(logging.getLogger("test.quiet.lines"), 1.0, lines=2, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="test.quiet.lines"):
+        assert [quiet.log("r", logging.WARNING, "line %d", n) for n in range(5)] == [
+            True, True, False, False, False]
+        assert quiet.window_end("r") == 1.0
+        assert quiet.take_held("r") == 3 and quiet.held("r") == 0
+        now[0] = 1.0
+        assert quiet.log("r", logging.WARNING, "line %d", 5)
+    assert [r.getMessage() for r in caplog.records] == ["line 0", "line 1", "line 5"]

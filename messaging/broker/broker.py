@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
 from messaging.aio import Notifier
 from messaging.broker import snapshot
@@ -62,6 +62,7 @@ from messaging.files import (
 from messaging.quiet_log import QuietLog
 from messaging.topic.store import TopicStore
 from messaging.topic.topic import Topic
+from messaging.topic.view import TopicView
 
 log = logging.getLogger(__name__)
 
@@ -82,21 +83,6 @@ class ApplyResult:
     def count(self) -> int:
         """How many messages the command held."""
         return self.last - self.first + 1 if self.last else 0
-
-
-class TopicSummary(Protocol):
-    """What :meth:`Broker.topic_info` reads of a topic."""
-
-    @property
-    def id(self) -> int: ...
-    @property
-    def first_index(self) -> int: ...
-    @property
-    def committed_index(self) -> int: ...
-    @property
-    def size(self) -> int: ...
-    @property
-    def segment_count(self) -> int: ...
 
 
 class Broker:
@@ -459,7 +445,7 @@ class Broker:
         """The name of a named topic (a Durable Streams stream), None for a numeric one."""
         return self.catalog.name_of(topic_id)
 
-    def topic_info(self, topic: TopicSummary) -> dict[str, Any]:
+    def topic_info(self, topic: TopicView) -> dict[str, Any]:
         """The JSON description of a topic used by the HTTP API (with its stream's name)."""
         info: dict[str, Any] = {}
         name = self.catalog.name_of(topic.id)

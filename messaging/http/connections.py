@@ -22,6 +22,7 @@ from messaging.config import DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS
 from messaging.headers import ERROR_HEADER
 from messaging.http.access_log import AccessLogger
 from messaging.http.responses import error_response, one_line
+from messaging.quiet_log import QuietLog
 
 log = logging.getLogger(__name__)
 
@@ -35,41 +36,42 @@ class RejectionLog:
     """One warning line per rejected request or connection, at most ``per_second`` a second.
 
     A flood of malformed requests must not flood the log: past the limit, rejections are
-    counted and one summary line reports the count when the second is over.
+    counted (a :class:`~messaging.quiet_log.QuietLog` on the loop's clock) and one summary
+    line reports the count when the second is over.
     """
+
+    _KIND = "rejection"
 
     def __init__(self, logger: logging.Logger = log,
                  per_second: int = REJECTIONS_LOGGED_PER_SECOND) -> None:
         self.logger = logger
         self.per_second = per_second
-        self.suppressed = 0
-        self._window_start = float("-inf")
-        self._lines = 0
+        self._quiet = QuietLog(logger, 1.0, lines=per_second,
+                               clock=lambda: asyncio.get_running_loop().time())
         self._summary: asyncio.TimerHandle | None = None
+
+    @property
+    def suppressed(self) -> int:
+        """Rejections not logged since the last summary."""
+        return self._quiet.held(self._KIND)
 
     def warning(self, message: str, *args: object) -> None:
         """Log one rejection, or count it if this second's lines are used up."""
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        if now - self._window_start >= 1.0:
-            self._window_start, self._lines = now, 0
-        if self._lines < self.per_second:
-            self._lines += 1
-            self.logger.warning(message, *args)
+        if self._quiet.log(self._KIND, logging.WARNING, message, *args):
             return
-        self.suppressed += 1
         if self._summary is None:
-            self._summary = loop.call_at(self._window_start + 1.0, self.flush)
+            self._summary = asyncio.get_running_loop().call_at(
+                self._quiet.window_end(self._KIND), self.flush)
 
     def flush(self) -> None:
         """Log how many rejections went unlogged since the last summary."""
         if self._summary is not None:
             self._summary.cancel()
             self._summary = None
-        if self.suppressed:
+        suppressed = self._quiet.take_held(self._KIND)
+        if suppressed:
             self.logger.warning("%d more rejected requests or connections not logged (at most "
-                                "%d lines a second)", self.suppressed, self.per_second)
-            self.suppressed = 0
+                                "%d lines a second)", suppressed, self.per_second)
 
 
 class ConnectionLimits:
