@@ -2,13 +2,13 @@
 exactly-once processing with application state and positions committed together."""
 
 from messaging.client.consumer import (
-           Checkpoint,
-           Consumer,
-           Intent,
-           JSONFileStore,
-           SQLiteStore,
-           Store,
-           Transaction,
+    Checkpoint,
+    Consumer,
+    Intent,
+    JSONFileStore,
+    SQLiteStore,
+    Store,
+    Transaction,
 )
 from messaging.errors import ConsumerError
 
