@@ -18,13 +18,15 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Row, command_line, report
-from bench.procs import broker
+from bench.harness import client_load
+from bench.harness.figures import Row
+from bench.harness.payloads import FRAME, PAYLOAD
+from bench.harness.procs import broker
+from bench.harness.results import command_line, report
 from messaging.client.client import Client
 from messaging.frames import FRAMES_CONTENT_TYPE, encode_batch
 
 MESSAGES = int(os.environ.get("BENCH_MESSAGES", "1000000"))
-PAYLOAD = b"x" * 100
 RUNS = 3
 
 
@@ -50,21 +52,7 @@ async def raw_publish_rate(url: str, topic: int, total: int) -> float:
 
 async def consume(url: str, topic: int, *, batches: bool) -> float:
     """Messages/s a Conn delivers from index 0 to the end, one by one or in batches."""
-    async with Client(url) as client:
-        conn = client.conn(topic)
-        started = time.perf_counter()
-        await conn.open(index=0, streaming=False)
-        count = 0
-        if batches:
-            async for batch in conn.batches():
-                count += batch.count
-        else:
-            async for _message in conn:
-                count += 1
-        elapsed = time.perf_counter() - started
-        await conn.close()
-    assert count == MESSAGES, count
-    return count / elapsed
+    return (await client_load.consume(url, topic, MESSAGES, batches=batches)).value
 
 
 async def raw_read(url: str, topic: int) -> float:
@@ -75,7 +63,7 @@ async def raw_read(url: str, topic: int) -> float:
             async for data in r.content.iter_any():
                 size += len(data)
         elapsed = time.perf_counter() - started
-    assert size == MESSAGES * (26 + len(PAYLOAD))
+    assert size == MESSAGES * FRAME
     return MESSAGES / elapsed
 
 
@@ -85,9 +73,7 @@ async def run(tmp: Path) -> list[Row]:
         publish = statistics.median([await publish_rate(url, 1, 200_000) for _ in range(RUNS)])
         raw_publish = statistics.median([await raw_publish_rate(url, 2, 200_000)
                                          for _ in range(RUNS)])
-        async with Client(url) as client:
-            for _ in range(MESSAGES // 10_000):
-                await client.publish_batch(3, [PAYLOAD] * 10_000)
+        await client_load.preload(url, 3, MESSAGES)
         raw = statistics.median([await raw_read(url, 3) for _ in range(RUNS)])
         messages = statistics.median([await consume(url, 3, batches=False)
                                       for _ in range(RUNS)])

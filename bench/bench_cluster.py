@@ -31,8 +31,15 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import RESULTS, Row, command_line, percentile, report
-from bench.procs import Etcd, Proc, broker, cpu_seconds, etcd_cluster, free_port, rss_bytes
+from bench.etcd_members import Etcd, etcd_cluster, etcd_healthy, etcd_leader, raft_index
+from bench.harness import results
+from bench.harness.figures import Row, percentile
+from bench.harness.loops import bounded_wait, paced
+from bench.harness.payloads import PAYLOAD
+from bench.harness.plots import plt
+from bench.harness.procs import Proc, broker, free_port
+from bench.harness.results import command_line, report
+from bench.harness.sampling import cpu_seconds, machine_busy, rss_bytes
 from messaging.frames import FRAMES_CONTENT_TYPE, encode_batch
 from messaging.log.etcd.writer import MAX_PUTS_IN_FLIGHT
 
@@ -44,7 +51,6 @@ FAILOVERS = int(os.environ.get("BENCH_FAILOVERS", "5"))
 SUSTAIN_ENTRIES = int(os.environ.get("BENCH_ETCD_ENTRIES", "14000"))
 SUSTAIN_SECONDS = float(os.environ.get("BENCH_SUSTAIN_SECONDS", "150"))
 SNAPSHOT_COUNT = 2000
-PAYLOAD = b"x" * 100
 BATCH = 1000
 SENDERS = 4
 LATENCY_RATE = 1000
@@ -56,75 +62,6 @@ Session = aiohttp.ClientSession
 
 def elapsed_since(start: float) -> float:
     return time.perf_counter() - start
-
-
-async def bounded_wait(check: Callable[[], Awaitable[bool]], timeout: float, what: str,
-                       interval: float = 0.1) -> None:
-    """Poll ``check`` until true; at most ``timeout`` seconds and timeout/interval+1 polls."""
-    deadline = time.perf_counter() + timeout
-    for _ in range(int(timeout / interval) + 1):
-        if await check():
-            return
-        if time.perf_counter() >= deadline:
-            break
-        await asyncio.sleep(interval)
-    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-# -- etcd --------------------------------------------------------------------------------------
-
-async def etcd_status(session: Session, member: Etcd) -> dict[str, Any] | None:
-    """etcd's maintenance status of ``member`` (JSON gateway), None when it does not answer."""
-    if not member.running:
-        return None
-    try:
-        async with session.post(f"{member.client_url}/v3/maintenance/status", json={},
-                                timeout=aiohttp.ClientTimeout(total=2)) as resp:
-            if resp.status != 200:
-                return None
-            result: dict[str, Any] = await resp.json(content_type=None)
-            return result
-    except (aiohttp.ClientError, TimeoutError, ValueError):
-        return None
-
-
-async def etcd_leader(session: Session, members: list[Etcd]) -> Etcd:
-    for _ in range(100):
-        for member in members:
-            status = await etcd_status(session, member)
-            if status and status.get("leader") not in (None, "0") \
-                    and status["leader"] == status["header"]["member_id"]:
-                return member
-        await asyncio.sleep(0.1)
-    raise RuntimeError("no etcd leader found")
-
-
-async def etcd_healthy(session: Session, members: list[Etcd]) -> bool:
-    """Every member runs, answers /health and names the same leader."""
-    leaders = set()
-    for member in members:
-        status = await etcd_status(session, member)
-        if status is None or status.get("leader") in (None, "0"):
-            return False
-        leaders.add(status["leader"])
-        try:
-            async with session.get(f"{member.client_url}/health",
-                                   timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                health = await resp.json(content_type=None)
-                if resp.status != 200 or health.get("health") != "true":
-                    return False
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return False
-    return len(leaders) == 1
-
-
-async def raft_index(session: Session, members: list[Etcd]) -> int:
-    best = 0
-    for member in members:
-        status = await etcd_status(session, member)
-        if status is not None:
-            best = max(best, int(status.get("raftIndex", 0)))
-    return best
 
 
 # -- broker nodes ------------------------------------------------------------------------------
@@ -207,27 +144,23 @@ async def throughput(session: Session, urls: list[str], topic: int, seconds: flo
 async def latencies(session: Session, urls: list[str], topic: int) -> list[float]:
     """Seconds per single 100 B publish, LATENCY_COUNT of them paced at LATENCY_RATE/s (open
     loop: each starts on schedule whether or not earlier ones were answered)."""
-    results: list[float] = []
+    delays: list[float] = []
 
     async def one(k: int) -> None:
         started = time.perf_counter()
         status = await post(session, urls[k % len(urls)], topic, PAYLOAD, batch=False)
         if status != 200:
             raise RuntimeError(f"publish: HTTP {status}")
-        results.append(elapsed_since(started))
+        delays.append(elapsed_since(started))
 
     for warm in range(50):
         await one(warm)
-    results.clear()
-    tasks = []
-    started = time.perf_counter()
-    for k in range(LATENCY_COUNT):
-        delay = started + k / LATENCY_RATE - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.ensure_future(one(k)))
-    await asyncio.wait_for(asyncio.gather(*tasks), 60)
-    return results
+    delays.clear()
+    await paced(LATENCY_RATE, LATENCY_COUNT, one, drain=60)
+    if len(delays) < LATENCY_COUNT:
+        raise RuntimeError(f"{LATENCY_COUNT - len(delays)} of {LATENCY_COUNT} publishes not "
+                           "answered in time")
+    return delays
 
 
 @dataclass
@@ -376,13 +309,6 @@ class Sampler:
 
 def cpu_of(pids: list[int | None]) -> float:
     return sum(cpu_seconds(p) for p in pids)
-
-
-def machine_busy() -> float:
-    """CPU seconds every core of this machine spent busy (not idle, not waiting on I/O)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -675,8 +601,6 @@ def growth(samples: list[Sample], member: int, third: int) -> float:
 
 
 def plot_rss(samples: list[Sample]) -> None:
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(11, 4))
     for i in range(len(samples[0].rss)):
         ax.plot([s.t for s in samples], [s.rss[i] / MiB for s in samples], label=f"etcd {i}")
@@ -692,8 +616,8 @@ def plot_rss(samples: list[Sample]) -> None:
     ax.set_title("etcd members' RSS through the cluster benchmark")
     ax.legend(loc="lower right")
     fig.tight_layout()
-    RESULTS.mkdir(exist_ok=True)
-    fig.savefig(RESULTS / "cluster-etcd-rss.png", dpi=90)
+    results.RESULTS.mkdir(parents=True, exist_ok=True)
+    fig.savefig(results.RESULTS / "cluster-etcd-rss.png", dpi=90)
     plt.close(fig)
 
 

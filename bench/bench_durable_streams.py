@@ -21,13 +21,10 @@ stopped by their PID; every loop is bounded in count and time.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,40 +37,49 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common
-from bench.common import Row, command_line, fmt, percentile, report
-from bench.procs import ReferenceServer, broker, cpu_seconds
-from messaging.frames import (
-    FRAMES_CONTENT_TYPE,
-    HEADER,
-    HEADER_SIZE,
-    BatchDecoder,
-    encode_batch,
+from bench.harness import settings
+from bench.harness.figures import Row, fmt, percentile
+from bench.harness.loops import run_loop
+from bench.harness.payloads import PAYLOAD
+from bench.harness.peer_servers import ReferenceServer
+from bench.harness.procs import broker
+from bench.harness.results import (
+    add_to_json,
+    command_line,
+    report,
+    results_under,
+    source_state,
 )
-
-ROOT = Path(__file__).resolve().parent.parent
+from bench.harness.sampling import cpu_seconds, load_average, machine_busy
+from bench.harness.v1_stream import (
+    LATENCY_TOPIC,
+    create,
+    delivery_latency,
+    group_commits,
+    json_messages,
+    preload_stream,
+    read_stream,
+)
+from messaging.frames import FRAMES_CONTENT_TYPE, HEADER, HEADER_SIZE, encode_batch
 
 CONNECTIONS = 50
-PAYLOAD = b"x" * 100
 OCTETS = "application/octet-stream"
 NATIVE_TOPIC = 1
 CATCHUP_TOPIC = 2
-LATENCY_TOPIC = 3
 NATIVE_PRODUCER_TOPIC = 4
 #: How long past its 10 s the paced publisher waits for answers (the reference server falls
 #: far behind 1,000 appends/s with an SSE reader attached).
 PUBLISH_GRACE = 50.0
-#: Bounds of one append run: per connection, and for a catch-up read's pages.
+#: Bound of one append run, per connection.
 MAX_APPENDS_PER_CONNECTION = 200_000
-MAX_PAGES = 10_000
 
 
 @dataclass
-class Settings:
-    """How long and how much each part runs (``--quick`` shrinks everything)."""
+class Settings(settings.Settings):
+    """How long and how much each part runs (``--quick`` shrinks everything); ``rounds``
+    append runs of ``seconds`` per target, interleaved."""
 
-    seconds: float = 3.0  # one append run
-    runs: int = 5  # append runs per target, interleaved
+    rounds: int = 5
     warmup: float = 1.0
     messages: int = 100_000  # catch-up
     reads: int = 3
@@ -118,41 +124,7 @@ class Target:
         return float(statistics.median(getattr(load, attribute) for load in self.loads))
 
 
-# -- machine figures ---------------------------------------------------------------------------
-
-def machine_busy_seconds() -> float:
-    """CPU seconds every core of the machine spent busy (not idle, not waiting for I/O)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def source_state() -> str:
-    """The commit measured, and whether messaging/ had uncommitted changes then."""
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
-                              timeout=30, check=False)
-        return done.stdout
-
-    commit = git("rev-parse", "--short", "HEAD").strip() or "unknown"
-    changed = git("status", "--porcelain", "--", "messaging").splitlines()
-    return f"commit {commit}" + (f" plus uncommitted changes to {len(changed)} files under "
-                                 f"messaging/" if changed else ", messaging/ unmodified")
-
-
-def load_average() -> str:
-    return ", ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
 # -- part 1: single appends --------------------------------------------------------------------
-
-async def create(session: aiohttp.ClientSession, url: str, name: str, content_type: str,
-                 ) -> None:
-    async with session.put(f"{url}/v1/stream/{name}",
-                           headers={"Content-Type": content_type}) as resp:
-        await resp.read()
-        if resp.status not in (200, 201):
-            raise RuntimeError(f"PUT {url}/v1/stream/{name}: HTTP {resp.status}")
-
 
 def append_path(target: Target) -> str:
     if target.key.startswith("native"):
@@ -168,7 +140,7 @@ async def append_run(target: Target, seconds: float, epoch: int) -> Load:
     latencies: list[float] = []
     ours = target.ours
     groups = await group_commits(target.url) if ours else 0
-    cpu, client, machine = cpu_seconds(target.pid), time.process_time(), machine_busy_seconds()
+    cpu, client, machine = cpu_seconds(target.pid), time.process_time(), machine_busy()
     async with aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=CONNECTIONS)) as session:
 
@@ -193,7 +165,7 @@ async def append_run(target: Target, seconds: float, epoch: int) -> Load:
         await asyncio.gather(*(connection(i) for i in range(CONNECTIONS)))
         elapsed = time.perf_counter() - started
     server = cpu_seconds(target.pid) - cpu
-    machine_cores = (machine_busy_seconds() - machine) / elapsed
+    machine_cores = (machine_busy() - machine) / elapsed
     client_cores = (time.process_time() - client) / elapsed
     groups = await group_commits(target.url) - groups if ours else 0
     return Load(len(latencies) / elapsed, percentile(latencies, 50) * 1000,
@@ -202,17 +174,10 @@ async def append_run(target: Target, seconds: float, epoch: int) -> Load:
                 len(latencies) / groups if groups else 0.0)
 
 
-async def group_commits(url: str) -> int:
-    """How many groups our broker's writer has committed so far (its diagnostics)."""
-    async with aiohttp.ClientSession() as session, session.get(
-            f"{url}/messaging/diagnostics") as resp:
-        return int((await resp.json())["groups"])
-
-
 async def appends(targets: list[Target], s: Settings) -> None:
     for target in targets:  # connections, the JIT, first files: not measured
         await append_run(target, s.warmup, 0)
-    for run in range(s.runs):  # interleaved, so drift of the machine hits every target alike
+    for run in range(s.rounds):  # interleaved, so drift of the machine hits every target alike
         for target in targets:
             load = await append_run(target, s.seconds, run + 1)
             target.loads.append(load)
@@ -224,25 +189,6 @@ async def appends(targets: list[Target], s: Settings) -> None:
 
 # -- part 2: catch-up reads --------------------------------------------------------------------
 
-def json_messages(count: int) -> list[bytes]:
-    """``count`` distinct JSON strings of exactly 100 bytes each."""
-    return [b'"m%07d-' % k + b"x" * 89 + b'"' for k in range(count)]
-
-
-async def preload_stream(session: aiohttp.ClientSession, url: str, name: str,
-                         messages: list[bytes], per_append: int = 1000) -> None:
-    """A JSON stream of ``messages``: appends of ``per_append`` messages each (JSON arrays
-    are flattened one level, so every element is a message of its own)."""
-    await create(session, url, name, "application/json")
-    for start in range(0, len(messages), per_append):
-        body = b"[" + b",".join(messages[start:start + per_append]) + b"]"
-        async with session.post(f"{url}/v1/stream/{name}", data=body,
-                                headers={"Content-Type": "application/json"}) as resp:
-            await resp.read()
-            if resp.status not in (200, 204):
-                raise RuntimeError(f"append to {url}/v1/stream/{name}: HTTP {resp.status}")
-
-
 async def preload_native(session: aiohttp.ClientSession, url: str, messages: list[bytes]) -> None:
     for start in range(0, len(messages), 10_000):
         body = encode_batch(CATCHUP_TOPIC, messages[start:start + 10_000])
@@ -251,27 +197,6 @@ async def preload_native(session: aiohttp.ClientSession, url: str, messages: lis
             await resp.read()
             if resp.status != 200:
                 raise RuntimeError(f"native preload: HTTP {resp.status}")
-
-
-async def read_stream(session: aiohttp.ClientSession, url: str, name: str,
-                      ) -> tuple[float, list[bytes]]:
-    """Seconds to read the whole stream from offset -1, and the pages' bodies."""
-    bodies: list[bytes] = []
-    offset = "-1"
-    started = time.perf_counter()
-    for _ in range(MAX_PAGES):
-        async with session.get(f"{url}/v1/stream/{name}", params={"offset": offset}) as resp:
-            body = await resp.read()
-            if resp.status != 200:
-                raise RuntimeError(f"GET {url}/v1/stream/{name}?offset={offset}: "
-                                   f"HTTP {resp.status}")
-            bodies.append(body)
-            offset = resp.headers["Stream-Next-Offset"]
-            if resp.headers.get("Stream-Up-To-Date") == "true":
-                break
-    else:
-        raise RuntimeError(f"{url}/v1/stream/{name}: not up to date after {MAX_PAGES} pages")
-    return time.perf_counter() - started, bodies
 
 
 async def read_native(session: aiohttp.ClientSession, url: str) -> tuple[float, list[bytes]]:
@@ -341,108 +266,6 @@ async def catch_up(url: str, ref_url: str, s: Settings) -> dict[str, dict[str, A
 
 # -- part 3: SSE delivery latency --------------------------------------------------------------
 
-def sse_events(buffer: bytes) -> tuple[list[bytes], bytes]:
-    """The data of the complete ``event: data`` events in ``buffer``, and what is left."""
-    *events, rest = buffer.split(b"\n\n")
-    datas = []
-    for event in events:
-        lines = event.split(b"\n")
-        if b"event: data" in lines:
-            datas.append(b"\n".join(line[5:].removeprefix(b" ") for line in lines
-                                    if line.startswith(b"data:")))
-    return datas, rest
-
-
-async def delivery_latency(url: str, kind: str, s: Settings, *, ours: bool,
-                           ) -> dict[str, Any]:
-    """Delivery latencies to one live reader while appends arrive at ``sse_rate``/s.
-
-    ``kind`` "sse": a ``live=sse`` reader of a new text/plain stream (offset=now); "native":
-    a ``streaming=true`` GET of a new native topic. Every message carries its send time.
-    """
-    total = int(s.sse_rate * s.sse_seconds)
-    sent_at: dict[int, float] = {}
-    arrived: dict[int, float] = {}  # message -> when the reader got it
-    acked: dict[int, float] = {}  # message -> when its append was answered
-    if kind == "sse":
-        post_url, read_url = f"{url}/v1/stream/sse", f"{url}/v1/stream/sse"
-        params = {"offset": "now", "live": "sse"}
-    else:
-        post_url = f"{url}/messaging/messages?topicID={LATENCY_TOPIC}"
-        read_url = f"{url}/messaging/messages"
-        params = {"topicID": str(LATENCY_TOPIC), "streaming": "true"}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100)) as session:
-        if kind == "sse":
-            await create(session, url, "sse", "text/plain")
-        connected = asyncio.Event()
-
-        async def read() -> None:
-            async with session.get(read_url, params=params,
-                                   timeout=aiohttp.ClientTimeout(total=None, sock_read=60),
-                                   ) as resp:
-                if resp.status != 200:
-                    raise RuntimeError(f"live read of {read_url}: HTTP {resp.status}")
-                connected.set()
-                buffer = b""
-                decoder = BatchDecoder(after=0)
-                async for chunk in resp.content.iter_any():
-                    now = time.perf_counter()
-                    if kind == "sse":
-                        datas, buffer = sse_events(buffer + chunk)
-                    else:
-                        datas = [m.data for batch in decoder.feed(chunk)
-                                 for m in batch.messages()]
-                    for data in datas:
-                        arrived[int(data.split()[0])] = now
-                    if len(arrived) >= total:
-                        return
-
-        reader = asyncio.ensure_future(read())
-        await asyncio.wait_for(connected.wait(), 10)
-        await asyncio.sleep(0.3)  # the reader is parked at the tail
-
-        async def publish(k: int) -> None:
-            sent = sent_at[k] = time.perf_counter()
-            body = (b"%06d %.6f " % (k, sent)).ljust(len(PAYLOAD), b"x")
-            async with session.post(post_url, data=body,
-                                    headers={"Content-Type": "text/plain"}) as resp:
-                await resp.read()
-                if resp.status not in (200, 204):
-                    raise RuntimeError(f"publish to {post_url}: HTTP {resp.status}")
-            acked[k] = time.perf_counter()
-
-        groups = await group_commits(url) if ours else 0
-        tasks = []
-        started = time.perf_counter()
-        for k in range(total):  # open loop: a slow server does not slow the publisher
-            delay = started + k / s.sse_rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.ensure_future(publish(k)))
-        done, pending = await asyncio.wait(tasks, timeout=s.sse_seconds + PUBLISH_GRACE)
-        for task in pending:  # bounded: what is still unanswered counts as missing
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        for task in done:
-            task.result()  # a failed publish fails the benchmark
-        published = time.perf_counter() - started
-        groups = await group_commits(url) - groups if ours else 0
-        with contextlib.suppress(TimeoutError):  # what did not arrive counts as missing
-            await asyncio.wait_for(reader, 30)
-    latencies = [arrived[k] - sent_at[k] for k in arrived]
-    acks = [acked[k] - sent_at[k] for k in acked]
-    # Delivery counted from the append's answer: the live path alone, without the time the
-    # append waited (negative when the event came before the answer).
-    after_ack = [arrived[k] - acked[k] for k in arrived if k in acked]
-    return {"p50": percentile(latencies, 50) * 1000, "p99": percentile(latencies, 99) * 1000,
-            "max": max(latencies) * 1000, "received": len(arrived), "sent": total,
-            "answered": len(acked), "publish_seconds": published,
-            "per_group": len(acked) / groups if groups else 0.0,
-            "ack_p50": percentile(acks, 50) * 1000, "ack_p99": percentile(acks, 99) * 1000,
-            "after_ack_p50": percentile(after_ack, 50) * 1000,
-            "after_ack_p99": percentile(after_ack, 99) * 1000}
-
-
 # -- part 4: many streams in the catalog -------------------------------------------------------
 
 async def idle_streams(url: str, count: int) -> float:
@@ -483,7 +306,7 @@ async def run(tmp: Path, s: Settings) -> tuple[list[Row], str, dict[str, Any]]:
         ref_producer = Target("ref-producer", "reference /v1/stream + producer", ref.url,
                               ref.pid, producer=True, ours=False)
         targets = [stream, producer, native, native_producer, ref_plain, ref_producer]
-        print(f"1. single appends, {CONNECTIONS} connections, {s.runs} × {s.seconds:.0f} s "
+        print(f"1. single appends, {CONNECTIONS} connections, {s.rounds} × {s.seconds:.0f} s "
               "per target, interleaved", flush=True)
         await appends(targets, s)
         print(f"2. catch-up reads of {s.messages:,} JSON messages of 100 B", flush=True)
@@ -493,7 +316,8 @@ async def run(tmp: Path, s: Settings) -> tuple[list[Row], str, dict[str, Any]]:
         sse = {}
         for key, base, kind in (("ours", url, "sse"), ("ref", ref.url, "sse"),
                                 ("native", url, "native")):
-            sse[key] = figures = await delivery_latency(base, kind, s, ours=base == url)
+            sse[key] = figures = await delivery_latency(base, kind, s.sse_rate, s.sse_seconds,
+                                                        ours=base == url, grace=PUBLISH_GRACE)
             print(f"  {key}: p50 {figures['p50']:.2f} ms, p99 {figures['p99']:.2f} ms, "
                   f"{figures['received']}/{figures['sent']} received, publishing took "
                   f"{figures['publish_seconds']:.1f} s; after the answer p50 "
@@ -672,27 +496,6 @@ async def run(tmp: Path, s: Settings) -> tuple[list[Row], str, dict[str, Any]]:
     return rows, notes, extra
 
 
-def run_loop(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run ``coro`` on uvloop when installed (as the broker does), else asyncio's loop."""
-    try:
-        import uvloop
-
-        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
-    except ImportError:
-        factory = None
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(coro)
-
-
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run (1 s runs, 10,000 messages, 2 s of SSE); its results go to "
-                        "a temporary directory, not bench/RESULTS.md")
-    return p.parse_args()
-
-
 DURABILITY = (
     "Durability is not the same on both sides. Our broker runs with its defaults (`--fsync "
     "always`): an append is answered after its group of appends is written and fsynced "
@@ -710,28 +513,24 @@ DURABILITY = (
 
 
 def main() -> None:
-    args = parse_args()
-    settings = Settings()
-    if args.quick:
-        settings = Settings(seconds=1.0, runs=1, warmup=0.2, messages=10_000, reads=1,
-                            sse_seconds=2.0, idle_streams=200)
+    p = settings.parser(__doc__, "smoke run (1 s runs, 10,000 messages, 2 s of SSE)")
+    args = p.parse_args()
+    s = settings.with_rounds(
+        Settings(rounds=1, seconds=1.0, warmup=0.2, messages=10_000, reads=1, sse_seconds=2.0,
+                 idle_streams=200) if args.quick else Settings(), args)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-durable-streams-",
                                      dir=os.environ.get("BENCH_DIR")) as t:
-        rows, notes, extra = run_loop(run(Path(t), settings))
+        rows, notes, extra = run_loop(run(Path(t), s))
     runtime = time.perf_counter() - started
-    if args.quick:  # a smoke run never overwrites the recorded results
-        out = Path(tempfile.mkdtemp(prefix="bench-durable-streams-quick-"))
-        common.RESULTS, common.RESULTS_MD = out / "results", out / "RESULTS.md"
-        print(f"(--quick: results written under {out})")
-    s = settings
+    results_under(args.out, quick=args.quick, bench="durable-streams")
     summary, details = notes.split("\n\n", 1)
     method = (
         f"Our broker (`messaging broker`, defaults, uvloop) and the Node reference server "
         f"(`node conformance/reference-server.mjs --data-dir D`, file-backed) run side by side "
         f"on 127.0.0.1, each in its own process; the load generator is this Python process "
         f"(aiohttp on uvloop) on the same 2 cores. Part 1: {CONNECTIONS} connections each "
-        f"POSTing 100-byte bodies one after another for {s.seconds:.0f} s, {s.runs} runs per "
+        f"POSTing 100-byte bodies one after another for {s.seconds:.0f} s, {s.rounds} runs per "
         f"target interleaved after a {s.warmup:.0f}-s warm-up; one octet-stream stream per "
         f"target; producer runs use Producer-Id bench-<connection>, a new epoch per run, "
         f"Producer-Seq 0, 1, 2…; native: topic {NATIVE_TOPIC} (with producer headers: topic "
@@ -752,10 +551,7 @@ def main() -> None:
            "server", rows, command_line(),
            notes=f"{summary}\n\n{method}\n\n{DURABILITY}\n\n{details}\n\n"
                  f"Runtime {runtime:.0f} s.")
-    path = common.RESULTS / "durable_streams.json"
-    payload = json.loads(path.read_text())
-    payload["figures"] = extra | {"runtime_seconds": runtime}
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    add_to_json("durable_streams", {"figures": extra | {"runtime_seconds": runtime}})
     print(f"runtime {runtime:.0f} s")
 
 

@@ -19,7 +19,6 @@ for every case the publishes' round trips and the CPU of the server and of this 
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 import os
@@ -33,16 +32,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common
-from bench import peers_raw as raw
-from bench import peers_servers as peers
-from bench.bench_durable_streams import run_loop
-from bench.bench_streams import raise_nofile
-from bench.common import Row, command_line, fmt, report
-from bench.peers_load import Figure
-from bench.procs import Proc, broker, cpu_seconds
+from bench.harness import lean_clients as raw
+from bench.harness import peer_servers as peers
+from bench.harness import settings
+from bench.harness.figures import Row, Runs, fmt
+from bench.harness.loops import freeze_startup_objects, run_loop
+from bench.harness.procs import BENCH, PortServer, Proc, Unavailable, broker, raise_nofile
+from bench.harness.results import add_to_json, command_line, report, results_under
+from bench.harness.sampling import cpu_seconds
 
-HERE = Path(__file__).resolve().parent
 LABELS = {
     "ours": "ours as shipped (rests between slices)",
     "ours-norest": "ours without the rests (slices back to back)",
@@ -53,41 +51,30 @@ TARGET_P99_MS = 20.0
 
 
 @dataclass
-class Settings:
+class Settings(settings.Settings):
     """What one run of the experiment does."""
 
     subscribers: int = 1000
     rate: int = 1000
-    seconds: float = 3.0
-    rounds: int = 3
     sample_every: int = 10
 
 
-@dataclass
-class Case:
-    """The runs of one case: figures, the server's and this process's CPU seconds."""
+@dataclass(kw_only=True)
+class Case(Runs):
+    """The runs of one case: figures (the value: the subscribers' p50), the server's and this
+    process's CPU seconds."""
 
     key: str
-    figures: list[Figure] = field(default_factory=list)
-    server_cpu: list[float] = field(default_factory=list)
-    client_cpu: list[float] = field(default_factory=list)
     walls: list[float] = field(default_factory=list)  # each run's seconds, connecting included
     errors: list[str] = field(default_factory=list)
 
-    def median(self, name: str) -> float | None:
-        """The median over the runs of ``value`` or of one of the figures' extras."""
-        values = [f.value if name == "p50" else f.extra.get(name) for f in self.figures]
-        numbers = [float(v) for v in values if isinstance(v, int | float)]
-        return statistics.median(numbers) if numbers else None
-
     def summary(self) -> dict[str, Any]:
         """Medians of every figure, for the JSON and the report."""
-        names = ("p50", "p99", "broker_lag_p50", "broker_lag_p99", "publish_p50",
-                 "publish_p99")
+        names = ("p99", "broker_lag_p50", "broker_lag_p99", "publish_p50", "publish_p99")
         return {"label": LABELS[self.key], "runs": len(self.figures), "errors": self.errors,
                 "all_delivered": bool(self.figures) and all(
                     f.extra.get("all_delivered", False) for f in self.figures),
-                **{name: self.median(name) for name in names},
+                "p50": self.median(), **{name: self.median(name) for name in names},
                 "server_cores": _cores(self.server_cpu, self.walls),
                 "client_cores": _cores(self.client_cpu, self.walls),
                 "extra": [f.extra for f in self.figures]}
@@ -103,18 +90,18 @@ class Servers:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.procs: dict[str, Proc | peers.Server] = {}
+        self.procs: dict[str, Proc | PortServer] = {}
         self.urls: dict[str, str] = {}
         self.notes: list[str] = []
 
     def start(self) -> None:
         self.procs["ours"], self.urls["ours"] = broker(self.tmp / "ours", "--fsync", "always")
-        launcher = [sys.executable, str(HERE / "fanout_broker.py"), "inf"]
+        launcher = [sys.executable, str(BENCH / "fanout_broker.py"), "inf"]
         self.procs["ours-norest"], self.urls["ours-norest"] = broker(
             self.tmp / "norest", "--fsync", "always", launcher=launcher)
         try:
             self.procs["redis"] = peers.redis(self.tmp / "redis")
-        except peers.Unavailable as err:
+        except Unavailable as err:
             self.notes.append(f"Redis skipped: {err}")
 
     def stop(self) -> None:
@@ -125,7 +112,7 @@ class Servers:
 async def run(servers: Servers, s: Settings) -> dict[str, Case]:
     """Every round over every case, A B C … C B A; a failed run is noted, not fatal."""
     keys = [k for k in LABELS if k in servers.procs]
-    cases = {k: Case(k) for k in keys}
+    cases = {k: Case(key=k) for k in keys}
     topics = itertools.count(1)
     deadline = time.monotonic() + 60 + s.rounds * len(keys) * (s.seconds + 60)
     for r in range(s.rounds):
@@ -136,7 +123,7 @@ async def run(servers: Servers, s: Settings) -> dict[str, Case]:
             server_before, client_before = cpu_seconds(proc.pid), time.process_time()
             began = time.perf_counter()
             try:
-                if key == "redis":
+                if isinstance(proc, PortServer):
                     port = proc.port
                     figure = await raw.redis_fanout_raw(port, f"fan{r}", s.subscribers, s.rate,
                                                         s.seconds, s.sample_every)
@@ -239,31 +226,25 @@ def detail(w: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def parse_args() -> tuple[Settings, Path | None]:
-    """The settings and the ``--out`` directory from the command line."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help="one round, 50 subscribers, half a second: seconds, not minutes")
+def parse_args() -> tuple[Settings, Path | None, bool]:
+    """The settings, the ``--out`` directory and ``--quick`` from the command line."""
+    p = settings.parser(__doc__, "one round, 50 subscribers, half a second: seconds, not "
+                        "minutes")
     p.add_argument("--subscribers", type=int, help="streaming subscribers (default 1000)")
-    p.add_argument("--rounds", type=int, help="rounds (default 3, --quick 1)")
-    p.add_argument("--out", type=Path, help="write results/ and RESULTS.md under this "
-                   "directory instead of bench/")
     args = p.parse_args()
     s = Settings(subscribers=50, seconds=0.5, rounds=1) if args.quick else Settings()
     if args.subscribers is not None:
         if args.subscribers < 1:
             p.error("--subscribers must be at least 1")
         s.subscribers = args.subscribers
-    if args.rounds is not None:
-        s.rounds = max(1, args.rounds)
-    return s, args.out
+    return settings.with_rounds(s, args), args.out, args.quick
 
 
 def main() -> None:
     """Start the servers, run the rounds, stop the servers by PID, write the report."""
-    s, out = parse_args()
+    s, out, quick = parse_args()
     raise_nofile()
-    common.freeze_startup_objects()
+    freeze_startup_objects()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-fanout-",
                                      dir=os.environ.get("BENCH_DIR")) as t:
@@ -274,7 +255,7 @@ def main() -> None:
         finally:
             servers.stop()
     runtime = time.perf_counter() - started
-    common.results_under(out)
+    where = results_under(out, quick=quick, bench="fanout")
     w = {k: c.summary() for k, c in cases.items()}
     how = (f"{s.subscribers:,} streaming subscribers of one topic in one Python process, "
            f"one publisher at {s.rate:,} msg/s over 8 connections, runs of {s.seconds:g} s, "
@@ -285,10 +266,10 @@ def main() -> None:
                         + ([f"Notes: {'; '.join(servers.notes)}."] if servers.notes else []))
     report("fanout", "Fan-out experiment: the broker's part of the p99, and the rests",
            rows(w, s), command_line(), notes=notes)
-    common.add_to_json("fanout", {"settings": asdict(s), "cases": w, "notes": servers.notes,
-                                  "runtime_seconds": runtime})
+    add_to_json("fanout", {"settings": asdict(s), "cases": w, "notes": servers.notes,
+                           "runtime_seconds": runtime})
     print(text)
-    print(f"runtime {runtime:.0f} s; results in {common.RESULTS}")
+    print(f"runtime {runtime:.0f} s; results in {where}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -21,65 +20,17 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Row, command_line, percentile, report
-from bench.procs import bare_server, broker, ensure_tool
+from bench.harness.disk import disk_rate
+from bench.harness.figures import Row, percentile
+from bench.harness.http_load import aiohttp_rate, wrk_rate
+from bench.harness.loops import paced
+from bench.harness.payloads import PAYLOAD
+from bench.harness.procs import bare_server, broker, ensure_tool
+from bench.harness.results import command_line, report
 from messaging.frames import FRAMES_CONTENT_TYPE, BatchDecoder, encode_batch
 
 DURATION = float(os.environ.get("BENCH_SECONDS", "5"))
-CONNECTIONS = 50
 POST_RUNS = 5
-PAYLOAD = b"x" * 100
-
-
-def wrk_post_rate(wrk: str, url: str, path: str) -> float:
-    """Requests/s of one wrk run POSTing a 100-byte body with 50 connections."""
-    script = Path(tempfile.mkstemp(suffix=".lua")[1])
-    script.write_text(f'wrk.method = "POST"\nwrk.body = string.rep("x", 100)\n'
-                      f'wrk.headers["Content-Type"] = "application/octet-stream"\n'
-                      f'wrk.path = "{path}"\n')
-    out = subprocess.run([wrk, "-t2", f"-c{CONNECTIONS}", f"-d{DURATION:.0f}s", "-s",
-                          str(script), url], capture_output=True, text=True,
-                         timeout=DURATION + 60).stdout
-    script.unlink()
-    match = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    if not match or non2xx:
-        raise RuntimeError(f"wrk failed against {url}{path}: {out}")
-    return float(match.group(1))
-
-
-async def python_post_rate(url: str, path: str) -> float:
-    """Requests/s of 50 concurrent aiohttp POST loops (the fallback load generator)."""
-    count = 0
-    async with aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=CONNECTIONS)) as session:
-        deadline = time.perf_counter() + DURATION
-
-        async def worker() -> None:
-            nonlocal count
-            while time.perf_counter() < deadline:
-                async with session.post(url + path, data=PAYLOAD) as resp:
-                    await resp.read()
-                    assert resp.status < 300
-                count += 1
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(CONNECTIONS)))
-        return count / (time.perf_counter() - started)
-
-
-def fsync_per_write_rate(directory: Path) -> float:
-    """100-byte writes per second when each one is followed by fdatasync."""
-    fd = os.open(directory / "fsync-probe", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    count = 0
-    started = time.perf_counter()
-    while time.perf_counter() - started < 2.0 and count < 200_000:
-        os.write(fd, PAYLOAD)
-        os.fdatasync(fd)
-        count += 1
-    elapsed = time.perf_counter() - started
-    os.close(fd)
-    return count / elapsed
 
 
 async def batch_rate(url: str, path: str, topic: int, senders: int = 4) -> float:
@@ -122,21 +73,15 @@ async def latency(url: str, bare: str, rate: int = 1000) -> tuple[list[float], l
 
         subscriber = asyncio.ensure_future(subscribe())
         await asyncio.sleep(0.2)
-        started = time.perf_counter()
 
         async def publish(k: int) -> None:
             sent[k] = time.perf_counter()
             async with session.post(f"{url}/messaging/messages", params={"topicID": "77"},
                                     data=str(k).encode()) as resp:
-                assert resp.status == 200
+                if resp.status != 200:
+                    raise RuntimeError(f"publish: HTTP {resp.status}")
 
-        tasks = []
-        for k in range(total):
-            delay = started + k / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.ensure_future(publish(k)))
-        await asyncio.gather(*tasks)
+        await paced(rate, total, publish)
         await asyncio.wait_for(subscriber, 30)
         bare_rtts = []
         for _ in range(2000):
@@ -179,14 +124,14 @@ async def run(tmp: Path) -> list[Row]:
         ours_runs, bare_runs = [], []
         for _ in range(POST_RUNS):  # interleaved, so drift of the machine hits both alike
             if wrk:
-                ours_runs.append(wrk_post_rate(wrk, url, path))
-                bare_runs.append(wrk_post_rate(wrk, bare, "/204"))
+                ours_runs.append(wrk_rate(wrk, url, path, DURATION).value)
+                bare_runs.append(wrk_rate(wrk, bare, "/204", DURATION).value)
             else:
-                ours_runs.append(await python_post_rate(url, path))
-                bare_runs.append(await python_post_rate(bare, "/204"))
+                ours_runs.append((await aiohttp_rate(url + path, DURATION)).value)
+                bare_runs.append((await aiohttp_rate(bare + "/204", DURATION)).value)
         ours, baseline = statistics.median(ours_runs), statistics.median(bare_runs)
         tool = "wrk -t2 -c50" if wrk else "aiohttp load generator, 50 connections"
-        fsync_rate = fsync_per_write_rate(data)
+        fsync_rate = disk_rate(tmp / "disk", len(PAYLOAD), seconds=2.0, max_writes=200_000)
         rows.append(Row(f"single-message POST, fsync always ({tool})", ours, "req/s",
                         "bare aiohttp 204", baseline, "≥ 60% of bare", ours >= 0.6 * baseline))
         rows.append(Row("same, against the disk's fsync-per-write rate", ours, "req/s",

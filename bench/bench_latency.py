@@ -24,7 +24,6 @@ the rounds.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import statistics
@@ -39,12 +38,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common
-from bench import peers_raw as raw
-from bench import peers_servers as peers
-from bench.bench_durable_streams import run_loop
-from bench.common import command_line, report
-from bench.latency_floor import RECORD_SIZE, Handoff, fill, floor_latency
+from bench.harness import lean_clients as raw
+from bench.harness import peer_servers as peers
+from bench.harness import settings
+from bench.harness.disk import fill
+from bench.harness.figures import Figure, latencies
+from bench.harness.loops import paced, run_loop
+from bench.harness.payloads import FRAME, PAYLOAD
+from bench.harness.procs import BENCH, PortServer, Proc, Unavailable, broker, free_port
+from bench.harness.results import add_to_json, command_line, report, results_under
+from bench.harness.sampling import CLK_TCK, cpu_seconds, machine_busy
+from bench.latency_floor import Handoff, floor_latency
 from bench.latency_report import (
     DISK,
     LABELS,
@@ -55,8 +59,6 @@ from bench.latency_report import (
     plot,
     table_rows,
 )
-from bench.peers_load import PAYLOAD, Figure, latencies, paced
-from bench.procs import Proc, broker, cpu_seconds, free_port
 from messaging.frames import encode
 
 GROUPS = ("disk", "handoff", "floor", "ours", "redis")
@@ -74,11 +76,13 @@ FLOOR_SERVERS = {"floor-inline": ("inline", False), "floor-thread": ("thread", F
 
 
 @dataclass
-class Settings:
-    """Sizes of one run (``--quick`` shrinks them)."""
+class Settings(settings.Settings):
+    """Sizes of one run (``--quick`` shrinks them): ``rounds`` even, so that in A B … B A
+    order every measurement sits at the same mean time; one round of one measurement is
+    ``rate`` × ``seconds`` messages."""
 
-    rounds: int = 4  # even: in A B … B A order every measurement sits at the same mean time
-    seconds: float = 1.25  # one round of one measurement: rate × seconds messages
+    rounds: int = 4
+    seconds: float = 1.25
     rate: int = 1000
     only: tuple[str, ...] = GROUPS
 
@@ -124,9 +128,9 @@ def disk_latency(kind: str, directory: Path, rate: int, count: int) -> Figure:
     delays: list[float] = []
     try:
         if kind == "disk-zeroed":
-            fill(fd, count * RECORD_SIZE)
+            fill(fd, count * FRAME)
         elif kind == "disk-fallocate":
-            os.posix_fallocate(fd, 0, count * RECORD_SIZE)
+            os.posix_fallocate(fd, 0, count * FRAME)
             os.fsync(fd)
         started = time.perf_counter()
         deadline = started + count / rate + GRACE
@@ -141,9 +145,9 @@ def disk_latency(kind: str, directory: Path, rate: int, count: int) -> Figure:
                 os.write(fd, RECORD)
                 os.fdatasync(fd)
             elif kind == "disk-dsync":
-                os.pwrite(fd, RECORD, k * RECORD_SIZE)
+                os.pwrite(fd, RECORD, k * FRAME)
             else:
-                os.pwrite(fd, RECORD, k * RECORD_SIZE)
+                os.pwrite(fd, RECORD, k * FRAME)
                 os.fdatasync(fd)
             delays.append(time.perf_counter() - before)
     finally:
@@ -189,7 +193,7 @@ async def handoff_latency(path: Path | None, rate: int, seconds: float) -> Figur
 
     handoff.start()
     try:
-        sent = await paced(rate, seconds, publish)
+        sent = await paced(rate, int(rate * seconds), publish)
     finally:
         await handoff.close()
         if fd is not None and path is not None:
@@ -205,7 +209,7 @@ class Servers:
 
     def __init__(self, tmp: Path, s: Settings) -> None:
         self.tmp, self.s = tmp, s
-        self.procs: list[Proc | peers.Server] = []
+        self.procs: list[Proc | PortServer] = []
         self.urls: dict[str, str] = {}
         self.ports: dict[str, tuple[int, int]] = {}  # floor: (publish, subscribe)
         self.redis_port: int | None = None
@@ -216,12 +220,12 @@ class Servers:
         tmp, s = self.tmp, self.s
         if "floor" in s.only:
             # Every message of every round fits in the preallocated file.
-            prealloc = (s.rounds * s.count * RECORD_SIZE // (1 << 20) + 2) << 20
+            prealloc = (s.rounds * s.count * FRAME // (1 << 20) + 2) << 20
             for key, (mode, preallocated) in FLOOR_SERVERS.items():
                 ports = (free_port(), free_port())
                 args = ["--prealloc", str(prealloc)] if preallocated else []
                 if self._start(key, partial(
-                        Proc, [sys.executable, str(Path(__file__).parent / "latency_floor.py"),
+                        Proc, [sys.executable, str(BENCH / "latency_floor.py"),
                                str(ports[0]), str(ports[1]), str(tmp / f"{key}.log"),
                                "--mode", mode, *args], "ready", log=tmp / "floor.stderr")):
                     self.ports[key] = ports
@@ -236,7 +240,7 @@ class Servers:
         """Start one server; one that cannot start is a note, and False."""
         try:
             started = start()
-        except (peers.Unavailable, RuntimeError, OSError) as err:
+        except (Unavailable, RuntimeError, OSError) as err:
             self.notes.append(f"{key}: skipped ({str(err).splitlines()[0][:200]})")
             print(f"  {self.notes[-1]}", flush=True)
             return False
@@ -245,7 +249,7 @@ class Servers:
             self.urls[key] = started[1]
         else:
             self.procs.append(started)
-            if isinstance(started, peers.Server):
+            if isinstance(started, PortServer):
                 self.redis_port = started.port
         return True
 
@@ -290,13 +294,6 @@ def measurements(servers: Servers, s: Settings) -> list[Measurement]:
     return out
 
 
-def busy_seconds() -> float:
-    """CPU seconds all cores of this machine have spent busy since boot (/proc/stat)."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields)
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
 def own_seconds(pids: list[int]) -> float:
     """CPU seconds this process (every thread) and the servers it started have used, and the
     kernel's threads (children of kthreadd, pid 2): they flush our writes as well as others'."""
@@ -309,7 +306,7 @@ def own_seconds(pids: list[int]) -> float:
         if fields[1] == "2":  # its parent's pid
             kernel += int(fields[11]) + int(fields[12])
     return (time.process_time() + sum(cpu_seconds(pid) for pid in pids)
-            + kernel / os.sysconf("SC_CLK_TCK"))
+            + kernel / CLK_TCK)
 
 
 async def measure(m: Measurement, pids: list[int]) -> None:
@@ -321,7 +318,7 @@ async def measure(m: Measurement, pids: list[int]) -> None:
     """
     if m.error:
         return
-    busy, own, started = busy_seconds(), own_seconds(pids), time.perf_counter()
+    busy, own, started = machine_busy(), own_seconds(pids), time.perf_counter()
     try:
         figure = await asyncio.wait_for(m.run(), m.timeout)
     except Exception as err:  # a failed path is a note in the table, not a traceback
@@ -329,7 +326,7 @@ async def measure(m: Measurement, pids: list[int]) -> None:
         print(f"    {m.key}: failed: {m.error}", flush=True)
         return
     elapsed = time.perf_counter() - started
-    others = max(0.0, (busy_seconds() - busy) - (own_seconds(pids) - own)) / elapsed
+    others = max(0.0, (machine_busy() - busy) - (own_seconds(pids) - own)) / elapsed
     p50, p99 = figure.value * 1000, figure.extra["p99"] * 1000  # ms → µs
     m.p50.append(p50)
     m.p99.append(p99)
@@ -355,30 +352,21 @@ async def run(ms: list[Measurement], s: Settings, notes: list[str], pids: list[i
             await measure(m, pids)
 
 
-def parse_args() -> tuple[Settings, Path | None]:
-    """The settings and the ``--out`` directory from the command line."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help="one round of 400 messages per measurement: seconds, not minutes")
+def parse_args() -> tuple[Settings, Path | None, bool]:
+    """The settings, the ``--out`` directory and ``--quick`` from the command line."""
+    p = settings.parser(__doc__, "one round of 400 messages per measurement: seconds, not "
+                        "minutes")
     p.add_argument("--only", default=",".join(GROUPS),
                    help=f"measurements to run, comma-separated, of {','.join(GROUPS)}")
-    p.add_argument("--rounds", type=int, help="rounds (default 4, --quick 1)")
-    p.add_argument("--out", type=Path, help="write results/ and RESULTS.md under this "
-                   "directory instead of bench/")
     args = p.parse_args()
-    only = tuple(x.strip() for x in args.only.split(",") if x.strip())
-    unknown = set(only) - set(GROUPS)
-    if unknown:
-        p.error(f"unknown measurements {sorted(unknown)}: choose from {','.join(GROUPS)}")
+    only = settings.only(p, args.only, GROUPS, "measurements")
     s = Settings(rounds=1, seconds=0.4, only=only) if args.quick else Settings(only=only)
-    if args.rounds:
-        s.rounds = max(1, args.rounds)
-    return s, args.out
+    return settings.with_rounds(s, args), args.out, args.quick
 
 
 def main() -> None:
     """Start the servers, run every round, stop the servers by PID, write the report."""
-    s, out = parse_args()
+    s, out, quick = parse_args()
     started = time.perf_counter()
     ms: list[Measurement] = []
     # The broker's data directory in the peer benchmark: the same filesystem here.
@@ -392,7 +380,7 @@ def main() -> None:
         finally:
             servers.stop()
     runtime = time.perf_counter() - started
-    common.results_under(out)
+    where = results_under(out, quick=quick, bench="latency")
     summaries = {m.key: m.summary() for m in ms}
     text, computed = budget(summaries)
     how = (f"Every figure at {s.rate:,} messages/s, paced open loop: {s.rounds} round(s) of "
@@ -407,11 +395,10 @@ def main() -> None:
     report("latency", "Latency budget: publish → subscriber p50 at 1,000 msg/s",
            table_rows(summaries), command_line(), notes=notes)
     plot(summaries)
-    common.add_to_json("latency", {"settings": asdict(s), "measurements": summaries,
-                                   "budget": computed, "notes": servers.notes,
-                                   "runtime_seconds": runtime})
+    add_to_json("latency", {"settings": asdict(s), "measurements": summaries, "budget": computed,
+                            "notes": servers.notes, "runtime_seconds": runtime})
     print(text)
-    print(f"runtime {runtime:.0f} s; results in {common.RESULTS}")
+    print(f"runtime {runtime:.0f} s; results in {where}")
 
 
 if __name__ == "__main__":

@@ -17,27 +17,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import resource
 import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import bench_durable_streams as ds
-from bench import common
-from bench.bench_durable_streams import run_loop
-from bench.bench_streams import raise_nofile
-from bench.common import command_line, report
-from bench.peers_load import Figure
+from bench.harness import settings
+from bench.harness.figures import Runs
+from bench.harness.loops import freeze_startup_objects, run_loop
+from bench.harness.procs import raise_nofile
+from bench.harness.results import add_to_json, command_line, report, results_under
+from bench.harness.sampling import cpu_seconds, generator_cpu
 from bench.peers_report import WORKLOADS, plots, rows_and_notes
-from bench.peers_runs import Case, Servers, cases
+from bench.peers_runs import SERVERS, Case, Servers, Settings, cases
 
-SERVERS = ("ours", "bare", "redis", "nats", "reference")
 #: Seconds a workload's rounds may take, by workload, and the whole run: a round after the
 #: first that would go past either is skipped (with a note), so a full run stays in 15 minutes.
 ROUND_BUDGET = {"single": 100.0, "batch": 100.0, "consume": 180.0, "latency": 150.0,
@@ -45,34 +43,12 @@ ROUND_BUDGET = {"single": 100.0, "batch": 100.0, "consume": 180.0, "latency": 15
 TOTAL_BUDGET = 780.0
 
 
-@dataclass
-class Settings:
-    """Sizes and durations of one run (``--quick`` shrinks them)."""
-
-    rounds: int = 3
-    seconds: float = 3.0  # one throughput run
-    messages: int = 1_000_000  # workload 3 (and 6's catch-up)
-    rate: int = 1000  # workloads 4 and 5, messages/s
-    latency_seconds: float = 5.0
-    fanout: tuple[int, ...] = (10, 100, 1000)
-    fanout_seconds: float = 3.0
-    only: tuple[str, ...] = SERVERS
-
-
-@dataclass
-class Result:
+@dataclass(kw_only=True)
+class Result(Runs):
     """The runs of one case: its figures and the CPU used by server and load generator."""
 
     case: Case
-    figures: list[Figure] = field(default_factory=list)
-    server_cpu: list[float] = field(default_factory=list)
-    client_cpu: list[float] = field(default_factory=list)
     error: str = ""
-
-    def median(self, key: str = "value") -> float | None:
-        values = [f.value if key == "value" else f.extra.get(key) for f in self.figures]
-        numbers = [float(v) for v in values if isinstance(v, int | float)]
-        return statistics.median(numbers) if numbers else None
 
     def summary(self) -> dict[str, Any]:
         seconds = statistics.median(f.seconds for f in self.figures) if self.figures else 0
@@ -88,25 +64,19 @@ class Result:
                 "client_cpu": statistics.median(self.client_cpu) if self.client_cpu else None}
 
 
-def generator_cpu() -> float:
-    """CPU seconds of this process and of its finished children (wrk, redis-benchmark)."""
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time() + children.ru_utime + children.ru_stime
-
-
 async def measure(result: Result, servers: Servers) -> None:
     """One run of ``result.case``; a failure is recorded, later rounds of it are skipped."""
     if result.error:
         return
     pid = servers.pid(result.case.server)
-    before, client = servers.cpu(pid), generator_cpu()
+    before, client = cpu_seconds(pid), generator_cpu()
     try:
         figure = await asyncio.wait_for(result.case.run(), result.case.timeout)
     except Exception as err:  # any failure of a peer: a note in the table, not a traceback
         result.error = f"{type(err).__name__}: {str(err)[:200]}"
         print(f"    {result.case.label}: failed: {result.error}", flush=True)
         return
-    result.server_cpu.append(servers.cpu(pid) - before)
+    result.server_cpu.append(cpu_seconds(pid) - before)
     result.client_cpu.append(generator_cpu() - client)
     result.figures.append(figure)
     p99 = f", p99 {figure.extra['p99']:.2f} ms" if "p99" in figure.extra else ""
@@ -131,7 +101,7 @@ async def run(tmp: Path, s: Settings) -> tuple[dict[str, dict[str, Result]], lis
             results[workload] = {}
             for group in groups:
                 first = time.monotonic()
-                group_results = [Result(case) for case in group]
+                group_results = [Result(case=case) for case in group]
                 for result in group_results:
                     results[workload][result.case.key] = result
                 for r in range(s.rounds):
@@ -152,51 +122,41 @@ async def run(tmp: Path, s: Settings) -> tuple[dict[str, dict[str, Result]], lis
     return results, servers.notes
 
 
-def parse_args() -> tuple[Settings, Path | None, argparse.Namespace]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help="tiny sizes, one round, 10 and 100 subscribers: seconds, not minutes")
+def parse_args() -> tuple[Settings, argparse.Namespace]:
+    p = settings.parser(__doc__, "tiny sizes, one round, 10 and 100 subscribers: seconds, not "
+                        "minutes")
     p.add_argument("--only", default=",".join(SERVERS),
                    help=f"servers to run, comma-separated, of {','.join(SERVERS)}")
-    p.add_argument("--rounds", type=int, help="rounds per workload (default 3, --quick 1)")
     p.add_argument("--messages", type=int,
                    help="stored messages consumed in workload 3 (default 1,000,000; "
                         "--quick 10,000)")
-    p.add_argument("--out", type=Path, help="write results/ and RESULTS.md under this "
-                   "directory instead of bench/")
     args = p.parse_args()
-    only = tuple(x.strip() for x in args.only.split(",") if x.strip())
-    unknown = set(only) - set(SERVERS)
-    if unknown:
-        p.error(f"unknown servers {sorted(unknown)}: choose from {','.join(SERVERS)}")
+    only = settings.only(p, args.only, SERVERS, "servers")
     s = Settings(only=only)
     if args.quick:
         s = Settings(rounds=1, seconds=1.0, messages=10_000, latency_seconds=1.0,
                      fanout=(10, 100), fanout_seconds=1.0, only=only)
-    if args.rounds:
-        s.rounds = max(1, args.rounds)
     if args.messages:
         s.messages = max(1000, args.messages // 1000 * 1000)
-    return s, args.out, args
+    return settings.with_rounds(s, args), args
 
 
 def main() -> None:
-    s, out, _ = parse_args()
+    s, args = parse_args()
     raise_nofile()
-    common.freeze_startup_objects()
-    ds.PUBLISH_GRACE = 10.0  # the reference server's SSE latency run: bounded tighter
+    freeze_startup_objects()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-peers-", dir=os.environ.get("BENCH_DIR")) as t:
         results, notes = run_loop(run(Path(t), s))
     runtime = time.perf_counter() - started
-    common.results_under(out)
+    where = results_under(args.out, quick=args.quick, bench="peers")
     summaries = {w: {k: r.summary() for k, r in cases_.items()} for w, cases_ in results.items()}
     rows, text = rows_and_notes(summaries, notes, asdict(s), runtime)
     report("peers", "Peers: Redis, NATS JetStream, the Durable Streams reference server",
            rows, command_line(), notes=text + "\n\n" + plots(summaries))
-    common.add_to_json("peers", {"settings": asdict(s), "workloads": summaries,
-                                 "notes": notes, "runtime_seconds": runtime})
-    print(f"runtime {runtime:.0f} s; results in {common.RESULTS}")
+    add_to_json("peers", {"settings": asdict(s), "workloads": summaries, "notes": notes,
+                          "runtime_seconds": runtime})
+    print(f"runtime {runtime:.0f} s; results in {where}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,28 +29,21 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common
-from bench.bench_streams import (
-    FRAME,
-    PAYLOAD,
-    Holder,
-    off_loop,
-    publish_one,
-    raise_nofile,
-    run_loop,
-    wait_streams,
-)
-from bench.common import percentile
-from bench.procs import bare_server, broker, cpu_seconds
+from bench.harness import settings
+from bench.harness.disk import disk_rate
+from bench.harness.figures import ms
+from bench.harness.loops import off_loop, run_loop
+from bench.harness.payloads import FRAME, PAYLOAD
+from bench.harness.procs import bare_server, broker, raise_nofile
+from bench.harness.results import results_under
+from bench.harness.sampling import cpu_seconds, descriptors, machine_times
+from bench.harness.stream_holder import Holder, publish_one, wait_streams
 from bench.scaling_load import (
     Counters,
     Load,
     Request,
     counters,
     create_topics,
-    descriptors,
-    disk_rate,
-    machine_busy,
     paced_publish,
     post_load,
     same,
@@ -62,26 +56,24 @@ SENDERS = 4
 Point = dict[str, Any]
 
 
-class Settings(argparse.Namespace):
-    """The run's sizes (full or ``--quick``)."""
+@dataclass
+class Settings(settings.Settings):
+    """The run's sizes (full or ``--quick``): each curve's points, measured once each
+    (``rounds`` 1) for ``seconds`` of closed-loop load; the subscriber curve's paced
+    publisher; the memory figures' idle subscribers and topics."""
 
-    seconds: float
-    batches: list[int]
-    sizes: list[int]
-    topics: list[int]
-    subscribers: list[int]
-    rate: float
-    publishes: int
-    idle_subscribers: int
-    idle_topics: int
-    small_batch: int
-    out: Path | None
-    quick: bool
+    rounds: int = 1
+    seconds: float = 4.0
+    batches: tuple[int, ...] = (1, 10, 100, 1000, 10_000)
+    sizes: tuple[int, ...] = (10, 100, 1024, 10 * 1024, 100 * 1024, 1024 * 1024)
+    topics: tuple[int, ...] = (1, 10, 100, 1000, 10_000, 20_000)
+    subscribers: tuple[int, ...] = (1, 10, 100, 1000)
+    rate: float = 500.0
+    publishes: int = 2500
+    small_batch: int = 10
+    idle_subscribers: int = 1000
+    idle_topics: int = 20_000
 
-
-def ms(values: list[float], p: float) -> float:
-    """The ``p``-th percentile of ``values`` (seconds) in milliseconds."""
-    return percentile(values, p) * 1000 if values else 0.0
 
 
 def causes(delta: Counters, load: Load, pid: int) -> Point:
@@ -97,10 +89,10 @@ async def measured(url: str, pid: int, request: Callable[[int], Request], s: Set
                    content_type: str = FRAMES_CONTENT_TYPE) -> tuple[Load, Point]:
     """Run a ``SENDERS``-wide load against the broker; the load and the broker's figures."""
     start = await counters(url, pid, end=False)
-    machine = machine_busy()
+    machine = machine_times()
     load = await post_load(url, request, senders=SENDERS, seconds=s.seconds,
                            max_requests=200_000, content_type=content_type)
-    busy, total = (b - a for a, b in zip(machine, machine_busy(), strict=True))
+    busy, total = (b - a for a, b in zip(machine, machine_times(), strict=True))
     fds = descriptors(pid)
     delta = await counters(url, pid, end=True) - start
     return load, causes(delta, load, pid) | {
@@ -214,7 +206,7 @@ async def subscriber_curve(tmp: Path, s: Settings) -> tuple[list[Point], Point]:
                     await wait_streams(session, url, count)
                     await asyncio.sleep(0.5)
                     start = await counters(url, proc.pid, end=False)
-                    holder_cpu, machine = cpu_seconds(holder.pid), machine_busy()
+                    holder_cpu, machine = cpu_seconds(holder.pid), machine_times()
                     began = time.perf_counter()
                     load = await paced_publish(url, 1, s.rate, s.publishes)
                     want = load.messages * FRAME * count
@@ -228,7 +220,7 @@ async def subscriber_curve(tmp: Path, s: Settings) -> tuple[list[Point], Point]:
                     drained = time.perf_counter()
                     delta = await counters(url, proc.pid, end=True) - start
                     holder_cpu = cpu_seconds(holder.pid) - holder_cpu
-                    busy, total = (b - a for a, b in zip(machine, machine_busy(), strict=True))
+                    busy, total = (b - a for a, b in zip(machine, machine_times(), strict=True))
                 finally:
                     await off_loop(holder.stop)
                 await wait_streams(session, url, 0)
@@ -260,33 +252,18 @@ async def subscriber_curve(tmp: Path, s: Settings) -> tuple[list[Point], Point]:
 
 # -- main --------------------------------------------------------------------------------------
 
-def parse_args() -> Settings:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true",
-                   help="tiny run (two points per curve, short loads); without --out its "
-                        "results go to a temporary directory, not bench/")
-    p.add_argument("--out", type=Path, default=None,
-                   help="write results/ and RESULTS.md under this directory instead of bench/")
-    s = p.parse_args(namespace=Settings())
-    s.seconds, s.rate, s.publishes, s.small_batch = 4.0, 500.0, 2500, 10
-    s.batches = [1, 10, 100, 1000, 10_000]
-    s.sizes = [10, 100, 1024, 10 * 1024, 100 * 1024, 1024 * 1024]
-    s.topics = [1, 10, 100, 1000, 10_000, 20_000]
-    s.subscribers = [1, 10, 100, 1000]
-    s.idle_subscribers, s.idle_topics = 1000, 20_000
-    if s.quick:
-        s.seconds, s.rate, s.publishes = 0.5, 200.0, 100
-        s.batches, s.sizes, s.topics, s.subscribers = [1, 100], [100, 100 * 1024], [1, 100], \
-            [1, 10]
-        s.idle_subscribers, s.idle_topics = 50, 500
-        if s.out is None:
-            s.out = Path(tempfile.mkdtemp(prefix="bench-scaling-quick-"))
-    return s
+def parse_args() -> tuple[Settings, argparse.Namespace]:
+    p = settings.parser(__doc__, "tiny run (two points per curve, short loads)", rounds=False)
+    args = p.parse_args()
+    if not args.quick:
+        return Settings(), args
+    return Settings(seconds=0.5, rate=200.0, publishes=100, batches=(1, 100),
+                    sizes=(100, 100 * 1024), topics=(1, 100), subscribers=(1, 10),
+                    idle_subscribers=50, idle_topics=500), args
 
 
 def main() -> None:
-    s = parse_args()
+    s, args = parse_args()
     limit = raise_nofile()  # the broker and the stream holder inherit it
     if limit < max([*s.subscribers, s.idle_subscribers]) + 200:
         sys.exit(f"RLIMIT_NOFILE hard limit {limit} is too low for the subscriber curve")
@@ -303,9 +280,7 @@ def main() -> None:
         print("4. memory per idle subscriber and per idle topic", flush=True)
         idle_subscriber = run_loop(memory_subscribers(tmp, s.idle_subscribers))
         idle_topic = run_loop(memory_topics(tmp, s.idle_topics))
-        if s.out is not None:
-            common.RESULTS, common.RESULTS_MD = s.out / "results", s.out / "RESULTS.md"
-            print(f"(results written under {s.out})")
+        results_under(args.out, quick=args.quick, bench="scaling")
         write_results({"batch": batch, "size": size, "topics": topics,
                        "subscribers": subscribers}, bare, idle_subscriber, idle_topic, s,
                       limit, time.perf_counter() - started)

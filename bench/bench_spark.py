@@ -13,18 +13,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Row, command_line, report
-from bench.procs import broker
-from messaging.client.client import Client
+from bench.harness.client_load import preload
+from bench.harness.figures import Row
+from bench.harness.procs import broker
+from bench.harness.results import command_line, report
 
 MESSAGES = int(os.environ.get("BENCH_MESSAGES", "1000000"))
 RUNS = 3
-
-
-async def preload(url: str) -> None:
-    async with Client(url) as client:
-        for _ in range(MESSAGES // 10_000):
-            await client.publish_batch(1, [b"x" * 100] * 10_000)
 
 
 def timed_query(spark, fmt: str, options: dict[str, str], checkpoint: Path) -> float:
@@ -60,7 +55,7 @@ def main() -> None:
         spark.dataSource.register(MessagingDataSource)
         spark.dataSource.register(SyntheticDataSource)
         try:
-            asyncio.run(preload(url))
+            asyncio.run(preload(url, 1, MESSAGES))
             ours, synthetic = [], []
             for run in range(RUNS):
                 ours.append(timed_query(spark, "messaging", {

@@ -14,10 +14,8 @@ process; the log's group counter says how many commands each write + fdatasync c
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import resource
 import socket
 import statistics
 import sys
@@ -31,13 +29,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import matplotlib.pyplot as plt
-
-from bench import common
-from bench.bench_http import fsync_per_write_rate
-from bench.common import Row, command_line, fmt, report
-from bench.peers_load import CONNECTIONS, wrk_rate
-from bench.procs import HERE, Proc, bare_server, broker, cpu_seconds, ensure_tool, free_port
+from bench.harness import results, settings
+from bench.harness.disk import disk_rate
+from bench.harness.figures import Row, fmt
+from bench.harness.http_load import CONNECTIONS, wrk_rate
+from bench.harness.payloads import PAYLOAD
+from bench.harness.plots import plt
+from bench.harness.procs import BENCH, Proc, bare_server, broker, ensure_tool, free_port
+from bench.harness.results import add_to_json, command_line, report, results_under
+from bench.harness.sampling import children_cpu, cpu_seconds, machine_times
 from bench.split_front import ANSWER, STATS_KIND, stats_request
 
 SINGLE_PATH = "/messaging/messages?topicID=1"
@@ -54,11 +54,9 @@ LABELS = {"bare": "bare aiohttp 204",
 
 
 @dataclass
-class Settings:
-    """Rounds and durations of one run (``--quick`` shrinks them)."""
+class Settings(settings.Settings):
+    """Rounds and durations of one run (``--quick`` shrinks them); ``seconds``: one wrk run."""
 
-    rounds: int = 3
-    seconds: float = 3.0  # one wrk run
     warmup: float = 1.0  # one unrecorded wrk run per configuration first (0: none)
 
 
@@ -138,28 +136,11 @@ class Column:
                 "runs": [asdict(r) for r in self.runs]}
 
 
-def children_cpu() -> float:
-    """CPU seconds of this process's finished children (wrk, once it is reaped)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def machine_jiffies() -> tuple[int, int]:
-    """(busy, total) clock ticks of all the machine's cores so far, from /proc/stat."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return 0, 0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
-    total = sum(fields[:8])  # guest time is counted in user time already
-    return total - idle, total
-
-
 def broker_stats(url: str) -> tuple[int, int]:
     """The broker's (groups written, index), from GET /messaging/diagnostics."""
     with urllib.request.urlopen(f"{url}/messaging/diagnostics", timeout=10) as resp:
-        report_ = json.loads(resp.read())
-    return int(report_["groups"]), int(report_["index"])
+        diagnostics = json.loads(resp.read())
+    return int(diagnostics["groups"]), int(diagnostics["index"])
 
 
 def log_stats(path: str) -> tuple[int, int]:
@@ -195,7 +176,7 @@ class Servers:
         return started
 
     def _front_or_log(self, *args: str) -> Proc:
-        proc = Proc([sys.executable, str(HERE / "split_front.py"), *args], "ready",
+        proc = Proc([sys.executable, str(BENCH / "split_front.py"), *args], "ready",
                     log=self.tmp / "split.log")
         self.procs.append(proc)
         return proc
@@ -231,13 +212,13 @@ def measure(wrk: str, config: Config, seconds: float) -> Run:
     before = {p: cpu_seconds(pid) for p, pid in config.pids.items()}
     wrk_before = children_cpu()
     stats_before = config.stats() if config.stats else None
-    busy, total = machine_jiffies()
+    busy, total = machine_times()
     started = time.perf_counter()
     figure = wrk_rate(wrk, config.url, config.path, seconds)
     wall = time.perf_counter() - started
     cpu = {p: cpu_seconds(pid) - before[p] for p, pid in config.pids.items()}
     cpu["wrk"] = children_cpu() - wrk_before
-    busy_after, total_after = machine_jiffies()
+    busy_after, total_after = machine_times()
     machine = ((busy_after - busy) / (total_after - total) * (os.cpu_count() or 1)
                if total_after > total else 0.0)
     run = Run(figure.value, figure.seconds, wall, cpu, machine)
@@ -249,7 +230,7 @@ def measure(wrk: str, config: Config, seconds: float) -> Run:
 
 def run(tmp: Path, s: Settings, wrk: str) -> tuple[dict[str, Column], float]:
     """Every configuration, rounds in A B … B A order; and the disk's fsync rate."""
-    fsync_rate = fsync_per_write_rate(tmp)
+    fsync_rate = disk_rate(tmp / "disk", len(PAYLOAD), seconds=2.0, max_writes=200_000)
     with tempfile.TemporaryDirectory(prefix="split-") as sockets:  # short Unix socket paths
         servers = Servers(tmp, Path(sockets))
         try:
@@ -457,29 +438,25 @@ def cpu_plot(w: dict[str, dict[str, Any]]) -> str:
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title("Split experiment: where the CPU of a single POST goes")
     fig.tight_layout()
-    fig.savefig(common.RESULTS / "split-cpu.png", dpi=80)
+    fig.savefig(results.RESULTS / "split-cpu.png", dpi=80)
     plt.close(fig)
     return "![split CPU](results/split-cpu.png)"
 
 
-def parse_args() -> tuple[Settings, Path | None]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="one round of 1 s runs, no warm-up")
-    p.add_argument("--rounds", type=int, help="rounds (default 3, --quick 1)")
+def parse_args() -> tuple[Settings, Path | None, bool]:
+    p = settings.parser(__doc__, "one round of 1 s runs, no warm-up")
     p.add_argument("--seconds", type=float, help="seconds of one wrk run (default 3)")
-    p.add_argument("--out", type=Path, help="write results/ and RESULTS.md under this "
-                   "directory instead of bench/")
     args = p.parse_args()
-    s = Settings(rounds=1, seconds=1.0, warmup=0.0) if args.quick else Settings()
-    if args.rounds:
-        s.rounds = max(1, min(args.rounds, 20))
+    s = settings.with_rounds(
+        Settings(rounds=1, seconds=1.0, warmup=0.0) if args.quick else Settings(), args)
+    s.rounds = min(s.rounds, 20)
     if args.seconds:
         s.seconds = max(1.0, min(args.seconds, 60.0))
-    return s, args.out
+    return s, args.out, args.quick
 
 
 def main() -> None:
-    s, out = parse_args()
+    s, out, quick = parse_args()
     wrk = ensure_tool("wrk", "wrk")
     if wrk is None:
         sys.exit("bench_split: wrk is not installed and could not be (apt-get install wrk)")
@@ -490,7 +467,7 @@ def main() -> None:
         except RuntimeError as err:  # a server that did not start
             sys.exit(f"bench_split: {str(err).splitlines()[0][:300]}")
     runtime = time.perf_counter() - started
-    common.results_under(out)
+    where = results_under(out, quick=quick, bench="split")
     w = {key: column.summary() for key, column in columns.items()}
     sentence = conclusion(w, fsync_rate)
     notes = (
@@ -505,11 +482,10 @@ def main() -> None:
         + cpu_plot(w))
     report("split", "Split experiment: HTTP in its own process(es), the log in another",
            rows(w), command_line(), notes=notes)
-    common.add_to_json("split", {"settings": asdict(s), "configurations": w,
-                                 "fsync_per_s": fsync_rate, "conclusion": sentence,
-                                 "runtime_seconds": runtime})
+    add_to_json("split", {"settings": asdict(s), "configurations": w, "fsync_per_s": fsync_rate,
+                          "conclusion": sentence, "runtime_seconds": runtime})
     print(sentence)
-    print(f"runtime {runtime:.0f} s; results in {common.RESULTS}")
+    print(f"runtime {runtime:.0f} s; results in {where}")
 
 
 if __name__ == "__main__":

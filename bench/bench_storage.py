@@ -18,7 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Row, command_line, percentile, rate, report
+from bench.harness.figures import Row, percentile
+from bench.harness.loops import rate
+from bench.harness.results import command_line, report
 from messaging.broker.broker import Broker
 from messaging.frames import HEADER_SIZE, Message, decode, encode_batch, encode_many, scan
 from messaging.topic.segment import segment_name

@@ -7,7 +7,7 @@
    64 MiB backlog whose clients never read, against 200 streams waiting at the end of a topic.
 
 The broker is a subprocess on 127.0.0.1 (``--fsync always``). The streams live in a second
-child process (this script run with ``--hold``), so the load generator's event loop only runs
+child process (the harness's stream holder), so the load generator's event loop only runs
 the publisher and the streams' reading is not the generator's bottleneck. Every child is
 stopped by its PID; every loop is bounded in count and time.
 """
@@ -16,279 +16,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import re
-import resource
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common
-from bench.common import Row, command_line, percentile, report
-from bench.procs import broker
+from bench.harness.figures import Row, percentile
+from bench.harness.loops import off_loop, run_loop
+from bench.harness.payloads import FRAME, PAYLOAD
+from bench.harness.procs import broker, raise_nofile
+from bench.harness.results import command_line, report, results_under
+from bench.harness.sampling import cpu_seconds, nofile_of, settled_rss, tcp_mem_kib
+from bench.harness.settings import parser
+from bench.harness.stream_holder import (
+    SAMPLE_EVERY,
+    Holder,
+    active_streams,
+    publish_one,
+    wait_streams,
+)
 from messaging.frames import FRAMES_CONTENT_TYPE, encode_batch
-
-PAYLOAD = b"x" * 100
-#: Every SAMPLE_EVERY-th stream of the holder times the delivery of each message.
-SAMPLE_EVERY = 50
-FRAME = 26 + len(PAYLOAD)  # bytes of one stored (and streamed) 100-byte message
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-# -- the process's limits and its children's figures from /proc ------------------------------
-
-def raise_nofile() -> int:
-    """Raise RLIMIT_NOFILE's soft limit to the hard limit; children inherit it. The new limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:  # the kernel caps descriptors at fs.nr_open anyway
-        hard = int(Path("/proc/sys/fs/nr_open").read_text())
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
-def nofile_of(pid: int) -> int:
-    """The soft open-files limit of process ``pid``."""
-    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
-        if line.startswith("Max open files"):
-            return int(line.split()[3])
-    raise RuntimeError(f"no open-files limit for {pid}")
-
-
-def rss_kib(pid: int) -> int:
-    """VmRSS of ``pid`` in KiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for {pid}")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time ``pid`` has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15)
-
-
-def tcp_mem_kib() -> int:
-    """Kernel memory held by every TCP socket on the machine (``/proc/net/sockstat``), KiB."""
-    match = re.search(r"^TCP:.* mem (\d+)", Path("/proc/net/sockstat").read_text(), re.M)
-    return int(match.group(1)) * os.sysconf("SC_PAGE_SIZE") // 1024 if match else 0
-
-
-def settled_rss(pid: int, *, window: float = 2.0, limit: float = 60.0) -> int:
-    """VmRSS once it stayed within 1% (or 1 MiB) for ``window`` s, or after ``limit`` s."""
-    samples: list[tuple[float, int]] = []
-    started = time.monotonic()
-    for _ in range(int(limit / 0.2) + 1):
-        now = time.monotonic()
-        samples.append((now, rss_kib(pid)))
-        recent = [kib for at, kib in samples if at >= now - window]
-        if now - started >= window and max(recent) - min(recent) <= max(1024, recent[-1] // 100):
-            break
-        if now - started >= limit:
-            break
-        time.sleep(0.2)
-    return samples[-1][1]
-
-
-def _line(stream: Any, timeout: float) -> str:
-    """One line from a child's stdout, or "" after ``timeout`` seconds."""
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.append(stream.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout)
-    return lines[0] if lines else ""
-
-
-# -- the stream holder: a child process keeping N streaming GETs open -------------------------
-
-class Holder:
-    """A child process holding ``count`` streaming GETs of ``topic`` open, stopped by PID."""
-
-    def __init__(self, url: str, topic: int, count: int, *, index: int = 0, read: bool = True,
-                 rcvbuf: int = 0, timeout: float = 120.0) -> None:
-        self.count = count
-        args = [sys.executable, str(Path(__file__).resolve()), "--hold", url,
-                "--hold-topic", str(topic), "--hold-count", str(count),
-                "--hold-index", str(index), "--hold-rcvbuf", str(rcvbuf)]
-        if not read:
-            args.append("--hold-no-read")
-        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        line = _line(self.proc.stdout, timeout)
-        if not line.startswith("ready"):
-            self.stop()
-            raise RuntimeError(f"stream holder did not open {count} streams: {line!r}")
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stats(self) -> tuple[int, int]:
-        """Bytes the streams received so far, and how many of them were closed by the broker."""
-        received, closed, _p50, _p99, _count = self.delivery()
-        return int(received), int(closed)
-
-    def delivery(self) -> tuple[int, int, float, float, int]:
-        """Bytes received, streams closed by the broker, and the sampled streams' delivery
-        p50/p99 (ms, publisher's send to holder's receipt) over how many messages."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("stats\n")
-        self.proc.stdin.flush()
-        line = _line(self.proc.stdout, 30.0).split()
-        if len(line) != 6 or line[0] != "stats":
-            raise RuntimeError(f"stream holder answered {line!r}")
-        return int(line[1]), int(line[2]), float(line[3]), float(line[4]), int(line[5])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(OSError):
-                assert self.proc.stdin is not None
-                self.proc.stdin.write("stop\n")
-                self.proc.stdin.flush()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGTERM)
-                try:
-                    self.proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    os.kill(self.proc.pid, signal.SIGKILL)
-                    self.proc.wait(5)
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
-
-
-async def hold(url: str, topic: int, count: int, index: int, read: bool, rcvbuf: int,
-               lifetime: float) -> None:
-    """The holder's body: open the streams, say "ready", answer "stats", end on "stop"."""
-    raise_nofile()
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    loop = asyncio.get_running_loop()
-    request = (f"GET /messaging/messages?topicID={topic}&streaming=true&index={index} "
-               f"HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n").encode()
-    received = 0
-    closed = 0
-    delays: list[float] = []  # send-to-receive of the sampled streams' messages
-    stamp = re.compile(rb"T(\d{10}\.\d{6});")
-
-    class Sink(asyncio.Protocol):
-        """Reads everything as it arrives and throws it away (a sample of the streams also
-        times each message: its payload starts with the publisher's send time)."""
-
-        def __init__(self, sampled: bool) -> None:
-            self.sampled = sampled
-            self.rest = b""
-
-        def data_received(self, data: bytes) -> None:
-            nonlocal received
-            received += len(data)
-            if self.sampled:
-                now = time.time()
-                text = self.rest + data
-                delays.extend(now - float(m.group(1)) for m in stamp.finditer(text))
-                self.rest = text[-20:]
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            nonlocal closed
-            closed += 1
-
-    transports: list[asyncio.BaseTransport] = []
-    socks: list[socket.socket] = []
-    connecting = asyncio.Semaphore(64)  # under the broker's listen backlog
-
-    async def open_one() -> None:
-        async with connecting:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            socks.append(sock)
-            sampled = len(socks) % SAMPLE_EVERY == 1
-            if rcvbuf:  # before connect, so the advertised window is small from the start
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-            sock.setblocking(False)
-            await loop.sock_connect(sock, (host, port))
-            if read:
-                transport, _ = await loop.create_connection(partial(Sink, sampled), sock=sock)
-                transports.append(transport)
-                transport.write(request)
-            else:
-                await loop.sock_sendall(sock, request)  # and never read from it
-
-    await asyncio.wait_for(asyncio.gather(*(open_one() for _ in range(count))), 120)
-    print(f"ready {count}", flush=True)
-    commands = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(commands), sys.stdin)
-    deadline = loop.time() + lifetime
-    for _ in range(100_000):
-        left = deadline - loop.time()
-        if left <= 0:
-            break
-        try:
-            line = (await asyncio.wait_for(commands.readline(), left)).decode().strip()
-        except TimeoutError:
-            break
-        if line == "stats":
-            ordered = sorted(delays)
-            p50 = ordered[len(ordered) // 2] * 1000 if ordered else 0.0
-            p99 = ordered[min(len(ordered) - 1, len(ordered) * 99 // 100)] * 1000 \
-                if ordered else 0.0
-            print(f"stats {received} {closed} {p50:.3f} {p99:.3f} {len(ordered)}", flush=True)
-        else:  # "stop", or end of input: the parent is gone
-            break
-    for transport in transports:
-        transport.abort()  # type: ignore[attr-defined]
-    for sock in socks:
-        sock.close()
-
-
-# -- talking to the broker -----------------------------------------------------------------
-
-async def active_streams(session: aiohttp.ClientSession, url: str) -> int:
-    async with session.get(f"{url}/metrics") as resp:
-        text = await resp.text()
-    match = re.search(r"^messaging_active_streams (\S+)", text, re.M)
-    return int(float(match.group(1))) if match else 0
-
-
-async def wait_streams(session: aiohttp.ClientSession, url: str, count: int,
-                       limit: float = 60.0) -> None:
-    """Wait (bounded) until the broker counts exactly ``count`` open streams."""
-    seen = -1
-    for _ in range(int(limit / 0.1)):
-        seen = await active_streams(session, url)
-        if seen == count:
-            return
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"broker has {seen} open streams, expected {count}")
-
-
-async def publish_one(session: aiohttp.ClientSession, url: str, topic: int) -> int:
-    # The payload starts with the send time: sampled streams time their delivery.
-    payload = (b"T%.6f;" % time.time()).ljust(len(PAYLOAD), b"x")
-    async with session.post(f"{url}/messaging/messages", params={"topicID": str(topic)},
-                            data=payload) as resp:
-        await resp.read()
-        if resp.status != 200:
-            raise RuntimeError(f"publish answered {resp.status}")
-        return int(resp.headers["X-Broker-Index"])
 
 
 async def publish_round(session: aiohttp.ClientSession, url: str, count: int,
@@ -323,16 +77,11 @@ async def preload(session: aiohttp.ClientSession, url: str, topic: int, size: in
     return last
 
 
-def off_loop(fn: Callable[[], Any]) -> Awaitable[Any]:
-    """Run a blocking helper (a child's start or stop, an RSS wait) on a thread."""
-    return asyncio.get_running_loop().run_in_executor(None, fn)
-
-
 # -- 1. single-publish latency with N streams open --------------------------------------------
 
 async def latency_rounds(tmp: Path, args: argparse.Namespace) -> tuple[list[Row], str]:
     proc, url = broker(tmp / "latency")
-    pid = proc.proc.pid
+    pid = proc.pid
     if nofile_of(pid) < args.streams + 100:
         proc.stop()
         raise RuntimeError(f"broker may open only {nofile_of(pid)} files")
@@ -423,7 +172,7 @@ async def memory_per_stream(tmp: Path, args: argparse.Namespace) -> tuple[list[R
     async def measure(topic: int, index: int) -> tuple[float, int]:
         """KiB of broker RSS per stream, and kernel TCP memory grown, on a fresh broker."""
         proc, url = broker(data)
-        pid = proc.proc.pid
+        pid = proc.pid
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
                 await publish_one(s, url, 4)  # warm: the write path, metrics, one connection
@@ -463,21 +212,8 @@ async def memory_per_stream(tmp: Path, args: argparse.Namespace) -> tuple[list[R
 
 # -- main --------------------------------------------------------------------------------------
 
-def run_loop(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run ``coro`` on uvloop when installed (as the broker does), else asyncio's loop."""
-    try:
-        import uvloop
-
-        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
-    except ImportError:
-        factory = None
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(coro)
-
-
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, "smoke run: 50 streams, 50 publishes, 8 MiB backlog", rounds=False)
     p.add_argument("--streams", type=int, default=800,
                    help="reading streams open during the loaded rounds (default 800)")
     p.add_argument("--publishes", type=int, default=300,
@@ -489,16 +225,6 @@ def parse_args() -> argparse.Namespace:
                    help="backlog the non-reading streams start at (default 64)")
     p.add_argument("--rcvbuf-kib", type=int, default=64,
                    help="SO_RCVBUF of the non-reading sockets (default 64)")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: 50 streams, 50 publishes, 8 MiB backlog; its results go "
-                        "to a temporary directory, not bench/RESULTS.md")
-    p.add_argument("--hold", metavar="URL", help=argparse.SUPPRESS)
-    p.add_argument("--hold-topic", type=int, default=1, help=argparse.SUPPRESS)
-    p.add_argument("--hold-count", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--hold-index", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--hold-rcvbuf", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--hold-no-read", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--hold-lifetime", type=float, default=1800.0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.quick:
         args.streams, args.publishes, args.mem_streams, args.backlog_mib = 50, 50, 50, 8
@@ -507,10 +233,6 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    if args.hold:
-        run_loop(hold(args.hold, args.hold_topic, args.hold_count, args.hold_index,
-                      not args.hold_no_read, args.hold_rcvbuf, args.hold_lifetime))
-        return
     limit = raise_nofile()  # the broker child inherits it (checked in /proc/PID/limits)
     if limit < max(args.streams, args.mem_streams) + 100:
         sys.exit(f"RLIMIT_NOFILE hard limit {limit} is too low for {args.streams} streams")
@@ -521,10 +243,7 @@ def main() -> None:
         latency_rows, latency_note = run_loop(latency_rounds(tmp, args))
         print(f"2. memory of {args.mem_streams} non-reading streams", flush=True)
         memory_rows, memory_note = run_loop(memory_per_stream(tmp, args))
-    if args.quick:  # a smoke run never overwrites the recorded results
-        out = Path(tempfile.mkdtemp(prefix="bench-streams-quick-"))
-        common.RESULTS, common.RESULTS_MD = out / "results", out / "RESULTS.md"
-        print(f"(--quick: results written under {out})")
+    results_under(args.out, quick=args.quick, bench="streams")
     report("streams", "Many open streams", latency_rows + memory_rows, command_line(), notes=(
         f"Latency: one aiohttp client POSTs 100-byte messages to topic 1 one at a time "
         f"(about {args.rate:.0f}/s, {args.publishes} per round) on one broker, rounds "

@@ -45,17 +45,23 @@ from typing import Generic, TypeVar, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.peers_load import DRAIN_SECONDS, PAYLOAD, Figure, latencies, latency_of, stamped
-from bench.peers_raw import PUBLISHERS, RequestReply, Subscriber, close_all, connect, publish_paced
-from messaging.frames import HEADER_SIZE, BatchDecoder, encode
+from bench.harness.disk import fill
+from bench.harness.figures import Figure, latencies
+from bench.harness.lean_clients import (
+    PUBLISHERS,
+    RequestReply,
+    Subscriber,
+    close_all,
+    connect,
+    publish_paced,
+)
+from bench.harness.loops import DRAIN_SECONDS
+from bench.harness.payloads import PAYLOAD, latency_of, stamped
+from messaging.frames import BatchDecoder, encode
 
 LENGTH = struct.Struct(">I")  # a publisher's message: its payload's length
 ACK = struct.Struct(">Q")  # the server's answer: the index of the durable message
 MODES = ("inline", "thread")
-#: The bytes of one message as stored: the frame of a 100 B payload.
-RECORD_SIZE = HEADER_SIZE + len(PAYLOAD)
-#: The zeros written per call when preallocating.
-FILL_CHUNK = 1 << 20
 CONNECT_SECONDS = 30.0
 
 Item = TypeVar("Item")
@@ -148,14 +154,6 @@ class LogFile:
     def close(self) -> None:
         """Close the file."""
         os.close(self.fd)
-
-
-def fill(fd: int, size: int) -> None:
-    """Write ``size`` zero bytes from offset 0 of ``fd`` and fsync once (blocking)."""
-    block = bytes(FILL_CHUNK)
-    for offset in range(0, size, FILL_CHUNK):
-        os.pwrite(fd, block[:min(FILL_CHUNK, size - offset)], offset)
-    os.fsync(fd)
 
 
 Pending = tuple[asyncio.Transport, int, bytes]  # publisher, index, frame

@@ -6,10 +6,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-import matplotlib.pyplot as plt
-
-from bench import common
-from bench.common import Row, fmt
+from bench.harness import results
+from bench.harness.figures import Row, fmt
+from bench.harness.plots import plt
 
 #: Every measurement's key and name, in run order.
 LABELS = {
@@ -274,5 +273,5 @@ def plot(summaries: dict[str, Summary]) -> None:
     ax.legend(loc="upper right")
     ax.set_title("Latency budget: p50 and p99 of each path")
     fig.tight_layout()
-    fig.savefig(common.RESULTS / "latency-budget.png", dpi=90)
+    fig.savefig(results.RESULTS / "latency-budget.png", dpi=90)
     plt.close(fig)

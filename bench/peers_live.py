@@ -1,6 +1,7 @@
-"""Live delivery in the peer benchmark (workloads 4 and 5): one paced publisher, one or many
-subscribers of one topic (ours), stream (Redis) or subject (NATS); sampled subscribers time
-each message from its send time to its arrival."""
+"""Live delivery in the peer benchmark (workloads 4 and 5) through the library clients
+(aiohttp, redis-py, nats-py): one paced publisher, one or many subscribers of one topic
+(ours), stream (Redis) or subject (NATS); sampled subscribers time each message from its send
+time to its arrival. (Ours and Redis are timed with the harness's lean clients as well.)"""
 
 from __future__ import annotations
 
@@ -15,17 +16,10 @@ import nats
 import redis.asyncio as aredis
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from bench.peers_load import (
-    BATCH,
-    DRAIN_SECONDS,
-    PAYLOAD,
-    Figure,
-    latencies,
-    latency_of,
-    paced,
-    stamped,
-    until,
-)
+from bench.harness.figures import Figure, latencies
+from bench.harness.loops import DRAIN_SECONDS, paced, until
+from bench.harness.payloads import PAYLOAD, latency_of, stamped
+from bench.peers_load import BATCH
 from messaging.frames import HEADER_SIZE, BatchDecoder
 
 
@@ -69,7 +63,7 @@ async def ours_fanout(url: str, topic: int, subscribers: int, rate: int, seconds
                     raise RuntimeError(f"publish: HTTP {resp.status}")
 
         try:
-            sent = await paced(rate, seconds, publish)
+            sent = await paced(rate, int(rate * seconds), publish)
             await until(DRAIN_SECONDS, lambda: all(size >= want for size in sizes))
         finally:
             for reader in readers:
@@ -117,7 +111,7 @@ async def redis_fanout(port: int, key: str, subscribers: int, rate: int, seconds
             await publisher.xadd(key, {"f": stamped(k)})
 
         try:
-            sent = await paced(rate, seconds, publish)
+            sent = await paced(rate, int(rate * seconds), publish)
             await until(DRAIN_SECONDS, lambda: all(c >= total for c in counts))
         finally:
             for reader in readers:
@@ -162,7 +156,7 @@ async def nats_fanout(port: int, subject: str, subscribers: int, rate: int, seco
             await js.publish(subject, stamped(k))
 
         try:
-            sent = await paced(rate, seconds, publish)
+            sent = await paced(rate, int(rate * seconds), publish)
             await until(DRAIN_SECONDS, lambda: all(c >= total for c in counts))
         finally:
             for sub in subs:

@@ -1,5 +1,5 @@
-"""Load generators of the peer benchmark (workloads 1, 2, 3 and 6; 4 and 5 are in
-peers_live.py): one function per workload and server kind.
+"""Load generators of the peer benchmark (workloads 1, 2, 3 and 6; 4 and 5 are in live.py and
+the harness's lean clients): one function per workload and server kind.
 
 Each returns a ``Figure`` (its value, how long its measured phase took, and extra figures)
 and bounds every loop in count and time. The caller measures CPU around each call.
@@ -10,13 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
 import subprocess
-import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,131 +21,19 @@ import nats
 import redis.asyncio as aredis
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from bench.bench_durable_streams import json_messages, read_stream
-from bench.common import percentile
-from messaging.client.client import Client
+from bench.harness.disk import disk_rate
+from bench.harness.figures import Figure
+from bench.harness.http_load import CONNECTIONS
+from bench.harness.loops import loops
+from bench.harness.payloads import PAYLOAD
+from bench.harness.v1_stream import json_messages, preload_stream, read_stream
 from messaging.frames import FRAMES_CONTENT_TYPE, encode_batch
 
-PAYLOAD = b"x" * 100
-CONNECTIONS = 50
 SENDERS = 4
 BATCH = 1000
-#: Upper bounds of the loops: publishes per connection, read rounds, seconds to wait.
-MAX_OPS = 10_000_000
-DRAIN_SECONDS = 15.0
 
 
-@dataclass
-class Figure:
-    """One measured run: ``value`` (a rate or a latency), the seconds its measured phase
-    took, and whatever else it found (p99, delivered-to-all)."""
-
-    value: float
-    seconds: float
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def stamped(k: int) -> bytes:
-    """A 100-byte payload carrying its number and its send time (``time.perf_counter``)."""
-    return (b"%d %.6f " % (k, time.perf_counter())).ljust(len(PAYLOAD), b"x")
-
-
-def latency_of(data: bytes, now: float) -> float:
-    """Seconds since the send time ``stamped`` put into ``data``."""
-    return now - float(data.split(b" ", 2)[1])
-
-
-def latencies(values: list[float], sent: int, received: int) -> Figure:
-    """A latency figure: p50 (the value) and p99 in ms, and how much arrived."""
-    if not values:
-        raise RuntimeError(f"no message arrived ({received} of {sent})")
-    return Figure(percentile(values, 50) * 1000, 0.0,
-                  {"p99": percentile(values, 99) * 1000, "sent": sent, "received": received})
-
-
-async def paced(rate: int, seconds: float, publish: Callable[[int], Awaitable[None]],
-                ) -> int:
-    """Open-loop publishing: ``publish(k)`` started ``rate`` times a second for ``seconds``;
-    waits (bounded) for the answers; returns how many were sent."""
-    total = int(rate * seconds)
-    started = time.perf_counter()
-    tasks = []
-    for k in range(total):
-        delay = started + k / rate - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.ensure_future(publish(k)))
-    done, pending = await asyncio.wait(tasks, timeout=seconds + DRAIN_SECONDS)
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-    failed = [task.exception() for task in done if task.exception() is not None]
-    if failed:  # every exception retrieved: the first one fails the run
-        raise RuntimeError(f"{len(failed)} of {total} publishes failed") from failed[0]
-    return total
-
-
-async def until(seconds: float, check: Callable[[], bool]) -> None:
-    """Wait until ``check()`` or ``seconds`` passed."""
-    deadline = time.perf_counter() + seconds
-    while not check() and time.perf_counter() < deadline:
-        await asyncio.sleep(0.02)
-
-
-async def loops(count: int, seconds: float, body: Callable[[], Awaitable[int]]) -> Figure:
-    """``count`` concurrent loops running ``body`` (which returns items handled) for
-    ``seconds``: items per second."""
-    items = 0
-    deadline = time.perf_counter() + seconds
-
-    async def loop() -> None:
-        nonlocal items
-        for _ in range(MAX_OPS):
-            if time.perf_counter() >= deadline:
-                return
-            handled = await body()  # not ``items += await``: that reads items before awaiting
-            items += handled
-
-    started = time.perf_counter()
-    await asyncio.gather(*(loop() for _ in range(count)))
-    elapsed = time.perf_counter() - started
-    return Figure(items / elapsed, elapsed)
-
-
-# -- 1. single 100 B publishes, 50 connections --------------------------------------------------
-
-def wrk_rate(wrk: str, url: str, path: str, seconds: float) -> Figure:
-    """Requests/s of one wrk run POSTing a 100-byte body with 50 connections (as
-    bench_http.py drives it)."""
-    script = Path(tempfile.mkstemp(suffix=".lua")[1])
-    script.write_text(f'wrk.method = "POST"\nwrk.body = string.rep("x", 100)\n'
-                      f'wrk.headers["Content-Type"] = "application/octet-stream"\n'
-                      f'wrk.path = "{path}"\n')
-    try:
-        out = subprocess.run([wrk, "-t2", f"-c{CONNECTIONS}", f"-d{max(1, round(seconds))}s",
-                              "-s", str(script), url], capture_output=True, text=True,
-                             timeout=seconds + 60).stdout
-    finally:
-        script.unlink()
-    match = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    if not match or re.search(r"Non-2xx or 3xx responses: (\d+)", out):
-        raise RuntimeError(f"wrk failed against {url}{path}: {out[-300:]}")
-    return Figure(float(match.group(1)), max(1, round(seconds)))
-
-
-async def aiohttp_rate(url: str, seconds: float) -> Figure:
-    """Requests/s of 50 aiohttp POST loops (when wrk is missing)."""
-    async with aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=CONNECTIONS)) as session:
-        async def post() -> int:
-            async with session.post(url, data=PAYLOAD) as resp:
-                await resp.read()
-                if resp.status >= 300:
-                    raise RuntimeError(f"POST {url}: HTTP {resp.status}")
-            return 1
-
-        return await loops(CONNECTIONS, seconds, post)
-
+# -- 1. single 100 B publishes, 50 connections (wrk and aiohttp: bench.harness.http_load) -----
 
 _redis_rates: dict[tuple[int, int, int], float] = {}
 
@@ -249,51 +133,12 @@ async def nats_async_rate(port: int, subject: str, seconds: float) -> Figure:
 
 def disk_ceiling(directory: Path, seconds: float) -> Figure:
     """Messages/s of a write + fdatasync loop of 1000 × 100 B per write (one writer)."""
-    block = PAYLOAD * BATCH
-    path = directory / "fsync-ceiling"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    count = 0
-    started = time.perf_counter()
-    try:
-        while time.perf_counter() - started < seconds and count < 1_000_000:
-            os.write(fd, block)
-            os.fdatasync(fd)
-            count += 1
-    finally:
-        os.close(fd)
-        path.unlink()
-    elapsed = time.perf_counter() - started
-    return Figure(count * BATCH / elapsed, elapsed)
+    writes = disk_rate(directory / "fsync-ceiling", len(PAYLOAD) * BATCH, seconds=seconds,
+                       max_writes=1_000_000)
+    return Figure(writes * BATCH, seconds)
 
 
 # -- 3. consume stored messages -----------------------------------------------------------------
-
-async def ours_preload(url: str, topic: int, count: int) -> None:
-    async with Client(url) as client:
-        for start in range(0, count, 10_000):
-            await client.publish_batch(topic, [PAYLOAD] * min(10_000, count - start))
-
-
-async def ours_consume(url: str, topic: int, count: int, *, batches: bool) -> Figure:
-    """Messages/s a ``Conn`` delivers from index 0 to the end, as Message objects or in
-    batches (as bench_client.py reads)."""
-    async with Client(url) as client:
-        conn = client.conn(topic)
-        started = time.perf_counter()
-        await conn.open(index=0, streaming=False)
-        got = 0
-        if batches:
-            async for batch in conn.batches():
-                got += batch.count
-        else:
-            async for _message in conn:
-                got += 1
-        elapsed = time.perf_counter() - started
-        await conn.close()
-    if got != count:
-        raise RuntimeError(f"Conn read {got} messages, not {count}")
-    return Figure(count / elapsed, elapsed)
-
 
 async def redis_preload(port: int, key: str, count: int) -> None:
     r = aredis.Redis(port=port)
@@ -335,8 +180,6 @@ async def redis_consume(port: int, key: str, count: int) -> Figure:
 
 async def json_preload(url: str, name: str, count: int) -> None:
     """A JSON stream of ``count`` 100-byte strings, in appends of 1000."""
-    from bench.bench_durable_streams import preload_stream
-
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         await preload_stream(session, url, name, json_messages(count))
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-import matplotlib.pyplot as plt
-
-from bench import common
-from bench.common import Row, fmt
+from bench.harness import results
+from bench.harness.figures import Row, fmt
+from bench.harness.plots import plt
 
 WORKLOADS = {
     "single": "1. single 100 B POST, 50 connections",
@@ -129,24 +128,23 @@ def rows_and_notes(w: dict[str, dict[str, Summary]], notes: list[str], settings:
         "subscriber times its messages). The best durable peer is the best of Redis "
         "(always), NATS (sync always) and the reference server. Runtime "
         f"{runtime:.0f} s.",
-        "**Client-bound figures.** NATS JetStream sync publish (workload 1) is bound by "
-        "nats-py: each publish awaits its ack in Python, so 50 tasks measure the client more "
-        "than the server. Every consume figure (workload 3) is the Python client building "
-        "objects: the servers idle meanwhile. Workloads 4 and 5 time ours and Redis with the "
-        "same lean socket clients (bench/peers_raw.py: prepared requests, a chunked-stream "
-        "parser, hiredis for RESP), because the library clients cost more CPU per message "
-        "than either server (aiohttp's and redis-py's latency figures are side columns); NATS "
-        "keeps nats-py. All subscribers run in one Python process, so at 100 and 1,000 "
-        "subscribers every p99 still includes that process's queueing; the process takes "
-        "its import-time objects out of the garbage collector's view (`gc.freeze`) before "
-        "the first workload, so its full collections do not pause every server's "
-        "subscribers for 40-70 ms. Figures whose load "
+        "**Client-bound figures.** NATS JetStream sync publish (workload 1) is bound by nats-py: "
+        "each publish awaits its ack in Python, so 50 tasks measure the client more than the "
+        "server. Every consume figure (workload 3) is the Python client building objects: the "
+        "servers idle meanwhile. Workloads 4 and 5 time ours and Redis with the same lean socket "
+        "clients (bench/harness/lean_clients.py: prepared requests, a chunked-stream parser, "
+        "hiredis for RESP), because the library clients cost more CPU per message than either "
+        "server (aiohttp's and redis-py's latency figures are side columns); NATS keeps nats-py. "
+        "All subscribers run in one Python process, so at 100 and 1,000 subscribers every p99 "
+        "still includes that process's queueing; the process takes its import-time objects out of "
+        "the garbage collector's view (`gc.freeze`) before the first workload, so its full "
+        "collections do not pause every server's subscribers for 40-70 ms. Figures whose load "
         "generator kept "
         f"≥ {CLIENT_BOUND_CORES} of a core busy in this run: "
         + ("; ".join(bound) if bound else "none") + ".",
         "Workload 3 reads NATS from the default-sync server (sync_interval: always stores "
         "about 4,000 messages/s one fsync each, too slow to preload; reads do not fsync). "
-        "The reference server's SSE latency run is bench_durable_streams.py's.",
+        "The reference server's SSE latency run is the Durable Streams benchmark's.",
     ]
     limit = where_the_limit_is(single, batch)
     if limit:
@@ -185,7 +183,7 @@ def plots(w: dict[str, dict[str, Summary]]) -> str:
         ax.invert_yaxis()
         ax.set_title(WORKLOADS[workload] + " (blue: ours, orange: durable peers)")
         fig.tight_layout()
-        fig.savefig(common.RESULTS / f"peers-{workload}.png", dpi=80)
+        fig.savefig(results.RESULTS / f"peers-{workload}.png", dpi=80)
         plt.close(fig)
         links.append(f"![{workload}](results/peers-{workload}.png)")
     return "\n".join(links)

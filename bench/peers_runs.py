@@ -1,4 +1,4 @@
-"""The servers of the peer benchmark and the cases (server × workload) it runs."""
+"""The peer benchmark's settings, its servers and the cases (server × workload) it runs."""
 
 from __future__ import annotations
 
@@ -8,24 +8,40 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import nats
 
 from bench import peers_live as live
 from bench import peers_load as load
-from bench import peers_raw as raw
-from bench.bench_durable_streams import Settings as StreamSettings
-from bench.bench_durable_streams import delivery_latency
-from bench.peers_load import Figure
-from bench.peers_servers import Server, Unavailable, nats_binary, redis_benchmark
-from bench.procs import Proc, ReferenceServer, bare_server, broker, cpu_seconds, ensure_tool
+from bench.harness import client_load, settings
+from bench.harness import lean_clients as raw
+from bench.harness import peer_servers as peers
+from bench.harness.figures import Figure
+from bench.harness.http_load import aiohttp_rate, wrk_rate
+from bench.harness.peer_servers import ReferenceServer, nats_binary, redis_benchmark
+from bench.harness.procs import PortServer, Proc, Unavailable, bare_server, broker, ensure_tool
+from bench.harness.v1_stream import delivery_latency
 
-if TYPE_CHECKING:
-    from bench.bench_peers import Settings
-
+SERVERS = ("ours", "bare", "redis", "nats", "reference")
 SINGLE_TOPIC, BATCH_TOPIC, CONSUME_TOPIC = 1, 2, 3
 LATENCY_TOPIC, FANOUT_TOPIC = 4, 10  # fan-out: one topic per level and round
+#: How long the reference server's SSE latency run waits for answers past its last append:
+#: tighter than the Durable Streams benchmark's, to keep the whole run in its time.
+SSE_GRACE = 10.0
+
+
+@dataclass
+class Settings(settings.Settings):
+    """Sizes and durations of one run (``--quick`` shrinks them); ``seconds``: one
+    throughput run."""
+
+    messages: int = 1_000_000  # workload 3 (and 6's catch-up)
+    rate: int = 1000  # workloads 4 and 5, messages/s
+    latency_seconds: float = 5.0
+    fanout: tuple[int, ...] = (10, 100, 1000)
+    fanout_seconds: float = 3.0
+    only: tuple[str, ...] = SERVERS
 
 
 @dataclass
@@ -48,7 +64,7 @@ class Servers:
 
     def __init__(self, tmp: Path, only: tuple[str, ...]) -> None:
         self.tmp, self.only = tmp, only
-        self.procs: dict[str, Proc | Server | ReferenceServer] = {}
+        self.procs: dict[str, Proc | PortServer | ReferenceServer] = {}
         self.urls: dict[str, str] = {}
         self.ports: dict[str, int] = {}
         self.notes: list[str] = []
@@ -59,10 +75,6 @@ class Servers:
     def pid(self, name: str) -> int | None:
         proc = self.procs.get(name)
         return proc.pid if proc is not None else None
-
-    @staticmethod
-    def cpu(pid: int | None) -> float:
-        return cpu_seconds(pid)
 
     def has(self, name: str) -> bool:
         return name in self.procs
@@ -81,14 +93,12 @@ class Servers:
             self.procs[name], self.urls[name] = started
         else:
             self.procs[name] = started
-            if isinstance(started, Server):
+            if isinstance(started, PortServer):
                 self.ports[name] = started.port
             if isinstance(started, ReferenceServer):
                 self.urls[name] = started.url
 
     async def start(self) -> None:
-        from bench import peers_servers as peers
-
         tmp = self.tmp
         if {"ours", "bare"} & set(self.only):
             self.wrk = ensure_tool("wrk", "wrk")
@@ -136,7 +146,7 @@ class Servers:
             return
         jobs: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         if self.has("ours"):
-            jobs += [("ours", partial(load.ours_preload, self.urls["ours"], CONSUME_TOPIC,
+            jobs += [("ours", partial(client_load.preload, self.urls["ours"], CONSUME_TOPIC,
                                       s.messages)),
                      ("ours /v1/stream", partial(load.json_preload, self.urls["ours"],
                                                  "catchup", s.messages))]
@@ -190,8 +200,8 @@ def cases(workload: str, sv: Servers, s: Settings) -> list[list[Case]]:
                 ("bare", bare, "/204", "bare"),
                 ("ours-nofsync", sv.urls.get("ours-nofsync", ""),
                  "/messaging/messages?topicID=1", "peer")):
-            run = (partial(thread, partial(load.wrk_rate, wrk, url, path, secs)) if wrk else
-                   partial(load.aiohttp_rate, url + path, secs))
+            run = (partial(thread, partial(wrk_rate, wrk, url, path, secs)) if wrk else
+                   partial(aiohttp_rate, url + path, secs))
             add(name, name, {"ours": "ours (native POST, wrk -t2 -c50)",
                              "bare": "bare aiohttp 204 (wrk -t2 -c50)",
                              "ours-nofsync": "ours with --fsync never: the HTTP path without "
@@ -239,10 +249,10 @@ def cases(workload: str, sv: Servers, s: Settings) -> list[list[Case]]:
     if workload == "consume":
         n = s.messages
         add("ours", "ours", "ours: Conn async for (Message objects)", "msg/s",
-            partial(load.ours_consume, ours, CONSUME_TOPIC, n, batches=False), role="ours",
+            partial(client_load.consume, ours, CONSUME_TOPIC, n, batches=False), role="ours",
             durable=False)
         add("ours", "batches", "ours: Conn.batches()", "msg/s",
-            partial(load.ours_consume, ours, CONSUME_TOPIC, n, batches=True), role="batches",
+            partial(client_load.consume, ours, CONSUME_TOPIC, n, batches=True), role="batches",
             durable=False)
         if "redis" in sv.ports:
             add("redis", "redis", "Redis XREAD COUNT 1000 (redis-py + hiredis)", "msg/s",
@@ -318,11 +328,9 @@ def cases(workload: str, sv: Servers, s: Settings) -> list[list[Case]]:
 
 
 async def sse_latency(url: str, rate: int, seconds: float) -> Figure:
-    """bench_durable_streams' SSE delivery latency: one ``live=sse`` reader, appends paced
-    at ``rate``/s."""
-    figures = await delivery_latency(url, "sse", StreamSettings(sse_rate=rate,
-                                                                sse_seconds=seconds),
-                                     ours=False)
+    """The Durable Streams benchmark's SSE delivery latency: one ``live=sse`` reader, appends
+    paced at ``rate``/s."""
+    figures = await delivery_latency(url, "sse", rate, seconds, ours=False, grace=SSE_GRACE)
     return Figure(figures["p50"], figures["publish_seconds"],
                   {"p99": figures["p99"], "sent": figures["sent"],
                    "received": figures["received"],

@@ -1,24 +1,21 @@
-"""Load and probes of the scaling benchmark (bench/bench_scaling.py).
-
-Closed-loop POST senders, an open-loop single-message publisher, the disk's write+fdatasync
-ceiling for a given write size and file count, and a broker's counters: CPU seconds, fsync
-rounds and bytes from ``/metrics``, descriptors from ``/proc/PID/fd``.
-"""
+"""Load and probes of the scaling benchmark: closed-loop POST senders, an open-loop
+single-message publisher, and a broker's counters (CPU seconds; fsync rounds, bytes and
+messages from ``/metrics``)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import aiohttp
 
-from bench.bench_streams import PAYLOAD, publish_one
-from bench.procs import cpu_seconds, rss_bytes
+from bench.harness.loops import paced
+from bench.harness.payloads import PAYLOAD
+from bench.harness.sampling import cpu_seconds
+from bench.harness.stream_holder import publish_one
 from messaging.frames import FRAMES_CONTENT_TYPE, Message, encode_many
 
 #: The path, body and message count of the ``i``-th request of a load.
@@ -94,58 +91,15 @@ async def paced_publish(url: str, topic: int, rate: float, count: int,
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections),
                                      timeout=timeout) as session:
-        async def one() -> None:
+        async def one(_k: int) -> None:
             t = time.perf_counter()
             await publish_one(session, url, topic)
             latencies.append(time.perf_counter() - t)
 
-        tasks = []
         started = time.perf_counter()
-        for k in range(count):
-            delay = started + k / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.ensure_future(one()))
-        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        await paced(rate, count, one, drain=120)
         elapsed = time.perf_counter() - started
     return Load(len(latencies), len(latencies), 100 * len(latencies), elapsed, latencies)
-
-
-def disk_rate(directory: Path, size: int, *, files: int = 1, seconds: float = 1.0,
-              max_writes: int = 100_000, max_open: int = 1000) -> float:
-    """Writes/s of a loop appending ``size`` bytes then fdatasync, round-robin over ``files``
-    files (opened once when at most ``max_open``, else opened and closed around each write)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    block = b"x" * size
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-    names = [directory / f"probe-{i}" for i in range(files)]
-    kept = [os.open(n, flags, 0o644) for n in names] if files <= max_open else []
-    count = 0
-    started = time.perf_counter()
-    try:
-        while count < max_writes and time.perf_counter() - started < seconds:
-            i = count % files
-            fd = kept[i] if kept else os.open(names[i], flags, 0o644)
-            os.write(fd, block)
-            os.fdatasync(fd)
-            if not kept:
-                os.close(fd)
-            count += 1
-        elapsed = time.perf_counter() - started
-    finally:
-        for fd in kept:
-            os.close(fd)
-        for n in names:
-            n.unlink(missing_ok=True)
-    return count / elapsed
-
-
-def descriptors(pid: int) -> int:
-    """How many descriptors ``pid`` has open (0 when it is gone)."""
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return 0
 
 
 _COUNTER = re.compile(rb"^messaging_(fsyncs|bytes_published|messages_published)_total (\S+)",
@@ -180,21 +134,6 @@ async def counters(url: str, pid: int, *, end: bool) -> Counters:
     found = {m.group(1).decode(): float(m.group(2)) for m in _COUNTER.finditer(text)}
     return Counters(cpu, found.get("fsyncs", 0.0), found.get("bytes_published", 0.0),
                     found.get("messages_published", 0.0))
-
-
-def rss_kib(pid: int) -> float:
-    """VmRSS of ``pid`` in KiB."""
-    return rss_bytes(pid) / 1024
-
-
-def machine_busy() -> tuple[float, float]:
-    """Seconds every core of the machine spent busy (not idle, not waiting on I/O) and in
-    total so far, from ``/proc/stat``."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal
-    busy = total - fields[3] - fields[4]
-    tick = os.sysconf("SC_CLK_TCK")
-    return busy / tick, total / tick
 
 
 async def create_topics(url: str, first: int, last: int, chunk: int = 5000) -> None:

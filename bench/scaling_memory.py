@@ -1,5 +1,5 @@
-"""Memory of the scaling benchmark (bench/bench_scaling.py): broker RSS per idle streaming
-subscriber and per idle topic, live and after a restart, each on a fresh broker."""
+"""Memory of the scaling benchmark: broker RSS per idle streaming subscriber and per idle
+topic, live and after a restart, each on a fresh broker."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ from typing import Any
 
 import aiohttp
 
-from bench.bench_streams import FRAME, Holder, off_loop, publish_one, settled_rss, wait_streams
-from bench.procs import Proc, broker
-from bench.scaling_load import create_topics, descriptors
+from bench.harness.loops import off_loop
+from bench.harness.payloads import FRAME
+from bench.harness.procs import Proc, broker
+from bench.harness.sampling import descriptors, settled_rss
+from bench.harness.stream_holder import Holder, publish_one, wait_streams
+from bench.scaling_load import create_topics
 
 Point = dict[str, Any]
 

@@ -3,16 +3,16 @@ and the measured cause), a table per curve, the summary rows, and ``results/scal
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from bench import common
-from bench.bench_streams import FRAME, SAMPLE_EVERY
-from bench.common import Row, command_line, fmt, report
-
-import matplotlib.pyplot as plt  # isort: skip  (after bench.common selected the Agg backend)
+from bench.harness import results
+from bench.harness.figures import Row, fmt
+from bench.harness.payloads import FRAME
+from bench.harness.plots import plt
+from bench.harness.results import add_to_json, command_line, report
+from bench.harness.stream_holder import SAMPLE_EVERY
 
 Point = dict[str, Any]
 T = TypeVar("T")
@@ -203,7 +203,7 @@ def plot(name: str, title: str, xlabel: str, points: list[Point],
     left.set_title(title)
     fig.tight_layout()
     file = f"scaling-{name}.png"
-    fig.savefig(common.RESULTS / file, dpi=90)
+    fig.savefig(results.RESULTS / file, dpi=90)
     plt.close(fig)
     return file
 
@@ -211,7 +211,7 @@ def plot(name: str, title: str, xlabel: str, points: list[Point],
 def write_results(curves: dict[str, list[Point]], bare: Point, idle_subscriber: Point,
                   idle_topic: Point, s: Any, nofile: int, elapsed: float) -> None:
     """Plots, sentences, tables and rows of one run: bench/results/scaling*, RESULTS.md."""
-    common.RESULTS.mkdir(parents=True, exist_ok=True)
+    results.RESULTS.mkdir(parents=True, exist_ok=True)
     batch, size, topics, subs = (curves[k] for k in ("batch", "size", "topics", "subscribers"))
     sections = []
     file = plot("batch", "Batch size (100 B messages, 4 senders)", "messages per POST", batch,
@@ -323,13 +323,9 @@ def write_results(curves: dict[str, list[Point]], bare: Point, idle_subscriber: 
         f"and the restarted broker held {itop['restart_fds']} descriptors. Whole run "
         f"{elapsed / 60:.1f} min.\n\n" + "\n\n".join(body))
     report("scaling", "Cost as work grows", rows, command_line(), notes=notes)
-    path = common.RESULTS / "scaling.json"
-    payload = json.loads(path.read_text())
-    payload["curves"] = curves
-    payload["baselines"] = bare
-    payload["memory"] = {"idle_subscriber": idle_subscriber, "idle_topic": idle_topic}
-    payload["sentences"] = {name: sentence for name, (_, sentence, _) in
-                            zip(("batch", "size", "topics", "subscribers"), sections,
-                                strict=True)}
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    add_to_json("scaling", {
+        "curves": curves, "baselines": bare,
+        "memory": {"idle_subscriber": idle_subscriber, "idle_topic": idle_topic},
+        "sentences": {name: sentence for name, (_, sentence, _) in
+                      zip(("batch", "size", "topics", "subscribers"), sections, strict=True)}})
 

@@ -24,8 +24,6 @@ import contextlib
 import logging
 import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,15 +35,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import percentile
-from bench.procs import free_port
+from bench.harness.figures import ms
+from bench.harness.procs import Proc, broker
+from bench.harness.results import results_under
+from bench.harness.sampling import cpu_seconds, descriptors, rss_bytes, threads
 from bench.soak_checks import evaluate, publish_results
 from messaging.cli.main import event_loop_factory
 from messaging.client.client import Client
 from messaging.errors import MessagingError, PublishOutcomeUnknownError, TopicTruncatedError
 from messaging.frames import Message
 
-REPO = Path(__file__).resolve().parent.parent
 SUBSCRIBER_TIMEOUT = 20.0
 BROKER_OPTIONS = ["--max-segment-size", "256K", "--max-topic-size", "4M",
                   "--truncation-interval", "5s", "--subscriber-timeout",
@@ -149,56 +148,17 @@ def parse_tag(message: Message) -> int:
 # -- the broker process -------------------------------------------------------------------
 
 
-class BrokerProcess:
-    """``messaging broker`` as a child process, its output in ``broker.log``; stopped by PID."""
-
-    def __init__(self, directory: Path) -> None:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.log_path = directory / "broker.log"
-        self.args = [sys.executable, "-m", "messaging.cli", "broker", "--data",
-                     str(directory / "data"), "--bind", f"127.0.0.1:{port}", *BROKER_OPTIONS]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [
-                   os.environ.get("PYTHONPATH")])])}
-        with self.log_path.open("wb") as log_file:
-            self.proc = subprocess.Popen(self.args, stdout=log_file, stderr=subprocess.STDOUT,
-                                         env=env, cwd=REPO)
-        self.pid = self.proc.pid
-        deadline = time.monotonic() + 30
-        while "listening on" not in self.log_path.read_text(errors="replace"):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the broker did not start:\n{self.log_text()}")
-            time.sleep(0.1)
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> int:
-        """SIGTERM this broker (by its PID), wait for a clean exit; its exit code."""
-        if self.proc.poll() is None:
-            os.kill(self.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.kill(self.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        return self.proc.returncode
+def start_broker(directory: Path) -> tuple[Proc, str]:
+    """``messaging broker`` with the soak's options as a child process, its log (INFO and up)
+    in ``directory/broker.log``; stopped by its PID."""
+    return broker(directory / "data", *BROKER_OPTIONS, log=directory / "broker.log",
+                  log_level="INFO")
 
 
 def proc_status(pid: int) -> dict[str, float]:
     """RSS (MiB), open descriptors, threads and CPU seconds of a process, from /proc."""
-    status = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        status[key] = value.split()
-    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return {"rss_mib": int(status["VmRSS"][0]) / 1024,
-            "fds": len(os.listdir(f"/proc/{pid}/fd")),
-            "threads": int(status["Threads"][0]),
-            "cpu_s": (int(stat[11]) + int(stat[12])) / ticks}
+    return {"rss_mib": rss_bytes(pid) / 2**20, "fds": descriptors(pid), "threads": threads(pid),
+            "cpu_s": cpu_seconds(pid)}
 
 
 # -- the load -----------------------------------------------------------------------------
@@ -416,19 +376,19 @@ async def range_reader(client: Client, ledger: Ledger, deadline: float,
         ledger.reads.append(read)
 
 
-async def sampler(client: Client, ledger: Ledger, broker: BrokerProcess, started: float,
+async def sampler(client: Client, ledger: Ledger, pid: int, started: float,
                   deadline: float, interval: float, events: ClientEvents,
                   samples: list[dict[str, Any]]) -> None:
     """Every ``interval``: the broker's resources and the load's figures over the window."""
     loop = asyncio.get_running_loop()
     published = delivered = 0
-    cpu = proc_status(broker.pid)["cpu_s"]
+    cpu = cpu_seconds(pid)
     errors: Counter[str] = Counter()
     for k in range(1, int((deadline - started) / interval) + 1):
         await asyncio.sleep(max(started + k * interval - loop.time(), 0))
         single, ledger.window_single = ledger.window_single, []
         batch, ledger.window_batch = ledger.window_batch, []
-        status = proc_status(broker.pid)
+        status = proc_status(pid)
         sample: dict[str, Any] = {
             "t": round(loop.time() - started, 1), "rss_mib": round(status["rss_mib"], 1),
             "fds": status["fds"], "threads": status["threads"],
@@ -463,10 +423,10 @@ async def sampler(client: Client, ledger: Ledger, broker: BrokerProcess, started
 
 
 def _ms(values: list[float], p: float) -> float:
-    return round(percentile(values, p) * 1000, 3) if values else 0.0
+    return round(ms(values, p), 3)
 
 
-async def run_load(broker: BrokerProcess, seconds: float, interval: float,
+async def run_load(url: str, pid: int, seconds: float, interval: float,
                    seed: int) -> tuple[Ledger, list[dict[str, Any]], ClientEvents, int]:
     """Run the whole load for ``seconds``; the ledger, the samples, client events, hung tasks."""
     events = ClientEvents()
@@ -479,12 +439,12 @@ async def run_load(broker: BrokerProcess, seconds: float, interval: float,
     samples: list[dict[str, Any]] = []
     rng = random.Random(seed)
     loop = asyncio.get_running_loop()
-    async with Client(broker.url, timeout=REQUEST_TIMEOUT) as publishers, \
-            Client(broker.url, timeout=REQUEST_TIMEOUT) as readers, \
-            Client(broker.url, timeout=REQUEST_TIMEOUT) as observer:
+    async with Client(url, timeout=REQUEST_TIMEOUT) as publishers, \
+            Client(url, timeout=REQUEST_TIMEOUT) as readers, \
+            Client(url, timeout=REQUEST_TIMEOUT) as observer:
         started = loop.time()
         deadline = started + seconds
-        tasks = [asyncio.create_task(sampler(observer, ledger, broker, started, deadline,
+        tasks = [asyncio.create_task(sampler(observer, ledger, pid, started, deadline,
                                              interval, events, samples))]
         tasks += [asyncio.create_task(single_publisher(
             publishers, ledger, n, deadline, random.Random(rng.random())))
@@ -520,22 +480,24 @@ def main() -> int:
     parser.add_argument("--sample-interval", type=float, default=10.0,
                         help="seconds between samples (default 10)")
     parser.add_argument("--seed", type=int, default=1, help="random seed of the load")
+    parser.add_argument("--out", type=Path, help="write results/ and RESULTS.md under this "
+                        "directory instead of bench/")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="soak-", dir=os.environ.get("BENCH_DIR")) as tmp:
-        broker = BrokerProcess(Path(tmp))
-        print(f"broker pid {broker.pid} at {broker.url}; load for {args.seconds:.0f} s",
-              flush=True)
+        proc, url = start_broker(Path(tmp))
+        print(f"broker pid {proc.pid} at {url}; load for {args.seconds:.0f} s", flush=True)
         try:
             with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
                 ledger, samples, events, hung = runner.run(
-                    run_load(broker, args.seconds, args.sample_interval, args.seed))
+                    run_load(url, proc.pid, args.seconds, args.sample_interval, args.seed))
         finally:
-            exit_code = broker.stop()
-        log_text = broker.log_text()
+            exit_code = proc.stop(grace=30)
+        log_text = (Path(tmp) / "broker.log").read_text(errors="replace")
+    results_under(args.out)
     checks, summary = evaluate(ledger, samples, log_text, exit_code, hung,
                                SUBSCRIBER_TIMEOUT)
     publish_results(samples, checks, summary, ledger, events.counts, args,
-                    broker.args[3:], BROKER_OPTIONS)
+                    proc.args[3:], BROKER_OPTIONS)
     return 0 if all(c.passed for c in checks) else 1
 
 

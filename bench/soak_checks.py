@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import re
 from bisect import bisect_left, bisect_right
 from collections import Counter
@@ -18,12 +17,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
-from bench.common import RESULTS, command_line, fmt, machine, write_section
+from bench.harness import results
+from bench.harness.figures import fmt
+from bench.harness.plots import plt
+from bench.harness.results import command_line, machine, write_json, write_section
 
 if TYPE_CHECKING:
     from bench.soak import Ledger, RangeRead, Session
@@ -272,7 +269,7 @@ def _plot(samples: list[dict[str, Any]]) -> None:
     axes[-1].set_xlabel("seconds (shaded: middle and last third, compared)")
     fig.suptitle("Soak: one broker under mixed load")
     fig.tight_layout()
-    fig.savefig(RESULTS / "soak.png", dpi=90)
+    fig.savefig(results.RESULTS / "soak.png", dpi=90)
     plt.close(fig)
 
 
@@ -281,7 +278,6 @@ def publish_results(samples: list[dict[str, Any]], checks: list[Check],
                     args: argparse.Namespace, broker_command: list[str],
                     broker_options: list[str]) -> None:
     """Print the table and verdicts; write soak.json, soak.png and the RESULTS.md section."""
-    RESULTS.mkdir(exist_ok=True)
     date = datetime.date.today().isoformat()
     command = command_line()
     table = _table(rows, checks)
@@ -297,7 +293,7 @@ def publish_results(samples: list[dict[str, Any]], checks: list[Check],
         "client_events": dict(client_events), "anomalies": ledger.anomalies,
         "sessions": [_session_row(s) for s in ledger.sessions],
     }
-    (RESULTS / "soak.json").write_text(json.dumps(payload, indent=1) + "\n")
+    write_json("soak", payload, indent=1)
     if samples:
         _plot(samples)
     verdict = "PASS" if all(c.passed for c in checks) else "FAIL"

@@ -35,7 +35,7 @@ def test_quick_run_of_ours(tmp_path: Path) -> None:
 async def test_concurrent_loops_count_every_item() -> None:
     """``loops`` adds up what every concurrent loop handled (``items += await body()`` read
     the total before the await and lost the other loops' counts: rates came out ~4x low)."""
-    from bench.peers_load import loops
+    from bench.harness.loops import loops
 
     calls = 0
 

@@ -1,6 +1,7 @@
-"""Lean socket clients for live delivery (workloads 4 and 5): asyncio protocols that write
-prepared requests and parse only what they must, for our broker (HTTP/1.1, chunked stream)
-and for Redis (RESP, parsed by hiredis in C).
+"""Lean socket clients for live delivery: asyncio protocols that write prepared requests and
+parse only what they must, for our broker (HTTP/1.1, chunked stream) and for Redis (RESP,
+parsed by hiredis in C); the peer benchmark's live workloads and the latency and fan-out
+experiments time both servers with them.
 
 The library clients (aiohttp's, redis-py) spend more CPU per message than either server: at
 1,000 subscribers in one process they, not the servers, set the latency. The same lean
@@ -22,16 +23,9 @@ from urllib.parse import urlsplit
 import aiohttp
 import hiredis
 
-from bench.common import percentile
-from bench.peers_load import (
-    DRAIN_SECONDS,
-    PAYLOAD,
-    Figure,
-    latencies,
-    latency_of,
-    paced,
-    stamped,
-)
+from bench.harness.figures import Figure, latencies, percentile
+from bench.harness.loops import DRAIN_SECONDS, paced
+from bench.harness.payloads import PAYLOAD, latency_of, stamped
 from messaging.frames import HEADER_SIZE, BatchDecoder
 
 #: Publisher connections: enough that a slow answer never holds the next publish back.
@@ -226,7 +220,7 @@ async def publish_paced(pool: list[RequestReply], rate: int, seconds: float,
         if not ok(reply):
             raise RuntimeError(f"publish refused: {reply!r}")
 
-    return await paced(rate, seconds, publish)
+    return await paced(rate, int(rate * seconds), publish)
 
 
 def round_trip_figures(figure: Figure, round_trips: list[float]) -> None:
