@@ -1,4 +1,4 @@
-"""Load and probes of the scaling benchmark: closed-loop POST senders, an open-loop
+"""The scaling benchmark's settings, load and probes: closed-loop POST senders, an open-loop
 single-message publisher, and a broker's counters (CPU seconds; fsync rounds, bytes and
 messages from ``/metrics``)."""
 
@@ -12,11 +12,32 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from bench.harness import settings
 from bench.harness.loops import paced
 from bench.harness.payloads import PAYLOAD
 from bench.harness.sampling import cpu_seconds
 from bench.harness.stream_holder import publish_one
 from messaging.frames import FRAMES_CONTENT_TYPE, Message, encode_many
+
+
+@dataclass
+class Settings(settings.Settings):
+    """The run's sizes (full or ``--quick``): each curve's points, measured once each
+    (``rounds`` 1) for ``seconds`` of closed-loop load; the subscriber curve's paced
+    publisher; the memory figures' idle subscribers and topics."""
+
+    rounds: int = 1
+    seconds: float = 4.0
+    batches: tuple[int, ...] = (1, 10, 100, 1000, 10_000)
+    sizes: tuple[int, ...] = (10, 100, 1024, 10 * 1024, 100 * 1024, 1024 * 1024)
+    topics: tuple[int, ...] = (1, 10, 100, 1000, 10_000, 20_000)
+    subscribers: tuple[int, ...] = (1, 10, 100, 1000)
+    rate: float = 500.0
+    publishes: int = 2500
+    small_batch: int = 10
+    idle_subscribers: int = 1000
+    idle_topics: int = 20_000
+
 
 #: The path, body and message count of the ``i``-th request of a load.
 Request = tuple[str, bytes, int]

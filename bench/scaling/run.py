@@ -7,7 +7,7 @@ smallest point, an empty broker's RSS. Beside each point sits the figure that ex
 curve's bend: broker CPU seconds per message, bytes per fsync round, descriptors open.
 
 The broker is a subprocess on 127.0.0.1 (``--fsync always``); streaming subscribers live in a
-child process (bench/bench_streams.py's stream holder). Every loop is bounded in count and
+child process (the harness's stream holder). Every loop is bounded in count and
 time; the full run takes under 12 minutes on 2 cores, ``--quick`` well under a minute.
 """
 
@@ -20,14 +20,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.harness import settings
 from bench.harness.disk import disk_rate
@@ -38,42 +37,23 @@ from bench.harness.procs import bare_server, broker, raise_nofile
 from bench.harness.results import results_under
 from bench.harness.sampling import cpu_seconds, descriptors, machine_times
 from bench.harness.stream_holder import Holder, publish_one, wait_streams
-from bench.scaling_load import (
+from bench.scaling.load import (
     Counters,
     Load,
     Request,
+    Settings,
     counters,
     create_topics,
     paced_publish,
     post_load,
     same,
 )
-from bench.scaling_memory import memory_subscribers, memory_topics
-from bench.scaling_report import write_results
+from bench.scaling.memory import memory_subscribers, memory_topics
+from bench.scaling.report import write_results
 from messaging.frames import FRAMES_CONTENT_TYPE, encode_batch
 
 SENDERS = 4
 Point = dict[str, Any]
-
-
-@dataclass
-class Settings(settings.Settings):
-    """The run's sizes (full or ``--quick``): each curve's points, measured once each
-    (``rounds`` 1) for ``seconds`` of closed-loop load; the subscriber curve's paced
-    publisher; the memory figures' idle subscribers and topics."""
-
-    rounds: int = 1
-    seconds: float = 4.0
-    batches: tuple[int, ...] = (1, 10, 100, 1000, 10_000)
-    sizes: tuple[int, ...] = (10, 100, 1024, 10 * 1024, 100 * 1024, 1024 * 1024)
-    topics: tuple[int, ...] = (1, 10, 100, 1000, 10_000, 20_000)
-    subscribers: tuple[int, ...] = (1, 10, 100, 1000)
-    rate: float = 500.0
-    publishes: int = 2500
-    small_batch: int = 10
-    idle_subscribers: int = 1000
-    idle_topics: int = 20_000
-
 
 
 def causes(delta: Counters, load: Load, pid: int) -> Point:

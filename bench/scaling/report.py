@@ -13,6 +13,7 @@ from bench.harness.payloads import FRAME
 from bench.harness.plots import plt
 from bench.harness.results import add_to_json, command_line, report
 from bench.harness.stream_holder import SAMPLE_EVERY
+from bench.scaling.load import Settings
 
 Point = dict[str, Any]
 T = TypeVar("T")
@@ -209,7 +210,7 @@ def plot(name: str, title: str, xlabel: str, points: list[Point],
 
 
 def write_results(curves: dict[str, list[Point]], bare: Point, idle_subscriber: Point,
-                  idle_topic: Point, s: Any, nofile: int, elapsed: float) -> None:
+                  idle_topic: Point, s: Settings, nofile: int, elapsed: float) -> None:
     """Plots, sentences, tables and rows of one run: bench/results/scaling*, RESULTS.md."""
     results.RESULTS.mkdir(parents=True, exist_ok=True)
     batch, size, topics, subs = (curves[k] for k in ("batch", "size", "topics", "subscribers"))

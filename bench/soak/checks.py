@@ -1,9 +1,9 @@
 """The soak test's verdicts and its report: data checks, levelling off, JSON, PNG, RESULTS.md.
 
-The data checks compare what readers got with what publishers were acknowledged (the ledger
-of :mod:`bench.soak`); the resource checks compare the mean of the last third of the samples
-with the mean of the middle third (the first third is warm-up: caches, pools, topics filling
-up to the retention size).
+The data checks compare what readers got with what publishers were acknowledged (the
+:mod:`bench.soak.ledger`); the resource checks compare the mean of the last third of the
+samples with the mean of the middle third (the first third is warm-up: caches, pools, topics
+filling up to the retention size).
 """
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bench.harness import results
 from bench.harness.figures import fmt
 from bench.harness.plots import plt
 from bench.harness.results import command_line, machine, write_json, write_section
-
-if TYPE_CHECKING:
-    from bench.soak import Ledger, RangeRead, Session
+from bench.soak.ledger import Ledger, RangeRead, Session
 
 _LOG_ERROR = re.compile(r"^\S+ \S+ (ERROR|CRITICAL) ")
 _SHOWN = 5  # problems quoted per check

@@ -16,7 +16,7 @@ from bench.harness.payloads import FRAME
 from bench.harness.procs import Proc, broker
 from bench.harness.sampling import descriptors, settled_rss
 from bench.harness.stream_holder import Holder, publish_one, wait_streams
-from bench.scaling_load import create_topics
+from bench.scaling.load import create_topics
 
 Point = dict[str, Any]
 

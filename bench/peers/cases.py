@@ -12,8 +12,6 @@ from typing import Any
 
 import nats
 
-from bench import peers_live as live
-from bench import peers_load as load
 from bench.harness import client_load, settings
 from bench.harness import lean_clients as raw
 from bench.harness import peer_servers as peers
@@ -22,6 +20,7 @@ from bench.harness.http_load import aiohttp_rate, wrk_rate
 from bench.harness.peer_servers import ReferenceServer, nats_binary, redis_benchmark
 from bench.harness.procs import PortServer, Proc, Unavailable, bare_server, broker, ensure_tool
 from bench.harness.v1_stream import delivery_latency
+from bench.peers import live, load
 
 SERVERS = ("ours", "bare", "redis", "nats", "reference")
 SINGLE_TOPIC, BATCH_TOPIC, CONSUME_TOPIC = 1, 2, 3

@@ -16,7 +16,7 @@ import time
 from array import array
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.harness.figures import Row, percentile
 from bench.harness.loops import rate

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.harness import settings
 from bench.harness.figures import Runs
@@ -33,8 +33,8 @@ from bench.harness.loops import freeze_startup_objects, run_loop
 from bench.harness.procs import raise_nofile
 from bench.harness.results import add_to_json, command_line, report, results_under
 from bench.harness.sampling import cpu_seconds, generator_cpu
-from bench.peers_report import WORKLOADS, plots, rows_and_notes
-from bench.peers_runs import SERVERS, Case, Servers, Settings, cases
+from bench.peers.cases import SERVERS, Case, Servers, Settings, cases
+from bench.peers.report import WORKLOADS, plots, rows_and_notes
 
 #: Seconds a workload's rounds may take, by workload, and the whole run: a round after the
 #: first that would go past either is skipped (with a note), so a full run stays in 15 minutes.

@@ -10,7 +10,7 @@ that never read; range readers make non-streaming reads with ``index``/``end``/`
 
 Every ``--sample-interval`` seconds the broker's RSS, descriptors, threads and CPU, and the
 load generator's publish latency, throughput and errors are sampled. At the end
-(:mod:`bench.soak_checks`): every message a subscriber or a range read got is checked against
+(:mod:`bench.soak.checks`): every message a subscriber or a range read got is checked against
 what publishers were acknowledged (order, gaps, content, 410s), the broker log for errors,
 and RSS / descriptors / p99 for levelling off. Writes ``results/soak.json``, ``soak.png`` and
 the ``soak`` section of RESULTS.md; exits 1 if any criterion fails.
@@ -27,19 +27,18 @@ import random
 import sys
 import tempfile
 import time
-from array import array
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.harness.figures import ms
 from bench.harness.procs import Proc, broker
 from bench.harness.results import results_under
 from bench.harness.sampling import cpu_seconds, descriptors, rss_bytes, threads
-from bench.soak_checks import evaluate, publish_results
+from bench.soak.checks import evaluate, publish_results
+from bench.soak.ledger import TOPICS, Ledger, RangeRead, Session
 from messaging.cli.main import event_loop_factory
 from messaging.client.client import Client
 from messaging.errors import MessagingError, PublishOutcomeUnknownError, TopicTruncatedError
@@ -49,74 +48,12 @@ SUBSCRIBER_TIMEOUT = 20.0
 BROKER_OPTIONS = ["--max-segment-size", "256K", "--max-topic-size", "4M",
                   "--truncation-interval", "5s", "--subscriber-timeout",
                   f"{SUBSCRIBER_TIMEOUT:.0f}s"]
-TOPICS = (1, 2, 3, 4)
 SINGLE_PUBLISHERS, SINGLE_RATE = 4, 40.0  # tasks, requests/s each
 BATCH_PUBLISHERS, BATCH_RATE, BATCH_SIZES = 2, 5.0, (20, 200)  # tasks, requests/s, messages
 FOLLOWERS, LAGGARDS, SLOW_SUBSCRIBERS, RANGE_READERS = 4, 2, 2, 2
 LAGGARD_PACE = 0.01  # seconds per message: a third of one topic's publish rate
 REQUEST_TIMEOUT = 30.0  # no single request of the load generator waits longer
 MAX_SESSIONS = 10_000  # per subscriber slot: every loop is bounded in count and time
-
-
-@dataclass
-class Session:
-    """One streaming subscription and what it received (indexes and publisher tags)."""
-
-    kind: str  # follower | laggard | slow
-    topic: int
-    url: str
-    start: int
-    opened_at: float = 0.0
-    closed_at: float = 0.0
-    indexes: array[int] = field(default_factory=lambda: array("Q"))
-    tags: array[int] = field(default_factory=lambda: array("q"))
-    error: str = ""
-    error_at: float = 0.0
-    truncated_first: int = 0  # X-Broker-First-Index of a 410
-    reconnects: int = 0
-    resumed: bool = False  # started where an earlier session with this id stopped
-    next_index: int = 0  # where a resumed session starts: the last heartbeated index + 1
-
-
-@dataclass
-class RangeRead:
-    """One non-streaming read: what was asked, the topic's last index then, what came back."""
-
-    topic: int
-    index: int
-    end: int | None
-    limit: int | None
-    last_index: int
-    indexes: array[int] = field(default_factory=lambda: array("Q"))
-    tags: array[int] = field(default_factory=lambda: array("q"))
-    truncated_first: int = 0  # set when the answer was 410
-
-
-@dataclass
-class Ledger:
-    """What the load generator did and saw; the checks compare readers against ``acked``."""
-
-    acked: dict[int, dict[int, int]] = field(default_factory=lambda: {t: {} for t in TOPICS})
-    unknown: set[int] = field(default_factory=set)  # tags of publishes with unknown outcome
-    sessions: list[Session] = field(default_factory=list)
-    reads: list[RangeRead] = field(default_factory=list)
-    errors: Counter[str] = field(default_factory=Counter)  # unexpected, by operation and status
-    expected: Counter[str] = field(default_factory=Counter)  # 410s the design allows
-    anomalies: list[str] = field(default_factory=list)
-    published = 0
-    delivered = 0
-    range_messages = 0
-    open_sessions = 0
-    window_single: list[float] = field(default_factory=list)
-    window_batch: list[float] = field(default_factory=list)
-
-    def ack(self, topic: int, index: int, tag: int) -> None:
-        self.acked[topic][index] = tag
-        self.published += 1
-
-    def error(self, operation: str, err: BaseException) -> None:
-        status = err.status if isinstance(err, MessagingError) else type(err).__name__
-        self.errors[f"{operation} {status}"] += 1
 
 
 class ClientEvents(logging.Handler):

@@ -19,7 +19,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from bench.harness.figures import Figure, latencies
 from bench.harness.loops import DRAIN_SECONDS, paced, until
 from bench.harness.payloads import PAYLOAD, latency_of, stamped
-from bench.peers_load import BATCH
+from bench.peers.load import BATCH
 from messaging.frames import HEADER_SIZE, BatchDecoder
 
 

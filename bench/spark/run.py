@@ -11,11 +11,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.harness.client_load import preload
 from bench.harness.figures import Row
-from bench.harness.procs import broker
+from bench.harness.procs import broker, child_env
 from bench.harness.results import command_line, report
 
 MESSAGES = int(os.environ.get("BENCH_MESSAGES", "1000000"))
@@ -40,10 +40,12 @@ def timed_query(spark, fmt: str, options: dict[str, str], checkpoint: Path) -> f
 
 def main() -> None:
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    # Spark's Python workers import bench.spark.synthetic_source (and messaging) by name.
+    os.environ["PYTHONPATH"] = child_env()["PYTHONPATH"]
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     from pyspark.sql import SparkSession
 
-    from bench.synthetic_source import SyntheticDataSource
+    from bench.spark.synthetic_source import SyntheticDataSource
     from messaging.spark import MessagingDataSource
 
     with tempfile.TemporaryDirectory(prefix="bench-spark-", dir=os.environ.get("BENCH_DIR")) as t:
