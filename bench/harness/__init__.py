@@ -4,7 +4,8 @@ belongs to one family alone.
 - procs: child processes started and stopped by PID (broker, bare server, free ports, tools)
 - peer_servers: Redis, NATS JetStream and the Durable Streams reference server as processes
 - bare_server: the bare aiohttp baseline server (a child process)
-- stream_holder: a child process holding N streaming GETs open
+- stream_holder: the handle on a child holding N streaming GETs open, and its broker calls
+- hold_streams: that child process
 - sampling: CPU, RSS, descriptors and the machine's busy time from /proc
 - loops: the event loop, open-loop pacing, closed loops and waits, all bounded
 - figures: Figure, Runs, Row, percentiles and number formats
