@@ -113,17 +113,17 @@ bench-peers: $(STAMP) conformance
 ## make bench-split: single POSTs to bare aiohttp, the broker, and the broker split into HTTP
 ## front(s) and a log process (installs wrk with apt when missing); about 1 minute
 bench-split: $(STAMP)
-	$(BIN)/python bench/bench_split.py
+	$(BIN)/python bench/experiments/split/run.py
 
 ## make bench-latency: where the p50 of publish → subscriber at 1,000 msg/s goes (the disk,
 ## the thread hand-off, a minimal Python server, our broker, Redis); about 2 minutes
 bench-latency: $(STAMP)
-	$(BIN)/python bench/bench_latency.py
+	$(BIN)/python bench/experiments/latency_budget/run.py
 
 ## make bench-fanout: 1,000 streaming subscribers at 1,000 msg/s: the broker's own part of the
 ## p99 (its lag histogram), what the rests between fan-out slices trade, Redis beside; ~2 minutes
 bench-fanout: $(STAMP)
-	$(BIN)/python bench/bench_fanout.py
+	$(BIN)/python bench/experiments/fanout/run.py
 
 ## make bench-scaling: throughput and p99 against batch size, message size, topic count and
 ## subscriber count, RSS per idle subscriber and per idle topic; under 12 minutes

@@ -22,8 +22,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-BENCH = Path(__file__).resolve().parents[1]
-ROOT = BENCH.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Unavailable(RuntimeError):

@@ -2,8 +2,8 @@
 
 Single 100 B POSTs, ``wrk -t2 -c50``, ``--fsync always``, against four configurations:
 bare aiohttp answering 204; our broker as it is (HTTP and the log's writer thread in one
-process); and the split (bench/split_front.py): HTTP fronts running the broker's own publish
-handler, which hand each command over a Unix socket to a log process running the real
+process); and the split (processes.py beside this file): HTTP fronts running the broker's own
+publish handler, which hand each command over a Unix socket to a log process running the real
 ``Broker`` and ``LocalLog(fsync="always")``, with one front and with two (SO_REUSEPORT).
 
 Every server runs on 127.0.0.1 on a free port and is stopped by its PID. Rounds run the
@@ -27,18 +27,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from bench.experiments.split.wire import ANSWER, STATS_KIND, stats_request
 from bench.harness import results, settings
 from bench.harness.disk import disk_rate
 from bench.harness.figures import Row, fmt
 from bench.harness.http_load import CONNECTIONS, wrk_rate
 from bench.harness.payloads import PAYLOAD
 from bench.harness.plots import plt
-from bench.harness.procs import BENCH, Proc, bare_server, broker, ensure_tool, free_port
+from bench.harness.procs import Proc, bare_server, broker, ensure_tool, free_port
 from bench.harness.results import add_to_json, command_line, report, results_under
 from bench.harness.sampling import children_cpu, cpu_seconds, machine_times
-from bench.split_front import ANSWER, STATS_KIND, stats_request
 
 SINGLE_PATH = "/messaging/messages?topicID=1"
 TARGET = 0.9
@@ -176,7 +176,7 @@ class Servers:
         return started
 
     def _front_or_log(self, *args: str) -> Proc:
-        proc = Proc([sys.executable, str(BENCH / "split_front.py"), *args], "ready",
+        proc = Proc([sys.executable, "-m", "bench.experiments.split.processes", *args], "ready",
                     log=self.tmp / "split.log")
         self.procs.append(proc)
         return proc

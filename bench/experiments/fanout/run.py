@@ -8,7 +8,7 @@ subscribers of one topic in this process (the peer benchmark's lean socket clien
 - our broker as shipped: a fan-out slice of 64 followers that kept the loop busy 0.5 ms or
   more is followed by a rest about as long (``messaging.http.fanout.REST_FROM``), so publishes are
   answered while a pass is under way;
-- our broker without the rests (``bench/fanout_broker.py inf``): slices back to back;
+- our broker without the rests (``rest_broker.py inf`` beside this file): slices back to back;
 - Redis (appendfsync always), XREAD BLOCK readers with the same kind of lean client, which
   shows what the subscriber process adds on its own (Redis writes its replies in C).
 
@@ -30,14 +30,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from bench.harness import lean_clients as raw
 from bench.harness import peer_servers as peers
 from bench.harness import settings
 from bench.harness.figures import Row, Runs, fmt
 from bench.harness.loops import freeze_startup_objects, run_loop
-from bench.harness.procs import BENCH, PortServer, Proc, Unavailable, broker, raise_nofile
+from bench.harness.procs import PortServer, Proc, Unavailable, broker, raise_nofile
 from bench.harness.results import add_to_json, command_line, report, results_under
 from bench.harness.sampling import cpu_seconds
 
@@ -96,7 +96,7 @@ class Servers:
 
     def start(self) -> None:
         self.procs["ours"], self.urls["ours"] = broker(self.tmp / "ours", "--fsync", "always")
-        launcher = [sys.executable, str(BENCH / "fanout_broker.py"), "inf"]
+        launcher = [sys.executable, "-m", "bench.experiments.fanout.rest_broker", "inf"]
         self.procs["ours-norest"], self.urls["ours-norest"] = broker(
             self.tmp / "norest", "--fsync", "always", launcher=launcher)
         try:

@@ -10,7 +10,7 @@ Measurements, each a p50 and a p99 at 1,000 messages/s (paced, open loop):
 2. the thread hand-off alone on a uvloop loop, as LocalLog does it (deque append +
    threading.Event to a sleeping writer thread, back with call_soon_threadsafe), and with (a)
    on the writer thread;
-3. the floor of a single-threaded Python server on this disk (bench/latency_floor.py, its own
+3. the floor of a single-threaded Python server on this disk (floor_server.py, its own
    process): length-prefixed messages in, append + fdatasync inline on the loop as Redis does,
    frames out to a subscriber; the same with the fdatasync on a writer thread (our design
    minus HTTP); both again with a preallocated file;
@@ -36,20 +36,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from bench.harness import lean_clients as raw
-from bench.harness import peer_servers as peers
-from bench.harness import settings
-from bench.harness.disk import fill
-from bench.harness.figures import Figure, latencies
-from bench.harness.loops import paced, run_loop
-from bench.harness.payloads import FRAME, PAYLOAD
-from bench.harness.procs import BENCH, PortServer, Proc, Unavailable, broker, free_port
-from bench.harness.results import add_to_json, command_line, report, results_under
-from bench.harness.sampling import CLK_TCK, cpu_seconds, machine_busy
-from bench.latency_floor import Handoff, floor_latency
-from bench.latency_report import (
+from bench.experiments.latency_budget.floor import floor_latency
+from bench.experiments.latency_budget.handoff import Handoff
+from bench.experiments.latency_budget.report import (
     DISK,
     LABELS,
     Summary,
@@ -59,6 +50,16 @@ from bench.latency_report import (
     plot,
     table_rows,
 )
+from bench.harness import lean_clients as raw
+from bench.harness import peer_servers as peers
+from bench.harness import settings
+from bench.harness.disk import fill
+from bench.harness.figures import Figure, latencies
+from bench.harness.loops import paced, run_loop
+from bench.harness.payloads import FRAME, PAYLOAD
+from bench.harness.procs import PortServer, Proc, Unavailable, broker, free_port
+from bench.harness.results import add_to_json, command_line, report, results_under
+from bench.harness.sampling import CLK_TCK, cpu_seconds, machine_busy
 from messaging.frames import encode
 
 GROUPS = ("disk", "handoff", "floor", "ours", "redis")
@@ -118,7 +119,7 @@ class Measurement:
 # -- 1. the disk alone ---------------------------------------------------------------------------
 
 def disk_latency(kind: str, directory: Path, rate: int, count: int) -> Figure:
-    """Seconds per 126 B durable write of ``kind`` (one of latency_report.DISK), ``count``
+    """Seconds per 126 B durable write of ``kind`` (one of report.DISK), ``count``
     writes paced at ``rate``/s into a new file in ``directory`` (blocking: run it on a
     thread)."""
     path = directory / kind
@@ -225,7 +226,8 @@ class Servers:
                 ports = (free_port(), free_port())
                 args = ["--prealloc", str(prealloc)] if preallocated else []
                 if self._start(key, partial(
-                        Proc, [sys.executable, str(BENCH / "latency_floor.py"),
+                        Proc, [sys.executable, "-m",
+                               "bench.experiments.latency_budget.floor_server",
                                str(ports[0]), str(ports[1]), str(tmp / f"{key}.log"),
                                "--mode", mode, *args], "ready", log=tmp / "floor.stderr")):
                     self.ports[key] = ports

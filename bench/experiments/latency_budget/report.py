@@ -1,5 +1,5 @@
-"""The latency budget's report (bench_latency.py): the measurements' names, the table rows,
-the paragraph computed from the figures, the detail table and the budget PNG."""
+"""The latency budget's report: the measurements' names, the table rows, the paragraph
+computed from the figures, the detail table and the budget PNG."""
 
 from __future__ import annotations
 

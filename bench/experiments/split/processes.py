@@ -1,27 +1,19 @@
-"""The two processes of the split experiment (bench/bench_split.py): an HTTP front and a log.
+"""The two processes of the split experiment (its run.py starts them with ``python -m
+bench.experiments.split.processes``): an HTTP front and a log.
 
 ``front --port P --log SOCKET``: the broker's own publish handler (``Handlers.publish``
 behind ``errors_middleware``, served by ``BrokerConnection`` with the broker's defaults) on
 uvloop, so every request is parsed, validated, encoded and answered exactly as the broker
-does it. Its log is a :class:`LogClient`, which hands each command to the log process over a
-Unix socket: whatever commands are ready when the loop comes round go out as one write, and a
-FIFO of futures takes the answers. Several fronts may share the port (SO_REUSEPORT).
+does it. Its log is a :class:`LogClient` (a :class:`messaging.log.base.Log`), which hands
+each command to the log process over a Unix socket: whatever commands are ready when the loop
+comes round go out as one write, and a FIFO of futures takes the answers. Several fronts may
+share the port (SO_REUSEPORT).
 
 ``log --data DIR --socket SOCKET``: the real ``Broker`` and ``LocalLog(fsync="always")``;
 every command goes through ``await log.apply(command)`` as in the broker, so group commit,
 the write and the fdatasync are the real ones, and an answer is sent only once its command
-is durable. Answers go back in the order the commands came.
-
-Wire format (one machine, so the offsets array travels in native byte order)::
-
-    front → log   u32 body length | i64 topic | u32 stride | u32 offset count
-                  | offset count × i64 offsets | body
-                  topic -1: plain bytes, not a validated Command (count 0)
-                  topic -2: a stats request (no body)
-    log → front   u8 kind | u64 a | u64 b [| message]
-                  kind 0, applied:  a = first index, b = last index
-                  kind 1, an error: a = HTTP status, b = message length, then the UTF-8 message
-                  kind 2, stats:    a = groups written, b = the broker's index
+is durable. Answers go back in the order the commands came (the wire format:
+:mod:`bench.experiments.split.wire`).
 
 Each process prints ``ready`` once it serves and stops on SIGTERM.
 """
@@ -32,7 +24,6 @@ import argparse
 import asyncio
 import signal
 import socket
-import struct
 from array import array
 from collections import deque
 from pathlib import Path
@@ -40,6 +31,17 @@ from typing import Any, cast
 
 from aiohttp import web
 
+from bench.experiments.split.wire import (
+    ANSWER,
+    APPLIED,
+    COMMAND,
+    ERROR,
+    OFFSET_SIZE,
+    PLAIN,
+    STATS,
+    STATS_KIND,
+    command_frame,
+)
 from messaging.broker.broker import ApplyResult, Broker
 from messaging.broker.metrics import BrokerMetrics
 from messaging.cli.main import event_loop_factory
@@ -55,32 +57,11 @@ from messaging.http.app import (
 )
 from messaging.http.limits import Limits
 from messaging.http.server import LISTEN_BACKLOG
+from messaging.log.base import Log
 from messaging.log.local import LocalLog
 
-#: A command's header: body length, topic (or PLAIN / STATS), stride, offset count.
-COMMAND = struct.Struct("=IqII")
-#: An answer's header: kind, then two numbers whose meaning depends on the kind.
-ANSWER = struct.Struct("=BQQ")
-_OFFSET = array("q").itemsize
-PLAIN, STATS = -1, -2
-APPLIED, ERROR, STATS_KIND = 0, 1, 2
 #: Commands the front queues for the log before it refuses more (50 connections need 50).
 MAX_IN_FLIGHT = 100_000
-
-
-def command_frame(command: bytes) -> list[bytes]:
-    """The pieces one command takes on the wire (a validated Command keeps its offsets)."""
-    if isinstance(command, Command):
-        offsets = command.offsets
-        topic = PLAIN if command.topic is None else command.topic
-        return [COMMAND.pack(len(command), topic, command.stride, len(offsets)),
-                offsets.tobytes(), command]
-    return [COMMAND.pack(len(command), PLAIN, 0, 0), command]
-
-
-def stats_request() -> bytes:
-    """The frame that asks the log process for its figures."""
-    return COMMAND.pack(0, STATS, 0, 0)
 
 
 # -- the front ------------------------------------------------------------------------------
@@ -89,7 +70,7 @@ def stats_request() -> bytes:
 class LogClient(asyncio.Protocol):
     """The front's log: commands go to the log process, answers come back in order.
 
-    Implements the ``messaging.log.base.Log`` protocol as a single node that always leads; the
+    A :class:`messaging.log.base.Log` standing for a single node that always leads; the
     answer carries the index range only (no stream outcome: the experiment sends no producer
     headers) and the topics touched are not reported (the front has no readers to wake).
     """
@@ -221,7 +202,8 @@ async def run_front(port: int, log_socket: str, stop: asyncio.Event) -> None:
     defaults = BrokerConfig(data=Path("unused"))  # the broker's default limits
     url = f"http://127.0.0.1:{port}"
     _, client = await loop.create_unix_connection(lambda: LogClient(url), log_socket)
-    handlers = Handlers(cast(BrokerView, _NoReads()), client, defaults.max_message_size,
+    log: Log = client
+    handlers = Handlers(cast(BrokerView, _NoReads()), log, defaults.max_message_size,
                         defaults.max_request_size, Limits())
     app = web.Application(middlewares=[errors_middleware], client_max_size=max(
         defaults.max_request_size, defaults.max_message_size + 1024))
@@ -271,7 +253,7 @@ class LogServer(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         while len(buffer) - at >= size:
             length, topic, stride, count = COMMAND.unpack_from(buffer, at)
-            body_at = at + size + count * _OFFSET
+            body_at = at + size + count * OFFSET_SIZE
             end = body_at + length
             if end > len(buffer):
                 break
