@@ -82,57 +82,57 @@ bench: bench-storage bench-http bench-client bench-cluster bench-spark bench-str
 	bench-durable-streams bench-peers bench-split bench-latency bench-fanout bench-scaling
 
 bench-storage: $(STAMP)
-	$(BIN)/python bench/bench_storage.py
+	$(BIN)/python bench/storage/run.py
 
 bench-http: $(STAMP)
-	$(BIN)/python bench/bench_http.py
+	$(BIN)/python bench/http_api/run.py
 
 bench-client: $(STAMP)
-	$(BIN)/python bench/bench_client.py
+	$(BIN)/python bench/python_client/run.py
 
 bench-cluster: $(STAMP)
-	$(BIN)/python bench/bench_cluster.py
+	$(BIN)/python bench/cluster/run.py
 
 bench-spark: $(STAMP)
-	$(BIN)/python bench/bench_spark.py
+	$(BIN)/python bench/spark/run.py
 
 bench-streams: $(STAMP)
-	$(BIN)/python bench/bench_streams.py
+	$(BIN)/python bench/streams/run.py
 
 ## make bench-durable-streams: /v1/stream against the native API and the Node reference server
 ## (needs node 20+: installs conformance/node_modules first); under 5 minutes
 bench-durable-streams: $(STAMP) conformance
-	$(BIN)/python bench/bench_durable_streams.py
+	$(BIN)/python bench/durable_streams/run.py
 
 ## make bench-peers: our broker against Redis, NATS JetStream, the Durable Streams reference
 ## server and bare aiohttp (installs redis-server, redis-tools and wrk with apt when missing;
 ## the reference server needs node 20+); under 15 minutes, --quick in about one
 bench-peers: $(STAMP) conformance
-	$(BIN)/python bench/bench_peers.py
+	$(BIN)/python bench/peers/run.py
 
 ## make bench-split: single POSTs to bare aiohttp, the broker, and the broker split into HTTP
 ## front(s) and a log process (installs wrk with apt when missing); about 1 minute
 bench-split: $(STAMP)
-	$(BIN)/python bench/bench_split.py
+	$(BIN)/python bench/experiments/split/run.py
 
 ## make bench-latency: where the p50 of publish → subscriber at 1,000 msg/s goes (the disk,
 ## the thread hand-off, a minimal Python server, our broker, Redis); about 2 minutes
 bench-latency: $(STAMP)
-	$(BIN)/python bench/bench_latency.py
+	$(BIN)/python bench/experiments/latency_budget/run.py
 
 ## make bench-fanout: 1,000 streaming subscribers at 1,000 msg/s: the broker's own part of the
 ## p99 (its lag histogram), what the rests between fan-out slices trade, Redis beside; ~2 minutes
 bench-fanout: $(STAMP)
-	$(BIN)/python bench/bench_fanout.py
+	$(BIN)/python bench/experiments/fanout/run.py
 
 ## make bench-scaling: throughput and p99 against batch size, message size, topic count and
 ## subscriber count, RSS per idle subscriber and per idle topic; under 12 minutes
 bench-scaling: $(STAMP)
-	$(BIN)/python bench/bench_scaling.py
+	$(BIN)/python bench/scaling/run.py
 
 ## make soak: one broker under a mixed load for 5 minutes; checks data, log, RSS/fds/p99
 soak: $(STAMP)
-	$(BIN)/python bench/soak.py
+	$(BIN)/python bench/soak/run.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

@@ -1,6 +1,6 @@
-"""bench/bench_fanout.py --quick: both brokers (and Redis when installed) run, every message
-reaches every subscriber, and the rows and the broker's lag figures are written (figures are
-not checked: no timed assertions)."""
+"""bench/experiments/fanout/run.py --quick: both brokers (and Redis when installed) run, every
+message reaches every subscriber, and the rows and the broker's lag figures are written
+(figures are not checked: no timed assertions)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.e2e.bench_run import run_quick
 
 
 def test_quick_run(tmp_path: Path) -> None:
-    done = run_quick("bench_fanout.py", tmp_path, timeout=240)
+    done = run_quick("experiments/fanout/run.py", tmp_path, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     payload = json.loads((tmp_path / "results" / "fanout.json").read_text())
     cases = payload["cases"]

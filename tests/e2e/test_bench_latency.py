@@ -1,5 +1,6 @@
-"""bench/bench_latency.py --quick: it runs every measurement whose tools are here, exits 0 and
-writes a positive p50 and p99 for each (figures are not checked: no timed assertions)."""
+"""bench/experiments/latency_budget/run.py --quick: it runs every measurement whose tools are
+here, exits 0 and writes a positive p50 and p99 for each (figures are not checked: no timed
+assertions)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ MEASUREMENTS = {
 
 def test_quick_run(tmp_path: Path) -> None:
     groups = [g for g in MEASUREMENTS if g != "redis" or shutil.which("redis-server")]
-    done = run_quick("bench_latency.py", tmp_path, "--only", ",".join(groups))
+    done = run_quick("experiments/latency_budget/run.py", tmp_path, "--only", ",".join(groups))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     payload = json.loads((tmp_path / "results" / "latency.json").read_text())
     measured = payload["measurements"]

@@ -1,4 +1,4 @@
-"""bench/bench_peers.py --quick against our broker alone: it runs every workload, exits 0 and
+"""bench/peers/run.py --quick against our broker alone: it runs every workload, exits 0 and
 writes a JSON figure for each (figures are not checked: no timed assertions)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ WORKLOADS = {
 
 
 def test_quick_run_of_ours(tmp_path: Path) -> None:
-    done = run_quick("bench_peers.py", tmp_path, "--only", "ours")
+    done = run_quick("peers/run.py", tmp_path, "--only", "ours")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     payload = json.loads((tmp_path / "results" / "peers.json").read_text())
     for workload, keys in WORKLOADS.items():
@@ -35,7 +35,7 @@ def test_quick_run_of_ours(tmp_path: Path) -> None:
 async def test_concurrent_loops_count_every_item() -> None:
     """``loops`` adds up what every concurrent loop handled (``items += await body()`` read
     the total before the await and lost the other loops' counts: rates came out ~4x low)."""
-    from bench.peers_load import loops
+    from bench.harness.loops import loops
 
     calls = 0
 

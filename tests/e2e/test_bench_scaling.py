@@ -1,4 +1,4 @@
-"""Smoke test of bench/bench_scaling.py: a ``--quick`` run into a temporary directory ends
+"""Smoke test of bench/scaling/run.py: a ``--quick`` run into a temporary directory ends
 well and records every curve's points, the memory figures and a plot per curve."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ CURVES = {
 
 def test_quick_run_records_every_curve(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_DIR": str(tmp_path)}
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_scaling.py"), "--quick",
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "scaling" / "run.py"), "--quick",
                           "--out", str(tmp_path / "out")], capture_output=True, text=True,
                          timeout=170, env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

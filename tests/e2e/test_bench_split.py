@@ -1,6 +1,6 @@
-"""bench/bench_split.py --quick: it runs every configuration (bare aiohttp, the broker, the
-split with one and with two fronts), exits 0 and writes a positive rate and the CPU of every
-process for each (figures are not checked: no timed assertions)."""
+"""bench/experiments/split/run.py --quick: it runs every configuration (bare aiohttp, the
+broker, the split with one and with two fronts), exits 0 and writes a positive rate and the
+CPU of every process for each (figures are not checked: no timed assertions)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ PROCESSES = {
 
 
 def test_quick_run_of_split(tmp_path: Path) -> None:
-    done = run_quick("bench_split.py", tmp_path)
+    done = run_quick("experiments/split/run.py", tmp_path)
     if done.returncode != 0 and "wrk is not installed" in done.stderr:
         pytest.skip(done.stderr.strip())  # the bench could not install it either
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

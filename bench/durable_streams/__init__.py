@@ -1,0 +1,1 @@
+"""Durable Streams benchmark: /v1/stream against the native API and the reference server."""

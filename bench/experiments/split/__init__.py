@@ -1,0 +1,1 @@
+"""Split experiment: HTTP fronts in processes of their own, the log in another."""

@@ -1,0 +1,1 @@
+"""HTTP API benchmark of one node: publish rates, group commit, latency, streaming."""

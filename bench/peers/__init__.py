@@ -1,0 +1,1 @@
+"""Peer benchmark: our broker against Redis, NATS JetStream, the reference server, bare aiohttp."""

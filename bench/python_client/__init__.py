@@ -1,0 +1,1 @@
+"""Python client benchmark: Conn consumption and publish_batch throughput."""

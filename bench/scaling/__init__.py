@@ -1,0 +1,1 @@
+"""Cost as work grows: throughput and p99 against batch size, message size, topics, subscribers."""

@@ -1,0 +1,442 @@
+"""Soak test: one broker process under a steady mixed load for minutes, checked for leaks and
+wrong data.
+
+The broker runs as a child process on 127.0.0.1 (small segments, a small topic size and a 5 s
+retention timer, so retention deletes segments all through the run). At the same time:
+publishers POST single messages and frame batches to several topics at a bounded rate;
+streaming subscribers (:class:`messaging.client.client.Conn`, heartbeating) come and go — followers
+that read everything, laggards that read slowly and whose registration lapses, and slow ones
+that never read; range readers make non-streaming reads with ``index``/``end``/``limit``.
+
+Every ``--sample-interval`` seconds the broker's RSS, descriptors, threads and CPU, and the
+load generator's publish latency, throughput and errors are sampled. At the end
+(:mod:`bench.soak.checks`): every message a subscriber or a range read got is checked against
+what publishers were acknowledged (order, gaps, content, 410s), the broker log for errors,
+and RSS / descriptors / p99 for levelling off. Writes ``results/soak.json``, ``soak.png`` and
+the ``soak`` section of RESULTS.md; exits 1 if any criterion fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.harness.figures import ms
+from bench.harness.procs import Proc, broker
+from bench.harness.results import results_under
+from bench.harness.sampling import cpu_seconds, descriptors, rss_bytes, threads
+from bench.soak.checks import evaluate, publish_results
+from bench.soak.ledger import TOPICS, Ledger, RangeRead, Session
+from messaging.cli.main import event_loop_factory
+from messaging.client.client import Client
+from messaging.errors import MessagingError, PublishOutcomeUnknownError, TopicTruncatedError
+from messaging.frames import Message
+
+SUBSCRIBER_TIMEOUT = 20.0
+BROKER_OPTIONS = ["--max-segment-size", "256K", "--max-topic-size", "4M",
+                  "--truncation-interval", "5s", "--subscriber-timeout",
+                  f"{SUBSCRIBER_TIMEOUT:.0f}s"]
+SINGLE_PUBLISHERS, SINGLE_RATE = 4, 40.0  # tasks, requests/s each
+BATCH_PUBLISHERS, BATCH_RATE, BATCH_SIZES = 2, 5.0, (20, 200)  # tasks, requests/s, messages
+FOLLOWERS, LAGGARDS, SLOW_SUBSCRIBERS, RANGE_READERS = 4, 2, 2, 2
+LAGGARD_PACE = 0.01  # seconds per message: a third of one topic's publish rate
+REQUEST_TIMEOUT = 30.0  # no single request of the load generator waits longer
+MAX_SESSIONS = 10_000  # per subscriber slot: every loop is bounded in count and time
+
+
+class ClientEvents(logging.Handler):
+    """Counts what the client and Conn log: stream reconnects, failed heartbeats."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.counts: Counter[str] = Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "heartbeat failed" in message:
+            self.counts["heartbeat failed"] += 1
+        elif "retrying" in message or "reconnecting" in message:
+            self.counts["stream reconnect"] += 1
+
+
+def payload(topic: int, tag: int, rng: random.Random) -> bytes:
+    """Data that names its topic and publisher tag, padded to a random length."""
+    return b"%d:%d:" % (topic, tag) + b"." * rng.randint(40, 400)
+
+
+def parse_tag(message: Message) -> int:
+    """The publisher tag in a message's data; -1 if its data does not name its own topic."""
+    topic, tag, _pad = message.data.split(b":", 2)
+    return int(tag) if int(topic) == message.topic else -1
+
+
+# -- the broker process -------------------------------------------------------------------
+
+
+def start_broker(directory: Path) -> tuple[Proc, str]:
+    """``messaging broker`` with the soak's options as a child process, its log (INFO and up)
+    in ``directory/broker.log``; stopped by its PID."""
+    return broker(directory / "data", *BROKER_OPTIONS, log=directory / "broker.log",
+                  log_level="INFO")
+
+
+def proc_status(pid: int) -> dict[str, float]:
+    """RSS (MiB), open descriptors, threads and CPU seconds of a process, from /proc."""
+    return {"rss_mib": rss_bytes(pid) / 2**20, "fds": descriptors(pid), "threads": threads(pid),
+            "cpu_s": cpu_seconds(pid)}
+
+
+# -- the load -----------------------------------------------------------------------------
+
+
+def _paced(loop: asyncio.AbstractEventLoop, next_at: float, period: float) -> float:
+    """The next start time: one period on, but never a burst to catch up after a stall."""
+    return max(next_at + period, loop.time())
+
+
+async def single_publisher(client: Client, ledger: Ledger, number: int, deadline: float,
+                           rng: random.Random) -> None:
+    loop = asyncio.get_running_loop()
+    next_at = loop.time()
+    for seq in range(int(SINGLE_RATE * (deadline - loop.time())) + 1):
+        if loop.time() >= deadline:
+            return
+        topic = rng.choice(TOPICS)
+        tag = number * 1_000_000_000 + seq
+        started = time.perf_counter()
+        try:
+            index = await asyncio.wait_for(client.publish(topic, payload(topic, tag, rng)),
+                                           REQUEST_TIMEOUT)
+        except (PublishOutcomeUnknownError, TimeoutError) as err:
+            ledger.unknown.add(tag)
+            ledger.error("publish", err)
+        except MessagingError as err:
+            ledger.error("publish", err)
+        else:
+            ledger.window_single.append(time.perf_counter() - started)
+            ledger.ack(topic, index, tag)
+        next_at = _paced(loop, next_at, 1 / SINGLE_RATE)
+        await asyncio.sleep(next_at - loop.time())
+
+
+async def batch_publisher(client: Client, ledger: Ledger, number: int, deadline: float,
+                          rng: random.Random) -> None:
+    loop = asyncio.get_running_loop()
+    next_at = loop.time()
+    seq = 0
+    for _ in range(int(BATCH_RATE * (deadline - loop.time())) + 1):
+        if loop.time() >= deadline:
+            return
+        topic = rng.choice(TOPICS)
+        tags = [number * 1_000_000_000 + seq + i for i in range(rng.randint(*BATCH_SIZES))]
+        seq += len(tags)
+        started = time.perf_counter()
+        try:
+            first, last = await asyncio.wait_for(client.publish_batch(
+                topic, [payload(topic, tag, rng) for tag in tags]), REQUEST_TIMEOUT)
+        except (PublishOutcomeUnknownError, TimeoutError) as err:
+            ledger.unknown.update(tags)
+            ledger.error("publish-batch", err)
+        except MessagingError as err:
+            ledger.error("publish-batch", err)
+        else:
+            ledger.window_batch.append(time.perf_counter() - started)
+            if last - first + 1 != len(tags):
+                ledger.anomalies.append(f"batch of {len(tags)} to topic {topic} was answered "
+                                        f"with the range {first}..{last}")
+            for offset, tag in enumerate(tags):
+                ledger.ack(topic, first + offset, tag)
+        next_at = _paced(loop, next_at, 1 / BATCH_RATE)
+        await asyncio.sleep(next_at - loop.time())
+
+
+async def _bounds(client: Client, topic: int) -> tuple[int, int]:
+    """The topic's first and last committed index."""
+    info = await asyncio.wait_for(client.topic(topic), REQUEST_TIMEOUT)
+    return max(int(info["first_index"]), 1), int(info["last_index"])
+
+
+async def _register(client: Client, topic: int, url: str, where: str,
+                    rng: random.Random) -> int:
+    """Heartbeat ``start - 1`` for ``url`` and make sure retention had not passed ``start``.
+
+    ``where`` the subscription starts: ``earliest``, ``latest`` or ``random`` in between.
+
+    After this, retention never deletes what the subscriber still needs while it heartbeats,
+    so any 410 it gets is a defect (a retention run that started before the heartbeat was
+    applied is given half a second to finish first).
+    """
+    for _ in range(5):
+        first, last = await _bounds(client, topic)
+        start = {"earliest": first, "latest": last + 1,
+                 "random": rng.randint(first, max(first, last))}[where]
+        await client.heartbeat(topic, start - 1, url)
+        await asyncio.sleep(0.5)
+        first, _last = await _bounds(client, topic)
+        if first <= start:
+            return start
+    raise RuntimeError(f"could not register a subscriber on topic {topic}")
+
+
+async def subscriber(client: Client, ledger: Ledger, kind: str, slot: int, deadline: float,
+                     rng: random.Random) -> None:
+    """Subscriptions of one kind, one after the other, each open for a random while.
+
+    Half of a follower's sessions resume where its previous one stopped (same subscriber id,
+    from its last heartbeated index + 1, well within the subscriber timeout), as a consumer
+    that restarts does.
+    """
+    loop = asyncio.get_running_loop()
+    previous: Session | None = None
+    for number in range(MAX_SESSIONS):
+        lifetime = min(rng.uniform(*{"follower": (3, 30), "laggard": (30, 90),
+                                     "slow": (5, 25)}[kind]), deadline - loop.time())
+        if lifetime < 2:
+            return
+        resume = (kind == "follower" and previous is not None and not previous.error
+                  and rng.random() < 0.5
+                  and loop.time() - previous.closed_at < SUBSCRIBER_TIMEOUT / 2)
+        try:
+            previous = await asyncio.wait_for(
+                _session(client, ledger, kind, f"soak-{kind}-{slot}-{number}", lifetime, rng,
+                         previous if resume else None),
+                lifetime + 3 * REQUEST_TIMEOUT)
+        except (MessagingError, TimeoutError, RuntimeError) as err:
+            ledger.error(f"{kind}-setup", err)
+            previous = None
+        await asyncio.sleep(rng.uniform(0.2, 2.0))
+
+
+async def _session(client: Client, ledger: Ledger, kind: str, url: str, lifetime: float,
+                   rng: random.Random, resume: Session | None) -> Session:
+    loop = asyncio.get_running_loop()
+    topic = rng.choice(TOPICS)
+    data_url: str | None = url
+    if resume is not None:
+        topic, url, start = resume.topic, resume.url, resume.next_index
+    elif kind == "slow":
+        # Never reads: half heartbeat (holding retention back), half are anonymous readers.
+        data_url = url if rng.random() < 0.5 else None
+        start = (await _bounds(client, topic))[0]
+    else:
+        where = "earliest" if kind == "laggard" else rng.choice(["latest", "random", "random"])
+        start = await _register(client, topic, url, where, rng)
+    session = Session(kind, topic, url, start, resumed=resume is not None)
+    ledger.sessions.append(session)
+    # A laggard heartbeats once, on open: its registration lapses after SUBSCRIBER_TIMEOUT.
+    interval = 1.0 if kind != "laggard" else 10 * SUBSCRIBER_TIMEOUT
+    conn = client.conn(topic, data_url=data_url, heartbeat_interval=interval)
+    session.opened_at = loop.time()
+    await conn.open(start, streaming=True)
+    ledger.open_sessions += 1
+    try:
+        if kind == "slow":
+            await asyncio.sleep(lifetime)
+        else:
+            async with asyncio.timeout(lifetime):
+                async for message in conn:
+                    session.indexes.append(message.index)
+                    session.tags.append(parse_tag(message))
+                    ledger.delivered += 1
+                    if kind == "laggard":
+                        await asyncio.sleep(LAGGARD_PACE)
+    except TimeoutError:
+        pass  # the session's time is up
+    except TopicTruncatedError as err:
+        session.error, session.error_at = "410", loop.time()
+        session.truncated_first = err.first_index
+        (ledger.expected if kind == "laggard" else ledger.errors)[f"{kind} 410"] += 1
+    except MessagingError as err:
+        session.error, session.error_at = f"{err.status} {err}", loop.time()
+        ledger.error(kind, err)
+    finally:
+        ledger.open_sessions -= 1
+        session.reconnects = conn.reconnects
+        try:
+            await asyncio.wait_for(conn.close(), REQUEST_TIMEOUT)
+        except TimeoutError as err:
+            ledger.error(f"{kind}-close", err)
+        session.closed_at = loop.time()
+        session.next_index = conn.index + 1
+    return session
+
+
+async def range_reader(client: Client, ledger: Ledger, deadline: float,
+                       rng: random.Random) -> None:
+    """Non-streaming reads of random ranges below the committed end (10 % below retention)."""
+    loop = asyncio.get_running_loop()
+    for _ in range(100_000):
+        if loop.time() >= deadline:
+            return
+        await asyncio.sleep(rng.uniform(0.2, 1.0))
+        topic = rng.choice(TOPICS)
+        try:
+            first, last = await _bounds(client, topic)
+        except (MessagingError, TimeoutError) as err:
+            ledger.error("topic-info", err)
+            continue
+        if last == 0:
+            continue
+        below = first > 1 and rng.random() < 0.1
+        index = rng.randint(0, first - 1) if below else rng.randint(first, last)
+        end: int | None = min(last + 1, index + rng.randint(1, 3000))
+        limit = rng.randint(1, 1000) if rng.random() < 0.5 else None
+        if limit is not None and rng.random() < 0.5:
+            end = None
+        read = RangeRead(topic, index, end, limit, last)
+        try:
+            messages = await asyncio.wait_for(client.read(topic, index, end, limit),
+                                              REQUEST_TIMEOUT)
+        except TopicTruncatedError as err:
+            read.truncated_first = err.first_index
+            ledger.expected["range-read 410"] += 1
+            ledger.reads.append(read)
+            continue
+        except (MessagingError, TimeoutError) as err:
+            ledger.error("range-read", err)
+            continue
+        read.indexes.extend(m.index for m in messages)
+        read.tags.extend(parse_tag(m) for m in messages)
+        ledger.range_messages += len(messages)
+        ledger.reads.append(read)
+
+
+async def sampler(client: Client, ledger: Ledger, pid: int, started: float,
+                  deadline: float, interval: float, events: ClientEvents,
+                  samples: list[dict[str, Any]]) -> None:
+    """Every ``interval``: the broker's resources and the load's figures over the window."""
+    loop = asyncio.get_running_loop()
+    published = delivered = 0
+    cpu = cpu_seconds(pid)
+    errors: Counter[str] = Counter()
+    for k in range(1, int((deadline - started) / interval) + 1):
+        await asyncio.sleep(max(started + k * interval - loop.time(), 0))
+        single, ledger.window_single = ledger.window_single, []
+        batch, ledger.window_batch = ledger.window_batch, []
+        status = proc_status(pid)
+        sample: dict[str, Any] = {
+            "t": round(loop.time() - started, 1), "rss_mib": round(status["rss_mib"], 1),
+            "fds": status["fds"], "threads": status["threads"],
+            "cpu_pct": round(100 * (status["cpu_s"] - cpu) / interval, 1),
+            "p50_ms": _ms(single, 50), "p99_ms": _ms(single, 99),
+            "batch_p50_ms": _ms(batch, 50), "batch_p99_ms": _ms(batch, 99),
+            "published_per_s": round((ledger.published - published) / interval, 1),
+            "delivered_per_s": round((ledger.delivered - delivered) / interval, 1),
+            "published_total": ledger.published, "delivered_total": ledger.delivered,
+            "range_read_messages_total": ledger.range_messages,
+            "open_subscriptions": ledger.open_sessions,
+            "errors": dict(ledger.errors - errors), "expected_410s": dict(ledger.expected),
+            "client_events": dict(events.counts),
+        }
+        cpu, published, delivered = status["cpu_s"], ledger.published, ledger.delivered
+        errors = Counter(ledger.errors)
+        try:
+            topics = await asyncio.wait_for(client.topics(), REQUEST_TIMEOUT)
+            sample["topic_bytes"] = sum(t["size"] for t in topics)
+            sample["segments"] = sum(t["segments"] for t in topics)
+            sample["registered_subscribers"] = sum(len(t["subscribers"]) for t in topics)
+        except (MessagingError, TimeoutError) as err:
+            ledger.error("topics", err)
+        samples.append(sample)
+        print(f"t={sample['t']:6.1f}s rss={sample['rss_mib']:6.1f} MiB fds={sample['fds']:3d} "
+              f"threads={sample['threads']:2d} cpu={sample['cpu_pct']:5.1f}% "
+              f"p50={sample['p50_ms']:6.2f} p99={sample['p99_ms']:7.2f} ms "
+              f"pub={sample['published_per_s']:7.1f}/s del={sample['delivered_per_s']:7.1f}/s "
+              f"topics={sample.get('topic_bytes', 0) / 2**20:5.1f} MiB "
+              f"subs={sample.get('registered_subscribers', '-')} "
+              f"errors={sum(ledger.errors.values())}", flush=True)
+
+
+def _ms(values: list[float], p: float) -> float:
+    return round(ms(values, p), 3)
+
+
+async def run_load(url: str, pid: int, seconds: float, interval: float,
+                   seed: int) -> tuple[Ledger, list[dict[str, Any]], ClientEvents, int]:
+    """Run the whole load for ``seconds``; the ledger, the samples, client events, hung tasks."""
+    events = ClientEvents()
+    for name in ("messaging.client.client", "messaging.client.conn"):
+        client_log = logging.getLogger(name)
+        client_log.addHandler(events)
+        client_log.setLevel(logging.INFO)
+        client_log.propagate = False
+    ledger = Ledger()
+    samples: list[dict[str, Any]] = []
+    rng = random.Random(seed)
+    loop = asyncio.get_running_loop()
+    async with Client(url, timeout=REQUEST_TIMEOUT) as publishers, \
+            Client(url, timeout=REQUEST_TIMEOUT) as readers, \
+            Client(url, timeout=REQUEST_TIMEOUT) as observer:
+        started = loop.time()
+        deadline = started + seconds
+        tasks = [asyncio.create_task(sampler(observer, ledger, pid, started, deadline,
+                                             interval, events, samples))]
+        tasks += [asyncio.create_task(single_publisher(
+            publishers, ledger, n, deadline, random.Random(rng.random())))
+            for n in range(SINGLE_PUBLISHERS)]
+        tasks += [asyncio.create_task(batch_publisher(
+            publishers, ledger, 100 + n, deadline, random.Random(rng.random())))
+            for n in range(BATCH_PUBLISHERS)]
+        await asyncio.sleep(min(2.0, seconds / 10))  # every topic exists before subscribers
+        for kind, count in (("follower", FOLLOWERS), ("laggard", LAGGARDS),
+                            ("slow", SLOW_SUBSCRIBERS)):
+            tasks += [asyncio.create_task(subscriber(readers, ledger, kind, slot, deadline,
+                                                     random.Random(rng.random())))
+                      for slot in range(count)]
+        tasks += [asyncio.create_task(range_reader(observer, ledger, deadline,
+                                                   random.Random(rng.random())))
+                  for _ in range(RANGE_READERS)]
+        done, pending = await asyncio.wait(tasks, timeout=seconds + 4 * REQUEST_TIMEOUT)
+        for task in pending:
+            task.cancel()
+        for task in done:
+            if task.exception() is not None:
+                ledger.anomalies.append(f"load task {task.get_name()} died: "
+                                        f"{task.exception()!r}")
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*pending, return_exceptions=True)
+    return ledger, samples, events, len(pending)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=300.0,
+                        help="how long the load runs (default 300)")
+    parser.add_argument("--sample-interval", type=float, default=10.0,
+                        help="seconds between samples (default 10)")
+    parser.add_argument("--seed", type=int, default=1, help="random seed of the load")
+    parser.add_argument("--out", type=Path, help="write results/ and RESULTS.md under this "
+                        "directory instead of bench/")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="soak-", dir=os.environ.get("BENCH_DIR")) as tmp:
+        proc, url = start_broker(Path(tmp))
+        print(f"broker pid {proc.pid} at {url}; load for {args.seconds:.0f} s", flush=True)
+        try:
+            with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+                ledger, samples, events, hung = runner.run(
+                    run_load(url, proc.pid, args.seconds, args.sample_interval, args.seed))
+        finally:
+            exit_code = proc.stop(grace=30)
+        log_text = (Path(tmp) / "broker.log").read_text(errors="replace")
+    results_under(args.out)
+    checks, summary = evaluate(ledger, samples, log_text, exit_code, hung,
+                               SUBSCRIBER_TIMEOUT)
+    publish_results(samples, checks, summary, ledger, events.counts, args,
+                    proc.args[3:], BROKER_OPTIONS)
+    return 0 if all(c.passed for c in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

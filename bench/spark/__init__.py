@@ -1,0 +1,1 @@
+"""Spark source benchmark: one micro-batch from the broker beside a synthetic source."""

@@ -1,0 +1,1 @@
+"""Storage engine benchmark: durable appends, decoding, seeking, recovery and start-up."""

@@ -1,0 +1,1 @@
+"""Many open streams: what streaming subscribers cost the broker."""
