@@ -1,7 +1,8 @@
 """Subscriber positions (what each subscriber heartbeated it has processed, per topic) and the
 retention floors they set.
 
-A subscriber is also called a consumer: its heartbeated index is its committed position. A
+A subscriber is what the API calls a consumer: a name (the heartbeat's ``url`` parameter,
+``subscriber_id`` here) whose heartbeated index is its committed position per topic. A
 position only moves forward; a heartbeat with a lower index just says the subscriber is
 alive. Only an explicit reset (:data:`RESET`) moves it anywhere, and a delete
 (:data:`DELETE`) forgets it. A subscriber silent for longer than the timeout stops holding

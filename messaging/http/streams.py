@@ -502,13 +502,13 @@ class StreamHandlers:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return [], stream
-            await self._changed(stream, after, remaining)
+            await self.wait_for_change(stream, after, remaining)
 
     async def _read_after(self, stream: Stream, position: Position,
                           ) -> tuple[list[stream_reads.Item], int]:
         """The stream's items after ``position`` (none when it has nothing more), and the
         index to wait past next: the last item's, or when there are none see
-        :func:`_wait_after`."""
+        :func:`wait_after`."""
         if stream.tail <= position:
             return [], position[0]
         topic = self.broker.topic(stream.topic)
@@ -516,13 +516,13 @@ class StreamHandlers:
         items = await self._read_items(stream, position)
         if items:
             return items, items[-1].position[0]
-        return items, _wait_after(position, committed)
+        return items, wait_after(position, committed)
 
-    async def _changed(self, stream: Stream, after: int, timeout: float) -> None:
+    async def wait_for_change(self, stream: Stream, after: int, timeout: float) -> None:
         """Return when the stream's own topic has frames after index ``after``, its metadata
         changes, or at timeout.
 
-        ``after`` is the reader's own position (see :func:`_wait_after`), not whatever the
+        ``after`` is the reader's own position (see :func:`wait_after`), not whatever the
         topic holds now, so a commit that landed while the reader was busy is not missed:
         indexes are broker-wide, so the stream's next frame has an index above any position
         it has.
@@ -580,14 +580,14 @@ class StreamHandlers:
             if remaining <= 0:
                 break
             if up_to_date or not items:
-                await self._changed(stream, after, min(remaining, self.long_poll_timeout))
+                await self.wait_for_change(stream, after, min(remaining, self.long_poll_timeout))
                 self._touch(name)
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
         return response
 
 
-def _wait_after(position: Position, committed_before_read: int) -> int:
+def wait_after(position: Position, committed_before_read: int) -> int:
     """The index to wait past after a read from ``position`` found nothing.
 
     Frames the topic had committed before the read, past the position, were not there to

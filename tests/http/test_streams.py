@@ -635,16 +635,16 @@ async def test_a_reader_behind_a_commit_returns_at_once(server: BrokerServer,
     handlers = streams.StreamHandlers(server.broker, server.log, Executors(), 1 << 20)
     stream = server.broker.catalog.streams["behind"]
     # Bounded well below the wait's own timeout: waiting it out is the bug.
-    await asyncio.wait_for(handlers._changed(stream, position[0], timeout=60), 10)
+    await asyncio.wait_for(handlers.wait_for_change(stream, position[0], timeout=60), 10)
 
 
 def test_an_empty_read_waits_for_a_newer_commit_not_for_frames_already_there() -> None:
     """After a read from a position found nothing: frames committed before the read (a gap,
     a retention cut) are not waited for again (that would return at once and spin); frames
     not committed yet are."""
-    assert streams._wait_after((10, 0), committed_before_read=12) == 12
-    assert streams._wait_after((10, 0), committed_before_read=10) == 10
-    assert streams._wait_after((10, 3), committed_before_read=7) == 10
+    assert streams.wait_after((10, 0), committed_before_read=12) == 12
+    assert streams.wait_after((10, 0), committed_before_read=10) == 10
+    assert streams.wait_after((10, 3), committed_before_read=7) == 10
 
 
 async def test_sse_sends_one_control_event_per_catch_up(start_server: StartServer,
