@@ -158,4 +158,4 @@ class StampingModel(RuleBasedStateMachine):
 
 
 TestStamping = StampingModel.TestCase
-TestStamping.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestStamping.settings = settings(max_examples=30, stateful_step_count=25, deadline=None)
