@@ -388,9 +388,12 @@ class Broker:
             entry["changes"] = self.catalog.changes()
         if self._heartbeats:
             entry["positions"] = [[c.topic, c.index, c.name, c.kind] for c in self._heartbeats]
-        if touched:
+        # A topic the group also frees (a stream written and deleted in one group) is gone
+        # after it commits: its frames prove nothing, and a restart must not miss them.
+        covered = touched.difference(self.catalog.removed)
+        if covered:
             entry["group"] = {"first": first,
-                              "last": {str(t): self.store[t].last_index for t in touched}}
+                              "last": {str(t): self.store[t].last_index for t in covered}}
         self._catalog_log.append(entry, durable=durable)
         return True
 

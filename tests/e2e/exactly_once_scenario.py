@@ -3,7 +3,8 @@ kill-at-every-boundary test (tests/e2e/test_exactly_once.py).
 
 Every group is one a client retries after a lost answer: idempotent producers (native and
 stream appends, a close), stream create, fork create, TTL, delete, heartbeats, consumer
-resets and deletes, a group of several commands over two topics, and a segment roll. Run as
+resets and deletes, a group of several commands over two topics, a segment roll, and a
+stream written and deleted in one group. Run as
 a script it opens a broker on ``argv[1]``, applies the groups from ``argv[2]`` on (arming
 the fault points after the first) and exits without closing, as a crash would.
 """
@@ -68,6 +69,11 @@ GROUPS: list[tuple[str, list[bytes]]] = [
                                                  _produce(2, "q", 1, b"b1"),
                                                  heartbeat_command(2, 1, "r2")]),
     ("segment roll", [_produce(1, "p", 3, b"x" * 3000, b"y" * 3000)]),
+    ("stream create (written and deleted in the next group)", [
+        _stream({"op": "create", "name": "u", "content_type": "application/octet-stream"})]),
+    ("a stream written and deleted in one group, beside a producer", [
+        _append("u", 0, b"u0"), _produce(2, "q", 2, b"b2"),
+        _stream({"op": "delete", "name": "u"})]),
 ]
 
 
