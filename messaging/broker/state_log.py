@@ -63,10 +63,13 @@ class CatalogLog:
         entries = []
         good = 0
         self.seq = after
-        for line in data.split(b"\n"):
+        lines = data.split(b"\n")
+        for number, line in enumerate(lines):
             if not line:
                 continue
             try:
+                if number == len(lines) - 1:  # no newline: its write never finished
+                    raise ValueError("unterminated line")
                 entry = json.loads(line)
                 seq = int(entry["seq"])
             except (ValueError, KeyError, TypeError):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import errno
 import io
+import json
 import shutil
 import subprocess
 import sys
@@ -989,5 +990,24 @@ def test_journal_folds_when_large(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     try:
         assert content(reopened, "s") == [b"%d" % i for i in range(40)]
         assert ok(append(reopened, "s", b"39", producer=("p", 0, 39))).duplicate
+    finally:
+        reopened.close()
+
+
+def test_journal_line_without_its_newline_is_torn(tmp_path: Path) -> None:
+    """A line whose write stopped just before its newline was never acknowledged: it goes,
+    and the next line does not run into it."""
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, "-c", _CHILD, str(data)], check=True, timeout=60)
+    journal = data / "catalog.log"
+    intact = journal.read_bytes()
+    journal.write_bytes(intact + b'{"seq":99,"changes":{}}')  # whole JSON, no newline
+    reopened = Broker.open(data)
+    try:
+        assert journal.read_bytes() == intact
+        ok(append(reopened, "s", b"m5", producer=("p", 0, 5)))
+        lines = journal.read_bytes().split(b"\n")
+        assert lines[-1] == b"" and [json.loads(line)["seq"] for line in lines[:-1]] == [
+            1, 2, 3, 4, 5, 6, 7]
     finally:
         reopened.close()
