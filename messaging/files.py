@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import tempfile
@@ -21,6 +22,19 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def lock_exclusive(path: Path) -> int | None:
+    """Open ``path`` (created if missing) and take an exclusive ``flock`` on it without
+    waiting; returns the descriptor that holds the lock (close it to let go), or None when
+    another process holds it. Errors opening the file are raised."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def write_json_atomic(path: Path, value: Any, *, durable: bool = True) -> None:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import fcntl
 import json
 import logging
 import os
@@ -50,7 +49,7 @@ from messaging.aio import wait_finished
 from messaging.client.client import Client
 from messaging.client.conn import Conn
 from messaging.errors import ConsumerError, MessagingError
-from messaging.files import read_json, write_json_atomic
+from messaging.files import lock_exclusive, read_json, write_json_atomic
 from messaging.frames import HEADER_SIZE, Message
 
 log = logging.getLogger(__name__)
@@ -166,13 +165,9 @@ class _StoreFiles:
 
     def _lock(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            os.close(fd)
-            raise ConsumerError(f"consumer store {self.path} is in use by another "
-                                "consumer") from err
+        fd = lock_exclusive(self._lock_path)
+        if fd is None:
+            raise ConsumerError(f"consumer store {self.path} is in use by another consumer")
         self._lock_fd = fd
 
     def _unlock(self) -> None:

@@ -13,7 +13,6 @@ Threads: one writer thread changes the store; any thread may look topics up.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import resource
@@ -25,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 from messaging.errors import DataDirectoryError
-from messaging.files import fsync_dir, storage_error
+from messaging.files import fsync_dir, lock_exclusive, storage_error
 from messaging.topic.topic import Topic
 
 log = logging.getLogger(__name__)
@@ -72,16 +71,13 @@ class TopicStore:
         """Lock the data directory and recover every topic; returns them."""
         try:
             self.topics_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+            fd = lock_exclusive(self.path / ".lock")
         except OSError as err:
             raise DataDirectoryError(f"cannot use data directory {self.path}: "
                                      f"{err.strerror}") from err
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            os.close(fd)
+        if fd is None:
             raise DataDirectoryError(f"data directory {self.path} is in use by another "
-                                     "broker") from err
+                                     "broker")
         self._lock_fd = fd
         self.closed = False
         for entry in sorted(self.topics_dir.iterdir()):
