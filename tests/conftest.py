@@ -175,8 +175,9 @@ def _readline(proc: subprocess.Popen[str], timeout: float) -> str:
 
 
 @pytest.fixture
-def broker_process(tmp_path: Path):
-    """A factory of subprocess brokers; every one still running is killed at the end."""
+def broker_process(tmp_path: Path, request: pytest.FixtureRequest):
+    """A factory of subprocess brokers; every one still running is killed at the end. When
+    the test failed, the end of each broker's log is printed (pytest shows it)."""
     started: list[BrokerProcess] = []
 
     def make(data: Path | None = None, *args: str, port: int = 0,
@@ -190,6 +191,24 @@ def broker_process(tmp_path: Path):
     yield make
     for process in started:
         process.kill()
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        for path in dict.fromkeys(p.log for p in started):
+            if path.exists():
+                lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+                print(f"--- last {len(lines)} lines of {path} ---", *lines, sep="\n")
+
+
+#: How much of each broker's log a failed test prints.
+LOG_TAIL_LINES = 60
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Keep the call phase's report on the test item, for fixtures that act on failure."""
+    outcome = yield
+    if call.when == "call":
+        item.report_call = outcome.get_result()  # type: ignore[attr-defined]
 
 
 def free_port() -> int:

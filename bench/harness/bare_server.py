@@ -10,7 +10,7 @@ import sys
 
 from aiohttp import web
 
-CHUNK = 1 << 20  # the broker's STREAM_CHUNK
+CHUNK = 1 << 20  # the broker's STREAM_CHUNK (messaging.http.follow)
 BLOCK = bytes(CHUNK)
 
 

@@ -11,7 +11,6 @@ validation pool.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from array import array
@@ -23,7 +22,6 @@ from aiohttp import HttpVersion11, web
 from messaging import __version__ as VERSION
 from messaging.broker.catalog import stream_command
 from messaging.broker.commands import Command, heartbeat_command, validate_publish
-from messaging.broker.metrics import BrokerMetrics
 from messaging.broker.view import BrokerView
 from messaging.config import DEFAULT_MAX_REQUEST_SIZE
 from messaging.errors import (
@@ -43,11 +41,10 @@ from messaging.headers import (
 from messaging.http.auth import Principal, principal_of, requires
 from messaging.http.consumers import check_name, start_index
 from messaging.http.executors import Executors
-from messaging.http.fanout import FanOuts
+from messaging.http.follow import TopicStreamer
 from messaging.http.limits import Limits
 from messaging.http.producer_headers import parse_producer
 from messaging.log.base import Log
-from messaging.topic.view import ReaderView
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +52,6 @@ _FIRST_FRAME = array("q", [0])  # the offsets of a single-frame command
 #: Publish bodies up to this size are validated on the event loop (about 0.4 ms for 256 KiB of
 #: 100 B frames); bigger ones on a validation thread.
 VALIDATE_ON_LOOP = 256 << 10
-#: Bytes a stream reads from disk per write: it starts at the minimum and doubles up to the
-#: maximum while the socket keeps up (see MessageHandlers._send).
-STREAM_CHUNK_MIN = 16 << 10
-STREAM_CHUNK = 64 << 10
 _MAX_U64_DIGITS = len(str(2**64 - 1))
 
 
@@ -74,7 +67,7 @@ class MessageHandlers:
         self.max_message_size = max_message_size
         self.max_request_size = max_request_size
         self.limits = limits or Limits()
-        self.fanouts = FanOuts(broker.metrics)
+        self.streamer = TopicStreamer(executors, broker.metrics)
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -195,9 +188,9 @@ class MessageHandlers:
         reader = topic.reader(index, end, limit) if topic is not None else None
         # Read the first chunk before answering, so an error (410, damage on disk) is a
         # proper status rather than a broken 200.
-        first: list[bytes] = []  # handed over to _send, which alone then holds the chunk
+        first: list[bytes] = []  # handed over to the streamer, which alone then holds it
         if reader is not None and request.method != "HEAD":
-            first.append(await self.executors.read(reader.read, STREAM_CHUNK_MIN))
+            first.append(await self.streamer.first_chunk(reader))
         response = web.StreamResponse(headers={
             "Content-Type": FRAMES_CONTENT_TYPE,
             INDEX_HEADER: str(topic.committed_index if topic is not None else 0), **extra,
@@ -217,9 +210,8 @@ class MessageHandlers:
                 topic = await self.broker.wait_for_topic(topic_id)
                 reader = topic.reader(index, end, limit) if topic is not None else None
             if reader is not None:
-                await self._send(response, reader, first.pop() if first else b"", streaming,
-                                 metrics,
-                                 request.transport)
+                await self.streamer.send(response, reader, first.pop() if first else b"",
+                                         streaming, request.transport)
         except MessagingError as err:
             # The 200 and its headers are gone: end the stream abruptly, so the reader sees a
             # broken response, reconnects from where it got to, and is told the error then.
@@ -232,67 +224,6 @@ class MessageHandlers:
                 streams.dec()
         await response.write_eof()
         return response
-
-    async def _send(self, response: web.StreamResponse, reader: ReaderView,
-                    chunk: bytes | memoryview, streaming: bool, metrics: BrokerMetrics,
-                    transport: asyncio.Transport | None) -> None:
-        """Write chunks, reading the next one on a thread while the socket keeps up.
-
-        Chunks grow from STREAM_CHUNK_MIN to STREAM_CHUNK while each write leaves the socket
-        drained, and drop back (with no read-ahead) when it does not: a subscriber that stops
-        reading pins at most about one STREAM_CHUNK. Reads run on the room's read threads
-        (:mod:`messaging.http.executors`). A follower that has caught up parks in
-        the topic's fan-out (:mod:`messaging.http.fanout`), which writes each new commit from the
-        in-memory tail to its socket; one a little behind reads that tail on the loop. A read
-        in flight is always awaited, whatever happens to the response.
-        """
-        topic = reader.topic
-        sent = 0
-        size = STREAM_CHUNK_MIN
-        while True:
-            if chunk:
-                caught_up = reader.last_index >= topic.committed_index
-                # Behind, but the topic's in-memory tail still holds what comes next: take it
-                # from there, with no read and no thread (a follower that fell a little behind
-                # stays cheap, and does not take a thread from every other one).
-                following = None if caught_up else reader.read_tail()
-                ahead = (self.executors.read(reader.read, size)
-                         if not caught_up and following is None and _drained(transport)
-                         else None)
-                try:
-                    await response.write(chunk)
-                except BaseException:
-                    if ahead is not None:
-                        await asyncio.wait([ahead])  # never leave a read running behind us
-                        if not ahead.cancelled():
-                            ahead.exception()  # retrieved: its error does not matter now
-                    raise
-                metrics.bytes_streamed.inc(len(chunk))
-                metrics.messages_streamed.inc(reader.delivered - sent)
-                sent = reader.delivered
-                if following is not None:
-                    chunk = following
-                elif ahead is not None:
-                    chunk = await ahead
-                elif caught_up:
-                    chunk = b""
-                    continue
-                else:
-                    chunk = await self.executors.read(reader.read, size)
-                size = min(size * 2, STREAM_CHUNK) if _drained(transport) else STREAM_CHUNK_MIN
-                continue
-            if reader.done or topic.closed or not streaming:
-                return
-            if (transport is not None and reader.end is None and reader.remaining is None
-                    and reader.last_index >= topic.committed_index and _drained(transport)):
-                # Caught up, socket drained: park in the fan-out, which writes every new
-                # commit to this socket without waking this task, until it needs the files.
-                sent += await self.fanouts.follow(reader, transport, response.chunked)
-                continue
-            await topic.wait_for(reader.last_index)
-            tail = reader.read_tail()
-            chunk = tail if tail is not None else await self.executors.read(
-                reader.read, size)
 
     def _readable(self, principal: Principal, topic_id: int) -> bool:
         """Whether the principal may read a topic (by id, or by its stream's name)."""
@@ -359,11 +290,6 @@ def _without_paths(value: Any) -> Any:
     if isinstance(value, list):
         return [_without_paths(v) for v in value]
     return value
-
-
-def _drained(transport: asyncio.Transport | None) -> bool:
-    """Whether everything written to the socket so far has been handed to the kernel."""
-    return transport is None or transport.get_write_buffer_size() == 0
 
 
 def _int(value: str, name: str) -> int:

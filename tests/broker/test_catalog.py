@@ -37,6 +37,7 @@ from messaging.broker.catalog import (
     APPEND_END,
     CONTINUED,
     NAMED_TOPIC_BASE,
+    Catalog,
     StreamOutcome,
     stream_command,
     token,
@@ -1011,3 +1012,97 @@ def test_journal_line_without_its_newline_is_torn(tmp_path: Path) -> None:
             1, 2, 3, 4, 5, 6, 7]
     finally:
         reopened.close()
+
+
+# -- the catalog alone, in memory ------------------------------------------------------------------
+
+NATIVE_TOPIC = 5
+
+
+class CatalogMachine(RuleBasedStateMachine):
+    """The catalog with no broker and no files: native producer publishes applied in groups
+    that commit (writing the journal line :meth:`Catalog.changes` gives, as the broker does)
+    or fail (rolled back); a restart rebuilds the catalog from the last folded state plus the
+    journal lines since, and must decide every later request exactly as before."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.catalog = Catalog()
+        self.folded = json.loads(json.dumps(self.catalog.saved()))
+        self.journal: list[dict[str, Any]] = []
+        self.state: dict[str, tuple[int, int]] = {}
+        self.ranges: dict[str, tuple[int, int]] = {}
+        self.index = 0
+
+    def group(self, requests: list[tuple[str, int, int]], fails: bool) -> None:
+        """One group of publishes; ``fails``: the disk refused it and it is rolled back."""
+        model = dict(self.state)
+        ranges = dict(self.ranges)
+        index = self.index
+        for pid, epoch, seq in requests:
+            mark = self.catalog.mark()
+            op = {"op": "produce", "topic": NATIVE_TOPIC, "producer": [pid, epoch, seq],
+                  "now": NOW}
+            kind, a, b = expected_outcome(model.get(pid), epoch, seq)
+            try:
+                decision = self.catalog.apply(json.dumps(op).encode())
+            except MessagingError as err:
+                self.catalog.rollback(mark)
+                assert kind in ("fenced", "bad", "gap"), (kind, err)
+                continue
+            if kind == "duplicate":
+                assert decision.topic is None
+                outcome = self.catalog.appended(decision, 0, 0)
+                assert outcome.duplicate and outcome.producer == (a, b)
+                assert (outcome.first, outcome.last) == ranges[pid]
+                continue
+            assert kind == "accept" and decision.topic == NATIVE_TOPIC, kind
+            outcome = self.catalog.appended(decision, index + 1, index + 1)
+            assert not outcome.duplicate and outcome.producer == (a, b)
+            index += 1
+            model[pid] = (a, b)
+            ranges[pid] = (index, index)
+        if fails:
+            self.catalog.rollback()
+            return
+        if self.catalog.pending:
+            self.journal.append(json.loads(json.dumps(self.catalog.changes())))
+        self.catalog.commit()
+        self.state, self.ranges, self.index = model, ranges, index
+
+    @rule(requests=st.lists(st.tuples(st.sampled_from(PRODUCERS), st.integers(0, 2),
+                                      st.integers(0, 3)), min_size=1, max_size=4),
+          fails=st.booleans())
+    def publish(self, requests: list[tuple[str, int, int]], fails: bool) -> None:
+        self.group(requests, fails)
+
+    @rule(pid=st.sampled_from(PRODUCERS), fails=st.booleans())
+    def next_seq(self, pid: str, fails: bool) -> None:
+        """Mostly the request a well-behaved producer sends next."""
+        epoch, seq = self.state.get(pid, (0, -1))
+        self.group([(pid, epoch, seq + 1)], fails)
+
+    @rule()
+    def fold(self) -> None:
+        """broker.json rewritten with the committed catalog; the journal starts afresh."""
+        self.folded = json.loads(json.dumps(self.catalog.saved()))
+        self.journal = []
+
+    @rule()
+    def restart(self) -> None:
+        """A new process: the folded catalog, then every journal line since."""
+        self.catalog = Catalog()
+        self.catalog.restore(copy.deepcopy(self.folded))
+        for line in self.journal:
+            self.catalog.replay(copy.deepcopy(line))
+
+    @invariant()
+    def producers_match_the_model(self) -> None:
+        producers = self.catalog.native.get(NATIVE_TOPIC, {})
+        assert {pid: (p.epoch, p.seq) for pid, p in producers.items()} == self.state
+        assert {pid: (p.first, p.last) for pid, p in producers.items()} == self.ranges
+
+
+CatalogMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30,
+                                            deadline=None)
+test_the_catalog_alone_follows_the_model = CatalogMachine.TestCase

@@ -75,7 +75,9 @@ MONITOR_INTERVAL = 0.5
 MEMBERSHIP_INTERVAL = 1.0
 #: A checkpoint that only records log-free revisions (nothing applied) waits this long.
 IDLE_CHECKPOINT_INTERVAL = 10.0
-#: The log moved on but the watch brought nothing for this long: restart the watch.
+#: The log moved on but the watch brought nothing for this long: restart the watch. The
+#: time counts from the latest of the watch's last event, the start of its current attempt
+#: and the moment this node first saw the log ahead of it (an idle watch is not a stuck one).
 WATCH_STUCK = 3.0
 CLOSE_GRACE = 5.0
 _EVENT_PUT = 0
@@ -100,6 +102,15 @@ class _Applied:
     spans: list[tuple[int, bytes, int, int, int]]  # revision, node, seq, first command, count
     results: list[ApplyResult | MessagingError]
     touched: set[int]
+
+
+def watch_stuck(now: float, behind_since: float, last_event: float,
+                attempt_started: float) -> bool:
+    """Whether a watch attempt is stuck: the log has been ahead of it, with no event and no new
+    attempt, for more than WATCH_STUCK seconds. A watch idle for long is judged from when the
+    log moved on, and each attempt from its own start, so a fresh attempt gets a fair deadline.
+    """
+    return now - max(behind_since, last_event, attempt_started) > WATCH_STUCK
 
 
 class EtcdLog:
@@ -146,6 +157,8 @@ class EtcdLog:
         self._watch_attempt: asyncio.Task[None] | None = None
         self._watch_live = False
         self._watch_event_at = 0.0
+        self._watch_attempt_at = 0.0
+        self._behind_since: float | None = None
         self._watch_restarts = 0
         self._watch_error: str | None = None
         self._watch_from = 0
@@ -467,6 +480,7 @@ class EtcdLog:
         while True:
             attempt = asyncio.create_task(self._watch_once(), name="messaging-etcd-watch-once")
             self._watch_attempt = attempt
+            self._watch_attempt_at = time.monotonic()
             try:
                 await asyncio.wait([attempt])
             except asyncio.CancelledError:
@@ -488,10 +502,11 @@ class EtcdLog:
             reason = describe(error) if error is not None else "stream ended"
             self._watch_error = reason
             self._watch_restarts += 1
-            self._quiet.log(f"watch {reason}", logging.WARNING,
-                           "watch of %s on %s failed (%s); restarting from revision %d",
-                           self._log_key.decode(), self.settings.endpoints[self._watch_endpoint],
-                           reason, self._received + 1)
+            # Every restart is logged: a watch that keeps failing over must show in the log.
+            log.warning("watch of %s on %s failed (%s); restarting from revision %d on the "
+                        "next endpoint (restart %d)", self._log_key.decode(),
+                        self.settings.endpoints[self._watch_endpoint], reason,
+                        self._received + 1, self._watch_restarts)
             self._watch_endpoint = (self._watch_endpoint + 1) % len(self.settings.endpoints)
             if self._watch_event_at and time.monotonic() - self._watch_event_at < 1.0:
                 failures = 0
@@ -619,14 +634,23 @@ class EtcdLog:
             except Exception:
                 self._quiet.log(what, logging.ERROR, "%s failed", what, exc_info=True)
 
+    def _watch_stuck(self, now: float) -> bool:
+        """Whether the log has been ahead of what the watch brought for WATCH_STUCK seconds
+        of this attempt, with no event meanwhile (the monitor's judgement, on the loop)."""
+        if self._watch_attempt is None or self._log_revision <= self._received:
+            self._behind_since = None
+            return False
+        if self._behind_since is None:
+            self._behind_since = now
+        return watch_stuck(now, self._behind_since, self._watch_event_at, self._watch_attempt_at)
+
     async def _monitor(self) -> None:
         """Check quorum, restart a stuck watch, checkpoint an idle node."""
         with contextlib.suppress(ClusterUnavailableError):
             await self._writes.check_quorum()
-        attempt = self._watch_attempt
-        if (attempt is not None and self._log_revision > self._received
-                and time.monotonic() - self._watch_event_at > WATCH_STUCK):
-            attempt.cancel()  # the supervisor restarts it on the next endpoint
+        if self._watch_stuck(time.monotonic()):
+            assert self._watch_attempt is not None
+            self._watch_attempt.cancel()  # the supervisor restarts it on the next endpoint
         if self._failure is None:
             await asyncio.get_running_loop().run_in_executor(self._writer,
                                                              self._checkpoint_if_due)
