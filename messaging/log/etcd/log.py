@@ -579,6 +579,7 @@ class EtcdLog:
                     continue
                 self.snapshots_installed += 1
                 self._received = int(header["revision"])
+                self._writes.snapshot_installed(self._received)
                 log.info("installed the snapshot of %s at revision %d (broker index %d)", url,
                          self._received, self.broker.index)
                 return

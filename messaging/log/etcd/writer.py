@@ -107,6 +107,7 @@ class _Batch:
 
     futures: list[asyncio.Future[ApplyResult]]
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    revision: int = 0  # the put's revision, once etcd has answered it
 
 
 class LogWriter:
@@ -130,6 +131,7 @@ class LogWriter:
         self._quorum_failed_at = float("-inf")
         self.quorum_error: str | None = "not checked yet"
         self.alarm: str | None = None
+        self._installed = 0  # revisions through here were applied by a snapshot install
         self._quiet = QuietLog(log, RECURRING_LOG_INTERVAL)
 
     def submit(self, command: bytes) -> asyncio.Future[ApplyResult]:
@@ -154,6 +156,17 @@ class LogWriter:
             return  # its publishers were already told the outcome is unknown
         answer_callers(batch.futures, results)
         batch.done.set()
+
+    def snapshot_installed(self, revision: int) -> None:
+        """A peer's snapshot through ``revision`` replaced this node's data: the puts it covers
+        were applied by the install, not one by one, so their results are not known here.
+        Their publishers are told at once (a 504 that an idempotent client resolves by
+        retrying: the retry is answered as a duplicate with its indexes), and their put slots
+        are freed instead of waiting out APPLY_TIMEOUT."""
+        self._installed = max(self._installed, revision)
+        for batch in list(self._batches.values()):
+            if 0 < batch.revision <= revision:
+                _fail(batch, _installed_over(batch.revision, revision))
 
     @property
     def quorum(self) -> bool:
@@ -243,6 +256,10 @@ class LogWriter:
                 return
             self._quorum_proved()
             self.alarm = None
+            batch.revision = revision
+            if revision <= self._installed:  # the install came before etcd's answer
+                _fail(batch, _installed_over(revision, self._installed))
+                return
             try:
                 await asyncio.wait_for(batch.done.wait(), APPLY_TIMEOUT)
             except TimeoutError:
@@ -303,6 +320,14 @@ class LogWriter:
         else:
             self._quiet.log(type(err).__name__, logging.WARNING, "put failed: %s", err)
 
+
+
+def _installed_over(revision: int, installed: int) -> CommitUnknownError:
+    return CommitUnknownError(
+        f"committed in etcd at revision {revision}, which this node applied by installing a "
+        f"peer's snapshot (through revision {installed}) rather than one by one: its outcome "
+        "is not known here. An idempotent publish retried with the same producer headers is "
+        "answered as a duplicate with its indexes")
 
 
 def _fail(batch: _Batch, error: MessagingError) -> None:
