@@ -35,7 +35,8 @@ run: $(CORE_STAMP)
 test: lint typecheck pytest
 
 ## make test-unit: ruff, mypy and the unit tests only (-m "not e2e": no broker, etcd or CLI
-## processes, no Spark, nothing slow; under 20 s)
+## processes, no Spark, nothing slow), with a quarter of each property test's examples
+## (tests/examples.py); make test runs them all
 test-unit: lint typecheck pytest-unit
 
 lint: $(STAMP)
@@ -49,7 +50,7 @@ pytest: $(STAMP) etcd conformance
 	$(BIN)/python -m pytest -q
 
 pytest-unit: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not e2e"
+	MESSAGING_TEST_EXAMPLES=0.25 $(BIN)/python -m pytest -q -m "not e2e"
 
 ## make etcd: the cluster tests need an etcd server (3.4.22+ or 3.5.6+) on PATH
 etcd:

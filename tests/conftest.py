@@ -18,12 +18,17 @@ from typing import Any
 import aiohttp
 import pytest
 from blockbuster import BlockBuster, blockbuster_ctx
+from hypothesis import settings
 
 from messaging.broker.broker import ApplyResult, Broker
 from messaging.config import BrokerConfig
 from messaging.errors import MessagingError
 from messaging.frames import Message, encode_many
 from messaging.http.server import BrokerServer
+from tests.examples import examples
+
+settings.register_profile("messaging", max_examples=examples(100))
+settings.load_profile("messaging")
 
 
 def apply(broker: Broker, command: bytes) -> ApplyResult:

@@ -27,6 +27,7 @@ from messaging.frames import (
     encode_many,
     scan,
 )
+from tests.examples import examples
 
 messages = st.builds(
     Message,
@@ -56,7 +57,7 @@ def test_round_trip(message: Message) -> None:
     assert decode_one(encode(message.type, message.topic, message.data, message.index)) == message
 
 
-@settings(max_examples=5, deadline=None)
+@settings(max_examples=examples(5), deadline=None)
 @given(st.sampled_from([0, 1, 1000, 1 << 20]))
 def test_round_trip_up_to_one_mebibyte(size: int) -> None:
     data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
@@ -216,7 +217,7 @@ def _outcome(check: Callable[[], Command]) -> tuple[str, object]:
     return "ok", (list(command.offsets), command.topic, bytes(command))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(count=st.integers(1, 60), length=st.integers(0, 40), topic=st.integers(0, 3),
        given_topic=st.sampled_from([None, 0, 1]), damage=st.data())
 def test_uniform_fast_path_agrees_with_the_walk(count: int, length: int, topic: int,
@@ -249,7 +250,7 @@ def test_uniform_internal_type_is_refused() -> None:
         validate_publish(b"".join(frames), topic=5)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(count=st.integers(1, 60), length=st.integers(0, 40), after=st.sampled_from([None, 0, 5]),
        damage=st.data())
 def test_uniform_scan_agrees_with_the_walk(count: int, length: int, after: int | None,
@@ -276,7 +277,7 @@ def test_uniform_scan_agrees_with_the_walk(count: int, length: int, after: int |
     assert decode_verified(bytes(buffer[:fast.end])) == decode(buffer[:fast.end])[0]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(msgs=st.lists(messages, max_size=150), uniform=st.integers(-1, 40),
        size=st.sampled_from([1, 3, 64]))
 def test_decode_slices_agree_with_decode(msgs: list[Message], uniform: int, size: int) -> None:

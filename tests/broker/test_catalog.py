@@ -59,6 +59,7 @@ from messaging.errors import (
 )
 from messaging.frames import encode
 from messaging.topic.topic import Topic
+from tests.examples import examples
 from tests.faults import Faults, inject
 
 #: The clock every command carries (producer state is dropped after 7 days of it).
@@ -886,7 +887,7 @@ class ProducerMachine(RuleBasedStateMachine):
         assert {pid: (p.epoch, p.seq) for pid, p in producers.items()} == self.state
 
 
-ProducerMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=25,
+ProducerMachine.TestCase.settings = settings(max_examples=examples(25), stateful_step_count=25,
                                              deadline=None)
 test_idempotent_producers_follow_the_model = ProducerMachine.TestCase
 
@@ -1103,6 +1104,6 @@ class CatalogMachine(RuleBasedStateMachine):
         assert {pid: (p.first, p.last) for pid, p in producers.items()} == self.ranges
 
 
-CatalogMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30,
+CatalogMachine.TestCase.settings = settings(max_examples=examples(60), stateful_step_count=30,
                                             deadline=None)
 test_the_catalog_alone_follows_the_model = CatalogMachine.TestCase

@@ -20,6 +20,7 @@ from messaging.broker.catalog import Catalog, stream_command
 from messaging.broker.commands import Stamped, heartbeat_command, stamp
 from messaging.errors import MessagingError, ProducerFencedError
 from messaging.frames import decode, encode_batch
+from tests.examples import examples
 
 NOW = 1_790_000_000.0
 datas = st.lists(st.binary(max_size=8), min_size=1, max_size=4)
@@ -158,4 +159,4 @@ class StampingModel(RuleBasedStateMachine):
 
 
 TestStamping = StampingModel.TestCase
-TestStamping.settings = settings(max_examples=30, stateful_step_count=25, deadline=None)
+TestStamping.settings = settings(max_examples=examples(30), stateful_step_count=25, deadline=None)

@@ -25,6 +25,7 @@ from messaging.broker.catalog import APPEND_END, Position, parse_token, token
 from messaging.broker.stream_reads import Item, body, next_append, read, resolve_sub_offset
 from messaging.errors import BadRequestError
 from tests.broker.test_catalog import append, create, delete, fork_op, ok, pieces
+from tests.examples import examples
 
 
 @pytest.fixture
@@ -269,7 +270,7 @@ def lineage_cases(draw: st.DrawFn) -> tuple[int, list[bytes], int, int, list[byt
     return size, appends, anchor, sub, own
 
 
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=examples(40), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(lineage_cases())
 def test_fork_reads_match_the_model(case: tuple[int, list[bytes], int, int, list[bytes]],

@@ -33,6 +33,7 @@ from messaging.topic.reader import READ_CHUNK, TopicReader
 from messaging.topic.segment import segment_name
 from messaging.topic.topic import Topic
 from tests.conftest import frames
+from tests.examples import examples
 from tests.topic.test_topic import make, read
 
 
@@ -177,7 +178,7 @@ async def test_follow_with_end_waits_until_a_frame_reaches_end(tmp_path: Path) -
     await asyncio.to_thread(topic.close)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=st.lists(st.lists(st.integers(0, 3000), min_size=1, max_size=6), min_size=1,
                         max_size=25),
        segment_size=st.sampled_from([300, 5000, 1 << 20]))
@@ -349,7 +350,7 @@ def run_read_case(broker: Broker, model: Model, case: ReadCase) -> None:
 
 
 @pytest.mark.e2e  # over a second: left out of the unit run
-@settings(max_examples=100, deadline=None,
+@settings(max_examples=examples(100), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(workload=workloads(), seed=st.integers(0, 2**32 - 1),
        cold=st.lists(read_cases, min_size=3, max_size=8),
@@ -504,6 +505,6 @@ class RestartMachine(RuleBasedStateMachine):
 
 
 RestartMachine.TestCase.settings = settings(
-    max_examples=50, stateful_step_count=40, deadline=None,
+    max_examples=examples(50), stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 test_restart_state_machine = pytest.mark.e2e(RestartMachine.TestCase)  # over a second

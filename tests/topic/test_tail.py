@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from messaging.topic.segment import Segment
 from messaging.topic.tail import EMPTY_TAIL, Tail, TailBuffer, TailChunk
+from tests.examples import examples
 
 BUDGET = 100
 
@@ -47,7 +48,7 @@ def found(tail: Tail, at: Segment, position: int) -> tuple[bytes, TailChunk] | N
     return b"".join(parts), last
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(commits=COMMITS, probes=st.lists(st.integers(-5, 9000), max_size=30))
 def test_a_follower_finds_what_a_linear_walk_of_the_kept_chunks_finds(
         commits: list[tuple[int, bool, bool]], probes: list[int]) -> None:

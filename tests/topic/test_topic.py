@@ -25,6 +25,7 @@ from messaging.frames import HEADER_SIZE, Message, decode, encode_many
 from messaging.topic.segment import segment_name
 from messaging.topic.topic import Topic
 from tests.conftest import frames
+from tests.examples import examples
 
 
 def read(topic: Topic, index: int, end: int | None = None, limit: int | None = None) -> list[int]:
@@ -82,7 +83,7 @@ def write_segment(path: Path, indexes: list[int]) -> bytes:
     return data
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(1, 6), cut_from_end=st.integers(1, 80))
 def test_recovery_at_every_cut_point(n: int, cut_from_end: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -120,7 +121,7 @@ def test_recovery_byte_by_byte_exhaustive(tmp_path: Path) -> None:
         topic.close()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.data())
 def test_flipped_bit_in_last_frame_truncates_there(data) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -279,12 +280,13 @@ class TopicMachine(RuleBasedStateMachine):
                 assert self.topic.last_index == expected
 
 
-TopicMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
+TopicMachine.TestCase.settings = settings(max_examples=examples(40), stateful_step_count=25,
+                                          deadline=None)
 test_topic_state_machine = TopicMachine.TestCase
 
 
 @pytest.mark.e2e  # over a second: left out of the unit run
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=st.lists(st.lists(st.integers(0, 5000), min_size=1, max_size=40), min_size=1,
                         max_size=8),
        segment_size=st.sampled_from([1, 300, 4096, 20_000, 1 << 20]),
