@@ -12,12 +12,16 @@ side (:meth:`LogWriter.answer`) once this node has applied the put's revision.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import struct
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import zstandard
 
 from messaging.broker.broker import ApplyResult
 from messaging.errors import (
@@ -41,6 +45,17 @@ MAX_COMMAND_BYTES = 1_400_000
 #: Puts may be in flight together: enough that puts stuck at a dead etcd leader do not stop
 #: new ones reaching the next one.
 MAX_PUTS_IN_FLIGHT = 8
+#: Pending commands of at least this many bytes go in a put of their own even while another
+#: put is on its way to etcd.
+COALESCE_BYTES = 256 << 10
+#: A put on its way for longer than this many times the recent round trip is slow: the next
+#: one does not wait for it ...
+PUT_SLOW_FACTOR = 3.0
+#: ... within these bounds (s).
+PUT_SLOW_MIN = 0.005
+PUT_SLOW_MAX = 0.25
+#: Weight of the newest round trip in the moving average.
+PUT_TIME_WEIGHT = 0.2
 #: After its put committed, how long a publisher waits for this node to apply it.
 APPLY_TIMEOUT = 30.0
 #: A quorum proof (a successful read or put) younger than this lets a put go unchecked.
@@ -48,7 +63,9 @@ QUORUM_FRESH = 1.0
 #: After a failed quorum check, puts fail at once with its error for this long.
 QUORUM_FAILED_HOLD = 0.5
 
-# A log entry (the value of one revision): this header, then each command with its length.
+# A log entry (the value of one revision): this header, then each command with its length
+# (the body). Under _MAGIC_ZSTD the body is one zstd frame; decompressed, it is byte for byte
+# the body _MAGIC would carry, so the frames and their CRCs are untouched.
 _ENTRY = struct.Struct(
     ">4s"  # magic
     "8s"   # node id of the writer (random per process), to find its waiters
@@ -56,7 +73,35 @@ _ENTRY = struct.Struct(
     "I"    # number of commands
 )
 _MAGIC = b"MSG1"
+_MAGIC_ZSTD = b"MSZ1"
 _LENGTH = struct.Struct(">I")
+#: Bodies shorter than this go uncompressed (a frame's header costs more than it saves).
+COMPRESS_FROM = 512
+#: A compressed body is used only when at most this share of the plain one (etcd's bandwidth
+#: is the cluster's ceiling: save bytes, but random data is not worth a decompression).
+COMPRESS_KEEP = 0.9
+#: zstd level: level 1 compresses a 1 MiB entry in about a millisecond (bench/cluster/
+#: compression.py measures every level's ratio and cost on realistic payloads).
+COMPRESS_LEVEL = 1
+#: Entries up to this many bytes of commands are encoded (and compressed) on the event loop.
+ENCODE_ON_LOOP = 128 << 10
+#: Decompressed bodies are refused above this (an entry never holds more than one put).
+MAX_BODY_BYTES = 4 * MAX_PUT_BYTES
+_codecs = threading.local()
+
+
+def _compressor() -> zstandard.ZstdCompressor:
+    compressor: zstandard.ZstdCompressor | None = getattr(_codecs, "compressor", None)
+    if compressor is None:
+        compressor = _codecs.compressor = zstandard.ZstdCompressor(level=COMPRESS_LEVEL)
+    return compressor
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    decompressor: zstandard.ZstdDecompressor | None = getattr(_codecs, "decompressor", None)
+    if decompressor is None:
+        decompressor = _codecs.decompressor = zstandard.ZstdDecompressor()
+    return decompressor
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,25 +113,46 @@ class LogEntry:
     commands: list[bytes]
 
 
-def encode_entry(node: bytes, seq: int, commands: Sequence[bytes]) -> bytes:
-    """One log value holding ``commands`` (each a buffer of frames)."""
-    parts = [_ENTRY.pack(_MAGIC, node, seq, len(commands))]
+def encode_entry(node: bytes, seq: int, commands: Sequence[bytes], *,
+                 compress: bool = True) -> bytes:
+    """One log value holding ``commands`` (each a buffer of frames), its body compressed
+    when ``compress`` and it pays (see COMPRESS_FROM and COMPRESS_KEEP)."""
+    parts = []
     for command in commands:
         parts.append(_LENGTH.pack(len(command)))
         parts.append(command)
-    return b"".join(parts)
+    body = b"".join(parts)
+    if compress and len(body) >= COMPRESS_FROM:
+        packed = _compressor().compress(body)
+        if len(packed) <= len(body) * COMPRESS_KEEP:
+            return _ENTRY.pack(_MAGIC_ZSTD, node, seq, len(commands)) + packed
+    return _ENTRY.pack(_MAGIC, node, seq, len(commands)) + body
 
 
 def decode_entry(value: bytes) -> LogEntry:
-    """The commands of a log value; ValueError if it is not one."""
+    """The commands of a log value (compressed or not); ValueError if it is not one."""
     if len(value) < _ENTRY.size:
         raise ValueError(f"{len(value)} bytes is too short for a log entry")
     magic, node, seq, count = _ENTRY.unpack_from(value)
-    if magic != _MAGIC:
+    offset = _ENTRY.size
+    if magic == _MAGIC_ZSTD:
+        try:
+            size = zstandard.frame_content_size(memoryview(value)[offset:])
+        except zstandard.ZstdError as err:
+            raise ValueError(f"compressed log entry has no valid frame: {err}") from err
+        if not 0 <= size <= MAX_BODY_BYTES:
+            raise ValueError(f"compressed log entry claims {size} bytes (at most "
+                             f"{MAX_BODY_BYTES})")
+        try:
+            value = _decompressor().decompress(memoryview(value)[offset:],
+                                               max_output_size=MAX_BODY_BYTES)
+        except zstandard.ZstdError as err:
+            raise ValueError(f"compressed log entry does not decompress: {err}") from err
+        offset = 0
+    elif magic != _MAGIC:
         raise ValueError(f"unknown magic {magic!r}")
     view = memoryview(value)
     commands = []
-    offset = _ENTRY.size
     for _ in range(count):
         if offset + _LENGTH.size > len(value):
             raise ValueError("truncated log entry")
@@ -132,6 +198,10 @@ class LogWriter:
         self.quorum_error: str | None = "not checked yet"
         self.alarm: str | None = None
         self._installed = 0  # revisions through here were applied by a snapshot install
+        # Puts on their way to etcd (sent, not answered yet): batch seq -> when sent; and a
+        # moving average of how long etcd takes to answer one.
+        self._sending: dict[int, float] = {}
+        self._put_time = PUT_SLOW_MIN / PUT_SLOW_FACTOR
         self._quiet = QuietLog(log, RECURRING_LOG_INTERVAL)
 
     def submit(self, command: bytes) -> asyncio.Future[ApplyResult]:
@@ -182,12 +252,27 @@ class LogWriter:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Group pending commands into puts until cancelled; while every slot is busy, groups
-        grow."""
+        """Group pending commands into puts until cancelled.
+
+        Puts coalesce by themselves: a put goes out when no put is on its way to etcd, when
+        what is pending is worth a put of its own (COALESCE_BYTES), or when the puts on their
+        way have been out longer than puts take (:meth:`_put_slow`: a put stuck at a dead
+        etcd leader never holds back the next). Otherwise commands wait for the put on its
+        way and go in one put after it, so a node answering a thousand single publishes a
+        second makes a few hundred puts, not a thousand.
+        """
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
             while self._pending:
+                wait = self._hold_for()
+                if wait is not None:
+                    # A put is on its way: wake when one comes back, when enough piles up,
+                    # or when it turns slow.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wakeup.wait(), wait)
+                    self._wakeup.clear()
+                    continue
                 await self._slots.acquire()
                 group = self._take_group()
                 if not group:
@@ -196,6 +281,22 @@ class LogWriter:
                 task = asyncio.create_task(self._put_group(group), name="messaging-etcd-put")
                 self._puts.add(task)
                 task.add_done_callback(self._put_finished)
+
+    def _hold_for(self) -> float | None:
+        """None to send a put now; else how long pending commands may wait for the puts on
+        their way to etcd before one more goes out."""
+        if not self._sending:
+            return None
+        if sum(len(command) for command, _ in self._pending) >= COALESCE_BYTES:
+            return None
+        newest = max(self._sending.values())
+        left = newest + self._put_slow() - time.monotonic()
+        return left if left > 0 else None
+
+    def _put_slow(self) -> float:
+        """How long a put may be out before it counts as slow: a few times the recent round
+        trip, within PUT_SLOW_MIN..PUT_SLOW_MAX."""
+        return min(max(PUT_SLOW_FACTOR * self._put_time, PUT_SLOW_MIN), PUT_SLOW_MAX)
 
     async def drain(self, timeout: float) -> None:
         """Refuse what was not sent yet; give the puts in flight ``timeout`` s to be applied."""
@@ -239,12 +340,23 @@ class LogWriter:
         seq = self._seq
         batch = _Batch([future for _, future in group])
         self._batches[seq] = batch
-        value = encode_entry(self.node_id, seq, [command for command, _ in group])
+        commands = [command for command, _ in group]
         self.groups += 1
         try:
             try:
+                if sum(map(len, commands)) <= ENCODE_ON_LOOP:
+                    value = encode_entry(self.node_id, seq, commands)
+                else:  # compressing a big entry takes a millisecond or more: not on the loop
+                    value = await asyncio.to_thread(encode_entry, self.node_id, seq, commands)
                 await self.ensure_quorum()
-                revision = await self.client.put(self.log_key, value)
+                sent = self._sending[seq] = time.monotonic()
+                try:
+                    revision = await self.client.put(self.log_key, value)
+                finally:
+                    del self._sending[seq]
+                    self._wakeup.set()  # what waited for this put may go now
+                took = time.monotonic() - sent
+                self._put_time += (took - self._put_time) * PUT_TIME_WEIGHT
             except MessagingError as err:
                 self._put_failed(err)
                 _fail(batch, err)

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from messaging.frames import encode_batch
-from messaging.log.etcd.writer import decode_entry, encode_entry
+from messaging.log.etcd.writer import MAX_BODY_BYTES, decode_entry, encode_entry
+from tests.examples import examples
 
 
 def test_log_entry_round_trip() -> None:
@@ -16,3 +23,42 @@ def test_log_entry_round_trip() -> None:
     for bad in (value[:-1], value + b"x", b"nope" + value[4:], b""):
         with pytest.raises(ValueError):
             decode_entry(bad)
+
+
+def _events(count: int) -> list[bytes]:
+    """JSON events like the Spark example's, one command each."""
+    return [encode_batch(1, [json.dumps({"key": f"sensor-{n % 5}", "value": n * 0.5,
+                                         "ts": f"2026-11-21T08:{n % 60:02d}:00+00:00"}).encode()])
+            for n in range(count)]
+
+
+@given(st.lists(st.binary(max_size=3000), max_size=8), st.booleans())
+@settings(max_examples=examples(200), deadline=None)
+def test_entries_round_trip_compressed_or_not(commands: list[bytes], compress: bool) -> None:
+    value = encode_entry(b"node0001", 3, commands, compress=compress)
+    entry = decode_entry(value)
+    assert (entry.node, entry.seq, entry.commands) == (b"node0001", 3, commands)
+    assert decode_entry(encode_entry(b"node0001", 3, commands, compress=False)) == entry
+
+
+def test_compression_is_used_only_when_it_pays() -> None:
+    json_events = _events(200)
+    plain = encode_entry(b"n" * 8, 1, json_events, compress=False)
+    packed = encode_entry(b"n" * 8, 1, json_events)
+    assert packed[:4] == b"MSZ1" and plain[:4] == b"MSG1"
+    assert len(packed) < len(plain) / 3
+    noise = [encode_batch(1, [os.urandom(4000)]) for _ in range(20)]
+    assert encode_entry(b"n" * 8, 1, noise)[:4] == b"MSG1"  # random bytes: not worth it
+    small = _events(1)
+    assert encode_entry(b"n" * 8, 1, small)[:4] == b"MSG1"  # under COMPRESS_FROM
+    assert decode_entry(packed).commands == decode_entry(plain).commands == json_events
+
+
+def test_damaged_or_oversized_compressed_entries_are_refused() -> None:
+    packed = encode_entry(b"n" * 8, 1, _events(200))
+    for bad in (packed[:-3], packed[:40], packed[:28] + b"\0" * 8 + packed[36:]):
+        with pytest.raises(ValueError):
+            decode_entry(bad)
+    huge = zstandard.ZstdCompressor().compress(b"\0" * (MAX_BODY_BYTES + 1))
+    with pytest.raises(ValueError, match="claims"):
+        decode_entry(packed[:24] + huge)
