@@ -40,7 +40,14 @@ from bench.cluster.load import (
     throughput,
     with_cpu,
 )
-from bench.cluster.report import MiB, Results, plot_rss, rows_and_notes
+from bench.cluster.report import (
+    MiB,
+    Results,
+    budget_table,
+    plot_rss,
+    publish_budget,
+    rows_and_notes,
+)
 from bench.harness.figures import percentile
 from bench.harness.loops import bounded_wait
 from bench.harness.procs import broker
@@ -96,11 +103,15 @@ async def run_cluster(tmp: Path, res: Results, s: Settings) -> None:
             res.cluster_rate = statistics.median(res.cluster_rates)
 
             sampler.phase = "latency"
+            started = time.perf_counter()
             res.cluster_lat, res.cluster_lat_cpu = await with_cpu(
                 groups, latencies(session, urls, 2))
+            window = int(elapsed_since(started)) + 1
             print(f"  cluster latency p50 {percentile(res.cluster_lat, 50) * 1000:.2f} ms "
                   f"p99 {percentile(res.cluster_lat, 99) * 1000:.2f} ms "
                   f"({res.cluster_lat_cpu.text()})", flush=True)
+            res.budgets = [await publish_budget(session, url, window) for url in urls]
+            print(budget_table(res.budgets, res.cluster_lat, res.cluster_lat_cpu), flush=True)
 
             sampler.phase = "sustained"
             first = await sampler.sample()

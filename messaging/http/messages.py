@@ -270,8 +270,11 @@ class MessageHandlers:
 
     @requires("read")
     async def diagnostics(self, request: web.Request) -> web.Response:
-        """GET /messaging/diagnostics (file system paths only for admin tokens)."""
-        report = {"version": VERSION, **self.broker.diagnostics(), **self.log.diagnostics()}
+        """GET /messaging/diagnostics (file system paths only for admin tokens); ``window``:
+        the seconds of recent publishes that the publish budget covers (default 60)."""
+        window = float(_optional_int(request, "window") or 60)
+        report = {"version": VERSION, **self.broker.diagnostics(),
+                  **self.log.diagnostics(window=window)}
         if not principal_of(request).can("admin"):
             report = _without_paths(report)
         return web.json_response(report)

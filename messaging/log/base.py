@@ -34,8 +34,9 @@ class Log(Protocol):
         """Every node's advertised URL."""
         ...
 
-    def diagnostics(self) -> dict[str, Any]:
-        """Role, leader, peers and positions."""
+    def diagnostics(self, window: float = 60.0) -> dict[str, Any]:
+        """Role, leader, peers and positions; figures of recent publishes cover the last
+        ``window`` seconds."""
         ...
 
     def not_ready(self) -> str | None:

@@ -132,8 +132,8 @@ class LocalLog:
         """Why this node cannot take writes (None: it can)."""
         return "shutting down" if self._closing else None
 
-    def diagnostics(self) -> dict[str, Any]:
-        """Role and write-path figures."""
+    def diagnostics(self, window: float = 60.0) -> dict[str, Any]:
+        """Role and write-path figures (``window``: unused, nothing here is windowed)."""
         return {"role": "standalone", "leader": self.url, "peers": [], "fsync": self.fsync,
                 "groups": self.groups, "pending": len(self._pending)}
 

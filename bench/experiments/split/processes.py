@@ -160,7 +160,7 @@ class LogClient(asyncio.Protocol):
         """Why the front cannot take writes (None: it can)."""
         return self._lost
 
-    def diagnostics(self) -> dict[str, Any]:
+    def diagnostics(self, window: float = 60.0) -> dict[str, Any]:
         """Commands waiting for their answers."""
         return {"role": "split-front", "waiting": len(self._waiting)}
 

@@ -51,6 +51,7 @@ from messaging.errors import (
     StorageFailedError,
 )
 from messaging.files import read_json, write_json_atomic
+from messaging.log.etcd.budget import DEFAULT_WINDOW
 from messaging.log.etcd.client import (
     CompactedError,
     EtcdClient,
@@ -59,7 +60,7 @@ from messaging.log.etcd.client import (
 )
 from messaging.log.etcd.membership import Membership
 from messaging.log.etcd.snapshot_fetch import fetch_snapshot
-from messaging.log.etcd.writer import LogWriter, decode_entry
+from messaging.log.etcd.writer import ApplyTiming, LogWriter, decode_entry
 from messaging.log.local import DeferredSync
 from messaging.quiet_log import RECURRING_LOG_INTERVAL, QuietLog
 
@@ -87,6 +88,7 @@ _EVENT_PUT = 0
 class _Revision:
     revision: int
     value: bytes
+    received: float  # when the watch delivered it (time.monotonic)
 
 
 class _GroupFailed(Exception):
@@ -99,9 +101,11 @@ class _Diverged(Exception):
 
 @dataclass(slots=True)
 class _Applied:
-    spans: list[tuple[int, bytes, int, int, int]]  # revision, node, seq, first command, count
+    spans: list[tuple[_Revision, bytes, int, int, int]]  # node, seq, first command, count
     results: list[ApplyResult | MessagingError]
     touched: set[int]
+    started: float  # time.monotonic, on the writer thread
+    finished: float
 
 
 def watch_stuck(now: float, behind_since: float, last_event: float,
@@ -289,8 +293,9 @@ class EtcdLog:
             return f"no etcd quorum: {self._writes.quorum_error or 'not checked yet'}"
         return None
 
-    def diagnostics(self) -> dict[str, Any]:
-        """etcd endpoints, revisions, lag, nodes, watch and quorum state."""
+    def diagnostics(self, window: float = DEFAULT_WINDOW) -> dict[str, Any]:
+        """etcd endpoints, revisions, lag, nodes, watch and quorum state, and where the time
+        of the publishes answered in the last ``window`` seconds went."""
         now = time.monotonic()
         with self._progress_lock:
             applied, checkpointed = self._applied, self._checkpointed
@@ -324,6 +329,7 @@ class EtcdLog:
             **self._writes.diagnostics(),
             "compacted_revision": self._membership.compacted,
             "snapshots_installed": self.snapshots_installed,
+            "publish_budget": self._writes.budget.report(window),
             "apply_error": self._apply_error,
             "failure": None if self._failure is None else str(self._failure),
         }
@@ -387,8 +393,9 @@ class EtcdLog:
 
     def _apply_revisions(self, batch: list[_Revision]) -> _Applied:
         """Apply revisions in order as one group (writer thread)."""
+        started = time.monotonic()
         commands: list[bytes] = []
-        spans: list[tuple[int, bytes, int, int, int]] = []
+        spans: list[tuple[_Revision, bytes, int, int, int]] = []
         for item in batch:
             try:
                 entry = decode_entry(item.value)
@@ -397,8 +404,7 @@ class EtcdLog:
                 log.warning("revision %d of %s is not a log entry (%s); skipped",
                             item.revision, self._log_key.decode(), err)
                 continue
-            spans.append((item.revision, entry.node, entry.seq, len(commands),
-                          len(entry.commands)))
+            spans.append((item, entry.node, entry.seq, len(commands), len(entry.commands)))
             commands.extend(entry.commands)
         durable = self.fsync == "always"
         results = (self.broker.write_group(commands, durable=durable, notify=False)
@@ -416,13 +422,15 @@ class EtcdLog:
             self._applied = batch[-1].revision
         self._since_checkpoint += len(batch)
         self.broker.metrics.group_commits.inc(len(commands))
+        finished = time.monotonic()
         self._checkpoint_if_due()
-        return _Applied(spans, results, touched)
+        return _Applied(spans, results, touched, started, finished)
 
     def _answer(self, applied: _Applied) -> None:
         """Answer this node's publishers, then wake the followers (on the loop)."""
-        for _revision, node, seq, first, count in applied.spans:
-            self._writes.answer(node, seq, applied.results[first:first + count])
+        for item, node, seq, first, count in applied.spans:
+            self._writes.answer(node, seq, applied.results[first:first + count],
+                                ApplyTiming(item.received, applied.started, applied.finished))
         self.broker.notify(applied.touched)
 
     # -- checkpoints ------------------------------------------------------------------------
@@ -533,7 +541,8 @@ class EtcdLog:
                     revision = int(event.kv.mod_revision)
                     if event.type != _EVENT_PUT or revision <= self._received:
                         continue
-                    await self._queue.put(_Revision(revision, bytes(event.kv.value)))
+                    await self._queue.put(_Revision(revision, bytes(event.kv.value),
+                                                    time.monotonic()))
                     self._received = revision
                     self._watch_event_at = time.monotonic()  # a full queue is not a stuck watch
         finally:

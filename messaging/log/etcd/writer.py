@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import zstandard
 
@@ -33,6 +33,7 @@ from messaging.errors import (
     MessagingError,
 )
 from messaging.log.base import answer_callers
+from messaging.log.etcd.budget import Budget
 from messaging.log.etcd.client import EtcdClient, describe
 from messaging.quiet_log import RECURRING_LOG_INTERVAL, QuietLog
 
@@ -167,13 +168,33 @@ def decode_entry(value: bytes) -> LogEntry:
     return LogEntry(node, seq, commands)
 
 
+class ApplyTiming(NamedTuple):
+    """When (time.monotonic) the apply side received a put's revision, and began and finished
+    applying the batch of revisions it went in."""
+
+    received: float
+    started: float
+    finished: float
+
+
 @dataclass(slots=True)
 class _Batch:
     """The waiters of one put, answered when this node applies its revision."""
 
     futures: list[asyncio.Future[ApplyResult]]
+    submitted: list[float]  # when each command reached the writer (time.monotonic)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     revision: int = 0  # the put's revision, once etcd has answered it
+    sent: float = 0.0  # when the put left
+    put_done: float = 0.0  # when etcd answered it
+
+
+class _Pending(NamedTuple):
+    """A command waiting for its put."""
+
+    command: bytes
+    future: asyncio.Future[ApplyResult]
+    submitted: float
 
 
 class LogWriter:
@@ -185,7 +206,7 @@ class LogWriter:
         self.log_key = log_key
         self.node_id = node_id
         self._on_quorum_read = on_quorum_read
-        self._pending: list[tuple[bytes, asyncio.Future[ApplyResult]]] = []
+        self._pending: list[_Pending] = []
         self._wakeup = asyncio.Event()
         self._slots = asyncio.Semaphore(MAX_PUTS_IN_FLIGHT)
         self._batches: dict[int, _Batch] = {}
@@ -203,6 +224,7 @@ class LogWriter:
         self._sending: dict[int, float] = {}
         self._put_time = PUT_SLOW_MIN / PUT_SLOW_FACTOR
         self._quiet = QuietLog(log, RECURRING_LOG_INTERVAL)
+        self.budget = Budget()
 
     def submit(self, command: bytes) -> asyncio.Future[ApplyResult]:
         """Queue ``command``; the future gets this node's result once it is applied."""
@@ -212,13 +234,14 @@ class LogWriter:
                 f"per request (etcd's default request limit is 1.5 MiB); this one has "
                 f"{len(command)}: split it into smaller batches")
         future: asyncio.Future[ApplyResult] = asyncio.get_running_loop().create_future()
-        self._pending.append((command, future))
+        self._pending.append(_Pending(command, future, time.monotonic()))
         self._wakeup.set()
         return future
 
     def answer(self, node: bytes, seq: int, results: Sequence[ApplyResult | MessagingError],
-               ) -> None:
-        """The apply side applied batch ``seq`` of ``node``: answer it if it is one of ours."""
+               timing: ApplyTiming) -> None:
+        """The apply side applied batch ``seq`` of ``node``: answer it if it is one of ours,
+        and record where its publishes' time went (:mod:`messaging.log.etcd.budget`)."""
         if node != self.node_id:
             return
         batch = self._batches.pop(seq, None)
@@ -226,6 +249,16 @@ class LogWriter:
             return  # its publishers were already told the outcome is unknown
         answer_callers(batch.futures, results)
         batch.done.set()
+        if batch.put_done:
+            now = time.monotonic()
+            received = max(timing.received, batch.put_done)
+            for submitted in batch.submitted:
+                self.budget.record(queued=batch.sent - submitted,
+                                   put=batch.put_done - batch.sent,
+                                   watch=received - batch.put_done,
+                                   apply_wait=timing.started - received,
+                                   apply=timing.finished - max(timing.started, received),
+                                   answer=now - timing.finished)
 
     def snapshot_installed(self, revision: int) -> None:
         """A peer's snapshot through ``revision`` replaced this node's data: the puts it covers
@@ -287,7 +320,7 @@ class LogWriter:
         their way to etcd before one more goes out."""
         if not self._sending:
             return None
-        if sum(len(command) for command, _ in self._pending) >= COALESCE_BYTES:
+        if sum(len(item.command) for item in self._pending) >= COALESCE_BYTES:
             return None
         newest = max(self._sending.values())
         left = newest + self._put_slow() - time.monotonic()
@@ -301,9 +334,9 @@ class LogWriter:
     async def drain(self, timeout: float) -> None:
         """Refuse what was not sent yet; give the puts in flight ``timeout`` s to be applied."""
         pending, self._pending = self._pending, []
-        for _command, future in pending:
-            if not future.done():
-                future.set_exception(BrokerClosedError("the broker is shutting down"))
+        for item in pending:
+            if not item.future.done():
+                item.future.set_exception(BrokerClosedError("the broker is shutting down"))
         if self._puts:
             await asyncio.wait(list(self._puts), timeout=timeout)
 
@@ -320,27 +353,27 @@ class LogWriter:
         self._puts.discard(task)
         self._slots.release()
 
-    def _take_group(self) -> list[tuple[bytes, asyncio.Future[ApplyResult]]]:
-        group: list[tuple[bytes, asyncio.Future[ApplyResult]]] = []
+    def _take_group(self) -> list[_Pending]:
+        group: list[_Pending] = []
         size = 0
         taken = 0
-        for command, future in self._pending:
-            if group and size + len(command) > MAX_PUT_BYTES:
+        for item in self._pending:
+            if group and size + len(item.command) > MAX_PUT_BYTES:
                 break
             taken += 1
-            if future.done():  # its publisher went away before it was sent
+            if item.future.done():  # its publisher went away before it was sent
                 continue
-            group.append((command, future))
-            size += len(command)
+            group.append(item)
+            size += len(item.command)
         del self._pending[:taken]
         return group
 
-    async def _put_group(self, group: list[tuple[bytes, asyncio.Future[ApplyResult]]]) -> None:
+    async def _put_group(self, group: list[_Pending]) -> None:
         self._seq += 1
         seq = self._seq
-        batch = _Batch([future for _, future in group])
+        batch = _Batch([item.future for item in group], [item.submitted for item in group])
         self._batches[seq] = batch
-        commands = [command for command, _ in group]
+        commands = [item.command for item in group]
         self.groups += 1
         try:
             try:
@@ -349,13 +382,14 @@ class LogWriter:
                 else:  # compressing a big entry takes a millisecond or more: not on the loop
                     value = await asyncio.to_thread(encode_entry, self.node_id, seq, commands)
                 await self.ensure_quorum()
-                sent = self._sending[seq] = time.monotonic()
+                sent = batch.sent = self._sending[seq] = time.monotonic()
                 try:
                     revision = await self.client.put(self.log_key, value)
                 finally:
                     del self._sending[seq]
                     self._wakeup.set()  # what waited for this put may go now
-                took = time.monotonic() - sent
+                batch.put_done = time.monotonic()
+                took = batch.put_done - sent
                 self._put_time += (took - self._put_time) * PUT_TIME_WEIGHT
             except MessagingError as err:
                 self._put_failed(err)
