@@ -92,6 +92,7 @@ bench-client: $(STAMP)
 	$(BIN)/python bench/python_client/run.py
 
 bench-cluster: $(STAMP)
+	$(BIN)/python bench/cluster/compression.py
 	$(BIN)/python bench/cluster/run.py
 
 bench-spark: $(STAMP)

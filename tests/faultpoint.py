@@ -10,6 +10,9 @@ in a child script. Only calls on paths under ``FAULT_ROOT`` count, and only whil
   ``<n>+`` just after it; ``<n>~`` (a write) after writing half of its bytes: a torn write.
 - ``FAULT_HOLD``: ``<op>:<suffix>``: that call on a path ending with ``suffix`` waits while
   ``FAULT_ARM`` exists (the test kills the process while it waits).
+- ``FAULT_FAIL``: ``<op>:<suffix>``: the first such call on a path ending with ``suffix`` (once
+  ``FAULT_ARM`` exists) fails with EIO instead of running (a disk that refuses a write or
+  an fsync).
 - ``FAULT_SKIP``: comma-separated substrings of paths not counted (work on a timer, such as
   a cluster node's checkpoint, would make the numbering differ from run to run).
 
@@ -19,6 +22,7 @@ The calls are the ones durability rests on: ``write``, ``fsync``, ``fdatasync``,
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -58,6 +62,8 @@ def install(environ: dict[str, str] | None = None) -> None:
     kill_at = int(kill.rstrip("+~")) if kill else 0
     kill_when = kill[-1] if kill and kill[-1] in "+~" else "-"
     hold_op, _, hold_suffix = env.get("FAULT_HOLD", "").partition(":")
+    fail_op, _, fail_suffix = env.get("FAULT_FAIL", "").partition(":")
+    failed: list[str] = []
     skip = [part for part in env.get("FAULT_SKIP", "").split(",") if part]
 
     def die() -> None:
@@ -77,6 +83,12 @@ def install(environ: dict[str, str] | None = None) -> None:
                 if trace:
                     with open(trace, "a") as f:
                         f.write(f"{n} {op} {path}\n")
+            if op == fail_op and path.endswith(fail_suffix):
+                with _lock:
+                    first = not failed
+                    failed.append(path)
+                if first:
+                    raise OSError(errno.EIO, f"injected {op} failure", path)
             if op == hold_op and path.endswith(hold_suffix):
                 deadline = time.monotonic() + 60
                 while os.path.exists(arm) and time.monotonic() < deadline:

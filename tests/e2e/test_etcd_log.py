@@ -31,6 +31,7 @@ from aetcd import rpc
 
 from messaging.client.client import Client
 from messaging.frames import FRAMES_CONTENT_TYPE, decode, encode_batch
+from messaging.log.etcd.writer import encode_entry
 from tests.conftest import BrokerProcess, cli, free_port, wait_until
 from tests.faultpoint import read_trace
 
@@ -413,6 +414,71 @@ async def test_three_nodes_concurrent_publishes(etcd: EtcdCluster, broker_proces
             assert "in cluster mode a publish is limited to" in resp.headers["X-Broker-Error"]
 
 
+async def test_coalesced_puts_keep_each_connections_order(etcd: EtcdCluster, broker_process,
+                                                          tmp_path: Path) -> None:
+    """Many connections publish at once, each one message after the other on its own
+    connection, so that puts coalesce several connections' publishes and several puts are
+    on their way together: every connection's messages are stored in the order it sent
+    them, at the indexes it was told, on every node."""
+    nodes = Nodes(broker_process, tmp_path, etcd)
+    await nodes.start(0, 1, 2)
+    told: dict[bytes, int] = {}
+
+    async def connection(w: int) -> list[int]:
+        indexes = []
+        connector = aiohttp.TCPConnector(limit=1)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            for n in range(40):
+                data = b"c%d m%d" % (w, n)
+                async with session.post(f"{nodes.url(w % 3)}/messaging/messages",
+                                        params={"topicID": str(TOPIC)}, data=data) as resp:
+                    assert resp.status == 200, await resp.text()
+                    indexes.append(int(resp.headers["X-Broker-Index"]))
+                told[data] = indexes[-1]
+        return indexes
+
+    for indexes in await asyncio.gather(*(connection(w) for w in range(12))):
+        assert indexes == sorted(indexes) and len(set(indexes)) == len(indexes)
+    async with aiohttp.ClientSession() as session:
+        stored = await converge(session, nodes.urls, len(told))
+    assert {data: index for index, data in stored} == told
+    for w in range(12):
+        mine = [data for _index, data in stored if data.startswith(b"c%d " % w)]
+        assert mine == [b"c%d m%d" % (w, n) for n in range(40)]
+
+
+async def test_a_publish_is_answered_only_after_its_fsync(etcd: EtcdCluster, broker_process,
+                                                         tmp_path: Path) -> None:
+    """Node 2's fdatasync of its segment is held (at the system call): a publish through it
+    is committed in etcd and applied by the others, but node 2 does not answer it until the
+    fdatasync of the batch holding its revision has returned."""
+    nodes = Nodes(broker_process, tmp_path, etcd)
+    work = tmp_path / "faults"
+    work.mkdir()
+    arm = work / "arm"
+    launcher = [sys.executable, str(Path(__file__).resolve().parents[1] / "faultpoint.py")]
+    await nodes.start(0, 1)
+    await nodes.start(2, launcher=launcher, env={
+        "FAULT_ROOT": str(nodes.data(2)), "FAULT_ARM": str(arm),
+        "FAULT_HOLD": "fdatasync:.seg", "FAULT_SKIP": "cluster.json"})
+    async with aiohttp.ClientSession() as session:
+        async def publish(url: str, data: bytes) -> int:
+            async with session.post(f"{url}/messaging/messages", params={"topicID": str(TOPIC)},
+                                    data=data) as resp:
+                assert resp.status == 200, await resp.text()
+                return int(resp.headers["X-Broker-Index"])
+
+        await publish(nodes.url(2), b"before")
+        arm.touch()
+        held = asyncio.ensure_future(publish(nodes.url(2), b"held"))
+        stored = await converge(session, nodes.urls[:2], 2)  # the others have it
+        await asyncio.sleep(1.0)
+        assert not held.done(), "answered before its fsync returned"
+        arm.unlink()
+        assert await asyncio.wait_for(held, 10) == stored[-1][0]
+        await converge(session, nodes.urls, 2)
+
+
 async def test_node_killed_under_load_catches_up(etcd: EtcdCluster, broker_process,
                                                  tmp_path: Path) -> None:
     nodes = Nodes(broker_process, tmp_path, etcd)
@@ -609,6 +675,92 @@ async def test_publishes_a_snapshot_install_covers_are_answered_promptly(
             load.acked[b"taken at start %d" % k] = index
         d = await diagnostics(session, nodes.url(2))
         assert d["snapshots_installed"] == 1
+        await settled(session, nodes, load)
+
+
+async def test_a_failed_fsync_stops_the_node_and_a_restart_recovers(
+        etcd: EtcdCluster, broker_process, tmp_path: Path) -> None:
+    """Node 2's fdatasync of a segment fails (EIO, injected at the system call) while it
+    applies a batch of revisions under load. The batch is all or nothing: the node stops
+    applying at once (publishes through it are refused with 503, those waiting for it are
+    answered 504 at once, none waits out the 30 s apply timeout), the others go on, and
+    restarted it replays from its checkpoint and holds exactly what they hold."""
+    nodes = Nodes(broker_process, tmp_path, etcd)
+    work = tmp_path / "faults"
+    work.mkdir()
+    arm = work / "arm"
+    launcher = [sys.executable, str(Path(__file__).resolve().parents[1] / "faultpoint.py")]
+    await nodes.start(0, 1)
+    await nodes.start(2, launcher=launcher, env={
+        "FAULT_ROOT": str(nodes.data(2)), "FAULT_ARM": str(arm),
+        "FAULT_FAIL": "fdatasync:.seg", "FAULT_SKIP": "cluster.json"})
+    async with aiohttp.ClientSession() as session:
+        load = Load(nodes.urls)
+        load.start(session, workers=6)
+        await load.until_acked(200, 30, "load before the fault")
+        arm.touch()
+
+        async def stopped() -> bool:
+            return (await diagnostics(session, nodes.url(2)))["failure"] is not None
+
+        await wait_until(stopped, timeout=20, what="node 2 to stop applying")
+
+        async def answered() -> bool:
+            d = await diagnostics(session, nodes.url(2))
+            return bool(d["puts_in_flight"] == 0 and d["pending"] == 0)
+
+        await wait_until(answered, timeout=5, what="node 2's waiting publishes to be answered")
+        async with session.post(f"{nodes.url(2)}/messaging/messages",
+                                params={"topicID": str(TOPIC)}, data=b"refused") as resp:
+            assert resp.status == 503
+            assert "stopped applying" in resp.headers["X-Broker-Error"]
+        load.down.add(nodes.url(2))
+        await load.until_acked(200, 30, "load through the other nodes")
+        arm.unlink()
+        nodes.kill(2)
+        await nodes.start(2)
+        load.down.discard(nodes.url(2))
+        await load.until_acked(100, 30, "load after the restart")
+        await load.finish()
+        assert load.statuses.get(200), load.statuses
+        await settled(session, nodes, load)
+
+
+async def test_compressed_and_plain_entries_replay_identically(
+        etcd: EtcdCluster, broker_process, tmp_path: Path) -> None:
+    """A log mixing entries from before compression (plain, written here as an older node
+    wrote them) and compressed ones: every node applies both alike, a node restarted from its
+    checkpoint and a new node replaying the whole log end byte for byte the same."""
+    nodes = Nodes(broker_process, tmp_path, etcd)
+    await nodes.start(0, 1)
+    key = f"/messaging/{nodes.name}/log".encode()
+    events = [json.dumps({"key": f"sensor-{n % 5}", "value": n, "ts": f"08:{n % 60:02d}"})
+              .encode() for n in range(400)]
+    load = Load(nodes.urls)
+    async with aiohttp.ClientSession() as session:
+        for round_ in range(4):
+            batch = events[round_ * 100:(round_ + 1) * 100]
+            if round_ % 2:
+                async with session.post(f"{nodes.url(round_ % 2)}/messaging/messages",
+                                        params={"topicID": str(TOPIC)},
+                                        data=encode_batch(TOPIC, batch),
+                                        headers={"Content-Type": FRAMES_CONTENT_TYPE}) as resp:
+                    assert resp.status == 200, await resp.text()
+                    first = int(resp.headers["X-Broker-Index"]) - len(batch) + 1
+            else:
+                value = encode_entry(os.urandom(8), 1, [encode_batch(TOPIC, batch)],
+                                     compress=False)
+                assert value[:4] == b"MSG1"
+                async with grpc.aio.insecure_channel(
+                        etcd.members[0].client_url.removeprefix("http://")) as channel:
+                    await rpc.KVStub(channel).Put(rpc.PutRequest(key=key, value=value),
+                                                  timeout=5)
+                stored = await converge(session, nodes.urls[:1], len(load.acked) + len(batch))
+                first = stored[-len(batch)][0]
+            load.acked.update({data: first + i for i, data in enumerate(batch)})
+        await settled(session, nodes, load)
+        nodes.kill(1)
+        await nodes.start(1, 2)  # node 1 from its checkpoint, node 2 from the log's start
         await settled(session, nodes, load)
 
 

@@ -45,6 +45,7 @@ from messaging.config import FSYNC_MODES, EtcdSettings, FsyncMode
 from messaging.errors import (
     BrokerClosedError,
     ClusterUnavailableError,
+    CommitUnknownError,
     DataDirectoryError,
     MessagingError,
     StorageError,
@@ -373,23 +374,38 @@ class EtcdLog:
                                                          batch)
                     break
                 except _GroupFailed as err:
+                    if any(t.failure is not None for t in self.broker.topics()):
+                        # An fsync failed: the topic takes no more writes until a restart
+                        # re-verifies its files, so retrying cannot succeed.
+                        await self._stop_applying(batch, err)
                     self._apply_error = str(err)
                     self._quiet.log("apply", logging.ERROR, "applying revisions %d..%d failed "
                                    "(retrying): %s", batch[0].revision, batch[-1].revision, err)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 2.0)
                 except _Diverged as err:
-                    self._failure = StorageFailedError(
-                        f"this node stopped applying the log at revision {batch[0].revision}: "
-                        f"{err}; restart it (it re-verifies its files and replays)")
-                    log.critical("%s", self._failure)
-                    for _ in batch:
-                        self._queue.task_done()
-                    await asyncio.Event().wait()  # never applies again; close() cancels
+                    await self._stop_applying(batch, err)
             self._apply_error = None
             self._answer(applied)
             for _ in batch:
                 self._queue.task_done()
+
+    async def _stop_applying(self, batch: list[_Revision], err: Exception) -> None:
+        """Stop for good: nothing of ``batch`` is visible, publishes are refused (503) and the
+        ones waiting are told their outcome is unknown here (504, committed in etcd). A
+        restart re-verifies the files and replays from the checkpoint, which never covers
+        data that was not fsynced. Never returns; close() cancels it."""
+        self._failure = StorageFailedError(
+            f"this node stopped applying the log at revision {batch[0].revision}: {err}; "
+            "restart it (it re-verifies its files and replays from its checkpoint)")
+        self._apply_error = str(err)
+        log.critical("%s", self._failure)
+        self._writes.fail_waiting(CommitUnknownError(
+            f"committed in etcd, but this node stopped applying the log: {err}; the other "
+            "nodes have it"), self._failure)
+        for _ in batch:
+            self._queue.task_done()
+        await asyncio.Event().wait()
 
     def _apply_revisions(self, batch: list[_Revision]) -> _Applied:
         """Apply revisions in order as one group (writer thread)."""

@@ -271,6 +271,16 @@ class LogWriter:
             if 0 < batch.revision <= revision:
                 _fail(batch, _installed_over(batch.revision, revision))
 
+    def fail_waiting(self, unknown: MessagingError, refused: MessagingError) -> None:
+        """The node stopped applying: publishes whose puts were sent hear ``unknown``, those
+        not sent yet ``refused``."""
+        for batch in list(self._batches.values()):
+            _fail(batch, unknown)
+        pending, self._pending = self._pending, []
+        for item in pending:
+            if not item.future.done():
+                item.future.set_exception(refused)
+
     @property
     def quorum(self) -> bool:
         """Whether etcd was seen with quorum lately."""
