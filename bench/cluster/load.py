@@ -5,6 +5,7 @@ etcd's RSS sampled through the run, the CPU each group of processes used, conver
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections import Counter
@@ -21,6 +22,7 @@ from bench.harness.loops import bounded_wait, paced
 from bench.harness.payloads import PAYLOAD
 from bench.harness.procs import Proc, broker, free_port
 from bench.harness.sampling import cpu_seconds, machine_busy, rss_bytes
+from examples.generate_events import make_events
 from messaging.frames import FRAMES_CONTENT_TYPE, encode_batch
 from messaging.log.etcd.writer import MAX_PUTS_IN_FLIGHT
 
@@ -117,13 +119,27 @@ async def nodes_ready(session: Session, urls: list[str]) -> bool:
 
 # -- measurements ------------------------------------------------------------------------------
 
-async def throughput(session: Session, urls: list[str], topic: int, seconds: float) -> float:
+def random_message(k: int) -> bytes:
+    """100 random bytes: incompressible (etcd log entries are compressed, and the other
+    benchmarks' b"x" * 100 would shrink to nothing)."""
+    return os.urandom(len(PAYLOAD))
+
+
+_EVENTS = [json.dumps(e).encode() for e in make_events(SENDERS * BODIES * BATCH, 60)]
+
+
+def json_event(k: int) -> bytes:
+    """A JSON event like the Spark example's (about 70 bytes; zstd takes it to about 0.15)."""
+    return _EVENTS[k % len(_EVENTS)]
+
+
+async def throughput(session: Session, urls: list[str], topic: int, seconds: float,
+                     message: Callable[[int], bytes] = random_message) -> float:
     """msg/s of SENDERS concurrent 1000-message batch publishers, spread over ``urls``."""
-    # Framed once (the client is not measured), with incompressible messages: etcd log
-    # entries are compressed, and the benchmarks' b"x" * 100 would shrink to nothing. Each
-    # sender has its own bodies, so that a put coalescing several requests holds no repeats.
-    bodies = [[encode_batch(topic, [os.urandom(len(PAYLOAD)) for _ in range(BATCH)])
-               for _ in range(BODIES)] for _ in range(SENDERS)]
+    # Framed once (the client is not measured). Each sender has its own bodies, so that a put
+    # coalescing several requests holds no repeats.
+    bodies = [[encode_batch(topic, [message((k * BODIES + b) * BATCH + i) for i in range(BATCH)])
+               for b in range(BODIES)] for k in range(SENDERS)]
     count = 0
     deadline = time.perf_counter() + seconds
 
@@ -143,9 +159,10 @@ async def throughput(session: Session, urls: list[str], topic: int, seconds: flo
     return count / elapsed_since(started)
 
 
-async def latencies(session: Session, urls: list[str], topic: int) -> list[float]:
-    """Seconds per single 100 B publish, LATENCY_COUNT of them paced at LATENCY_RATE/s (open
-    loop: each starts on schedule whether or not earlier ones were answered)."""
+async def latencies(session: Session, urls: list[str], topic: int, rate: int = LATENCY_RATE,
+                    count: int = LATENCY_COUNT) -> list[float]:
+    """Seconds per single 100 B publish, ``count`` of them paced at ``rate``/s (open loop:
+    each starts on schedule whether or not earlier ones were answered)."""
     delays: list[float] = []
 
     async def one(k: int) -> None:
@@ -159,9 +176,9 @@ async def latencies(session: Session, urls: list[str], topic: int) -> list[float
     for warm in range(50):
         await one(warm)
     delays.clear()
-    await paced(LATENCY_RATE, LATENCY_COUNT, one, drain=60)
-    if len(delays) < LATENCY_COUNT:
-        raise RuntimeError(f"{LATENCY_COUNT - len(delays)} of {LATENCY_COUNT} publishes not "
+    await paced(rate, count, one, drain=60)
+    if len(delays) < count:
+        raise RuntimeError(f"{count - len(delays)} of {count} publishes not "
                            "answered in time")
     return delays
 

@@ -35,14 +35,17 @@ from bench.cluster.load import (
     converged,
     elapsed_since,
     failover_round,
+    json_event,
     latencies,
     nodes_ready,
     throughput,
     with_cpu,
 )
 from bench.cluster.report import (
+    SWEEP_RATES,
     MiB,
     Results,
+    SweepPoint,
     budget_table,
     plot_rss,
     publish_budget,
@@ -67,6 +70,11 @@ async def run_single(tmp: Path, res: Results, s: Settings) -> None:
                 print(f"  single node batch publish: {rate:,.0f} msg/s ({cpu.text()})",
                       flush=True)
             res.single_rate = statistics.median(rates)
+            res.single_json_rate = statistics.median(
+                [await throughput(session, [url], 1, s.seconds, json_event)
+                 for _ in range(s.rounds)])
+            print(f"  single node batch publish of JSON events: {res.single_json_rate:,.0f} "
+                  "msg/s", flush=True)
             res.single_lat = await latencies(session, [url], 2)
             print(f"  single node latency p50 {percentile(res.single_lat, 50) * 1000:.2f} ms "
                   f"p99 {percentile(res.single_lat, 99) * 1000:.2f} ms", flush=True)
@@ -101,6 +109,14 @@ async def run_cluster(tmp: Path, res: Results, s: Settings) -> None:
                 res.cluster_cpu = cpu if i == s.rounds // 2 else res.cluster_cpu
                 print(f"  cluster batch publish: {rate:,.0f} msg/s ({cpu.text()})", flush=True)
             res.cluster_rate = statistics.median(res.cluster_rates)
+            json_rates = []
+            for _ in range(s.rounds):
+                rate, cpu = await with_cpu(groups, throughput(session, urls, 1, s.seconds,
+                                                              json_event))
+                json_rates.append(rate)
+                print(f"  cluster batch publish of JSON events: {rate:,.0f} msg/s "
+                      f"({cpu.text()})", flush=True)
+            res.cluster_json_rate = statistics.median(json_rates)
 
             sampler.phase = "latency"
             started = time.perf_counter()
@@ -112,6 +128,13 @@ async def run_cluster(tmp: Path, res: Results, s: Settings) -> None:
                   f"({res.cluster_lat_cpu.text()})", flush=True)
             res.budgets = [await publish_budget(session, url, window) for url in urls]
             print(budget_table(res.budgets, res.cluster_lat, res.cluster_lat_cpu), flush=True)
+            for rate in SWEEP_RATES:  # where latency starts to climb
+                started = time.perf_counter()
+                lat, use = await with_cpu(groups, latencies(session, urls, 2, rate, 2 * rate))
+                window = int(elapsed_since(started)) + 1
+                budgets = [await publish_budget(session, url, window) for url in urls]
+                res.sweep.append(SweepPoint(rate, lat, budgets, use))
+                print(f"  at {rate} msg/s: {res.sweep[-1].text()}", flush=True)
 
             sampler.phase = "sustained"
             first = await sampler.sample()

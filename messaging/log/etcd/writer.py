@@ -86,6 +86,8 @@ COMPRESS_KEEP = 0.9
 COMPRESS_LEVEL = 1
 #: Entries up to this many bytes of commands are encoded (and compressed) on the event loop.
 ENCODE_ON_LOOP = 128 << 10
+#: After an entry that did not compress, only every this many-th entry tries again.
+COMPRESS_RETRY = 16
 #: Decompressed bodies are refused above this (an entry never holds more than one put).
 MAX_BODY_BYTES = 4 * MAX_PUT_BYTES
 _codecs = threading.local()
@@ -223,6 +225,7 @@ class LogWriter:
         # moving average of how long etcd takes to answer one.
         self._sending: dict[int, float] = {}
         self._put_time = PUT_SLOW_MIN / PUT_SLOW_FACTOR
+        self._compress_misses = 0  # entries since compression last did not pay (0: it did)
         self._quiet = QuietLog(log, RECURRING_LOG_INTERVAL)
         self.budget = Budget()
 
@@ -387,10 +390,7 @@ class LogWriter:
         self.groups += 1
         try:
             try:
-                if sum(map(len, commands)) <= ENCODE_ON_LOOP:
-                    value = encode_entry(self.node_id, seq, commands)
-                else:  # compressing a big entry takes a millisecond or more: not on the loop
-                    value = await asyncio.to_thread(encode_entry, self.node_id, seq, commands)
+                value = await self.encode_value(seq, commands)
                 await self.ensure_quorum()
                 sent = batch.sent = self._sending[seq] = time.monotonic()
                 try:
@@ -428,6 +428,22 @@ class LogWriter:
             raise
         finally:
             self._batches.pop(seq, None)
+
+    async def encode_value(self, seq: int, commands: list[bytes]) -> bytes:
+        """The put's value. Compression is tried unless recent entries did not compress
+        (random or encrypted payloads): then only every COMPRESS_RETRY-th entry tries."""
+        size = sum(map(len, commands))
+        attempt = size >= COMPRESS_FROM and self._compress_misses % COMPRESS_RETRY == 0
+        if size <= ENCODE_ON_LOOP:
+            value = encode_entry(self.node_id, seq, commands, compress=attempt)
+        else:  # compressing a big entry takes a millisecond or more: not on the loop
+            value = await asyncio.to_thread(encode_entry, self.node_id, seq, commands,
+                                            compress=attempt)
+        if attempt and value[:4] == _MAGIC:
+            self._compress_misses = 1  # it did not pay: skip the next ones
+        elif self._compress_misses and size >= COMPRESS_FROM:
+            self._compress_misses = 0 if attempt else self._compress_misses + 1
+        return value
 
     async def ensure_quorum(self) -> None:
         """Raise ClusterUnavailableError unless etcd was recently seen with quorum."""

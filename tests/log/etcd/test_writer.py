@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import cast
 
 import pytest
 import zstandard
@@ -11,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from messaging.frames import encode_batch
-from messaging.log.etcd.writer import MAX_BODY_BYTES, decode_entry, encode_entry
+from messaging.log.etcd.client import EtcdClient
+from messaging.log.etcd.writer import (
+    COMPRESS_RETRY,
+    MAX_BODY_BYTES,
+    LogWriter,
+    decode_entry,
+    encode_entry,
+)
 from tests.examples import examples
 
 
@@ -62,3 +70,16 @@ def test_damaged_or_oversized_compressed_entries_are_refused() -> None:
     huge = zstandard.ZstdCompressor().compress(b"\0" * (MAX_BODY_BYTES + 1))
     with pytest.raises(ValueError, match="claims"):
         decode_entry(packed[:24] + huge)
+
+
+async def test_after_an_entry_that_did_not_compress_only_every_sixteenth_tries() -> None:
+    """Incompressible payloads cost no zstd work on every put: after a miss, compression is
+    tried again only every COMPRESS_RETRY-th entry, and from a hit on, every entry."""
+    writer = LogWriter(cast(EtcdClient, None), b"/log", b"n" * 8, lambda _response: None)
+    noise = [encode_batch(1, [os.urandom(4000)]) for _ in range(4)]
+    json_events = _events(50)
+    assert (await writer.encode_value(1, json_events))[:4] == b"MSZ1"
+    assert (await writer.encode_value(2, noise))[:4] == b"MSG1"  # a miss
+    magics = [(await writer.encode_value(3 + k, json_events))[:4] for k in range(COMPRESS_RETRY)]
+    assert magics == [b"MSG1"] * (COMPRESS_RETRY - 1) + [b"MSZ1"]
+    assert (await writer.encode_value(99, json_events))[:4] == b"MSZ1"  # compressing again
