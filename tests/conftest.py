@@ -105,10 +105,11 @@ class BrokerProcess:
 
     def __init__(self, data: Path, *args: str, port: int = 0, nofile: int | None = None,
                  launcher: list[str] | None = None, env: dict[str, str] | None = None,
-                 ) -> None:
+                 host: str = "127.0.0.1") -> None:
         self.data = data
         self.args = list(args)
         self.port = port
+        self.host = host  # another address only for a broker in a test's network namespace
         self.nofile = nofile
         #: What runs ``messaging`` (tests/faultpoint.py, for one), and extra environment.
         self.launcher = launcher or [sys.executable, "-m", "messaging.cli"]
@@ -122,7 +123,7 @@ class BrokerProcess:
         with self.log.open("a") as log:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
                 [*self.launcher, "broker", "--data", str(self.data),
-                 "--bind", f"127.0.0.1:{self.port}", *self.args],
+                 "--bind", f"{self.host}:{self.port}", *self.args],
                 stdout=subprocess.PIPE, stderr=log, text=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
                 preexec_fn=_nofile_limit(self.nofile) if self.nofile is not None else None)
@@ -187,9 +188,9 @@ def broker_process(tmp_path: Path, request: pytest.FixtureRequest):
 
     def make(data: Path | None = None, *args: str, port: int = 0,
              nofile: int | None = None, launcher: list[str] | None = None,
-             env: dict[str, str] | None = None) -> BrokerProcess:
+             env: dict[str, str] | None = None, host: str = "127.0.0.1") -> BrokerProcess:
         process = BrokerProcess(data or tmp_path / f"proc{len(started)}", *args, port=port,
-                                nofile=nofile, launcher=launcher, env=env)
+                                nofile=nofile, launcher=launcher, env=env, host=host)
         started.append(process)
         return process
 

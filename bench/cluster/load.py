@@ -94,11 +94,19 @@ class Node:
 async def post(session: Session, url: str, topic: int, body: bytes, batch: bool,
                timeout: float = 30) -> int:
     headers = {"Content-Type": FRAMES_CONTENT_TYPE if batch else "application/octet-stream"}
-    async with session.post(f"{url}/messaging/messages", params={"topicID": str(topic)},
-                            data=body, headers=headers,
-                            timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-        await resp.read()
-        return resp.status
+    for attempt in range(2):
+        try:
+            async with session.post(f"{url}/messaging/messages", params={"topicID": str(topic)},
+                                    data=body, headers=headers,
+                                    timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                await resp.read()
+                return resp.status
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+            # A kept-alive connection the node closed (idle longer than its header timeout)
+            # just as this request reused it: once more, on a new connection.
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
 
 
 async def nodes_ready(session: Session, urls: list[str]) -> bool:

@@ -42,15 +42,21 @@ TOPIC = 7
 
 
 class EtcdMember:
-    """One etcd process with its own data directory; stopped by PID."""
+    """One etcd process with its own data directory; stopped by PID.
+
+    It serves clients on 127.0.0.1 and on ``client_hosts`` (the first one is advertised),
+    talks to its peers on ``peer_host``, and runs under ``prefix`` (a network namespace's)."""
 
     def __init__(self, name: str, data: Path, cluster: str, client_port: int,
-                 peer_port: int) -> None:
+                 peer_port: int, *, client_hosts: tuple[str, ...] = ("127.0.0.1",),
+                 peer_host: str = "127.0.0.1", prefix: tuple[str, ...] = ()) -> None:
         self.name = name
         self.data = data
         self.cluster = cluster
-        self.client_url = f"http://127.0.0.1:{client_port}"
-        self.peer_url = f"http://127.0.0.1:{peer_port}"
+        self.client_urls = [f"http://{host}:{client_port}" for host in client_hosts]
+        self.client_url = self.client_urls[0]
+        self.peer_url = f"http://{peer_host}:{peer_port}"
+        self.prefix = list(prefix)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -58,8 +64,8 @@ class EtcdMember:
         assert etcd is not None
         with (self.data.parent / f"{self.name}.log").open("ab") as out:
             self.proc = subprocess.Popen(
-                [etcd, "--name", self.name, "--data-dir", str(self.data),
-                 "--listen-client-urls", self.client_url,
+                [*self.prefix, etcd, "--name", self.name, "--data-dir", str(self.data),
+                 "--listen-client-urls", ",".join(self.client_urls),
                  "--advertise-client-urls", self.client_url,
                  "--listen-peer-urls", self.peer_url,
                  "--initial-advertise-peer-urls", self.peer_url,
