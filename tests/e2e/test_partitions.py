@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
 import pytest
+from aetcd import rpc
 
 from tests.conftest import BrokerProcess, free_port, wait_until
 from tests.e2e.test_etcd_log import (
@@ -33,6 +35,8 @@ from tests.netns import Link, Namespace
 
 #: How long a healed node may take to acknowledge a new publish (the issue's bound).
 ACK_AFTER_HEAL = 3.0
+#: How long after etcd's new leader is elected every node must acknowledge again.
+WATCH_MEMBER_CUT = 5.0
 
 
 @pytest.fixture
@@ -171,6 +175,84 @@ async def test_a_node_cut_from_etcd_longer_than_its_lease(
             await load.finish()
             stored = await converge(session, urls, len(load.acked) + 1)
             check_log([item for item in stored if item[1] != b"healed"], load)
+            await identical([tmp_path / f"node{i}" for i in range(3)])
+    finally:
+        etcd.stop()
+
+
+async def _member_status(url: str) -> Any:
+    async with grpc.aio.insecure_channel(url.removeprefix("http://")) as channel:
+        return await rpc.MaintenanceStub(channel).Status(rpc.StatusRequest(), timeout=2)
+
+
+async def _make_leader(etcd: EtcdCluster, member: EtcdMember) -> None:
+    """Move etcd's leadership to ``member`` (a no-op if it leads already)."""
+    target = (await _member_status(member.client_url)).header.member_id
+    leader = await etcd.leader()
+    if leader is member:
+        return
+    async with grpc.aio.insecure_channel(leader.client_url.removeprefix("http://")) as channel:
+        await rpc.MaintenanceStub(channel).MoveLeader(rpc.MoveLeaderRequest(targetID=target),
+                                                      timeout=10)
+
+    async def leads() -> bool:
+        return await etcd.leader() is member
+
+    await wait_until(leads, 10, f"{member.name} to lead")
+
+
+async def test_the_watched_etcd_member_cut_from_its_peers(
+        broker_process: Any, tmp_path: Path, namespace: Namespace) -> None:
+    """etcd member m0, the leader and the first endpoint of every node (so every node puts
+    and watches through it), runs in a network namespace; the link to its peers goes down
+    while publishes go on. The other two elect a leader; from then on every node must
+    acknowledge publishes within 5 s (its watch and its puts move on), nothing acknowledged
+    is lost, and after the heal every node holds the same messages."""
+    client_link, peer_link = namespace.link(), namespace.link()
+    etcd = etcd_members(tmp_path, isolated=(namespace, client_link, peer_link))
+    etcd.ensure_running()
+    name = f"p{uuid.uuid4().hex[:8]}"
+    try:
+        await etcd.wait_healthy()
+        await _make_leader(etcd, etcd.members[0])
+        endpoints = [m.client_url for m in etcd.members]  # m0 first for everyone
+        nodes = [start_node(broker_process, tmp_path, i, name, endpoints, "127.0.0.1")
+                 for i in range(3)]
+        urls = [n.url for n in nodes]
+        async with aiohttp.ClientSession() as session:
+            load = Load(urls)
+            load.start(session, workers=6)
+            await load.until_acked(300, 30, "load before the cut")
+            peer_link.cut()
+            cut = time.monotonic()
+
+            async def new_leader() -> bool:
+                for member in etcd.members[1:]:
+                    try:
+                        status = await _member_status(member.client_url)
+                    except grpc.aio.AioRpcError:
+                        continue
+                    if status.leader and status.leader != (
+                            await _member_status(etcd.members[0].client_url)).header.member_id:
+                        return True
+                return False
+
+            await wait_until(new_leader, 15, "m1 and m2 to elect a leader")
+            elected = time.monotonic()
+            acks = await asyncio.gather(*(acknowledged_within(
+                session, url, WATCH_MEMBER_CUT + 5, b"after the cut %d" % i)
+                for i, url in enumerate(urls)))
+            assert max(acks) <= WATCH_MEMBER_CUT, (
+                f"after the election ({elected - cut:.1f}s after the cut) the nodes took "
+                f"{', '.join(f'{a:.1f}' for a in acks)}s to acknowledge a publish")
+            await load.until_acked(200, 30, "load while m0 is cut off")
+            peer_link.heal()
+            await etcd.wait_healthy()
+            await load.until_acked(100, 30, "load after the heal")
+            await load.finish()
+            stored = await converge(session, urls, len(load.acked) + 3)
+            check_log([item for item in stored if not item[1].startswith(b"after the cut")],
+                      load)
             await identical([tmp_path / f"node{i}" for i in range(3)])
     finally:
         etcd.stop()
