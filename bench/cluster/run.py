@@ -129,6 +129,7 @@ async def run_cluster(tmp: Path, res: Results, s: Settings) -> None:
             res.budgets = [await publish_budget(session, url, window) for url in urls]
             print(budget_table(res.budgets, res.cluster_lat, res.cluster_lat_cpu), flush=True)
             for rate in SWEEP_RATES:  # where latency starts to climb
+                await asyncio.sleep(2.0)  # the budget's window must not reach the run before
                 started = time.perf_counter()
                 lat, use = await with_cpu(groups, latencies(session, urls, 2, rate, 2 * rate))
                 window = int(elapsed_since(started)) + 1
