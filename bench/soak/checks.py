@@ -244,7 +244,7 @@ def _table(rows: list[dict[str, str]], checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
-def _plot(samples: list[dict[str, Any]]) -> None:
+def _plot(samples: list[dict[str, Any]], bench: str) -> None:
     t = [s["t"] for s in samples]
     fig, axes = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
     panels: list[tuple[str, list[tuple[str, str]]]] = [
@@ -267,15 +267,17 @@ def _plot(samples: list[dict[str, Any]]) -> None:
     axes[-1].set_xlabel("seconds (shaded: middle and last third, compared)")
     fig.suptitle("Soak: one broker under mixed load")
     fig.tight_layout()
-    fig.savefig(results.RESULTS / "soak.png", dpi=90)
+    fig.savefig(results.RESULTS / f"{bench}.png", dpi=90)
     plt.close(fig)
 
 
 def publish_results(samples: list[dict[str, Any]], checks: list[Check],
                     rows: list[dict[str, str]], ledger: Ledger, client_events: Counter[str],
                     args: argparse.Namespace, broker_command: list[str],
-                    broker_options: list[str]) -> None:
-    """Print the table and verdicts; write soak.json, soak.png and the RESULTS.md section."""
+                    broker_options: list[str], cluster: str = "") -> None:
+    """Print the table and verdicts; write soak.json, soak.png and the RESULTS.md section
+    (soak_cluster.* and its own section when ``cluster`` describes the cluster run)."""
+    bench = "soak_cluster" if cluster else "soak"
     date = datetime.date.today().isoformat()
     command = command_line()
     table = _table(rows, checks)
@@ -283,7 +285,7 @@ def publish_results(samples: list[dict[str, Any]], checks: list[Check],
     for c in checks:
         print(f"{'PASS' if c.passed else 'FAIL'}: {c.name}: {c.detail}")
     payload = {
-        "bench": "soak", "date": date, "machine": machine(), "command": command,
+        "bench": bench, "date": date, "machine": machine(), "command": command,
         "seconds": args.seconds, "sample_interval": args.sample_interval, "seed": args.seed,
         "broker": " ".join(["messaging", *broker_command]),
         "checks": [asdict(c) for c in checks], "summary": rows, "samples": samples,
@@ -291,13 +293,15 @@ def publish_results(samples: list[dict[str, Any]], checks: list[Check],
         "client_events": dict(client_events), "anomalies": ledger.anomalies,
         "sessions": [_session_row(s) for s in ledger.sessions],
     }
-    write_json("soak", payload, indent=1)
+    write_json(bench, payload, indent=1)
     if samples:
-        _plot(samples)
+        _plot(samples, bench)
     verdict = "PASS" if all(c.passed for c in checks) else "FAIL"
-    write_section("soak", "Soak (one broker, mixed load)", (
+    title = "Soak (a cluster, mixed load)" if cluster else "Soak (one broker, mixed load)"
+    write_section(bench, title, (
         f"{date} on {machine()}.\nCommand: `{command}`\n\n"
-        f"Broker: `messaging broker {' '.join(broker_options)}` (fsync always), "
+        + (f"{cluster} " if cluster else "")
+        + f"Broker: `messaging broker {' '.join(broker_options)}` (fsync always), "
         f"{args.seconds:.0f} s, a sample every {args.sample_interval:.0f} s. "
         "Load (same machine): 4 publishers of single POSTs at 40 req/s each and 2 of "
         "20–200-message frame batches at 5 req/s each over 4 topics; 4 heartbeating "
@@ -305,7 +309,7 @@ def publish_results(samples: list[dict[str, Any]], checks: list[Check],
         "laggards whose registration lapses, 2 subscribers that never read; 2 range readers. "
         "Latencies are measured by the load generator. Levelling off compares the last "
         f"third of the samples with the middle third. Overall: **{verdict}**.\n\n"
-        f"{table}\n\n![soak](results/soak.png)"))
+        f"{table}\n\n![{bench}](results/{bench}.png)"))
 
 
 def _session_row(s: Session) -> dict[str, Any]:

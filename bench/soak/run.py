@@ -31,10 +31,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.cluster.etcd_members import Etcd, etcd_cluster
+from bench.cluster.load import nodes_ready
 from bench.harness.figures import ms
-from bench.harness.procs import Proc, broker
+from bench.harness.loops import bounded_wait
+from bench.harness.procs import Proc, broker, free_port
 from bench.harness.results import results_under
 from bench.harness.sampling import cpu_seconds, descriptors, rss_bytes, threads
 from bench.soak.checks import evaluate, publish_results
@@ -92,10 +97,36 @@ def start_broker(directory: Path) -> tuple[Proc, str]:
                   log_level="INFO")
 
 
-def proc_status(pid: int) -> dict[str, float]:
-    """RSS (MiB), open descriptors, threads and CPU seconds of a process, from /proc."""
-    return {"rss_mib": rss_bytes(pid) / 2**20, "fds": descriptors(pid), "threads": threads(pid),
-            "cpu_s": cpu_seconds(pid)}
+def start_cluster(directory: Path) -> tuple[list[Etcd], list[tuple[Proc, str]]]:
+    """Three etcd members and three broker nodes of one cluster, each node with the soak's
+    options and its own log (INFO and up); stopped by their PIDs."""
+    members = etcd_cluster(directory)
+    for member in members:
+        member.start()
+    endpoints = [m.client_url for m in members]
+    nodes = []
+    for i in range(3):
+        port = free_port()
+        order = endpoints[i:] + endpoints[:i]
+        nodes.append(broker(directory / f"node{i}", *BROKER_OPTIONS, "--etcd", ",".join(order),
+                            "--cluster", "soak", "--advertise", f"http://127.0.0.1:{port}",
+                            port=port, log=directory / f"node{i}.log", log_level="INFO"))
+    return members, nodes
+
+
+async def _cluster_ready(urls: list[str]) -> None:
+    """Wait until every node's watch is live and it acknowledges a publish."""
+    async with aiohttp.ClientSession() as session:
+        await bounded_wait(lambda: nodes_ready(session, urls), 60, "cluster nodes ready", 0.2)
+
+
+def proc_status(pids: list[int]) -> dict[str, float]:
+    """The largest RSS (MiB), descriptors and threads of the processes, from /proc, and the
+    CPU seconds of all of them."""
+    return {"rss_mib": max(rss_bytes(pid) for pid in pids) / 2**20,
+            "fds": max(descriptors(pid) for pid in pids),
+            "threads": max(threads(pid) for pid in pids),
+            "cpu_s": sum(cpu_seconds(pid) for pid in pids)}
 
 
 # -- the load -----------------------------------------------------------------------------
@@ -313,19 +344,19 @@ async def range_reader(client: Client, ledger: Ledger, deadline: float,
         ledger.reads.append(read)
 
 
-async def sampler(client: Client, ledger: Ledger, pid: int, started: float,
+async def sampler(client: Client, ledger: Ledger, pids: list[int], started: float,
                   deadline: float, interval: float, events: ClientEvents,
                   samples: list[dict[str, Any]]) -> None:
     """Every ``interval``: the broker's resources and the load's figures over the window."""
     loop = asyncio.get_running_loop()
     published = delivered = 0
-    cpu = cpu_seconds(pid)
+    cpu = sum(cpu_seconds(pid) for pid in pids)
     errors: Counter[str] = Counter()
     for k in range(1, int((deadline - started) / interval) + 1):
         await asyncio.sleep(max(started + k * interval - loop.time(), 0))
         single, ledger.window_single = ledger.window_single, []
         batch, ledger.window_batch = ledger.window_batch, []
-        status = proc_status(pid)
+        status = proc_status(pids)
         sample: dict[str, Any] = {
             "t": round(loop.time() - started, 1), "rss_mib": round(status["rss_mib"], 1),
             "fds": status["fds"], "threads": status["threads"],
@@ -363,9 +394,14 @@ def _ms(values: list[float], p: float) -> float:
     return round(ms(values, p), 3)
 
 
-async def run_load(url: str, pid: int, seconds: float, interval: float,
+async def run_load(urls: list[str], pids: list[int], seconds: float, interval: float,
                    seed: int) -> tuple[Ledger, list[dict[str, Any]], ClientEvents, int]:
-    """Run the whole load for ``seconds``; the ledger, the samples, client events, hung tasks."""
+    """Run the whole load for ``seconds``; the ledger, the samples, client events, hung tasks.
+
+    With one URL everything goes to it; with three (a cluster), publishers use the first
+    node, subscribers the second and range readers and the sampler the third, so that every
+    message is published through one node and streamed from another."""
+    urls = urls if len(urls) >= 3 else urls * 3
     events = ClientEvents()
     for name in ("messaging.client.client", "messaging.client.conn"):
         client_log = logging.getLogger(name)
@@ -376,12 +412,12 @@ async def run_load(url: str, pid: int, seconds: float, interval: float,
     samples: list[dict[str, Any]] = []
     rng = random.Random(seed)
     loop = asyncio.get_running_loop()
-    async with Client(url, timeout=REQUEST_TIMEOUT) as publishers, \
-            Client(url, timeout=REQUEST_TIMEOUT) as readers, \
-            Client(url, timeout=REQUEST_TIMEOUT) as observer:
+    async with Client(urls[0], timeout=REQUEST_TIMEOUT) as publishers, \
+            Client(urls[1], timeout=REQUEST_TIMEOUT) as readers, \
+            Client(urls[2], timeout=REQUEST_TIMEOUT) as observer:
         started = loop.time()
         deadline = started + seconds
-        tasks = [asyncio.create_task(sampler(observer, ledger, pid, started, deadline,
+        tasks = [asyncio.create_task(sampler(observer, ledger, pids, started, deadline,
                                              interval, events, samples))]
         tasks += [asyncio.create_task(single_publisher(
             publishers, ledger, n, deadline, random.Random(rng.random())))
@@ -419,22 +455,43 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1, help="random seed of the load")
     parser.add_argument("--out", type=Path, help="write results/ and RESULTS.md under this "
                         "directory instead of bench/")
+    parser.add_argument("--cluster", action="store_true",
+                        help="run the load against 3 broker nodes on a 3-member etcd cluster "
+                        "(needs etcd on PATH)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="soak-", dir=os.environ.get("BENCH_DIR")) as tmp:
-        proc, url = start_broker(Path(tmp))
-        print(f"broker pid {proc.pid} at {url}; load for {args.seconds:.0f} s", flush=True)
+        members: list[Etcd] = []
+        if args.cluster:
+            members, nodes = start_cluster(Path(tmp))
+            logs = [Path(tmp) / f"node{i}.log" for i in range(3)]
+        else:
+            nodes = [start_broker(Path(tmp))]
+            logs = [Path(tmp) / "broker.log"]
+        procs, urls = [proc for proc, _ in nodes], [url for _, url in nodes]
+        if args.cluster:
+            asyncio.run(_cluster_ready(urls))
+        print(f"broker pids {[p.pid for p in procs]} at {urls}; load for {args.seconds:.0f} s",
+              flush=True)
         try:
             with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
                 ledger, samples, events, hung = runner.run(
-                    run_load(url, proc.pid, args.seconds, args.sample_interval, args.seed))
+                    run_load(urls, [p.pid for p in procs], args.seconds, args.sample_interval,
+                             args.seed))
         finally:
-            exit_code = proc.stop(grace=30)
-        log_text = (Path(tmp) / "broker.log").read_text(errors="replace")
+            codes = [proc.stop(grace=30) for proc in procs]
+            for member in members:
+                member.stop()
+        exit_code = next((code for code in codes if code), 0)
+        log_text = "\n".join(log.read_text(errors="replace") for log in logs)
     results_under(args.out)
     checks, summary = evaluate(ledger, samples, log_text, exit_code, hung,
                                SUBSCRIBER_TIMEOUT)
+    cluster = ("Three broker nodes on a 3-member etcd cluster (3.4, `--snapshot-count 2000`), "
+               "all on this machine: publishers use node 0, subscribers node 1, range readers "
+               "node 2; resources are the largest of the three nodes (CPU: their sum), the "
+               "log check reads all three logs." if args.cluster else "")
     publish_results(samples, checks, summary, ledger, events.counts, args,
-                    proc.args[3:], BROKER_OPTIONS)
+                    procs[0].args[3:], BROKER_OPTIONS, cluster)
     return 0 if all(c.passed for c in checks) else 1
 
 
