@@ -10,7 +10,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 
 .PHONY: run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
-	bench-split bench-latency bench-fanout bench-scaling soak \
+	bench-split bench-latency bench-fanout bench-scaling soak soak-cluster \
 	etcd conformance clean
 
 $(BIN)/python:
@@ -135,6 +135,10 @@ bench-scaling: $(STAMP)
 ## make soak: one broker under a mixed load for 5 minutes; checks data, log, RSS/fds/p99
 soak: $(STAMP)
 	$(BIN)/python bench/soak/run.py
+
+## make soak-cluster: the same load against 3 broker nodes on a 3-member etcd cluster
+soak-cluster: $(STAMP) etcd
+	$(BIN)/python bench/soak/run.py --cluster
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

@@ -360,6 +360,22 @@ async def check_identical(nodes: Nodes, which: list[int] | None = None) -> None:
         assert other == files[0], "segment files differ between nodes"
 
 
+FAULTPOINT = [sys.executable, str(Path(__file__).resolve().parents[1] / "faultpoint.py")]
+
+
+async def start_with_node2_faulted(nodes: Nodes, tmp_path: Path, **fault: str) -> Path:
+    """Nodes 0 and 1, and node 2 under tests/faultpoint.py with ``FAULT_<NAME>=value`` for
+    each of ``fault``; returns the file that arms it (it does not exist yet)."""
+    work = tmp_path / "faults"
+    work.mkdir()
+    arm = work / "arm"
+    await nodes.start(0, 1)
+    await nodes.start(2, launcher=FAULTPOINT, env={
+        "FAULT_ROOT": str(nodes.data(2)), "FAULT_ARM": str(arm), "FAULT_SKIP": "cluster.json",
+        **{f"FAULT_{name.upper()}": value for name, value in fault.items()}})
+    return arm
+
+
 async def settled(session: aiohttp.ClientSession, nodes: Nodes, load: Load,
                   which: list[int] | None = None) -> list[tuple[int, bytes]]:
     indexes = which if which is not None else list(range(len(nodes.procs)))
@@ -459,14 +475,7 @@ async def test_a_publish_is_answered_only_after_its_fsync(etcd: EtcdCluster, bro
     is committed in etcd and applied by the others, but node 2 does not answer it until the
     fdatasync of the batch holding its revision has returned."""
     nodes = Nodes(broker_process, tmp_path, etcd)
-    work = tmp_path / "faults"
-    work.mkdir()
-    arm = work / "arm"
-    launcher = [sys.executable, str(Path(__file__).resolve().parents[1] / "faultpoint.py")]
-    await nodes.start(0, 1)
-    await nodes.start(2, launcher=launcher, env={
-        "FAULT_ROOT": str(nodes.data(2)), "FAULT_ARM": str(arm),
-        "FAULT_HOLD": "fdatasync:.seg", "FAULT_SKIP": "cluster.json"})
+    arm = await start_with_node2_faulted(nodes, tmp_path, hold="fdatasync:.seg")
     async with aiohttp.ClientSession() as session:
         async def publish(url: str, data: bytes) -> int:
             async with session.post(f"{url}/messaging/messages", params={"topicID": str(TOPIC)},
@@ -612,25 +621,32 @@ async def test_node_stopped_longer_than_its_lease(etcd: EtcdCluster, broker_proc
         await settled(session, nodes, load)
 
 
+async def compacted_under_load(session: aiohttp.ClientSession, nodes: Nodes) -> Load:
+    """Publish through the running nodes until etcd is compacted past the log's start (a
+    node starting afresh must then install a snapshot); the finished load."""
+    load = Load(nodes.urls)
+    load.start(session, workers=4)
+    first_revision = 0
+
+    async def compacted() -> bool:
+        nonlocal first_revision
+        ds = [await diagnostics(session, url) for url in nodes.urls]
+        first_revision = first_revision or ds[0]["last_entry_applied"]
+        done = max(d["compacted_revision"] for d in ds)  # the first URL compacts
+        return bool(first_revision and done > first_revision + 1)
+
+    await wait_until(compacted, timeout=40, what="etcd compaction past the log's start")
+    await load.finish()
+    return load
+
+
 async def test_node_added_after_compaction_installs_a_snapshot(
         etcd: EtcdCluster, broker_process, tmp_path: Path) -> None:
     nodes = Nodes(broker_process, tmp_path, etcd, "--etcd-compact-every", "50",
                   "--max-segment-size", "64K")
     await nodes.start(0, 1)
     async with aiohttp.ClientSession() as session:
-        load = Load(nodes.urls)
-        load.start(session, workers=4)
-        first_revision = 0
-
-        async def compacted() -> bool:
-            nonlocal first_revision
-            ds = [await diagnostics(session, url) for url in nodes.urls]
-            first_revision = first_revision or ds[0]["last_entry_applied"]
-            done = max(d["compacted_revision"] for d in ds)  # the first URL compacts
-            return bool(first_revision and done > first_revision + 1)
-
-        await wait_until(compacted, timeout=40, what="etcd compaction past the log's start")
-        await load.finish()
+        load = await compacted_under_load(session, nodes)
         await nodes.start(2)
         await settled(session, nodes, load)
         d = await diagnostics(session, nodes.url(2))
@@ -653,19 +669,7 @@ async def test_publishes_a_snapshot_install_covers_are_answered_promptly(
     nodes = Nodes(broker_process, tmp_path, etcd, "--etcd-compact-every", "50")
     await nodes.start(0, 1)
     async with aiohttp.ClientSession() as session:
-        load = Load(nodes.urls)
-        load.start(session, workers=4)
-        first_revision = 0
-
-        async def compacted() -> bool:
-            nonlocal first_revision
-            ds = [await diagnostics(session, url) for url in nodes.urls]
-            first_revision = first_revision or ds[0]["last_entry_applied"]
-            return bool(first_revision and max(d["compacted_revision"] for d in ds)
-                        > first_revision + 1)
-
-        await wait_until(compacted, timeout=40, what="etcd compaction past the log's start")
-        await load.finish()
+        load = await compacted_under_load(session, nodes)
         await nodes.start(2)
 
         async def publish(k: int) -> tuple[float, int]:
@@ -692,14 +696,7 @@ async def test_a_failed_fsync_stops_the_node_and_a_restart_recovers(
     answered 504 at once, none waits out the 30 s apply timeout), the others go on, and
     restarted it replays from its checkpoint and holds exactly what they hold."""
     nodes = Nodes(broker_process, tmp_path, etcd)
-    work = tmp_path / "faults"
-    work.mkdir()
-    arm = work / "arm"
-    launcher = [sys.executable, str(Path(__file__).resolve().parents[1] / "faultpoint.py")]
-    await nodes.start(0, 1)
-    await nodes.start(2, launcher=launcher, env={
-        "FAULT_ROOT": str(nodes.data(2)), "FAULT_ARM": str(arm),
-        "FAULT_FAIL": "fdatasync:.seg", "FAULT_SKIP": "cluster.json"})
+    arm = await start_with_node2_faulted(nodes, tmp_path, fail="fdatasync:.seg")
     async with aiohttp.ClientSession() as session:
         load = Load(nodes.urls)
         load.start(session, workers=6)
@@ -1010,10 +1007,8 @@ async def test_node_killed_at_each_boundary_of_a_publish(etcd: EtcdCluster, brok
     await nodes.start(0, 1, 2)
     work = tmp_path / "faults"
     work.mkdir()
-    launcher = [sys.executable, str(Path(__file__).resolve().parents[1] / "faultpoint.py")]
-
     def faults(k: int, kill: str) -> dict[str, Any]:
-        return {"launcher": launcher, "env": {
+        return {"launcher": FAULTPOINT, "env": {
             "FAULT_ROOT": str(nodes.data(0)), "FAULT_ARM": str(work / f"arm{k}"),
             "FAULT_TRACE": str(work / f"trace{k}"), "FAULT_KILL": kill,
             "FAULT_SKIP": "cluster.json"}}
