@@ -390,10 +390,13 @@ class LogWriter:
         self.groups += 1
         try:
             try:
-                value = await self.encode_value(seq, commands)
-                await self.ensure_quorum()
-                sent = batch.sent = self._sending[seq] = time.monotonic()
+                # On its way from now (the next commands wait for it), also while it is
+                # encoded and the quorum is checked.
+                self._sending[seq] = time.monotonic()
                 try:
+                    value = await self.encode_value(seq, commands)
+                    await self.ensure_quorum()
+                    sent = batch.sent = self._sending[seq] = time.monotonic()
                     revision = await self.client.put(self.log_key, value)
                 finally:
                     del self._sending[seq]

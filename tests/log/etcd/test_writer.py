@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-from typing import cast
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from messaging.aio import cancel_and_wait
 from messaging.frames import encode_batch
+from messaging.log.etcd import writer as writer_module
 from messaging.log.etcd.client import EtcdClient
 from messaging.log.etcd.writer import (
+    COALESCE_BYTES,
     COMPRESS_RETRY,
     MAX_BODY_BYTES,
     LogWriter,
@@ -83,3 +89,56 @@ async def test_after_an_entry_that_did_not_compress_only_every_sixteenth_tries()
     magics = [(await writer.encode_value(3 + k, json_events))[:4] for k in range(COMPRESS_RETRY)]
     assert magics == [b"MSG1"] * (COMPRESS_RETRY - 1) + [b"MSZ1"]
     assert (await writer.encode_value(99, json_events))[:4] == b"MSZ1"  # compressing again
+
+
+class FakeEtcd:
+    """Puts that wait for the test's go-ahead; every put's commands are recorded."""
+
+    def __init__(self) -> None:
+        self.puts: list[list[bytes]] = []
+        self.go = asyncio.Event()
+        self.revision = 0
+
+    async def check_quorum(self, key: bytes) -> Any:
+        return SimpleNamespace(header=SimpleNamespace(revision=self.revision), kvs=[])
+
+    async def put(self, key: bytes, value: bytes, **options: Any) -> int:
+        self.puts.append(decode_entry(value).commands)
+        await self.go.wait()
+        self.revision += 1
+        return self.revision
+
+
+async def _until(predicate: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("timed out")
+
+
+async def test_commands_wait_for_the_put_on_its_way_unless_it_is_slow_or_they_are_big(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a put is on its way to etcd, new commands wait and then go in one put; a second
+    put goes out at once only for COALESCE_BYTES of commands, or once the first is slow."""
+    monkeypatch.setattr(writer_module, "PUT_SLOW_MIN", 0.5)  # slow: from 0.5 s on
+    etcd = FakeEtcd()
+    writer = LogWriter(cast(EtcdClient, etcd), b"/log", b"n" * 8, lambda _response: None)
+    running = asyncio.create_task(writer.run())
+    try:
+        writer.submit(b"first")
+        await _until(lambda: len(etcd.puts) == 1)
+        small = [writer.submit(b"small %d" % k) for k in range(5)]
+        await asyncio.sleep(0.1)
+        assert len(etcd.puts) == 1  # held behind the put on its way
+        writer.submit(b"B" * COALESCE_BYTES)
+        await _until(lambda: len(etcd.puts) == 2)  # big enough for a put of its own
+        assert etcd.puts[1][:5] == [b"small %d" % k for k in range(5)]
+        writer.submit(b"late")
+        await _until(lambda: len(etcd.puts) == 3)  # both on their way for over 0.5 s: slow
+        assert etcd.puts[2] == [b"late"]
+        assert not any(future.done() for future in small)
+    finally:
+        etcd.go.set()
+        await cancel_and_wait(running)
+        await writer.cancel_puts()
