@@ -32,6 +32,7 @@ from messaging.aio import Notifier
 from messaging.broker import snapshot
 from messaging.broker.catalog import (
     NAMED_TOPIC_BASE,
+    STREAM_OP,
     Catalog,
     StreamOutcome,
 )
@@ -59,6 +60,7 @@ from messaging.files import (
     storage_error,
     write_json_atomic,
 )
+from messaging.frames import decode_one, frame_size
 from messaging.quiet_log import QuietLog
 from messaging.topic.store import TopicStore
 from messaging.topic.topic import Topic
@@ -314,6 +316,22 @@ class Broker:
             topic = self.store.get(topic_id)
             if topic is not None:
                 topic.notify()
+
+    def settled_result(self, command: bytes) -> ApplyResult | None:
+        """What an already applied command (one an installed snapshot covers) did, when the
+        committed state shows it: an idempotent native publish whose producer's last
+        accepted request it is, answered as a duplicate with its indexes. None otherwise."""
+        size = frame_size(command)
+        if size is None or size > len(command):
+            return None
+        try:
+            first = decode_one(command[:size])
+        except MessagingError:
+            return None
+        if first.type != STREAM_OP:
+            return None
+        outcome = self.catalog.settled(first.data)
+        return None if outcome is None else ApplyResult(0, 0, frozenset(), outcome)
 
     def _stage_group(self, commands: Sequence[bytes | bytearray], touched: set[int],
                      ) -> list[ApplyResult | MessagingError]:

@@ -382,6 +382,26 @@ class Catalog:
             return self._produce(op)
         raise CorruptFrameError(f"unknown stream command {kind!r}")
 
+    def settled(self, data: bytes) -> StreamOutcome | None:
+        """The outcome an already applied idempotent native publish (a ``produce``
+        operation) had, when the committed producer state shows it: the producer's last
+        accepted request is exactly this one (same epoch and sequence number), so its index
+        range is known. None otherwise (another kind of operation, or an older request)."""
+        try:
+            op = json.loads(data)
+            if op.get("op") != "produce":
+                return None
+            pid, epoch, seq = str(op["producer"][0]), int(op["producer"][1]), \
+                int(op["producer"][2])
+            state = self.native.get(int(op["topic"]), {}).get(pid)
+        except (ValueError, KeyError, TypeError, IndexError):
+            return None
+        if state is None or (state.epoch, state.seq) != (epoch, seq) or not state.last:
+            return None
+        return StreamOutcome("", (state.last, 0), False, duplicate=True,
+                             producer=(state.epoch, state.seq), first=state.first,
+                             last=state.last)
+
     def appended(self, decision: Decision, first: int, last: int) -> StreamOutcome:
         """Record the data a command appended (indexes ``first``..``last``, 0 for none);
         returns its outcome."""

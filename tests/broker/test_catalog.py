@@ -1107,3 +1107,23 @@ class CatalogMachine(RuleBasedStateMachine):
 CatalogMachine.TestCase.settings = settings(max_examples=examples(60), stateful_step_count=30,
                                             deadline=None)
 test_the_catalog_alone_follows_the_model = CatalogMachine.TestCase
+
+
+def test_an_applied_native_publish_is_settled_from_the_producer_state(broker: Broker) -> None:
+    """What a node answers for a publish an installed snapshot applied: the producer's last
+    accepted request gets its duplicate answer with its indexes; an older request, another
+    kind of command or garbage gets None (the caller answers 504 and the client retries)."""
+    def produce(seq: int, data: bytes) -> bytes:
+        return stream_command({"op": "produce", "topic": 5, "producer": ["p", 0, seq],
+                               "now": NOW}, encode(1, 5, data))
+
+    for seq in range(3):
+        ok(broker.write_group([produce(seq, b"m%d" % seq)], durable=False)[0])
+    result = broker.settled_result(produce(2, b"m2"))
+    assert result is not None and result.stream is not None
+    assert result.stream.duplicate and result.stream.producer == (0, 2)
+    assert (result.stream.first, result.stream.last) == (3, 3)
+    assert broker.settled_result(produce(1, b"m1")) is None  # not its last request
+    assert broker.settled_result(encode(1, 5, b"plain")) is None
+    assert broker.settled_result(stream_command({"op": "create", "name": "s"})) is None
+    assert broker.settled_result(b"\x00garbage") is None

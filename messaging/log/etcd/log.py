@@ -142,7 +142,7 @@ class EtcdLog:
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         self._writes = LogWriter(self._client, self._log_key, os.urandom(8),
-                               self._quorum_read)
+                                 self._quorum_read, broker.settled_result)
         # apply: the applied fields below are written on the writer thread, except that the
         # loop's quorum reads raise ``_idle_covered``; both sides touch the three under
         # ``_progress_lock`` (held for a few assignments, never across I/O).

@@ -185,6 +185,7 @@ class _Batch:
 
     futures: list[asyncio.Future[ApplyResult]]
     submitted: list[float]  # when each command reached the writer (time.monotonic)
+    commands: list[bytes]
     done: asyncio.Event = field(default_factory=asyncio.Event)
     revision: int = 0  # the put's revision, once etcd has answered it
     sent: float = 0.0  # when the put left
@@ -203,8 +204,13 @@ class LogWriter:
     """Group commit of commands into puts of the log key, behind a quorum gate."""
 
     def __init__(self, client: EtcdClient, log_key: bytes, node_id: bytes,
-                 on_quorum_read: Callable[[Any], None]) -> None:
+                 on_quorum_read: Callable[[Any], None],
+                 settled: Callable[[bytes], ApplyResult | None] = lambda _command: None,
+                 ) -> None:
+        """``settled``: what an already applied command did, when the state shows it (for
+        the publishes a snapshot install covers; see :meth:`snapshot_installed`)."""
         self.client = client
+        self._settled = settled
         self.log_key = log_key
         self.node_id = node_id
         self._on_quorum_read = on_quorum_read
@@ -265,14 +271,26 @@ class LogWriter:
 
     def snapshot_installed(self, revision: int) -> None:
         """A peer's snapshot through ``revision`` replaced this node's data: the puts it covers
-        were applied by the install, not one by one, so their results are not known here.
-        Their publishers are told at once (a 504 that an idempotent client resolves by
-        retrying: the retry is answered as a duplicate with its indexes), and their put slots
-        are freed instead of waiting out APPLY_TIMEOUT."""
+        were applied by the install, not one by one. Their publishers are answered at once,
+        and their put slots freed instead of waiting out APPLY_TIMEOUT: an idempotent publish
+        whose producer state shows it gets the duplicate answer with its indexes; any other
+        a 504, which an idempotent client resolves by retrying."""
         self._installed = max(self._installed, revision)
         for batch in list(self._batches.values()):
             if 0 < batch.revision <= revision:
-                _fail(batch, _installed_over(batch.revision, revision))
+                self._answer_installed(batch)
+
+    def _answer_installed(self, batch: _Batch) -> None:
+        unknown = _installed_over(batch.revision, self._installed)
+        for future, command in zip(batch.futures, batch.commands, strict=True):
+            if future.done():
+                continue
+            result = self._settled(command)
+            if result is not None:
+                future.set_result(result)
+            else:
+                future.set_exception(unknown)
+        batch.done.set()
 
     def fail_waiting(self, unknown: MessagingError, refused: MessagingError) -> None:
         """The node stopped applying: publishes whose puts were sent hear ``unknown``, those
@@ -384,9 +402,10 @@ class LogWriter:
     async def _put_group(self, group: list[_Pending]) -> None:
         self._seq += 1
         seq = self._seq
-        batch = _Batch([item.future for item in group], [item.submitted for item in group])
+        batch = _Batch([item.future for item in group], [item.submitted for item in group],
+                       [item.command for item in group])
         self._batches[seq] = batch
-        commands = [item.command for item in group]
+        commands = batch.commands
         self.groups += 1
         try:
             try:
@@ -417,7 +436,7 @@ class LogWriter:
             self.alarm = None
             batch.revision = revision
             if revision <= self._installed:  # the install came before etcd's answer
-                _fail(batch, _installed_over(revision, self._installed))
+                self._answer_installed(batch)
                 return
             try:
                 await asyncio.wait_for(batch.done.wait(), APPLY_TIMEOUT)
