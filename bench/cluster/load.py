@@ -46,7 +46,7 @@ class Settings(settings.Settings):
     seconds: float = 5.0
     failovers: int = 5
     sustain_entries: int = 14_000
-    sustain_seconds: float = 150.0
+    sustain_seconds: float = 240.0
     snapshot_count: int = 2000
 
     @classmethod
@@ -57,7 +57,7 @@ class Settings(settings.Settings):
         return cls(seconds=float(env("BENCH_SECONDS", "5")),
                    failovers=int(env("BENCH_FAILOVERS", "5")),
                    sustain_entries=int(env("BENCH_ETCD_ENTRIES", "14000")),
-                   sustain_seconds=float(env("BENCH_SUSTAIN_SECONDS", "150")))
+                   sustain_seconds=float(env("BENCH_SUSTAIN_SECONDS", "240")))
 
 
 def elapsed_since(start: float) -> float:
