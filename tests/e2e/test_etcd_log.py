@@ -463,6 +463,10 @@ async def test_coalesced_puts_keep_each_connections_order(etcd: EtcdCluster, bro
         assert indexes == sorted(indexes) and len(set(indexes)) == len(indexes)
     async with aiohttp.ClientSession() as session:
         stored = await converge(session, nodes.urls, len(told))
+        for url in nodes.urls:  # each node timed the 4 × 40 publishes it answered
+            budget = (await diagnostics(session, url))["publish_budget"]
+            assert budget["publishes"] == 160, budget
+            assert budget["total"]["p50_ms"] >= budget["put"]["p50_ms"] > 0, budget
     assert {data: index for index, data in stored} == told
     for w in range(12):
         mine = [data for _index, data in stored if data.startswith(b"c%d " % w)]

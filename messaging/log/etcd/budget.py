@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 PHASES = ("queued", "put", "watch", "apply_wait", "apply", "answer", "total")
 #: Publishes kept (the most recent).
@@ -34,7 +35,8 @@ DEFAULT_WINDOW = 60.0
 class Budget:
     """Recent per-publish phase durations and their percentiles."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         # (answered at, the phases' seconds in PHASES order)
         self._samples: deque[tuple[float, tuple[float, ...]]] = deque(maxlen=SAMPLES)
 
@@ -42,12 +44,12 @@ class Budget:
                apply: float, answer: float) -> None:
         """One publish's phases (seconds; a negative one, clocks of two threads, counts 0)."""
         phases = [max(x, 0.0) for x in (queued, put, watch, apply_wait, apply, answer)]
-        self._samples.append((time.monotonic(), (*phases, sum(phases))))
+        self._samples.append((self._clock(), (*phases, sum(phases))))
 
     def report(self, window: float = DEFAULT_WINDOW) -> dict[str, object]:
         """The publishes answered in the last ``window`` seconds: how many, and per phase the
         p50, p90 and p99 in milliseconds."""
-        since = time.monotonic() - window
+        since = self._clock() - window
         rows = [phases for at, phases in self._samples if at >= since]
         out: dict[str, object] = {"window_s": window, "publishes": len(rows)}
         if rows:

@@ -190,6 +190,7 @@ class _Batch:
     revision: int = 0  # the put's revision, once etcd has answered it
     sent: float = 0.0  # when the put left
     put_done: float = 0.0  # when etcd answered it
+    applied: tuple[ApplyTiming, float] | None = None  # apply timing; when it was answered
 
 
 class _Pending(NamedTuple):
@@ -258,16 +259,23 @@ class LogWriter:
             return  # its publishers were already told the outcome is unknown
         answer_callers(batch.futures, results)
         batch.done.set()
+        batch.applied = (timing, time.monotonic())
         if batch.put_done:
-            now = time.monotonic()
-            received = max(timing.received, batch.put_done)
-            for submitted in batch.submitted:
-                self.budget.record(queued=batch.sent - submitted,
-                                   put=batch.put_done - batch.sent,
-                                   watch=received - batch.put_done,
-                                   apply_wait=timing.started - received,
-                                   apply=timing.finished - max(timing.started, received),
-                                   answer=now - timing.finished)
+            self._record(batch)
+        # else the watch beat etcd's answer to the put: recorded once that answer comes
+
+    def _record(self, batch: _Batch) -> None:
+        """Add a batch's publishes to the budget (once both its put and its apply are done)."""
+        assert batch.applied is not None
+        timing, answered = batch.applied
+        received = max(timing.received, batch.put_done)
+        for submitted in batch.submitted:
+            self.budget.record(queued=batch.sent - submitted,
+                               put=batch.put_done - batch.sent,
+                               watch=received - batch.put_done,
+                               apply_wait=timing.started - received,
+                               apply=timing.finished - max(timing.started, received),
+                               answer=answered - timing.finished)
 
     def snapshot_installed(self, revision: int) -> None:
         """A peer's snapshot through ``revision`` replaced this node's data: the puts it covers
@@ -423,6 +431,8 @@ class LogWriter:
                 batch.put_done = time.monotonic()
                 took = batch.put_done - sent
                 self._put_time += (took - self._put_time) * PUT_TIME_WEIGHT
+                if batch.applied is not None:
+                    self._record(batch)
             except MessagingError as err:
                 self._put_failed(err)
                 _fail(batch, err)
