@@ -85,6 +85,16 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
                 written += os.write(fd, rest)
 
 
+def truncate_durably(path: Path, size: int) -> None:
+    """Cut the file at ``path`` to ``size`` bytes and fsync it (raises OSError)."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def storage_error(doing: str, err: OSError) -> StorageError:
     """The error a client gets when ``doing`` (e.g. "writing topic 3") failed with ``err``."""
     if err.errno in (errno.ENOSPC, errno.EDQUOT):

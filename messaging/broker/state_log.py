@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from messaging.errors import StorageFailedError
+from messaging.files import truncate_durably
 
 log = logging.getLogger(__name__)
 
@@ -153,12 +154,7 @@ class CatalogLog:
             self._stop(f"could not undo a failed state write ({err.strerror or err})")
 
     def _truncate(self, size: int) -> None:
-        fd = os.open(self.path, os.O_WRONLY)
-        try:
-            os.ftruncate(fd, size)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        truncate_durably(self.path, size)
         self.size = size
 
     def _stop(self, reason: str) -> StorageFailedError:

@@ -37,6 +37,7 @@ from messaging.files import (
     read_json,
     remove_stale_temporaries,
     storage_error,
+    truncate_durably,
     write_all,
     write_json_atomic,
 )
@@ -196,12 +197,7 @@ class Topic:
         self.stats.add(recovered_truncated_bytes=cut)
         log.warning("topic %d: truncated %d bytes at byte %d of %s (%s)", self.id, cut,
                     segment.size, segment.path.name, error)
-        fd = os.open(segment.path, os.O_WRONLY)
-        try:
-            os.ftruncate(fd, segment.size)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        truncate_durably(segment.path, segment.size)
 
     # -- properties -------------------------------------------------------------------------
 
@@ -778,12 +774,7 @@ class Topic:
             later.path.unlink()
         removed += segment.size - position
         if position:
-            fd = os.open(segment.path, os.O_WRONLY)
-            try:
-                os.ftruncate(fd, position)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            truncate_durably(segment.path, position)
         else:
             segment.path.unlink()
         fsync_dir(self.path)

@@ -25,13 +25,6 @@ from messaging.http.server import BrokerServer
 from tests.proxy import FaultProxy, dead_url
 
 
-@pytest.fixture
-async def proxy(server: BrokerServer) -> AsyncIterator[FaultProxy]:
-    p = await FaultProxy(server.port).start()
-    yield p
-    await p.stop()
-
-
 @contextlib.asynccontextmanager
 async def fake_server(
         handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[str]:

@@ -32,13 +32,6 @@ from tests.conftest import StartServer, free_port, wait_until
 from tests.proxy import FaultProxy, dead_url
 
 
-@pytest.fixture
-async def proxy(server: BrokerServer) -> AsyncIterator[FaultProxy]:
-    p = await FaultProxy(server.port).start()
-    yield p
-    await p.stop()
-
-
 class FakeClient:
     """A :class:`~messaging.client.conn.BrokerClient` serving canned answers, recording
     heartbeats."""

@@ -115,6 +115,18 @@ async def derived_messages(client: Client) -> list[bytes]:
     return [m.data for m in await client.read(DERIVED)]
 
 
+async def check_exactly_once(client: Client, kind: str, path: Path,
+                             published: list[tuple[int, int, bytes]]) -> None:
+    """The ``kind`` store under ``path`` holds the state of every input applied once, and the
+    derived topic every derived message once."""
+    state, derived = expected(published)
+    if kind == "sqlite":
+        state = {k: v for k, v in state.items() if k != "_count"}
+    assert final_state(kind, path) == state
+    got = await derived_messages(client)
+    assert sorted(got) == sorted(derived) and len(set(got)) == len(got)
+
+
 async def test_a_straight_run_commits_state_positions_and_publishes(server: BrokerServer,
                                                                      tmp_path: Path) -> None:
     async with Client(server.url) as client:
@@ -169,12 +181,7 @@ async def test_a_crash_at_any_step_applies_everything_exactly_once(
         else:
             pytest.fail("the consumer never finished")
         assert crashes >= 10
-        state, derived = expected(published)
-        if kind == "sqlite":
-            state = {k: v for k, v in state.items() if k != "_count"}
-        assert final_state(kind, tmp_path) == state
-        got = await derived_messages(client)
-        assert sorted(got) == sorted(derived) and len(set(got)) == len(got)
+        await check_exactly_once(client, kind, tmp_path, published)
 
 
 def test_a_store_serves_one_consumer_at_a_time(tmp_path: Path) -> None:

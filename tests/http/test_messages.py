@@ -31,6 +31,7 @@ from messaging.topic.reader import TopicReader
 from messaging.topic.segment import segment_name
 from tests.conftest import StartServer, wait_until
 from tests.faults import Faults, inject
+from tests.raw_http import exchange
 
 FRAMES = {"Content-Type": FRAMES_CONTENT_TYPE}
 
@@ -530,22 +531,11 @@ async def test_plain_numbers_still_work(server: BrokerServer, http: aiohttp.Clie
         assert (await resp.json())["id"] == 7
 
 
-async def raw_request(server: BrokerServer, request: bytes, timeout: float = 10) -> bytes:
-    """Send raw bytes, return everything the broker answers until it closes the connection."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    try:
-        writer.write(request)
-        await writer.drain()
-        return await asyncio.wait_for(reader.read(), timeout)
-    finally:
-        writer.close()
-
-
 async def test_head_of_messages_is_headers_only(server: BrokerServer,
                                                 http: aiohttp.ClientSession) -> None:
     await publish(http, server, 1, b"x" * 100)
     for query in ("topicID=1", "topicID=1&streaming=true"):
-        answer = await raw_request(server, (
+        answer = await exchange(server.port, (
             f"HEAD /messaging/messages?{query} HTTP/1.1\r\nHost: x\r\n\r\n"
             f"GET /messaging/ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").encode())
         head, _, rest = answer.partition(b"\r\n\r\n")
@@ -558,7 +548,7 @@ async def test_http10_reads_get_a_plain_body(server: BrokerServer,
                                              http: aiohttp.ClientSession) -> None:
     await publish(http, server, 1, b"first")
     await publish(http, server, 1, b"second")
-    answer = await raw_request(server, b"GET /messaging/messages?topicID=1 HTTP/1.0\r\n\r\n")
+    answer = await exchange(server.port, b"GET /messaging/messages?topicID=1 HTTP/1.0\r\n\r\n")
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.0 200"), head
     assert b"Transfer-Encoding" not in head
