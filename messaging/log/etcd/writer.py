@@ -216,6 +216,7 @@ class LogWriter:
         self.node_id = node_id
         self._on_quorum_read = on_quorum_read
         self._pending: list[_Pending] = []
+        self._pending_bytes = 0  # of the commands in _pending
         self._wakeup = asyncio.Event()
         self._slots = asyncio.Semaphore(MAX_PUTS_IN_FLIGHT)
         self._batches: dict[int, _Batch] = {}
@@ -245,6 +246,7 @@ class LogWriter:
                 f"{len(command)}: split it into smaller batches")
         future: asyncio.Future[ApplyResult] = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(command, future, time.monotonic()))
+        self._pending_bytes += len(command)
         self._wakeup.set()
         return future
 
@@ -305,10 +307,7 @@ class LogWriter:
         not sent yet ``refused``."""
         for batch in list(self._batches.values()):
             _fail(batch, unknown)
-        pending, self._pending = self._pending, []
-        for item in pending:
-            if not item.future.done():
-                item.future.set_exception(refused)
+        self._refuse_pending(refused)
 
     @property
     def quorum(self) -> bool:
@@ -359,7 +358,7 @@ class LogWriter:
         their way to etcd before one more goes out."""
         if not self._sending:
             return None
-        if sum(len(item.command) for item in self._pending) >= COALESCE_BYTES:
+        if self._pending_bytes >= COALESCE_BYTES:
             return None
         newest = max(self._sending.values())
         left = newest + self._put_slow() - time.monotonic()
@@ -372,10 +371,7 @@ class LogWriter:
 
     async def drain(self, timeout: float) -> None:
         """Refuse what was not sent yet; give the puts in flight ``timeout`` s to be applied."""
-        pending, self._pending = self._pending, []
-        for item in pending:
-            if not item.future.done():
-                item.future.set_exception(BrokerClosedError("the broker is shutting down"))
+        self._refuse_pending(BrokerClosedError("the broker is shutting down"))
         if self._puts:
             await asyncio.wait(list(self._puts), timeout=timeout)
 
@@ -387,6 +383,14 @@ class LogWriter:
             await asyncio.wait(list(self._puts))
 
     # -- internals --------------------------------------------------------------------------
+
+    def _refuse_pending(self, error: MessagingError) -> None:
+        """Answer every command not sent yet with ``error``."""
+        pending, self._pending = self._pending, []
+        self._pending_bytes = 0
+        for item in pending:
+            if not item.future.done():
+                item.future.set_exception(error)
 
     def _put_finished(self, task: asyncio.Task[None]) -> None:
         self._puts.discard(task)
@@ -400,6 +404,7 @@ class LogWriter:
             if group and size + len(item.command) > MAX_PUT_BYTES:
                 break
             taken += 1
+            self._pending_bytes -= len(item.command)
             if item.future.done():  # its publisher went away before it was sent
                 continue
             group.append(item)
