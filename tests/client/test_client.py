@@ -111,6 +111,7 @@ async def test_failover_when_the_first_url_is_down(server: BrokerServer) -> None
         await conn.close()
 
 
+@pytest.mark.e2e  # over half a second: left out of the unit run
 async def test_no_broker_reachable_fails_fast_when_refused() -> None:
     url = dead_url()
     async with Client([url], retry_timeout=30) as client:

@@ -105,6 +105,7 @@ async def test_non_streaming_ends_at_the_end_of_the_topic(server: BrokerServer) 
         await conn.close()
 
 
+@pytest.mark.e2e  # over half a second: left out of the unit run
 async def test_resume_after_cuts_never_loses_or_repeats(server: BrokerServer,
                                                         proxy: FaultProxy) -> None:
     async with Client(server.url) as direct:
@@ -138,6 +139,7 @@ async def test_conn_gives_up_after_retry_timeout_without_a_broker() -> None:
             await conn.close()
 
 
+@pytest.mark.e2e  # over half a second: left out of the unit run
 async def test_conn_fails_fast_when_every_url_refuses() -> None:
     url = dead_url()
     async with Client([url], retry_timeout=30) as client:

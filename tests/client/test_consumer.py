@@ -145,6 +145,7 @@ async def test_a_straight_run_commits_state_positions_and_publishes(server: Brok
         assert listed == until(published)  # heartbeated: retention keeps what is not committed
 
 
+@pytest.mark.e2e  # over half a second: left out of the unit run
 @pytest.mark.parametrize("kind", ["json", "sqlite"])
 async def test_a_crash_at_any_step_applies_everything_exactly_once(
         start_server: StartServer, tmp_path: Path, kind: str) -> None:

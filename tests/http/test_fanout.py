@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import cast
 
 import aiohttp
+import pytest
 
 from messaging.broker.metrics import BrokerMetrics
 from messaging.frames import BatchDecoder, encode
@@ -33,6 +34,7 @@ async def follow(session: aiohttp.ClientSession, server: BrokerServer, count: in
     return got
 
 
+@pytest.mark.e2e  # over half a second: left out of the unit run
 async def test_every_parked_stream_gets_every_commit_in_order(start_server: StartServer,
                                                               ) -> None:
     server = await start_server(max_segment_size=2000)  # rolls every few commits

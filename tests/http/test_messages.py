@@ -344,6 +344,7 @@ async def test_relaxed_fsync_modes(start_server: StartServer, http: aiohttp.Clie
         assert fsyncs() == 0
 
 
+@pytest.mark.e2e  # over half a second: left out of the unit run
 async def test_stream_overtaken_by_retention_is_broken_off(start_server: StartServer,
                                                            http: aiohttp.ClientSession) -> None:
     server = await start_server(max_segment_size=64 << 10, max_topic_size=0)
@@ -479,6 +480,7 @@ async def test_frames_before_the_damage_are_delivered(
     assert later == [item for item in expected if item[0] >= 40]
 
 
+@pytest.mark.e2e  # over half a second: left out of the unit run
 async def test_failing_and_abandoned_reads_leak_no_descriptors(
         start_server: StartServer, http: aiohttp.ClientSession) -> None:
     server, _expected = await damaged_broker(start_server, http, flip_frame=0)

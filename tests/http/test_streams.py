@@ -647,6 +647,7 @@ def test_an_empty_read_waits_for_a_newer_commit_not_for_frames_already_there() -
     assert streams.wait_after((10, 3), committed_before_read=7) == 10
 
 
+@pytest.mark.e2e  # over half a second: left out of the unit run
 async def test_sse_sends_one_control_event_per_catch_up(start_server: StartServer,
                                                         http: aiohttp.ClientSession) -> None:
     """After the data it has, an SSE reader gets one control event and then waits for the
