@@ -209,6 +209,17 @@ class BrokerConfig:
     cluster: str | None = _option(
         None, "--cluster", "cluster mode: the cluster name (etcd keys under /messaging/NAME/)",
         metavar="NAME")
+    groups: int = _option(
+        1, "--groups", "cluster mode: the number of topic groups, each a command log of its "
+        "own; fixed when the cluster is first created (recorded in etcd)", parse=positive_int,
+        metavar="G")
+    replicas: int = _option(
+        3, "--replicas", "cluster mode with --groups above 1: the nodes that hold (apply and "
+        "store) each group; every node when there are fewer", parse=positive_int, metavar="R")
+    group_etcd: list[str] = _option(
+        [], "--group-etcd", "cluster mode: group G's command log lives in this etcd cluster "
+        "instead of --etcd (repeat for several groups)", repeat=True,
+        metavar="G=URL[,URL...]")
     etcd_ca: Path | None = _option(None, "--etcd-ca", "CA bundle for https etcd URLs",
                                    parse=Path, metavar="FILE")
     etcd_cert: Path | None = _option(None, "--etcd-cert", "client certificate for etcd",
@@ -268,11 +279,31 @@ class BrokerConfig:
             return None
         if not self.etcd or not self.cluster:
             raise BadRequestError("--etcd and --cluster go together")
+        if "~" in self.cluster:
+            raise BadRequestError(f"invalid cluster name {self.cluster!r}: '~' is kept for "
+                                  "the names of topic groups' logs")
+        self.group_endpoints()  # checks --group-etcd against --groups
         return EtcdSettings(
             endpoints=tuple(u.strip() for u in self.etcd.split(",") if u.strip()),
             cluster=self.cluster, ca=self.etcd_ca, cert=self.etcd_cert, key=self.etcd_key,
             user=self.etcd_user, password=self.etcd_password if self.etcd_user else None,
             compact_every=self.etcd_compact_every)
+
+    def group_endpoints(self) -> dict[int, tuple[str, ...]]:
+        """The groups given an etcd cluster of their own (``--group-etcd G=URL,...``)."""
+        placed: dict[int, tuple[str, ...]] = {}
+        for item in self.group_etcd:
+            group, sep, urls = item.partition("=")
+            if not sep or not (group.isascii() and group.isdigit()):
+                raise BadRequestError(f"invalid --group-etcd {item!r}: expected G=URL[,URL...]")
+            if int(group) >= self.groups:
+                raise BadRequestError(f"invalid --group-etcd {item!r}: there are groups 0 to "
+                                      f"{self.groups - 1} (--groups {self.groups})")
+            endpoints = tuple(u.strip() for u in urls.split(",") if u.strip())
+            if not endpoints:
+                raise BadRequestError(f"invalid --group-etcd {item!r}: no etcd URL")
+            placed[int(group)] = endpoints
+        return placed
 
 
 @dataclass(frozen=True)

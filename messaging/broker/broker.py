@@ -31,7 +31,6 @@ from typing import IO, Any
 from messaging.aio import Notifier
 from messaging.broker import snapshot
 from messaging.broker.catalog import (
-    NAMED_TOPIC_BASE,
     STREAM_OP,
     Catalog,
     StreamOutcome,
@@ -61,6 +60,7 @@ from messaging.files import (
     write_json_atomic,
 )
 from messaging.frames import decode_one, frame_size
+from messaging.placement import NAMED_TOPIC_BASE
 from messaging.quiet_log import QuietLog
 from messaging.topic.store import TopicStore
 from messaging.topic.topic import Topic
@@ -98,7 +98,8 @@ class Broker:
                  max_topic_size: int = DEFAULT_MAX_TOPIC_SIZE,
                  subscriber_timeout: float = DEFAULT_SUBSCRIBER_TIMEOUT,
                  max_open_files: int | None = None,
-                 metrics: BrokerMetrics | None = None) -> None:
+                 metrics: BrokerMetrics | None = None,
+                 first_named_topic: int = NAMED_TOPIC_BASE) -> None:
         self.path = path
         self.max_segment_size = max_segment_size
         self.max_topic_size = max_topic_size
@@ -111,7 +112,7 @@ class Broker:
         self.store = TopicStore(path, max_segment_size, max_open_files)
         self.positions = Subscribers(subscriber_timeout)
         #: Named topics (streams): changed only by commands, in the group transaction.
-        self.catalog = Catalog()
+        self.catalog = Catalog(first_named_topic)
         #: Woken after every group that changed the catalog (closure, deletion, creation).
         self.streams_changed = Notifier()
         self._catalog_log = CatalogLog(path)

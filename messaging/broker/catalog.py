@@ -44,13 +44,11 @@ from messaging.errors import (
     StreamNotFoundError,
 )
 from messaging.frames import INTERNAL_TYPE, encode
+from messaging.placement import NAMED_TOPIC_BASE
 
 #: Internal command: JSON describing a catalog operation; the frames after it in the same
 #: command are the data it appends (their topic field is set when applied).
 STREAM_OP = INTERNAL_TYPE | 2
-#: Named topics get ids from here up; native publishes to this range are refused (400)
-#: so that a topic directory here always belongs to the catalog.
-NAMED_TOPIC_BASE = 1 << 63
 #: Frame type of a stream message that ends an append; a message that an append continues
 #: after (one item of a JSON batch, or one piece of a body over the message size) has
 #: :data:`CONTINUED`.
@@ -176,10 +174,14 @@ class Catalog:
     streams, and a stream is replaced whole, never changed in place.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, first_topic: int = NAMED_TOPIC_BASE) -> None:
+        #: The id the first stream gets (named topics have ids from 2^63 up; in a cluster of
+        #: topic groups each group has its own range:
+        #: :func:`messaging.placement.first_named_topic`).
+        self.first_topic = first_topic
         self.streams: dict[str, Stream] = {}
         self.by_topic: dict[int, str] = {}
-        self.next_topic = self._committed_next = NAMED_TOPIC_BASE
+        self.next_topic = self._committed_next = first_topic
         self._pending: dict[str, Stream | None] = {}  # None: removed by the group
         #: Idempotent producers of numeric topics (native publishes), by topic.
         self.native: dict[int, dict[str, Producer]] = {}
@@ -205,7 +207,7 @@ class Catalog:
     def restore(self, data: dict[str, Any] | None) -> None:
         """Replace everything with :meth:`saved` output (None: empty)."""
         data = data or {}
-        self.next_topic = self._committed_next = int(data.get("next_topic", NAMED_TOPIC_BASE))
+        self.next_topic = self._committed_next = int(data.get("next_topic", self.first_topic))
         streams = {}
         for item in data.get("streams", []):
             stream = Stream.restore(item)

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from crc32c import crc32c
 
 from messaging.broker.catalog import (
-    NAMED_TOPIC_BASE,
     STREAM_OP,
     Catalog,
     Decision,
@@ -44,6 +43,7 @@ from messaging.frames import (
     same_field,
     uniform_frames,
 )
+from messaging.placement import NAMED_TOPIC_BASE
 
 log = logging.getLogger(__name__)
 

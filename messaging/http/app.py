@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import ContentEncodingError
@@ -37,6 +38,102 @@ from messaging.log.base import Log
 
 log = logging.getLogger(__name__)
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class Handlers:
+    """The route handlers of one broker and its log."""
+
+    messages: MessageHandlers
+    consumers: ConsumerHandlers
+    health: HealthHandlers
+    streams: StreamHandlers
+
+
+def make_handlers(broker: BrokerView, log_: Log, config: BrokerConfig, executors: Executors,
+                  limits: Limits) -> Handlers:
+    """The handlers of one broker and its log (a node of a cluster of topic groups has one
+    set per group it holds)."""
+    return Handlers(
+        messages=MessageHandlers(broker, log_, executors, config.max_message_size,
+                                 config.max_request_size, limits),
+        consumers=ConsumerHandlers(broker, log_),
+        health=HealthHandlers(broker, log_),
+        streams=StreamHandlers(broker, log_, executors, config.max_message_size,
+                               long_poll_timeout=config.long_poll_timeout,
+                               max_request_size=config.max_request_size, limits=limits))
+
+
+#: How a request names the group of its topic (in a cluster of topic groups).
+TOPIC_PARAM, TOPIC_PATH, STREAM_NAME, EVERY_GROUP, NODE = (
+    "topic param", "topic path", "stream name", "every group", "node")
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route: method, path, the handler (``bundle.method`` of :class:`Handlers`), and
+    where a request finds its topic (one of the constants above)."""
+
+    method: str
+    path: str
+    bundle: str
+    handler: str
+    finds: str
+
+    def of(self, handlers: Handlers) -> Handler:
+        """This route's handler in ``handlers``."""
+        handler: Handler = getattr(getattr(handlers, self.bundle), self.handler)
+        return handler
+
+
+#: Every route a node serves (besides the snapshot for peers).
+ROUTES = (
+    # The native API (InfluxDB's paths).
+    Route("POST", "/messaging/messages", "messages", "publish", TOPIC_PARAM),
+    Route("GET", "/messaging/messages", "messages", "read", TOPIC_PARAM),
+    Route("POST", "/messaging/heartbeat", "messages", "heartbeat", TOPIC_PARAM),
+    Route("GET", "/messaging/ping", "messages", "ping", NODE),
+    Route("POST", "/messaging/ping", "messages", "ping", NODE),
+    Route("GET", "/messaging/topics", "messages", "topics", EVERY_GROUP),
+    Route("GET", "/messaging/topics/{id}", "messages", "topic", TOPIC_PATH),
+    Route("GET", "/messaging/diagnostics", "messages", "diagnostics", NODE),
+    Route("POST", "/messaging/retention", "messages", "retention", NODE),
+    Route("GET", "/metrics", "messages", "metrics", NODE),
+    # Stored consumer positions.
+    Route("GET", "/messaging/consumers", "consumers", "list", EVERY_GROUP),
+    Route("PUT", "/messaging/consumers/{name}", "consumers", "reset", TOPIC_PARAM),
+    Route("DELETE", "/messaging/consumers/{name}", "consumers", "delete", TOPIC_PARAM),
+    # Health, open to anyone.
+    Route("GET", "/healthz", "health", "healthz", NODE),
+    Route("GET", "/readyz", "health", "readyz", NODE),
+    # Durable Streams: one handler for every method, which declares a scope per method.
+    Route("*", STREAMS_PREFIX + "{name:.+}", "streams", "handle", STREAM_NAME),
+)
+
+
+def add_route(app: web.Application, route: Route, handler: Handler) -> None:
+    """Serve ``route`` with ``handler`` (a GET route answers HEAD too)."""
+    if route.method == "GET":
+        app.router.add_get(route.path, handler)
+    else:
+        app.router.add_route(route.method, route.path, handler)
+
+
+def limits_of(config: BrokerConfig) -> Limits:
+    """The request limits ``config`` sets (shared by every group of a node)."""
+    return Limits(max_streams=config.max_streams, max_subscribers=config.max_subscribers,
+                  min_upload_rate=config.min_upload_rate,
+                  max_append_rate=config.max_append_rate)
+
+
+def new_app(config: BrokerConfig, tokens: Tokens | None) -> web.Application:
+    """An application with the error (and, with ``tokens``, authentication) middlewares."""
+    # Without tokens every request is allowed: no authentication step at all.
+    middlewares = [errors_middleware] + ([auth_middleware(tokens)] if tokens is not None else [])
+    return web.Application(middlewares=middlewares, client_max_size=max(
+        config.max_request_size, config.max_message_size + 1024))
+
 
 def make_app(broker: BrokerView, log_: Log, config: BrokerConfig | None = None, *,
              tokens: Tokens | None = None,
@@ -47,58 +144,23 @@ def make_app(broker: BrokerView, log_: Log, config: BrokerConfig | None = None, 
     request; ``snapshots``: serve the snapshot cluster peers catch up from.
     """
     config = config or BrokerConfig()
-    limits = Limits(max_streams=config.max_streams, max_subscribers=config.max_subscribers,
-                    min_upload_rate=config.min_upload_rate,
-                    max_append_rate=config.max_append_rate)
     executors = Executors()
-    messages = MessageHandlers(broker, log_, executors, config.max_message_size,
-                               config.max_request_size, limits)
-    consumers = ConsumerHandlers(broker, log_)
-    health = HealthHandlers(broker, log_)
-    streams = StreamHandlers(broker, log_, executors, config.max_message_size,
-                             long_poll_timeout=config.long_poll_timeout,
-                             max_request_size=config.max_request_size, limits=limits)
-    # Without tokens every request is allowed: no authentication step at all.
-    middlewares = [errors_middleware] + ([auth_middleware(tokens)] if tokens is not None else [])
-    app = web.Application(middlewares=middlewares, client_max_size=max(
-        config.max_request_size, config.max_message_size + 1024))
+    handlers = make_handlers(broker, log_, config, executors, limits_of(config))
+    app = new_app(config, tokens)
     app.on_startup.append(executors.start)
-    app.on_startup.append(streams.start)
-    app.on_cleanup.append(streams.stop)
+    app.on_startup.append(handlers.streams.start)
+    app.on_cleanup.append(handlers.streams.stop)
     app.on_cleanup.append(executors.stop)
-    app.on_response_prepare.append(streams.add_cors)
-
-    router = app.router
-    # The native API (InfluxDB's paths).
-    router.add_post("/messaging/messages", messages.publish)
-    router.add_get("/messaging/messages", messages.read)
-    router.add_post("/messaging/heartbeat", messages.heartbeat)
-    router.add_get("/messaging/ping", messages.ping)
-    router.add_post("/messaging/ping", messages.ping)
-    router.add_get("/messaging/topics", messages.topics)
-    router.add_get("/messaging/topics/{id}", messages.topic)
-    router.add_get("/messaging/diagnostics", messages.diagnostics)
-    router.add_post("/messaging/retention", messages.retention)
-    router.add_get("/metrics", messages.metrics)
-    # Stored consumer positions.
-    router.add_get("/messaging/consumers", consumers.list)
-    router.add_put("/messaging/consumers/{name}", consumers.reset)
-    router.add_delete("/messaging/consumers/{name}", consumers.delete)
-    # Health, open to anyone.
-    router.add_get("/healthz", health.healthz)
-    router.add_get("/readyz", health.readyz)
-    # Durable Streams: one handler for every method, which declares a scope per method.
-    router.add_route("*", STREAMS_PREFIX + "{name:.+}", streams.handle)
+    app.on_response_prepare.append(handlers.streams.add_cors)
+    for route in ROUTES:
+        add_route(app, route, route.of(handlers))
     if snapshots is not None:  # a cluster node: peers catch up from its snapshot
-        router.add_get(SNAPSHOT_PATH, SnapshotHandlers(snapshots, executors).snapshot)
+        app.router.add_get(SNAPSHOT_PATH, SnapshotHandlers(snapshots, executors).snapshot)
     app[EXECUTORS] = executors
     return app
 
 
 # -- middlewares ----------------------------------------------------------------------------
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @web.middleware

@@ -7,21 +7,26 @@ import ipaddress
 import logging
 import socket
 import ssl
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from messaging.aio import cancel_and_wait
 from messaging.broker.broker import Broker
-from messaging.config import BrokerConfig
+from messaging.config import BrokerConfig, EtcdSettings
 from messaging.errors import BindError, ConfigError
 from messaging.http.access_log import ACCESS_LOGGER
 from messaging.http.app import make_app
 from messaging.http.auth import Tokens
 from messaging.http.connections import ConnectionLimits, connection_factory
-from messaging.http.executors import EXECUTORS, Executors
+from messaging.http.executors import EXECUTORS
 from messaging.http.snapshot import SnapshotSource
 from messaging.log.base import Log
 from messaging.log.local import LocalLog
+
+if TYPE_CHECKING:
+    from messaging.cluster.node import GroupNode
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +41,8 @@ class BrokerServer:
         self.config = config
         self.broker: Broker | None = None
         self.log: Log | None = None
+        #: With --groups above 1: the groups this node holds (``broker`` and ``log`` stay None).
+        self.node: GroupNode | None = None
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
         self.connections: ConnectionLimits | None = None
@@ -59,11 +66,13 @@ class BrokerServer:
             self.tokens = await loop.run_in_executor(None, Tokens, config.tokens)
         sock = _bind(config.host, config.port)
         self.port = sock.getsockname()[1]
+        etcd = config.etcd_settings()
+        if etcd is not None and config.groups > 1:
+            await self._start_groups(sock, tls, etcd)
+            return
         try:
             self.broker = await loop.run_in_executor(None, lambda: Broker.open(
-                config.data, max_segment_size=config.max_segment_size,
-                max_topic_size=config.max_topic_size,
-                subscriber_timeout=config.subscriber_timeout))
+                config.data, **self._broker_options()))
             self.log = await self._start_log(self.broker)
         except BaseException:
             sock.close()
@@ -77,6 +86,35 @@ class BrokerServer:
             assert isinstance(self.log, EtcdLog)
             snapshots = self.log  # peers catch up from this node's data
         app = make_app(self.broker, self.log, config, tokens=self.tokens, snapshots=snapshots)
+        broker = self.broker
+        await self._serve(app, sock, tls, lambda: app[EXECUTORS].maintain(
+            broker.enforce_retention))
+
+    def _broker_options(self) -> dict[str, Any]:
+        config = self.config
+        return {"max_segment_size": config.max_segment_size,
+                "max_topic_size": config.max_topic_size,
+                "subscriber_timeout": config.subscriber_timeout}
+
+    async def _start_groups(self, sock: socket.socket, tls: ssl.SSLContext | None,
+                            etcd: EtcdSettings) -> None:
+        """A node of a cluster of topic groups: the groups it holds, then serve."""
+        from messaging.cluster.node import GroupNode  # grpc: only in cluster mode
+        from messaging.http.groups import make_group_app
+
+        node = GroupNode(self.config, self.url, etcd, self._broker_options())
+        try:
+            await node.start()
+        except BaseException:
+            sock.close()
+            raise
+        self.node = node
+        app = make_group_app(node, self.config, tokens=self.tokens)
+        await self._serve(app, sock, tls, node.enforce_retention)
+
+    async def _serve(self, app: web.Application, sock: socket.socket,
+                     tls: ssl.SSLContext | None, retention: Callable[[], Awaitable[int]]) -> None:
+        config = self.config
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                      shutdown_timeout=5.0)
         await self._runner.setup()
@@ -84,12 +122,12 @@ class BrokerServer:
         # The runner's server is a protocol factory; serving it through our own factory
         # puts BrokerConnection (header timeout, connection cap) on every connection.
         self.connections = ConnectionLimits(config.header_timeout, config.max_connections)
-        self._listener = await loop.create_server(
+        self._listener = await asyncio.get_running_loop().create_server(
             connection_factory(self._runner.server, self.connections,
                                logging.getLogger(ACCESS_LOGGER) if config.access_log else None),
             sock=sock,
             backlog=LISTEN_BACKLOG, ssl=tls)
-        self._retention = asyncio.create_task(self._retention_loop(app[EXECUTORS]),
+        self._retention = asyncio.create_task(self._retention_loop(retention),
                                               name="messaging-retention")
         log.info("broker listening on %s (data %s, fsync %s)", self.url, config.data,
                  config.fsync)
@@ -98,7 +136,10 @@ class BrokerServer:
         config = self.config
         etcd = config.etcd_settings()
         if etcd is not None:
+            from messaging.cluster.node import check_single_group
             from messaging.log.etcd.log import EtcdLog  # grpc: only in cluster mode
+
+            await check_single_group(etcd)
 
             cluster = EtcdLog(broker, self.url, etcd, config.fsync,
                               peer_token=config.peer_token,
@@ -109,12 +150,11 @@ class BrokerServer:
         await local.start()
         return local
 
-    async def _retention_loop(self, executors: Executors) -> None:
-        assert self.broker is not None
+    async def _retention_loop(self, retention: Callable[[], Awaitable[int]]) -> None:
         while True:
             await asyncio.sleep(self.config.truncation_interval)
             try:
-                await executors.maintain(self.broker.enforce_retention)
+                await retention()
             except Exception:
                 log.exception("retention failed")
 
@@ -125,12 +165,15 @@ class BrokerServer:
         listener, self._listener = self._listener, None
         log_, self.log = self.log, None
         broker, self.broker = self.broker, None
+        node, self.node = self.node, None
         runner, self._runner = self._runner, None
         await cancel_and_wait(retention)
         if listener is not None:
             listener.close()
         if log_ is not None:
             await log_.close()
+        if node is not None:
+            await node.close()
         if broker is not None:
             # Waits for a retention run still going on a thread.
             await loop.run_in_executor(None, broker.close)
@@ -138,7 +181,7 @@ class BrokerServer:
             await runner.cleanup()
         if self.connections is not None:
             self.connections.close()
-        if broker is not None:
+        if broker is not None or node is not None:
             log.info("broker stopped")
 
     async def __aenter__(self) -> BrokerServer:

@@ -24,11 +24,12 @@ import aiohttp
 import pytest
 
 from messaging.broker import stream_reads
-from messaging.broker.catalog import NAMED_TOPIC_BASE, parse_token
+from messaging.broker.catalog import parse_token
 from messaging.frames import FRAMES_CONTENT_TYPE, encode
 from messaging.http import streams
 from messaging.http.executors import Executors
 from messaging.http.server import BrokerServer
+from messaging.placement import NAMED_TOPIC_BASE
 from tests.conftest import StartServer
 
 JSON = {"Content-Type": "application/json"}

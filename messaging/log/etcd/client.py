@@ -285,6 +285,21 @@ class EtcdClient:
             lambda channel, md: rpc.KVStub(channel).Range(request, timeout=timeout, metadata=md),
             endpoint=endpoint)
 
+    async def put_if_absent(self, key: bytes, value: bytes) -> bytes:
+        """Store ``value`` at ``key`` unless the key exists; returns what the key holds."""
+        request = rpc.TxnRequest(
+            compare=[rpc.Compare(key=key, target=rpc.Compare.CompareTarget.CREATE,
+                                 result=rpc.Compare.CompareResult.EQUAL, create_revision=0)],
+            success=[rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value))],
+            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key))])
+        response = await self.call(
+            lambda channel, md: rpc.KVStub(channel).Txn(request, timeout=PUT_TIMEOUT,
+                                                         metadata=md))
+        if response.succeeded:
+            return value
+        kvs = response.responses[0].response_range.kvs
+        return bytes(kvs[0].value) if kvs else value
+
     async def check_quorum(self, key: bytes, timeout: float = QUICK_TIMEOUT) -> Any:
         """A quick linearizable read of ``key``: it succeeds only where etcd has quorum.
 

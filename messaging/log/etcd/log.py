@@ -169,6 +169,7 @@ class EtcdLog:
         self._watch_from = 0
         self._etcd_revision = 0  # as of the last quorum read
         self._log_revision = 0  # the log key's last revision, as of the last quorum read
+        self._quorum_reads = 0  # quorum reads answered since start
         self._membership = Membership(self._client, self.cluster, url,
                                       self._durable_revision, settings.compact_every)
         self.snapshots_installed = 0
@@ -294,6 +295,20 @@ class EtcdLog:
             return f"no etcd quorum: {self._writes.quorum_error or 'not checked yet'}"
         return None
 
+    def caught_up(self) -> bool:
+        """Whether this node may serve reads of its log: ready for writes, and it has applied
+        every entry the log held at its last quorum read (taken after it started)."""
+        if self.not_ready() is not None or not self._quorum_reads:
+            return False
+        with self._progress_lock:
+            return self._applied >= self._log_revision
+
+    def applied_revision(self) -> int:
+        """The revision through which this node has applied the log (idle stretches that a
+        quorum read saw empty included)."""
+        with self._progress_lock:
+            return max(self._applied, self._idle_covered)
+
     def diagnostics(self, window: float = DEFAULT_WINDOW) -> dict[str, Any]:
         """etcd endpoints, revisions, lag, nodes, watch and quorum state, and where the time
         of the publishes answered in the last ``window`` seconds went."""
@@ -349,6 +364,7 @@ class EtcdLog:
     def _quorum_read(self, response: Any) -> None:
         """A quorum read also tells how far etcd and the log key are (writer's callback)."""
         self._etcd_revision = int(response.header.revision)
+        self._quorum_reads += 1
         if response.kvs:
             self._log_revision = int(response.kvs[0].mod_revision)
         with self._progress_lock:

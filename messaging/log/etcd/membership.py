@@ -30,12 +30,16 @@ class Membership:
     """This node's registration and what it knows of the others."""
 
     def __init__(self, client: EtcdClient, cluster: str, url: str,
-                 durable_revision: Callable[[], int], compact_every: int) -> None:
+                 durable_revision: Callable[[], int], compact_every: int, *,
+                 kind: str = "nodes") -> None:
+        """``kind``: ``nodes`` for the appliers of one command log (their durable revisions
+        bound compaction); ``members`` for a cluster of topic groups' node list."""
         self.client = client
         self.url = url
         self.compact_every = compact_every
         self._durable_revision = durable_revision
-        self._prefix = _ROOT + cluster.encode() + b"/nodes/"
+        self._prefix = nodes_prefix(cluster, kind)
+        self._name = f"cluster {cluster}" if kind == "nodes" else f"cluster {cluster} {kind}"
         self._key = self._prefix + url.encode()
         self.lease = 0
         self._registered: str | None = None
@@ -81,9 +85,9 @@ class Membership:
         joined = sorted(set(nodes) - set(self.nodes) - {self.url})
         left = sorted(set(self.nodes) - set(nodes) - {self.url})
         if joined:
-            log.info("cluster nodes joined: %s", ", ".join(joined))
+            log.info("%s: nodes joined: %s", self._name, ", ".join(joined))
         if left:
-            log.info("cluster nodes left: %s", ", ".join(left))
+            log.info("%s: nodes left: %s", self._name, ", ".join(left))
         self.nodes = nodes
 
     async def maybe_compact(self) -> None:
@@ -119,13 +123,23 @@ class Membership:
         return floors
 
     async def _read_nodes(self, prefix: bytes) -> dict[str, dict[str, Any]]:
-        response = await self.client.get(prefix, prefix=True)
-        nodes = {}
-        for kv in response.kvs:
-            try:
-                info = json.loads(kv.value)
-                nodes[str(info["url"])] = {"url": str(info["url"]),
-                                           "durable_revision": int(info["durable_revision"])}
-            except (ValueError, KeyError, TypeError):
-                continue  # not ours: ignore it
-        return nodes
+        return await read_nodes(self.client, prefix)
+
+
+def nodes_prefix(cluster: str, kind: str = "nodes") -> bytes:
+    """Where the registrations of ``cluster``'s nodes (or members) are kept."""
+    return _ROOT + cluster.encode() + b"/" + kind.encode() + b"/"
+
+
+async def read_nodes(client: EtcdClient, prefix: bytes) -> dict[str, dict[str, Any]]:
+    """The registrations under ``prefix``: URL → {url, durable_revision}."""
+    response = await client.get(prefix, prefix=True)
+    nodes = {}
+    for kv in response.kvs:
+        try:
+            info = json.loads(kv.value)
+            nodes[str(info["url"])] = {"url": str(info["url"]),
+                                       "durable_revision": int(info["durable_revision"])}
+        except (ValueError, KeyError, TypeError):
+            continue  # not ours: ignore it
+    return nodes

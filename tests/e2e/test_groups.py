@@ -1,0 +1,339 @@
+"""Topic groups end to end: real etcd members and real broker processes on 127.0.0.1.
+
+Four nodes, four groups, two holders per group: every request works through every node,
+each group is applied and stored only by its holders (byte-identical), a killed holder's
+groups move with nothing acknowledged lost, and a group may live in an etcd cluster of its
+own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from messaging.frames import decode
+from messaging.placement import GROUP_SHIFT, NAMED_TOPIC_BASE, group_of_name, group_of_topic
+from tests.conftest import wait_until
+from tests.e2e.test_etcd_log import EtcdCluster, Nodes, _range, etcd, etcd_cluster
+
+__all__ = ["etcd", "etcd_cluster"]  # the module's etcd cluster (fixtures)
+
+GROUPS, REPLICAS, NODES = 4, 2, 4
+TOPICS = list(range(1, 17))
+
+
+def group_nodes(broker_process: Any, tmp_path: Path, etcd: EtcdCluster,
+                *extra: str) -> Nodes:
+    return Nodes(broker_process, tmp_path, etcd, "--groups", str(GROUPS),
+                 "--replicas", str(REPLICAS), *extra)
+
+
+async def get_json(session: aiohttp.ClientSession, url: str) -> Any:
+    async with session.get(url) as resp:
+        assert resp.status == 200, f"{url}: {resp.status} {await resp.text()}"
+        return await resp.json()
+
+
+async def placement(session: aiohttp.ClientSession, url: str) -> dict[int, list[str]]:
+    """Each group's holders as ``url`` sees them."""
+    answer = await get_json(session, f"{url}/messaging/groups")
+    return {g["group"]: g["holders"] for g in answer["groups"]}
+
+
+async def settled(session: aiohttp.ClientSession, urls: list[str],
+                  timeout: float = 60.0) -> dict[int, list[str]]:
+    """Wait until every node agrees on the holders and every holder has caught up."""
+    seen: dict[int, list[str]] = {}
+
+    async def agreed() -> bool:
+        try:
+            views = [await get_json(session, f"{u}/messaging/groups") for u in urls]
+        except (aiohttp.ClientError, AssertionError):
+            return False
+        maps = [{g["group"]: g["holders"] for g in v["groups"]} for v in views]
+        if any(m != maps[0] for m in maps) or any(sorted(v["members"]) != sorted(urls)
+                                                  for v in views):
+            return False
+        for url, view in zip(urls, views, strict=True):
+            for group in view["groups"]:
+                held = url in group["holders"]
+                here = group["here"]
+                if held != (here is not None) or (held and not here["caught_up"]):
+                    return False
+        seen.update(maps[0])
+        return True
+
+    await wait_until(agreed, timeout=timeout, what="every node agreeing on caught-up holders")
+    return seen
+
+
+@dataclass
+class TopicLoad:
+    """Publishers over many topics through every node; every answer is recorded."""
+
+    urls: list[str]
+    acked: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # data → (topic, index)
+    refused: set[bytes] = field(default_factory=set)
+    unknown: set[bytes] = field(default_factory=set)
+    down: set[str] = field(default_factory=set)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def start(self, session: aiohttp.ClientSession, workers: int = 8) -> None:
+        for w in range(workers):
+            self.tasks.append(asyncio.ensure_future(self._worker(session, w)))
+
+    async def finish(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(asyncio.gather(*self.tasks), 60)
+
+    async def _worker(self, session: aiohttp.ClientSession, w: int) -> None:
+        n = 0
+        while not self.stop.is_set() and n < 100_000:
+            n += 1
+            url = self.urls[(w + n) % len(self.urls)]
+            if url in self.down:
+                await asyncio.sleep(0.01)
+                continue
+            topic = TOPICS[(w * 7 + n) % len(TOPICS)]
+            await self.publish(session, url, topic, f"w{w} n{n}".encode())
+
+    async def publish(self, session: aiohttp.ClientSession, url: str, topic: int,
+                      data: bytes) -> None:
+        try:
+            async with session.post(f"{url}/messaging/messages", params={"topicID": str(topic)},
+                                    data=data, timeout=aiohttp.ClientTimeout(total=40)) as resp:
+                await resp.read()
+                if resp.status == 200:
+                    self.acked[data] = (topic, int(resp.headers["X-Broker-Index"]))
+                    return
+                (self.refused if resp.status == 503 else self.unknown).add(data)
+        except aiohttp.ClientConnectorError:
+            self.refused.add(data)
+        except (aiohttp.ClientError, TimeoutError):
+            self.unknown.add(data)
+        await asyncio.sleep(0.05)
+
+
+async def read_topic(session: aiohttp.ClientSession, url: str,
+                     topic: int) -> list[tuple[int, bytes]]:
+    async with session.get(f"{url}/messaging/messages", params={"topicID": str(topic)}) as resp:
+        if resp.status == 404:
+            return []
+        assert resp.status == 200, await resp.text()
+        body = await resp.read()
+    messages, used = decode(body, after=0)
+    assert used == len(body)
+    return [(m.index, m.data) for m in messages]
+
+
+async def check_everything(session: aiohttp.ClientSession, urls: list[str],
+                           load: TopicLoad) -> None:
+    """Through every node: every acknowledged message once, at its index, in its topic;
+    nothing refused stored."""
+    for url in urls:
+        stored: dict[bytes, tuple[int, int]] = {}
+        for topic in TOPICS:
+            for index, data in await read_topic(session, url, topic):
+                assert data not in stored, f"{data!r} stored twice (through {url})"
+                stored[data] = (topic, index)
+        for data, where in load.acked.items():
+            assert stored.get(data) == where, (f"acknowledged {data!r} at {where}, through "
+                                               f"{url} found at {stored.get(data)}")
+        assert not load.refused & stored.keys(), "refused messages were stored"
+        assert stored.keys() <= load.acked.keys() | load.unknown
+
+
+def group_files(data: Path, group: int) -> dict[str, bytes]:
+    topics = data / "groups" / str(group) / "topics"
+    return {str(f.relative_to(topics)): f.read_bytes() for f in sorted(topics.glob("*/*.seg"))}
+
+
+async def check_holders_identical(nodes: Nodes, holders: dict[int, list[str]]) -> None:
+    """Each group's holders hold byte-identical segment files; no other node keeps any."""
+    index_of = {nodes.url(i): i for i in nodes.procs}
+    for group, urls in holders.items():
+        files = [await asyncio.to_thread(group_files, nodes.data(index_of[u]), group)
+                 for u in urls]
+        assert files[0], f"group {group}: no segment files"
+        assert all(f == files[0] for f in files[1:]), f"group {group}: holders differ"
+
+
+async def wait_copies_only_on_holders(nodes: Nodes, holders: dict[int, list[str]],
+                                      alive: list[int]) -> None:
+    """Former holders delete a group's files once its holders are durable past them."""
+    async def only_holders() -> bool:
+        for i in alive:
+            present = {int(p.name) for p in (nodes.data(i) / "groups").iterdir()}
+            expected = {g for g, urls in holders.items() if nodes.url(i) in urls}
+            if present != expected:
+                return False
+        return True
+
+    await wait_until(only_holders, timeout=40, what="group files only on their holders")
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+
+async def test_the_number_of_groups_is_fixed_when_the_cluster_is_created(
+        etcd: EtcdCluster, broker_process: Any, tmp_path: Path) -> None:
+    nodes = group_nodes(broker_process, tmp_path, etcd)
+    await nodes.start(0)
+    for args in (["--groups", "2"], []):
+        done = subprocess.run(
+            [sys.executable, "-m", "messaging.cli", "broker", "--data", str(tmp_path / "x"),
+             "--bind", "127.0.0.1:0", "--etcd", etcd.endpoints, "--cluster", nodes.name, *args],
+            capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0
+        assert (f"cluster {nodes.name!r} was created with --groups {GROUPS}; this node was "
+                f"started with --groups {args[1] if args else 1}") in done.stderr
+        assert "Traceback" not in done.stderr
+    recorded = await _range(etcd.members[0].client_url, f"/messaging/{nodes.name}/groups".encode())
+    assert json.loads(recorded.kvs[0].value) == {"groups": GROUPS}
+
+
+async def test_each_group_is_applied_and_stored_only_by_its_holders(
+        etcd: EtcdCluster, broker_process: Any, tmp_path: Path) -> None:
+    nodes = group_nodes(broker_process, tmp_path, etcd)
+    await nodes.start(*range(NODES))
+    async with aiohttp.ClientSession() as session:
+        holders = await settled(session, nodes.urls)
+        assert all(len(h) == REPLICAS for h in holders.values())
+        load = TopicLoad(nodes.urls)
+        for k in range(5):  # every topic through every node
+            await asyncio.gather(*(load.publish(session, nodes.url((t + k) % NODES), t,
+                                                b"t%d k%d" % (t, k)) for t in TOPICS))
+        assert len(load.acked) == 5 * len(TOPICS), (load.refused, load.unknown)
+        # Forwarded answers name the holder that applied them.
+        for t in TOPICS[:4]:
+            group = group_of_topic(t, GROUPS)
+            for url in nodes.urls:
+                async with session.get(f"{url}/messaging/topics/{t}") as resp:
+                    assert resp.status == 200
+                    assert resp.headers["X-Messaging-Node"] in holders[group]
+        await check_everything(session, nodes.urls, load)
+        listed = await get_json(session, f"{nodes.url(0)}/messaging/topics")
+        assert sorted(row["id"] for row in listed) == TOPICS
+        # Apply work is split: a node applies only its groups' messages.
+        applied = {}
+        for i in range(NODES):
+            diagnostics = await get_json(session, f"{nodes.url(i)}/messaging/diagnostics")
+            applied[i] = sum(sum(1 for t in TOPICS if group_of_topic(t, GROUPS) == int(g))
+                             for g in diagnostics["held"])
+        assert sum(applied.values()) == REPLICAS * len(TOPICS)
+        await wait_copies_only_on_holders(nodes, holders, list(range(NODES)))
+        await check_holders_identical(nodes, holders)
+
+
+async def test_a_killed_holder_moves_its_groups_and_nothing_is_lost(
+        etcd: EtcdCluster, broker_process: Any, tmp_path: Path) -> None:
+    nodes = group_nodes(broker_process, tmp_path, etcd)
+    await nodes.start(*range(NODES))
+    async with aiohttp.ClientSession() as session:
+        before = await settled(session, nodes.urls)
+        load = TopicLoad(nodes.urls)
+        load.start(session)
+        await wait_until(lambda: _true(len(load.acked) >= 150), timeout=60, what="150 acks")
+        # The node holding the most groups is killed with kill -9.
+        victim = max(range(NODES), key=lambda i: sum(nodes.url(i) in h
+                                                     for h in before.values()))
+        load.down.add(nodes.url(victim))
+        nodes.kill(victim)
+        acked = len(load.acked)
+        await wait_until(lambda: _true(len(load.acked) >= acked + 150), timeout=90,
+                         what="150 more acks after a holder was killed")
+        await load.finish()
+        alive = [i for i in range(NODES) if i != victim]
+        urls = [nodes.url(i) for i in alive]
+        after = await settled(session, urls)
+        assert all(nodes.url(victim) not in h and len(h) == REPLICAS for h in after.values())
+        moved = [g for g in range(GROUPS) if after[g] != before[g]]
+        assert moved, "the killed node held no group"
+        await check_everything(session, urls, load)
+        await check_holders_identical(nodes, after)
+
+
+async def test_a_named_stream_lives_in_the_group_of_its_name(
+        etcd: EtcdCluster, broker_process: Any, tmp_path: Path) -> None:
+    nodes = group_nodes(broker_process, tmp_path, etcd)
+    await nodes.start(*range(NODES))
+    async with aiohttp.ClientSession() as session:
+        holders = await settled(session, nodes.urls)
+        names = [f"orders-{k}" for k in range(8)]
+        for k, name in enumerate(names):
+            url = f"{nodes.url(k % NODES)}/v1/stream/{name}"
+            async with session.put(url, headers={"Content-Type": "text/plain"}) as resp:
+                assert resp.status == 201, await resp.text()
+                assert resp.headers["X-Messaging-Node"] in holders[group_of_name(name, GROUPS)]
+                assert resp.headers["Location"].startswith(nodes.url(k % NODES))
+            async with session.post(url, data=f"first of {name}",
+                                    headers={"Content-Type": "text/plain"}) as resp:
+                assert resp.status == 204, await resp.text()
+        for name in names:
+            for url in nodes.urls:
+                async with session.get(f"{url}/v1/stream/{name}") as resp:
+                    assert resp.status == 200
+                    assert await resp.text() == f"first of {name}"
+        # A stream's topic id names its group: native reads of it find it from any node.
+        listed = await get_json(session, f"{nodes.url(0)}/messaging/topics")
+        ids = [row["id"] for row in listed if row["id"] >= NAMED_TOPIC_BASE]
+        assert len(ids) == len(names)
+        assert {(i - NAMED_TOPIC_BASE) >> GROUP_SHIFT for i in ids} == \
+               {group_of_name(n, GROUPS) for n in names}
+        for topic in ids:
+            assert len(await read_topic(session, nodes.url(3), topic)) == 1
+
+
+async def test_a_group_in_an_etcd_cluster_of_its_own(
+        etcd: EtcdCluster, broker_process: Any, tmp_path: Path) -> None:
+    (tmp_path / "etcd-b").mkdir()
+    other = EtcdCluster(tmp_path / "etcd-b", size=1)
+    other.ensure_running()
+    try:
+        await other.wait_healthy()
+        nodes = group_nodes(broker_process, tmp_path, etcd, "--group-etcd",
+                            f"1={other.endpoints}")
+        await nodes.start(*range(3))
+        async with aiohttp.ClientSession() as session:
+            await settled(session, nodes.urls)
+            load = TopicLoad(nodes.urls)
+            await asyncio.gather(*(load.publish(session, nodes.url(t % 3), t, b"t%d" % t)
+                                   for t in TOPICS))
+            assert len(load.acked) == len(TOPICS)
+            await check_everything(session, nodes.urls, load)
+            view = await get_json(session, f"{nodes.url(0)}/messaging/groups")
+            assert view["groups"][1]["etcd"] == [other.endpoints]
+            assert view["groups"][0]["etcd"] == etcd.endpoints.split(",")
+        key = f"/messaging/{nodes.name}~g1/log".encode()
+        assert (await _range(other.members[0].client_url, key)).kvs, "group 1 not in etcd B"
+        assert not (await _range(etcd.members[0].client_url, key)).kvs
+        key0 = f"/messaging/{nodes.name}~g0/log".encode()
+        assert (await _range(etcd.members[0].client_url, key0)).kvs
+    finally:
+        other.stop()
+
+
+async def test_a_wrong_group_flag_is_one_line() -> None:
+    for args, message in ((["--groups", "4", "--group-etcd", "7=http://127.0.0.1:1"],
+                           "invalid --group-etcd '7=http://127.0.0.1:1': there are groups 0 "
+                           "to 3 (--groups 4)"),
+                          (["--groups", "0"], "invalid number '0'")):
+        done = subprocess.run(
+            [sys.executable, "-m", "messaging.cli", "broker", "--bind", "127.0.0.1:0",
+             "--etcd", "http://127.0.0.1:1", "--cluster", "c", *args],
+            capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0
+        assert message in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+
+
+async def _true(value: bool) -> bool:
+    return value
