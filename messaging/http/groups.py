@@ -191,6 +191,11 @@ class GroupRouter:
                 raise CommitUnknownError(
                     f"the holder {url} of group {group} failed before answering "
                     f"({type(err).__name__}: {err}); the request may have been applied") from err
+            if upstream.status == 503 and url != targets[-1]:
+                # Not applied there (catching up, or no etcd quorum): the next holder may.
+                failures.append(f"{url}: 503 {upstream.headers.get(ERROR_HEADER, '')}")
+                upstream.release()
+                continue
             try:
                 response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
                 for name, value in upstream.headers.items():

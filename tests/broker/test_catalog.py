@@ -36,7 +36,6 @@ from messaging.broker.broker import ApplyResult, Broker
 from messaging.broker.catalog import (
     APPEND_END,
     CONTINUED,
-    NAMED_TOPIC_BASE,
     Catalog,
     StreamOutcome,
     stream_command,
@@ -58,6 +57,7 @@ from messaging.errors import (
     StreamNotFoundError,
 )
 from messaging.frames import encode
+from messaging.placement import NAMED_TOPIC_BASE
 from messaging.topic.topic import Topic
 from tests.examples import examples
 from tests.faults import Faults, inject

@@ -337,3 +337,142 @@ async def test_a_wrong_group_flag_is_one_line() -> None:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+class OwnEtcd:
+    """A one-member etcd cluster of a test's own: compaction there depends only on it (the
+    module's etcd holds the logs of earlier tests' groups, whose nodes are gone, and etcd
+    is never compacted past a group log that no node applies)."""
+
+    def __init__(self, tmp: Path) -> None:
+        (tmp / "own-etcd").mkdir()
+        self.cluster = EtcdCluster(tmp / "own-etcd", size=1)
+
+    async def __aenter__(self) -> EtcdCluster:
+        self.cluster.ensure_running()
+        await self.cluster.wait_healthy()
+        return self.cluster
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cluster.stop()
+
+
+def topic_in(group: int) -> int:
+    return next(t for t in range(1, 10_000) if group_of_topic(t, GROUPS) == group)
+
+
+async def status_of(session: aiohttp.ClientSession, url: str, topic: int,
+                    data: bytes) -> int:
+    try:
+        async with session.post(f"{url}/messaging/messages", params={"topicID": str(topic)},
+                                data=data, timeout=aiohttp.ClientTimeout(total=20)) as resp:
+            await resp.read()
+            return resp.status
+    except aiohttp.ClientConnectorError:
+        return 0
+
+
+async def compacted_past(session: aiohttp.ClientSession, urls: list[str], revision: int) -> None:
+    async def compacted() -> bool:
+        best = 0
+        for url in urls:
+            held = (await get_json(session, f"{url}/messaging/diagnostics"))["held"]
+            best = max([best, *(d["compacted_revision"] for d in held.values())])
+        return best >= revision
+
+    await wait_until(compacted, timeout=40, what=f"etcd compacted past revision {revision}")
+
+
+async def test_all_holders_of_a_group_killed_after_compaction(
+        broker_process: Any, tmp_path: Path) -> None:
+    """The group's writes are refused (503) until a former holder returns; groups that kept
+    a holder go on; nothing acknowledged is lost."""
+    async with OwnEtcd(tmp_path) as etcd, aiohttp.ClientSession() as session:
+        nodes = group_nodes(broker_process, tmp_path, etcd, "--etcd-compact-every", "1")
+        await nodes.start(*range(NODES))
+        holders = await settled(session, nodes.urls)
+        load = TopicLoad(nodes.urls)
+        for k in range(3):
+            await asyncio.gather(*(load.publish(session, nodes.url(t % NODES), t,
+                                                b"t%d k%d" % (t, k)) for t in TOPICS))
+        assert len(load.acked) == 3 * len(TOPICS)
+        views = [await get_json(session, f"{u}/messaging/diagnostics") for u in nodes.urls]
+        last = max(d["applied_revision"] for v in views for d in v["held"].values())
+        await compacted_past(session, nodes.urls, last)
+        group = 0
+        victims = [nodes.urls.index(u) for u in holders[group]]
+        for i in victims:
+            nodes.kill(i)
+        alive = [i for i in range(NODES) if i not in victims]
+        urls = [nodes.url(i) for i in alive]
+        kept = [g for g in range(GROUPS) if set(holders[g]) - set(holders[group])]
+        await asyncio.sleep(7)  # the victims' leases expire; their groups move
+        for url in urls:  # the new holders cannot catch up: etcd compacted, no peer has it
+            view = (await get_json(session, f"{url}/messaging/groups"))["groups"][group]
+            assert url in view["holders"] and view["here"]["caught_up"] is False
+        for _ in range(3):
+            assert await status_of(session, urls[0], topic_in(group), b"refused") == 503
+            for g in kept:
+                assert await status_of(session, urls[0], topic_in(g), b"g%d" % g) == 200
+        # A former holder returns: it replays from its checkpoint; the others catch up.
+        await nodes.start(victims[0])
+        back = [*alive, victims[0]]
+        await settled(session, [nodes.url(i) for i in sorted(back)])
+        await load.publish(session, urls[0], topic_in(group), b"after")
+        assert b"after" in load.acked
+        for url in [nodes.url(i) for i in back]:
+            stored = {data for t in TOPICS for _, data in await read_topic(session, url, t)}
+            assert set(load.acked) <= stored
+            assert b"refused" not in stored
+
+
+async def test_a_node_added_after_compaction_takes_groups_from_snapshots(
+        broker_process: Any, tmp_path: Path) -> None:
+    async with OwnEtcd(tmp_path) as etcd, aiohttp.ClientSession() as session:
+        nodes = group_nodes(broker_process, tmp_path, etcd, "--etcd-compact-every", "1")
+        await nodes.start(0, 1, 2)
+        await settled(session, nodes.urls)
+        load = TopicLoad(nodes.urls)
+        for k in range(3):
+            await asyncio.gather(*(load.publish(session, nodes.url(t % 3), t,
+                                                b"t%d k%d" % (t, k)) for t in TOPICS))
+        views = [await get_json(session, f"{u}/messaging/diagnostics") for u in nodes.urls]
+        last = max(d["applied_revision"] for v in views for d in v["held"].values())
+        await compacted_past(session, nodes.urls, last)
+        await nodes.start(3)
+        after = await settled(session, nodes.urls)
+        taken = [g for g, urls in after.items() if nodes.url(3) in urls]
+        assert taken, "the new node took no group"
+        diagnostics = await get_json(session, f"{nodes.url(3)}/messaging/diagnostics")
+        assert all(diagnostics["held"][str(g)]["snapshots_installed"] == 1 for g in taken)
+        await check_everything(session, nodes.urls, load)
+        for t in TOPICS:
+            if group_of_topic(t, GROUPS) in taken:
+                async with session.get(f"{nodes.url(0)}/messaging/topics/{t}") as resp:
+                    assert resp.status == 200
+        await wait_copies_only_on_holders(nodes, after, list(range(NODES)))
+        await check_holders_identical(nodes, after)
+
+
+async def test_a_groups_etcd_losing_quorum_stops_only_its_groups(
+        etcd: EtcdCluster, broker_process: Any, tmp_path: Path) -> None:
+    async with OwnEtcd(tmp_path) as other, aiohttp.ClientSession() as session:
+        nodes = group_nodes(broker_process, tmp_path, etcd, "--group-etcd",
+                            f"1={other.endpoints}")
+        await nodes.start(*range(3))
+        await settled(session, nodes.urls)
+        assert await status_of(session, nodes.url(0), topic_in(1), b"before") == 200
+        other.stop()
+        for _ in range(3):
+            for g in range(GROUPS):
+                status = await status_of(session, nodes.url(g % 3), topic_in(g), b"x")
+                assert status == (200 if g != 1 else 503), (g, status)
+        other.ensure_running()
+        await other.wait_healthy()
+
+        async def back() -> bool:
+            return await status_of(session, nodes.url(0), topic_in(1), b"back") == 200
+
+        await wait_until(back, timeout=30, what="group 1 taking writes again")
+        data = [d for _, d in await read_topic(session, nodes.url(2), topic_in(1))]
+        assert data[0] == b"before" and data[-1] == b"back"

@@ -48,6 +48,7 @@ class Membership:
         self.nodes: dict[str, dict[str, Any]] = {}
         #: The revision this node last compacted etcd at (0: not yet).
         self.compacted = 0
+        self._orphans: list[bytes] = []  # group logs without a node, as last seen
 
     def urls(self) -> list[str]:
         """The live nodes' URLs, this one included."""
@@ -112,10 +113,23 @@ class Membership:
             self.lease = 0
 
     async def _durable_revisions(self) -> list[int]:
-        """The durable revision of every node registered in this etcd, in any cluster."""
+        """The durable revision of every node registered in this etcd, in any cluster; none
+        (no compaction) while the log of a topic group has no node registered: its holders
+        may all be gone, and whoever holds it next replays it from etcd."""
         keys = await self.client.get(_ROOT, keys_only=True, prefix=True)
         clusters = {parts[2] for kv in keys.kvs
                     if len(parts := kv.key.split(b"/")) > 4 and parts[3] == b"nodes"}
+        orphans = sorted({parts[2] for kv in keys.kvs
+                          if len(parts := kv.key.split(b"/")) == 4 and parts[3] == b"log"
+                          and b"~g" in parts[2]} - clusters)
+        if orphans:
+            if orphans != self._orphans:
+                log.warning("not compacting etcd: no node applies the log of %s now (a "
+                            "removed cluster's keys: etcdctl del --prefix /messaging/NAME)",
+                            ", ".join(o.decode() for o in orphans))
+            self._orphans = orphans
+            return []
+        self._orphans = orphans
         floors: list[int] = []
         for cluster in sorted(clusters):
             nodes = await self._read_nodes(_ROOT + cluster + b"/nodes/")
