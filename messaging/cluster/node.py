@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 PLACEMENT_INTERVAL = 1.0
 #: At most this many extra member reads at start while the list is still changing.
 SETTLE_READS = 6
+#: How long a starting node waits for its groups to catch up before it serves anyway.
+START_WAIT = 10.0
 #: Where a cluster of groups keeps each group's data, under the data directory.
 GROUPS_DIR = "groups"
 
@@ -152,10 +154,16 @@ class GroupNode:
         """The nodes that hold ``group`` now, best first."""
         return holders(group, self.members(), self.replicas)
 
-    def ready(self, group: int) -> GroupStack | None:
-        """The stack of ``group`` when this node holds it and has caught up."""
+    def ready(self, group: int, *, read: bool = True) -> GroupStack | None:
+        """The stack of ``group`` when this node holds it and may serve it: for a read, once
+        it has caught up; for a write, once its log takes writes (the answer waits until
+        this node has applied the write, after whatever came before it)."""
         stack = self.stacks.get(group)
-        return stack if stack is not None and stack.log.caught_up() else None
+        if stack is None:
+            return None
+        if read:
+            return stack if stack.log.caught_up() else None
+        return stack if stack.log.not_ready() is None else None
 
     def not_ready(self) -> str | None:
         """Why this node cannot serve every group it holds (None: it can)."""
@@ -207,6 +215,7 @@ class GroupNode:
             await self._settle()
             self._find_retired()
             await self._place()
+            await self._caught_up(START_WAIT)
         except BaseException:
             await self.close()
             raise
@@ -236,6 +245,19 @@ class GroupNode:
             await self._members.refresh()
             if self.members() == before:
                 return
+
+    async def _caught_up(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) for every held group to catch up, so that a
+        node that says it is listening serves its groups' reads at once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            behind = [g for g, stack in self.stacks.items() if not stack.log.caught_up()]
+            if not behind:
+                return
+            await asyncio.sleep(0.05)
+        log.info("groups %s are still catching up; other holders serve their reads meanwhile",
+                 ", ".join(map(str, sorted(behind))))
 
     def _held_text(self) -> str:
         return ", ".join(map(str, sorted(self.stacks))) or "none"

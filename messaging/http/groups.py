@@ -27,13 +27,20 @@ from messaging import __version__
 from messaging.broker.snapshot import SNAPSHOT_PATH
 from messaging.cluster.node import GroupNode, GroupStack
 from messaging.config import BrokerConfig
-from messaging.errors import BadRequestError, ClusterUnavailableError, CommitUnknownError
+from messaging.errors import (
+    BadRequestError,
+    ClusterUnavailableError,
+    CommitUnknownError,
+    NotFoundError,
+    StreamConflictError,
+)
 from messaging.headers import ERROR_HEADER
 from messaging.http.app import (
     EVERY_GROUP,
     NODE,
     ROUTES,
     STREAM_NAME,
+    TOPIC_PARAM,
     TOPIC_PATH,
     Handler,
     Handlers,
@@ -102,9 +109,9 @@ class GroupRouter:
         if entry is not None:
             await entry[1].streams.stop(web.Application())
 
-    async def handlers(self, group: int) -> Handlers | None:
-        """The handlers of ``group`` when this node serves it (held and caught up)."""
-        stack = self.node.ready(group)
+    async def handlers(self, group: int, *, read: bool = True) -> Handlers | None:
+        """The handlers of ``group`` when this node serves it (see :meth:`GroupNode.ready`)."""
+        stack = self.node.ready(group, read=read)
         if stack is None:
             return None
         entry = self._handlers.get(group)
@@ -142,9 +149,13 @@ class GroupRouter:
 
         async def handler(request: web.Request) -> web.StreamResponse:
             group = self.group_of(request, route.finds)
+            if route.finds == STREAM_NAME and group is not None:
+                self._check_fork(request, group)
+            if group is None and route.finds == TOPIC_PARAM and request.method == "DELETE":
+                return await self.delete_everywhere(request, route)
             if group is None:  # no valid topic: any group's handler says what is wrong
                 group = next(iter(sorted(self.node.stacks)), 0)
-            handlers = await self.handlers(group)
+            handlers = await self.handlers(group, read=request.method in ("GET", "HEAD"))
             if handlers is None:
                 return await self.forward(request, group)
             request[_SERVED_BY] = self.node.url
@@ -166,11 +177,48 @@ class GroupRouter:
                     assert isinstance(response, web.Response) and response.body is not None
                     body = bytes(response.body)  # type: ignore[arg-type]
                 else:
-                    body = await self.fetch(request, group)
+                    body = await self.fetch(request, group) or b"[]"
                 rows.extend(json.loads(body))
             return web.json_response(rows)
 
         return _declaring(handler, route)
+
+    def _check_fork(self, request: web.Request, group: int) -> None:
+        """A fork is made in its source's group (it shares the source's data there): a name
+        in another group is refused with the group it would need."""
+        source = request.headers.get("Stream-Forked-From", "").strip()
+        if request.method != "PUT" or not source:
+            return
+        source = source.removeprefix(STREAMS_PREFIX).lstrip("/")
+        wanted = group_of_name(source, self.node.groups)
+        if wanted != group:
+            raise StreamConflictError(
+                f"a fork is kept in its source's group: {source!r} is in group {wanted} and "
+                f"{request.match_info['name']!r} in group {group} (of {self.node.groups}); "
+                f"choose a name in group {wanted} (GET /messaging/groups?name=NAME tells)")
+
+    async def delete_everywhere(self, request: web.Request, route: Route) -> web.StreamResponse:
+        """A delete that names no topic (a consumer in every topic): done in every group."""
+        topics: list[Any] = []
+        name = request.match_info.get("name", "")
+        for group in range(self.node.groups):
+            handlers = await self.handlers(group, read=False)
+            if handlers is not None:
+                try:
+                    response = await route.of(handlers)(request)
+                except NotFoundError:
+                    continue
+                assert isinstance(response, web.Response) and response.body is not None
+                body = bytes(response.body)  # type: ignore[arg-type]
+            else:
+                found = await self.fetch(request, group, missing_ok=True)
+                if found is None:
+                    continue
+                body = found
+            topics.extend(json.loads(body)["topics"])
+        if not topics:
+            raise NotFoundError(f"no consumer {name!r}")
+        return web.json_response({"name": name, "topics": sorted(topics)})
 
     async def forward(self, request: web.Request, group: int) -> web.StreamResponse:
         """Pass ``request`` to a holder of ``group`` and its answer back as it comes."""
@@ -214,17 +262,22 @@ class GroupRouter:
             f"group {group} is held by {', '.join(targets)}, and none answered "
             f"({'; '.join(failures)})")
 
-    async def fetch(self, request: web.Request, group: int) -> bytes:
-        """One group's answer to a GET, from a holder (for a route over every group)."""
+    async def fetch(self, request: web.Request, group: int, *,
+                    missing_ok: bool = False) -> bytes | None:
+        """One group's answer to ``request``, from a holder (for a route over every group);
+        with ``missing_ok``, None when the holder answers 404."""
         targets = self._targets(request, group)
         assert self._session is not None
         failures = []
         query = {**request.query, GROUP_PARAM: str(group)}
         for url in targets:
             try:
-                async with self._session.get(url.rstrip("/") + request.path, params=query,
-                                             headers=self._forwarded_headers(request)) as resp:
+                async with self._session.request(
+                        request.method, url.rstrip("/") + request.path, params=query,
+                        headers=self._forwarded_headers(request)) as resp:
                     body = await resp.read()
+                    if resp.status == 404 and missing_ok:
+                        return None
                     if resp.status != 200:
                         failures.append(f"{url}: {resp.status} "
                                         f"{resp.headers.get(ERROR_HEADER, '')}".rstrip())
@@ -261,8 +314,18 @@ class GroupRouter:
 
     @requires("read")
     async def groups(self, request: web.Request) -> web.Response:
-        """GET /messaging/groups: each group, its holders and its etcd cluster."""
-        return web.json_response(self.node.describe())
+        """GET /messaging/groups: each group, its holders and its etcd cluster; with
+        ``name=NAME`` (a stream) or ``topicID=T``, also ``lookup``: its group and holders."""
+        answer = self.node.describe()
+        name, topic = request.query.get("name"), request.query.get("topicID")
+        if name is not None or topic is not None:
+            group = (group_of_name(name, self.node.groups) if name is not None
+                     else self.group_of(request, TOPIC_PARAM))
+            if group is None:
+                raise BadRequestError(f"invalid topicID {topic!r}: expected an unsigned integer")
+            answer["lookup"] = {"group": group, "holders": self.node.holders(group),
+                                **({"name": name} if name is not None else {"topic": topic})}
+        return web.json_response(answer)
 
     @requires("admin")
     async def diagnostics(self, request: web.Request) -> web.Response:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,9 @@ from aetcd import rpc
 
 from messaging.client.client import Client
 from messaging.frames import FRAMES_CONTENT_TYPE, decode, encode_batch
+from messaging.log.etcd.client import prefix_end
 from messaging.log.etcd.writer import encode_entry
+from messaging.placement import group_of_name, group_of_topic
 from tests.conftest import BrokerProcess, cli, free_port, wait_until
 from tests.faultpoint import read_trace
 
@@ -174,6 +176,45 @@ async def etcd(etcd_cluster: EtcdCluster) -> EtcdCluster:
 # -- broker nodes ----------------------------------------------------------------------------
 
 
+#: The topic groups of the clusters the running test starts (set by the ``groups`` fixture):
+#: the tests marked ``with_groups`` run once with one group and once with four.
+@dataclass
+class _Groups:
+    count: int = 1
+    clusters: list[str] = field(default_factory=list)
+
+
+_GROUPS = _Groups()
+
+
+@pytest.fixture(autouse=True)
+async def groups(request: pytest.FixtureRequest, etcd_cluster: EtcdCluster) -> AsyncIterator[int]:
+    """How many groups the test's clusters have (``indirect`` parametrization; 1 without).
+
+    Afterwards the keys of every cluster of groups the test made are deleted: etcd is never
+    compacted past the log of a group that no node applies, and later tests compact."""
+    count = int(getattr(request, "param", 1))
+    _GROUPS.count, _GROUPS.clusters = count, []
+    yield count
+    for name in _GROUPS.clusters:
+        await _delete_prefix(etcd_cluster, f"/messaging/{name}".encode())
+    _GROUPS.count, _GROUPS.clusters = 1, []
+
+
+#: Run a test once with one group and once with four (every node holds all four).
+with_groups = pytest.mark.parametrize("groups", [1, 4], indirect=True, ids=["g1", "g4"])
+
+
+async def _delete_prefix(etcd: EtcdCluster, prefix: bytes) -> None:
+    for member in etcd.members:
+        if not member.running():
+            continue
+        async with grpc.aio.insecure_channel(member.client_url.removeprefix("http://")) as ch:
+            await rpc.KVStub(ch).DeleteRange(rpc.DeleteRangeRequest(
+                key=prefix, range_end=prefix_end(prefix)), timeout=5)
+        return
+
+
 class Nodes:
     """Broker processes of one etcd-backed cluster, each with a fixed port and data dir."""
 
@@ -182,7 +223,11 @@ class Nodes:
         self.tmp = tmp
         self.etcd = etcd
         self.name = f"t{uuid.uuid4().hex[:10]}"
+        self.groups = _GROUPS.count
         self.extra = list(extra)
+        if self.groups > 1:
+            self.extra[:0] = ["--groups", str(self.groups)]
+            _GROUPS.clusters.append(self.name)
         self.ports: list[int] = []
         self.procs: dict[int, BrokerProcess] = {}
 
@@ -218,10 +263,19 @@ class Nodes:
         self.procs[i].kill()
 
 
-async def diagnostics(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+async def diagnostics(session: aiohttp.ClientSession, url: str,
+                      stream: str | None = None) -> dict[str, Any]:
+    """A node's diagnostics; on a node of a cluster of groups, those of the group of TOPIC
+    (or of the named ``stream``)."""
     async with session.get(f"{url}/messaging/diagnostics") as resp:
         result: dict[str, Any] = await resp.json()
-        return result
+    held = result.get("held")
+    if held is not None:
+        count = len(result["groups"])
+        group = (group_of_name(stream, count) if stream is not None
+                 else group_of_topic(TOPIC, count))
+        result.update(held[str(group)])
+    return result
 
 
 # -- load ------------------------------------------------------------------------------------
@@ -305,10 +359,19 @@ async def _true(value: bool) -> bool:
 # -- checks ----------------------------------------------------------------------------------
 
 
+#: Asks a node of a cluster of groups to answer from its own data, never from a peer's (it
+#: answers 503 while it has not caught up); a node with one group always does.
+LOCAL_ONLY = {"X-Messaging-Forwarded": "a test"}
+
+
 async def contents(session: aiohttp.ClientSession, url: str) -> list[tuple[int, bytes]]:
-    async with session.get(f"{url}/messaging/messages", params={"topicID": str(TOPIC)}) as resp:
+    async with session.get(f"{url}/messaging/messages", params={"topicID": str(TOPIC)},
+                           headers=LOCAL_ONLY) as resp:
         if resp.status == 404:
             return []
+        if resp.status == 503:
+            raise aiohttp.ClientResponseError(resp.request_info, (), status=503,
+                                              message="not caught up")
         assert resp.status == 200, await resp.text()
         body = await resp.read()
     messages, used = decode(body, after=0)
@@ -347,8 +410,16 @@ def check_log(stored: list[tuple[int, bytes]], load: Load) -> None:
     assert by_data.keys() <= load.acked.keys() | load.unknown
 
 
+def topic_folder(data: Path, topic: int = TOPIC) -> Path:
+    """Where a node keeps a topic (in its group's directory in a cluster of groups)."""
+    if _GROUPS.count > 1:
+        group = group_of_topic(topic, _GROUPS.count)
+        return data / "groups" / str(group) / "topics" / str(topic)
+    return data / "topics" / str(topic)
+
+
 def segments(data: Path) -> dict[str, bytes]:
-    folder = data / "topics" / str(TOPIC)
+    folder = topic_folder(data)
     return {f.name: f.read_bytes() for f in sorted(folder.glob("*.seg"))}
 
 
@@ -407,6 +478,7 @@ def test_refuses_topics_without_checkpoint(etcd_cluster: EtcdCluster, tmp_path: 
     assert "no cluster.json" in result.stderr and "Traceback" not in result.stderr
 
 
+@with_groups
 async def test_three_nodes_concurrent_publishes(etcd: EtcdCluster, broker_process,
                                                 tmp_path: Path) -> None:
     nodes = Nodes(broker_process, tmp_path, etcd)
@@ -498,6 +570,7 @@ async def test_a_publish_is_answered_only_after_its_fsync(etcd: EtcdCluster, bro
         await converge(session, nodes.urls, 2)
 
 
+@with_groups
 async def test_node_killed_under_load_catches_up(etcd: EtcdCluster, broker_process,
                                                  tmp_path: Path) -> None:
     nodes = Nodes(broker_process, tmp_path, etcd)
@@ -516,6 +589,7 @@ async def test_node_killed_under_load_catches_up(etcd: EtcdCluster, broker_proce
         await settled(session, nodes, load)
 
 
+@with_groups
 async def test_all_nodes_killed_at_once(etcd: EtcdCluster, broker_process,
                                         tmp_path: Path) -> None:
     nodes = Nodes(broker_process, tmp_path, etcd)
@@ -540,6 +614,7 @@ async def test_all_nodes_killed_at_once(etcd: EtcdCluster, broker_process,
             assert int(resp.headers["X-Broker-Index"]) > stored[-1][0]
 
 
+@with_groups
 async def test_etcd_leader_killed_under_load(etcd: EtcdCluster, broker_process,
                                              tmp_path: Path) -> None:
     nodes = Nodes(broker_process, tmp_path, etcd)
@@ -561,6 +636,7 @@ async def test_etcd_leader_killed_under_load(etcd: EtcdCluster, broker_process,
     leader.start()
 
 
+@with_groups
 async def test_quorum_lost_and_regained(etcd: EtcdCluster, broker_process,
                                         tmp_path: Path) -> None:
     nodes = Nodes(broker_process, tmp_path, etcd)
@@ -593,6 +669,7 @@ async def test_quorum_lost_and_regained(etcd: EtcdCluster, broker_process,
         await settled(session, nodes, load)
 
 
+@with_groups
 async def test_node_stopped_longer_than_its_lease(etcd: EtcdCluster, broker_process,
                                                   tmp_path: Path) -> None:
     nodes = Nodes(broker_process, tmp_path, etcd)
@@ -644,6 +721,7 @@ async def compacted_under_load(session: aiohttp.ClientSession, nodes: Nodes) -> 
     return load
 
 
+@with_groups
 async def test_node_added_after_compaction_installs_a_snapshot(
         etcd: EtcdCluster, broker_process, tmp_path: Path) -> None:
     nodes = Nodes(broker_process, tmp_path, etcd, "--etcd-compact-every", "50",
@@ -830,6 +908,7 @@ async def test_nospace_alarm_answers_507(etcd: EtcdCluster, broker_process,
         assert (await diagnostics(session, nodes.url(0)))["alarm"] is None
 
 
+@with_groups
 async def test_graceful_stop_checkpoints_and_leaves(etcd: EtcdCluster, broker_process,
                                                     tmp_path: Path) -> None:
     nodes = Nodes(broker_process, tmp_path, etcd)
@@ -842,8 +921,10 @@ async def test_graceful_stop_checkpoints_and_leaves(etcd: EtcdCluster, broker_pr
         await settled(session, nodes, load)
         applied = (await diagnostics(session, nodes.url(1)))["last_entry_applied"]
         assert await asyncio.to_thread(nodes.procs[1].terminate) == 0
-        checkpoint = json.loads((nodes.data(1) / "cluster.json").read_text())
-        assert checkpoint["cluster"] == nodes.name and checkpoint["revision"] >= applied
+        checkpoint = json.loads((topic_folder(nodes.data(1)).parent.parent /
+                                 "cluster.json").read_text())
+        assert checkpoint["cluster"].split("~")[0] == nodes.name
+        assert checkpoint["revision"] >= applied
         log_text = nodes.procs[1].log.read_text()
         assert "Traceback" not in log_text and " ERROR " not in log_text
 
@@ -886,6 +967,7 @@ async def _streams_agree(session: aiohttp.ClientSession, urls: list[str],
     return True
 
 
+@with_groups
 async def test_durable_streams_through_any_node(etcd: EtcdCluster, broker_process,
                                                 tmp_path: Path) -> None:
     """Streams created, appended (idempotently), forked, closed and deleted through any node
@@ -893,11 +975,14 @@ async def test_durable_streams_through_any_node(etcd: EtcdCluster, broker_proces
     nodes = Nodes(broker_process, tmp_path, etcd, "--etcd-compact-every", "50")
     await nodes.start(0, 1)
     a, b = nodes.url(0), nodes.url(1)
-    names = ["text", "json", "fork"]
+    # A fork is kept in its source's group: with several groups, a name in text's group.
+    fork = next(f"fork{k}" for k in range(1000)
+                if group_of_name(f"fork{k}", _GROUPS.count) == group_of_name("text", _GROUPS.count))
+    names = ["text", "json", fork]
     async with aiohttp.ClientSession() as session:
         assert (await _stream(session, "PUT", a, "text", b"first;",
                               Content_Type="text/plain"))[0] == 201
-        first_entry = (await diagnostics(session, a))["last_entry_applied"]
+        first_entry = (await diagnostics(session, a, "text"))["last_entry_applied"]
         assert (await _stream(session, "PUT", b, "text", Content_Type="text/plain"))[0] == 200
         assert (await _stream(session, "PUT", b, "json", b"[1,2]",
                               Content_Type="application/json"))[0] == 201
@@ -919,16 +1004,16 @@ async def test_durable_streams_through_any_node(etcd: EtcdCluster, broker_proces
                                            Content_Type="text/plain", Producer_Id="p",
                                            Producer_Epoch="0", Producer_Seq="120")
         assert status == 403 and headers["Producer-Epoch"] == "1"
-        assert (await _stream(session, "PUT", b, "fork", Content_Type="text/plain",
+        assert (await _stream(session, "PUT", b, fork, Content_Type="text/plain",
                               Stream_Forked_From="text"))[0] == 201
 
         async def compacted() -> bool:  # past the log's first entry: a new node needs a snapshot
-            ds = [await diagnostics(session, url) for url in (a, b)]
+            ds = [await diagnostics(session, url, "text") for url in (a, b)]
             return bool(max(d["compacted_revision"] for d in ds) > first_entry + 1)
 
         await wait_until(compacted, timeout=40, what="etcd compaction past the log's start")
         nodes.kill(1)
-        assert (await _stream(session, "POST", a, "fork", b"forked;",
+        assert (await _stream(session, "POST", a, fork, b"forked;",
                               Content_Type="text/plain", Producer_Id="q", Producer_Epoch="0",
                               Producer_Seq="0"))[0] == 200
         assert (await _stream(session, "POST", a, "text", Stream_Closed="true",
@@ -941,11 +1026,11 @@ async def test_durable_streams_through_any_node(etcd: EtcdCluster, broker_proces
         status, headers, body = await _stream(session, "GET", c, "text")
         assert body == b"first;" + b"".join(b"%d;" % i for i in range(120)) + b"e1;"
         assert headers["Stream-Closed"] == "true"
-        assert (await _stream(session, "GET", c, "fork"))[2] == body + b"forked;"
+        assert (await _stream(session, "GET", c, fork))[2] == body + b"forked;"
         assert (await _stream(session, "HEAD", c, "json"))[0] == 404
         # Producer state came through the snapshot too: retries on the new node are
         # duplicates, of an append and of the close.
-        status, headers, _ = await _stream(session, "POST", c, "fork", b"forked;",
+        status, headers, _ = await _stream(session, "POST", c, fork, b"forked;",
                                            Content_Type="text/plain", Producer_Id="q",
                                            Producer_Epoch="0", Producer_Seq="0")
         assert status == 204 and headers["Producer-Seq"] == "0"
@@ -953,8 +1038,8 @@ async def test_durable_streams_through_any_node(etcd: EtcdCluster, broker_proces
                                            Producer_Id="p", Producer_Epoch="1",
                                            Producer_Seq="1")
         assert status == 204 and headers["Stream-Closed"] == "true"
-        assert (await _stream(session, "GET", c, "fork"))[2] == body + b"forked;"
-        d = await diagnostics(session, c)
+        assert (await _stream(session, "GET", c, fork))[2] == body + b"forked;"
+        d = await diagnostics(session, c, "text")
         assert d["snapshots_installed"] == 1
 
 
@@ -966,6 +1051,7 @@ async def _positions(url: str) -> dict[tuple[int, str], int]:
         return {(c["topic"], c["name"]): c["index"] for c in await client.consumers()}
 
 
+@with_groups
 async def test_stored_positions_through_any_node(etcd: EtcdCluster, broker_process,
                                                  tmp_path: Path) -> None:
     """Heartbeats, resets and deletes through any node are the same positions on every node
