@@ -10,7 +10,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 
 .PHONY: run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
-	bench-split bench-latency bench-fanout bench-scaling soak soak-cluster \
+	bench-split bench-latency bench-fanout bench-scaling bench-groups soak soak-cluster \
 	etcd conformance clean
 
 $(BIN)/python:
@@ -83,7 +83,8 @@ conformance:
 	fi
 
 bench: bench-storage bench-http bench-client bench-cluster bench-spark bench-streams \
-	bench-durable-streams bench-peers bench-split bench-latency bench-fanout bench-scaling
+	bench-durable-streams bench-peers bench-split bench-latency bench-fanout bench-scaling \
+	bench-groups
 
 bench-storage: $(STAMP)
 	$(BIN)/python bench/storage/run.py
@@ -134,6 +135,12 @@ bench-fanout: $(STAMP)
 ## subscriber count, RSS per idle subscriber and per idle topic; under 12 minutes
 bench-scaling: $(STAMP)
 	$(BIN)/python bench/scaling/run.py
+
+## make bench-groups: topic groups: 4 broker nodes with G = 1, 2, 4, 8 groups (R = 2) on one etcd
+## cluster, then G = 8 on two; every process in a network namespace of its own (root); msg/s,
+## CPU per message of every process, messages each node applied; under 12 minutes
+bench-groups: $(STAMP) etcd
+	$(BIN)/python bench/groups/run.py
 
 ## make soak: one broker under a mixed load for 5 minutes; checks data, log, RSS/fds/p99
 soak: $(STAMP)

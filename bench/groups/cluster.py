@@ -160,7 +160,7 @@ async def start_etcd(session: Session, members: list[NsEtcd]) -> None:
     """Start the members and wait until they elected a leader and answer."""
     for member in members:
         member.start()
-    await bounded_wait(lambda: etcd_healthy(session, members), 60, "etcd healthy", 0.2)
+    await bounded_wait(lambda: etcd_healthy(session, list[Etcd](members)), 60, "etcd healthy", 0.2)
 
 
 @dataclass
@@ -215,12 +215,20 @@ async def settled(session: Session, urls: list[str], config: Config,
     return found[-1]
 
 
-async def applied_counts(session: Session, placed: Placement,
-                         config: Config) -> dict[str, dict[int, int]]:
-    """Per node, per group it holds: messages that group's broker applied on that node."""
-    out: dict[str, dict[int, int]] = {}
+@dataclass
+class Counts:
+    """Per node, per group it holds: messages applied, and puts this node made to etcd."""
+
+    applied: dict[str, dict[int, int]]
+    puts: dict[str, dict[int, int]]
+
+
+async def read_counts(session: Session, placed: Placement, config: Config) -> Counts:
+    """Every node's counters for the groups it holds."""
+    counts = Counts({}, {})
     for url, groups in placed.held.items():
-        out[url] = {}
+        counts.applied[url], counts.puts[url] = {}, {}
+        diagnostics = await get_json(session, f"{url}/messaging/diagnostics")
         for group in groups:
             params = {} if config.groups == 1 else {"group": str(group)}
             async with session.get(f"{url}/metrics", params=params,
@@ -229,23 +237,25 @@ async def applied_counts(session: Session, placed: Placement,
                 if resp.status != 200:
                     raise RuntimeError(f"{url}/metrics?group={group}: HTTP {resp.status} {text}")
             match = _COUNTER.search(text)
-            out[url][group] = int(float(match.group(1))) if match else 0
-    return out
+            counts.applied[url][group] = int(float(match.group(1))) if match else 0
+            log = diagnostics if config.groups == 1 else diagnostics["held"][str(group)]
+            counts.puts[url][group] = int(log.get("groups", 0))
+    return counts
 
 
 async def quiet_counts(session: Session, urls: list[str], config: Config,
-                       timeout: float = 60.0) -> tuple[Placement, dict[str, dict[int, int]]]:
-    """Placement and applied counters once the cluster is quiet: the placement settled, every
-    holder of a group at the same count, nothing changed over two reads 0.5 s apart."""
-    last: list[tuple[Placement, dict[str, dict[int, int]]]] = []
+                       timeout: float = 60.0) -> tuple[Placement, Counts]:
+    """Placement and counters once the cluster is quiet: the placement settled, every holder
+    of a group at the same count, nothing changed over two reads 0.5 s apart."""
+    last: list[tuple[Placement, Counts]] = []
     deadline = time.perf_counter() + timeout
 
     async def check() -> bool:
         placed = await settled(session, urls, config,
                                max(1.0, deadline - time.perf_counter()))
-        counts = await applied_counts(session, placed, config)
+        counts = await read_counts(session, placed, config)
         same_group = all(
-            len({counts[u][g] for u in holders if g in counts.get(u, {})}) == 1
+            len({counts.applied[u][g] for u in holders if g in counts.applied.get(u, {})}) == 1
             for g, holders in placed.holders.items())
         stable = bool(last) and last[-1][1] == counts and last[-1][0].held == placed.held
         last.append((placed, counts))
@@ -255,25 +265,25 @@ async def quiet_counts(session: Session, urls: list[str], config: Config,
     return last[-1]
 
 
-def group_totals(counts: dict[str, dict[int, int]]) -> dict[int, int]:
-    """Per group, its messages (every holder has the same count when quiet: the largest)."""
-    totals: dict[int, int] = {}
-    for per_group in counts.values():
-        for group, count in per_group.items():
-            totals[group] = max(totals.get(group, 0), count)
-    return totals
+def difference(before: dict[str, dict[int, int]],
+               after: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
+    """Per node and group, after minus before."""
+    return {u: {g: n - before.get(u, {}).get(g, 0) for g, n in groups.items()}
+            for u, groups in after.items()}
 
 
 def log_errors(logs: list[Path]) -> list[str]:
-    """The first error line of each log that has any (and how many it has)."""
+    """Per log with any: how many error and warning lines it has, and the first of them."""
     found = []
     for log in logs:
         if not log.exists():
             continue
-        lines = [line for line in log.read_text(errors="replace").splitlines()
-                 if "ERROR" in line or "Traceback" in line or '"level":"error"' in line]
-        if lines:
-            found.append(f"{log.name}: {len(lines)} error lines, first: {lines[0][:300]}")
+        for kind, marks in (("error", ("ERROR", "Traceback", '"level":"error"')),
+                            ("warning", ("WARNING", '"level":"warn"'))):
+            lines = [line for line in log.read_text(errors="replace").splitlines()
+                     if any(mark in line for mark in marks)]
+            if lines:
+                found.append(f"{log.name}: {len(lines)} {kind} lines, first: {lines[0][:300]}")
     return found
 
 

@@ -1,15 +1,16 @@
-"""The load generator (this process, on the host): batch publishes in closed loops and paced
-single publishes, both spread over every broker node and every topic, and the CPU every
-process used meanwhile.
+"""The load generator (this process, on the host): closed-loop publishers spread over every
+broker node and every topic, mostly batches with a share of single publishes, and the CPU
+every process used meanwhile.
 
-Batch publishes: :data:`BATCH_SENDERS` closed loops, sender k always to node k mod N, each
-going round all the topics; a request is :data:`BATCH` messages of :data:`MESSAGE` random
-bytes (incompressible: a put's body is compressed when that pays), framed before the run (the
-load generator mostly does HTTP). Each sender has its own bodies, so no put can coalesce two
-identical requests. Single publishes: :data:`SINGLE_RATE` a second, open loop (each starts on
-schedule, at most :data:`SINGLE_IN_FLIGHT` unanswered), round-robin over nodes and topics.
-Every answer's ``X-Messaging-Node`` says which node served it: another than the one asked
-means the request was forwarded to a holder of its group.
+:data:`SENDERS` closed loops; sender k always publishes to node k mod N and goes round all the
+topics; each sends :data:`SINGLES_EVERY` batch requests of :data:`BATCH` messages of
+:data:`MESSAGE` random bytes (incompressible: a put's body is compressed when that pays), then
+one single publish of :data:`MESSAGE` random bytes, and so on: a fifth of the requests are
+single publishes, and the share does not depend on how fast the cluster is. Batches are framed
+before the run (the load generator mostly does HTTP); each sender has its own bodies, so no
+put can coalesce two identical requests. Every answer's ``X-Messaging-Node`` says which node
+served it: another than the one asked means the request was forwarded to a holder of its
+group.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ Session = aiohttp.ClientSession
 NODE_HEADER = "X-Messaging-Node"
 BATCH = 100
 MESSAGE = 200
-BATCH_SENDERS = 16
+SENDERS = 16
+#: Batch requests between two single publishes of a sender.
+SINGLES_EVERY = 4
 #: Distinct bodies per sender and topic (round-robin).
 BODIES = 2
-SINGLE_RATE = 200
-SINGLE_IN_FLIGHT = 400
 TOPICS = 32
 
 
@@ -67,10 +68,21 @@ class Tally:
     forwarded: int = 0  # messages served by another node than the one asked
     forwarded_in: Counter[str] = field(default_factory=Counter)  # per node: those it served
     errors: Counter[str] = field(default_factory=Counter)
-    singles_skipped: int = 0  # not sent: SINGLE_IN_FLIGHT unanswered already
     single_latencies: list[float] = field(default_factory=list)
+    batch_latencies: list[float] = field(default_factory=list)
     per_second: list[int] = field(default_factory=list)
     seconds: float = 0.0
+
+    def add(self, other: Tally) -> None:
+        """Add another run's figures to these (one configuration's rounds)."""
+        for name in ("messages", "batch_messages", "single_messages", "requests", "forwarded",
+                     "seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for counter in ("entry", "served", "forwarded_in", "errors"):
+            getattr(self, counter).update(getattr(other, counter))
+        self.single_latencies += other.single_latencies
+        self.batch_latencies += other.batch_latencies
+        self.per_second += other.per_second
 
     @property
     def rate(self) -> float:
@@ -89,18 +101,20 @@ class Tally:
             self.per_second.append(0)
         self.per_second[second] += count
 
-    def singles_text(self) -> str:
-        lat = self.single_latencies
-        if not lat:
-            return "no single publish answered"
-        return (f"single publishes p50 {percentile(lat, 50) * 1000:.1f} ms, p99 "
-                f"{percentile(lat, 99) * 1000:.1f} ms")
+    def latency_text(self) -> str:
+        """The batch and single publishes' round trips, p50 and p99."""
+        parts = []
+        for name, lat in (("batch", self.batch_latencies), ("single", self.single_latencies)):
+            if lat:
+                parts.append(f"{name} publish p50 {percentile(lat, 50) * 1000:.1f} ms, p99 "
+                             f"{percentile(lat, 99) * 1000:.1f} ms")
+        return "; ".join(parts) or "no publish answered"
 
 
 def batch_bodies(topics: list[int]) -> list[dict[int, list[bytes]]]:
     """Per sender, per topic, :data:`BODIES` framed batches of random messages."""
     return [{t: [encode_batch(t, [os.urandom(MESSAGE) for _ in range(BATCH)])
-                 for _ in range(BODIES)] for t in topics} for _ in range(BATCH_SENDERS)]
+                 for _ in range(BODIES)] for t in topics} for _ in range(SENDERS)]
 
 
 async def publish(session: Session, url: str, topic: int, body: bytes, batch: bool,
@@ -122,9 +136,8 @@ async def publish(session: Session, url: str, topic: int, body: bytes, batch: bo
 
 
 async def run_load(session: Session, urls: list[str], topics: list[int],
-                   bodies: list[dict[int, list[bytes]]], seconds: float,
-                   singles: bool = True) -> Tally:
-    """Batch senders and paced single publishes for ``seconds``; what was acknowledged."""
+                   bodies: list[dict[int, list[bytes]]], seconds: float) -> Tally:
+    """The senders for ``seconds``; what was acknowledged."""
     tally = Tally()
     t0 = time.perf_counter()
     deadline = t0 + seconds
@@ -135,44 +148,24 @@ async def run_load(session: Session, urls: list[str], topics: list[int],
             if time.perf_counter() >= deadline:
                 return
             topic = topics[(k * 5 + n) % len(topics)]
+            single = n % (SINGLES_EVERY + 1) == SINGLES_EVERY
+            body = os.urandom(MESSAGE) if single else \
+                bodies[k][topic][(n // len(topics)) % BODIES]
             started = time.perf_counter()
-            body = bodies[k][topic][(n // len(topics)) % BODIES]
-            served = await publish(session, url, topic, body, True, tally)
+            served = await publish(session, url, topic, body, not single, tally)
             if served is None:
                 await asyncio.sleep(0.05)  # a refusal is not retried at full speed
                 continue
-            tally.batch_messages += BATCH
-            tally.record(url, served, BATCH, started, t0)
+            took = time.perf_counter() - started
+            if single:
+                tally.single_messages += 1
+                tally.single_latencies.append(took)
+            else:
+                tally.batch_messages += BATCH
+                tally.batch_latencies.append(took)
+            tally.record(url, served, 1 if single else BATCH, started, t0)
 
-    async def single(k: int) -> None:
-        url = urls[k % len(urls)]
-        topic = topics[(k * 7) % len(topics)]
-        started = time.perf_counter()
-        served = await publish(session, url, topic, os.urandom(MESSAGE), False, tally)
-        if served is not None:
-            tally.single_latencies.append(time.perf_counter() - started)
-            tally.single_messages += 1
-            tally.record(url, served, 1, started, t0)
-
-    async def pacer() -> None:
-        tasks: set[asyncio.Task[None]] = set()
-        for k in range(int(seconds * SINGLE_RATE)):
-            delay = t0 + k / SINGLE_RATE - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if len(tasks) >= SINGLE_IN_FLIGHT:
-                tally.singles_skipped += 1
-                continue
-            task = asyncio.ensure_future(single(k))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.wait(list(tasks), timeout=40)
-
-    work = [sender(k) for k in range(BATCH_SENDERS)]
-    if singles:
-        work.append(pacer())
-    await asyncio.gather(*work)
+    await asyncio.gather(*(sender(k) for k in range(SENDERS)))
     tally.seconds = time.perf_counter() - t0
     return tally
 
@@ -186,6 +179,20 @@ class CpuWindow:
     load_generator: float
     machine: float
 
+    def add(self, other: CpuWindow) -> None:
+        """Add another window (one configuration's rounds)."""
+        self.seconds += other.seconds
+        for name, value in other.processes.items():
+            self.processes[name] = self.processes.get(name, 0.0) + value
+        self.load_generator += other.load_generator
+        self.machine += other.machine
+
+    @property
+    def others(self) -> float:
+        """CPU seconds the machine spent beyond our processes (other work; kernel work such
+        as the bridge's that no process is charged for)."""
+        return max(0.0, self.machine - sum(self.processes.values()) - self.load_generator)
+
 
 async def with_cpu(pids: Callable[[], dict[str, int | None]],
                    work: asyncio.Future[Tally] | asyncio.Task[Tally]) -> tuple[Tally, CpuWindow]:
@@ -197,3 +204,22 @@ async def with_cpu(pids: Callable[[], dict[str, int | None]],
     after = {name: cpu_seconds(pid) for name, pid in pids().items()}
     return tally, CpuWindow(wall, {n: after[n] - before.get(n, 0.0) for n in after},
                             time.process_time() - me, machine_busy() - busy)
+
+
+async def busy_cores(seconds: float = 1.0) -> float:
+    """Cores the machine kept busy over ``seconds`` (between configurations: other work)."""
+    before, started = machine_busy(), time.perf_counter()
+    await asyncio.sleep(seconds)
+    return (machine_busy() - before) / (time.perf_counter() - started)
+
+
+async def wait_for_quiet(limit: float, threshold: float = 0.5) -> tuple[float, float]:
+    """Wait (at most ``limit`` seconds) until other work keeps under ``threshold`` cores busy;
+    the seconds waited and the last reading."""
+    started = time.perf_counter()
+    busy = await busy_cores()
+    for _ in range(int(limit) + 1):
+        if busy < threshold or time.perf_counter() - started >= limit:
+            break
+        busy = await busy_cores()
+    return time.perf_counter() - started, busy

@@ -17,9 +17,9 @@ configurations (g1, g2, g4, g8, g8x2).
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -32,12 +32,13 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.groups.cluster import (
+    BROKER_PORT,
     BrokerNode,
     Config,
     NsEtcd,
+    difference,
     endpoints,
     etcd_members,
-    group_totals,
     log_errors,
     network_machines,
     quiet_counts,
@@ -45,8 +46,14 @@ from bench.groups.cluster import (
     start_etcd,
     stop_all,
 )
-from bench.groups.load import balanced_topics, batch_bodies, run_load, with_cpu
-from bench.groups.model import Measured, Setup, print_row, table_header, write_results
+from bench.groups.load import (
+    balanced_topics,
+    batch_bodies,
+    run_load,
+    wait_for_quiet,
+    with_cpu,
+)
+from bench.groups.model import Context, Measured, print_row, table_header, write_results
 from bench.groups.netns import Machine, Network, rtt_note
 from bench.harness import settings
 from bench.harness.results import results_under
@@ -55,20 +62,36 @@ NODES = 4
 REPLICAS = 2
 CONFIGS = [Config(1, REPLICAS), Config(2, REPLICAS), Config(4, REPLICAS), Config(8, REPLICAS),
            Config(8, REPLICAS, second_etcd=(1, 3, 5, 7))]
+#: Seconds the whole run may wait, before configurations, for other work on the machine to
+#: calm down (a shared machine; the wait is bounded, then the run goes on regardless).
+IDLE_WAIT = 90.0
+
+
+@dataclass
+class Setup:
+    """What every configuration shares: the machines' network, the topics, the bodies."""
+
+    net: Network
+    topics: list[int]
+    bodies: list[dict[int, list[bytes]]]
+    rtt: str = ""
 
 
 @dataclass
 class Settings(settings.Settings):
-    """Seconds of measured load per configuration, and of warm-up before it."""
+    """Rounds of each configuration, seconds of measured load in each, and of warm-up before
+    it."""
 
-    seconds: float = 25.0
+    rounds: int = 2
+    seconds: float = 20.0
     warmup: float = 5.0
 
 
 async def run_config(tmp: Path, machines: dict[str, list[Machine]], config: Config,
-                     s: Settings, setup: Setup, started: list[BrokerNode | NsEtcd]) -> Measured:
+                     s: Settings, setup: Setup, started: list[BrokerNode | NsEtcd],
+                     round_: int) -> Measured:
     """Start one configuration, load it, measure it, stop it."""
-    here = tmp / config.name
+    here = tmp / f"{config.name}-{round_}"
     here.mkdir()
     first = etcd_members(here, machines["etcd0"], "a")
     second = etcd_members(here, machines["etcd1"], "b") if config.second_etcd else []
@@ -86,16 +109,14 @@ async def run_config(tmp: Path, machines: dict[str, list[Machine]], config: Conf
             await asyncio.gather(*(asyncio.to_thread(
                 n.start, config.args(endpoints(first, i % len(first)), second))
                 for i, n in enumerate(nodes)))
-            placed = await settled(session, urls, config)
+            await settled(session, urls, config)
             if not setup.rtt:
                 setup.rtt = await asyncio.to_thread(rtt_note, setup.net, nodes[0].machine,
-                                                    nodes[1].machine, 8080)
+                                                    nodes[1].machine, BROKER_PORT)
                 print(f"  {setup.rtt}", flush=True)
-            held = ", ".join(f"node{i} {sorted(placed.held[u])}" for i, u in enumerate(urls))
-            print(f"  {config.label}: placement settled, groups held: {held}", flush=True)
             warm = await run_load(session, urls, setup.topics, setup.bodies, s.warmup)
             if warm.errors:
-                print(f"  warm-up errors: {dict(warm.errors)}", flush=True)
+                print(f"  {config.label}: warm-up errors {dict(warm.errors)}", flush=True)
             placed0, before = await quiet_counts(session, urls, config)
 
             def pids() -> dict[str, int | None]:
@@ -108,43 +129,61 @@ async def run_config(tmp: Path, machines: dict[str, list[Machine]], config: Conf
             placed1, after = await quiet_counts(session, urls, config)
         finally:
             await stop_all(nodes, members)
-    moved = placed0.held != placed1.held
-    applied = {u: sum(after[u][g] - before[u].get(g, 0) for g in after[u]) for u in urls}
-    totals0, totals1 = group_totals(before), group_totals(after)
-    per_group = {g: totals1[g] - totals0.get(g, 0) for g in totals1}
     logs = log_errors([n.log for n in nodes] + [m.data.with_suffix(".log") for m in members])
-    return Measured(config=config, nodes=urls, tally=tally, cpu=cpu, applied=applied,
-                    per_group=per_group, held=placed1.held, holders=placed1.holders,
-                    placement_moved=moved, log_errors=logs)
+    return Measured(config=config, nodes=urls, tally=tally, cpu=cpu,
+                    applied_groups=difference(before.applied, after.applied),
+                    puts_groups=difference(before.puts, after.puts), held=placed1.held,
+                    holders=placed1.holders, placement_moved=placed0.held != placed1.held,
+                    log_errors=logs, round_rates=[tally.rate])
 
 
 async def run_all(tmp: Path, s: Settings, configs: list[Config], setup: Setup,
-                  started: list[BrokerNode | NsEtcd]) -> list[Measured]:
-    """Every configuration in turn; the table printed as it goes."""
+                  started: list[BrokerNode | NsEtcd]) -> tuple[list[Measured], list[Measured]]:
+    """Every configuration, ``s.rounds`` times in the order A B … B A; each round's row is
+    printed as it goes. Each configuration's rounds added up, and every round."""
     machines = network_machines(setup.net, NODES, 2 if any(c.second_etcd for c in configs)
                                 else 1)
-    print(f"  machines: {len(setup.net.machines)} namespaces on {setup.net.switch}'s bridge "
+    print(f"  {len(setup.net.machines)} namespaces on {setup.net.switch}'s bridge "
           f"({setup.net.delay_note})", flush=True)
-    results: list[Measured] = []
+    order = [c for r in range(s.rounds) for c in (configs if r % 2 == 0 else configs[::-1])]
+    merged: dict[str, Measured] = {}
+    rounds: list[Measured] = []
+    waited = 0.0
     print(table_header(), flush=True)
-    for config in configs:
+    for k, config in enumerate(order):
+        took, busy = await wait_for_quiet(max(0.0, IDLE_WAIT - waited))
+        waited += took
+        if took >= 1.5:
+            print(f"    (waited {took:.0f} s for other work on the machine to calm down: "
+                  f"{busy:.2f} cores busy)", flush=True)
         t0 = time.perf_counter()
-        m = await run_config(tmp, machines, config, s, setup, started)
+        m = await run_config(tmp, machines, config, s, setup, started, k)
         m.wall = time.perf_counter() - t0
-        results.append(m)
-        print_row(m, results[0] if results[0].config.groups == 1 else None)
-        for line in m.log_errors:
-            print(f"    {line}", flush=True)
-    return results
+        base = merged.get(configs[0].name) if configs[0].groups == 1 else None
+        print_row(m, base if base is not None else (m if config.groups == 1 else None))
+        rounds.append(m)
+        if config.name in merged:
+            merged[config.name].add(m)
+        else:
+            merged[config.name] = copy.deepcopy(m)
+    results = [merged[c.name] for c in configs]
+    if s.rounds > 1:
+        print(f"\nall {s.rounds} rounds added up:\n{table_header()}", flush=True)
+        base = results[0] if results[0].config.groups == 1 else None
+        for m in results:
+            print_row(m, base)
+    return results, rounds
 
 
 def main() -> None:
-    p = settings.parser(__doc__, "4 s of load after 2 s of warm-up per configuration",
-                        rounds=False)
+    p = settings.parser(__doc__, "one round of 4 s of load after 2 s of warm-up per "
+                        "configuration")
     p.add_argument("--only", default="", help="configurations: g1,g2,g4,g8,g8x2")
     args = p.parse_args()
-    s = Settings(seconds=float(os.environ.get("BENCH_SECONDS", "4" if args.quick else "25")),
-                 warmup=float(os.environ.get("BENCH_WARMUP", "2" if args.quick else "5")))
+    s = settings.with_rounds(Settings(
+        rounds=1 if args.quick else 2,
+        seconds=float(os.environ.get("BENCH_SECONDS", "4" if args.quick else "20")),
+        warmup=float(os.environ.get("BENCH_WARMUP", "2" if args.quick else "5"))), args)
     names = [c.name for c in CONFIGS]
     chosen = settings.only(p, args.only, names, "configuration") if args.only else names
     configs = [c for c in CONFIGS if c.name in chosen]
@@ -158,7 +197,8 @@ def main() -> None:
     signal.signal(signal.SIGTERM, terminate)
     topics = balanced_topics()
     print(f"topic groups: {NODES} broker nodes, R = {REPLICAS}, {len(topics)} topics; "
-          f"{s.warmup:.0f} s warm-up + {s.seconds:.0f} s measured per configuration",
+          f"{s.rounds} round(s) of {s.warmup:.0f} s warm-up + {s.seconds:.0f} s measured per "
+          "configuration",
           flush=True)
     load_at_start = os.getloadavg()
     net = Network()
@@ -169,7 +209,7 @@ def main() -> None:
         setup = Setup(net=net, topics=topics, bodies=batch_bodies(topics))
         with tempfile.TemporaryDirectory(prefix="bench-groups-",
                                          dir=os.environ.get("BENCH_DIR")) as t:
-            results = asyncio.run(run_all(Path(t), s, configs, setup, started))
+            results, rounds = asyncio.run(run_all(Path(t), s, configs, setup, started))
     finally:
         for proc in started:  # whatever the configuration's own cleanup did not stop
             proc.stop()
@@ -177,8 +217,8 @@ def main() -> None:
     took = time.perf_counter() - began
     print(f"\nthe benchmark took {took / 60:.1f} minutes; load average at start "
           f"{', '.join(f'{x:.2f}' for x in load_at_start)}", flush=True)
-    write_results(results, setup, s.seconds, s.warmup, load_at_start, took,
-                  statistics.median([m.tally.rate for m in results]))
+    write_results(results, rounds, Context(topics, setup.rtt, net.delay_note, s.seconds, s.warmup,
+                                   load_at_start, took, s.rounds))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ from tests.e2e.test_etcd_log import (
     diagnostics,
     segments,
 )
+from tests.e2e.test_groups import GROUPS, TOPICS, TopicLoad, check_everything, group_files
+from tests.e2e.test_groups import settled as settled_groups
 from tests.netns import Link, Namespace
 
 #: How long a healed node may take to acknowledge a new publish (the issue's bound).
@@ -76,7 +78,7 @@ def etcd_members(tmp: Path, *, client_hosts: tuple[str, ...] = (),
 
 
 def start_node(make: Any, tmp: Path, i: int, cluster: str, endpoints: list[str], host: str,
-               *, prefix: list[str] | None = None) -> BrokerProcess:
+               *extra: str, prefix: list[str] | None = None) -> BrokerProcess:
     """Broker node ``i`` bound to ``host`` (advertised there), run under ``prefix``."""
     port = free_port()
     launcher = [*(prefix or []), sys.executable, "-m", "messaging.cli"]
@@ -84,7 +86,7 @@ def start_node(make: Any, tmp: Path, i: int, cluster: str, endpoints: list[str],
     proc: BrokerProcess = make(
         tmp / f"node{i}", "--etcd", ",".join(endpoints), "--cluster", cluster,
         "--advertise", f"http://{host}:{port}", "--etcd-compact-every", "20", "--insecure",
-        port=port, host=host, launcher=launcher)
+        *extra, port=port, host=host, launcher=launcher)
     proc.start()
     return proc
 
@@ -178,6 +180,65 @@ async def test_a_node_cut_from_etcd_longer_than_its_lease(
             await identical([tmp_path / f"node{i}" for i in range(3)])
     finally:
         etcd.stop()
+
+
+async def test_a_node_of_a_cluster_of_groups_cut_from_etcd_acknowledges_nothing(
+        broker_process: Any, tmp_path: Path, namespace: Namespace) -> None:
+    """Four groups, two holders each, three nodes; node 2 loses etcd and its peers. While cut
+    it acknowledges nothing (it can neither commit nor forward); its groups move to the
+    others, which go on; healed, it takes its groups back, and every node serves every
+    acknowledged message once, every group's holders byte-identical."""
+    client_link, etcd_link = namespace.link(), namespace.link()
+    etcd = etcd_members(tmp_path, client_hosts=(etcd_link.host_ip,))
+    etcd.ensure_running()
+    name = f"p{uuid.uuid4().hex[:8]}"
+    groups = ("--groups", str(GROUPS), "--replicas", "2")
+    try:
+        await etcd.wait_healthy()
+        local = [m.client_urls[0] for m in etcd.members]
+        reachable = [m.client_urls[1] for m in etcd.members]
+        nodes = [start_node(broker_process, tmp_path, 0, name, local, etcd_link.host_ip,
+                            *groups),
+                 start_node(broker_process, tmp_path, 1, name, local[1:] + local[:1],
+                            etcd_link.host_ip, *groups),
+                 start_node(broker_process, tmp_path, 2, name, reachable, client_link.ns_ip,
+                            *groups, prefix=namespace.prefix)]
+        urls = [n.url for n in nodes]
+        async with aiohttp.ClientSession() as session:
+            await settled_groups(session, urls)
+            load = TopicLoad(urls)
+            load.start(session, workers=6)
+            await wait_until(lambda: _at_least(load, 200), 30, "load before the cut")
+            etcd_link.cut()
+            load.down.add(urls[2])
+            cut_at = time.monotonic()
+            acked_while_cut = []
+            for k in range(80):  # about 8 s: past node 2's lease
+                data = b"cut %d" % k
+                await load.publish(session, urls[2], TOPICS[k % len(TOPICS)], data)
+                if data in load.acked and time.monotonic() - cut_at > 1.0:
+                    acked_while_cut.append(data)
+                await asyncio.sleep(0.1)
+            assert not acked_while_cut, f"node 2 acknowledged {acked_while_cut} while cut"
+            target = len(load.acked) + 100
+            await wait_until(lambda: _at_least(load, target), 30, "load through the others")
+            etcd_link.heal()
+            load.down.discard(urls[2])
+            target = len(load.acked) + 100
+            await wait_until(lambda: _at_least(load, target), 30, "load after the heal")
+            await load.finish()
+            holders = await settled_groups(session, urls, timeout=90)
+            await check_everything(session, urls, load)
+            for group, held in holders.items():
+                files = [await asyncio.to_thread(group_files, tmp_path / f"node{urls.index(u)}",
+                                                 group) for u in held]
+                assert all(f == files[0] for f in files[1:]), f"group {group}: holders differ"
+    finally:
+        etcd.stop()
+
+
+async def _at_least(load: TopicLoad, count: int) -> bool:
+    return len(load.acked) >= count
 
 
 async def _member_status(url: str) -> Any:
