@@ -9,6 +9,8 @@ Pure decisions, no I/O: callers (the async :class:`~messaging.client.client.Clie
   writes, then the others starting past the last one that failed. A 307 is followed by
   resending the same path and query to the ``Location``'s broker, which becomes the leader;
   at most :data:`MAX_REDIRECTS` hops per request.
+- :class:`GroupMap`: in a cluster of topic groups, the holders of each group; a request on a
+  topic is sent to its holders first (any node forwards it, one hop more).
 - :class:`RetryPolicy` / :class:`Retry`: exponential backoff within a total time budget.
   While no broker has ever answered, a refused connection on every URL for
   ``refused_rounds`` rounds in a row means nothing is listening: give up at once rather than
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 from messaging.errors import InvalidURLError
+from messaging.placement import group_of_topic
 
 #: Redirects followed for one request before its 307 is treated as an error.
 MAX_REDIRECTS = 5
@@ -68,6 +71,37 @@ def unique(urls: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(urls))
 
 
+#: How often a client asks for the map of topic groups again while it looks stale (an answer
+#: came from a node that does not hold the topic, or a holder failed), and at the latest.
+GROUPS_REFRESH = 2.0
+GROUPS_MAX_AGE = 10.0
+
+
+@dataclass
+class GroupMap:
+    """A cluster of topic groups as ``GET /messaging/groups`` describes it: each group's
+    holders, best first. A client sends a topic's requests to its holders first; any node
+    would forward them, at the cost of one more hop."""
+
+    groups: int
+    holders: dict[int, list[str]]
+
+    @classmethod
+    def parse(cls, answer: object) -> GroupMap | None:
+        """The map in a ``/messaging/groups`` answer (None if it is not one)."""
+        try:
+            assert isinstance(answer, dict)
+            rows = answer["groups"]
+            holders = {int(row["group"]): [base_url(u) for u in row["holders"]] for row in rows}
+        except (AssertionError, KeyError, TypeError, ValueError, InvalidURLError):
+            return None
+        return cls(len(holders), holders) if holders else None
+
+    def holders_of(self, topic: int) -> list[str]:
+        """The nodes that hold ``topic``'s group, best first."""
+        return self.holders.get(group_of_topic(topic, self.groups), [])
+
+
 class Brokers:
     """The broker URLs a client knows, the order to try them in, and the remembered leader.
 
@@ -81,6 +115,8 @@ class Brokers:
         self.leader: str | None = None
         #: Whether any broker ever answered (refusals then mean a restart, not a wrong URL).
         self.reached = False
+        #: The holders of each topic group (None: one group, or not known yet).
+        self.groups: GroupMap | None = None
         self._next = 0
 
     def add(self, urls: Iterable[str]) -> None:
@@ -92,14 +128,17 @@ class Brokers:
         self.urls = unique(base_url(u) for u in urls)
         self._next = 0
 
-    def order(self, write: bool) -> list[str]:
-        """Every URL once, in the order to try them; writes go to the leader first."""
+    def order(self, write: bool, topic: int | None = None) -> list[str]:
+        """Every URL once, in the order to try them; writes go to the leader first, and a
+        request on ``topic`` goes to its group's holders first when the map is known."""
         if not self.urls:
             return [self.leader] if write and self.leader else []
         start = self._next % len(self.urls)
         ordered = self.urls[start:] + self.urls[:start]
         if write and self.leader:
             ordered = [self.leader, *[u for u in ordered if u != self.leader]]
+        if topic is not None and self.groups is not None:
+            ordered = unique([*self.groups.holders_of(topic), *ordered])
         return ordered
 
     def answered(self, url: str) -> None:

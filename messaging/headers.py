@@ -36,3 +36,7 @@ STREAM_NEXT_OFFSET_HEADER = "Stream-Next-Offset"
 
 #: A cluster node's snapshot: the etcd revision it reflects.
 REVISION_HEADER = "X-Messaging-Revision"
+#: A cluster of topic groups: the node that served a request (its advertised URL), and the
+#: mark of a request one node forwarded to another (never forwarded again).
+NODE_HEADER = "X-Messaging-Node"
+FORWARDED_HEADER = "X-Messaging-Forwarded"

@@ -8,7 +8,16 @@ import socket
 import pytest
 
 from messaging.errors import InvalidURLError
-from messaging.failover import MAX_REDIRECTS, Brokers, Retry, RetryPolicy, base_url, refused
+from messaging.failover import (
+    MAX_REDIRECTS,
+    Brokers,
+    GroupMap,
+    Retry,
+    RetryPolicy,
+    base_url,
+    refused,
+)
+from messaging.placement import group_of_topic
 
 A, B, C = "http://a:1", "http://b:2", "http://c:3"
 
@@ -151,3 +160,24 @@ def test_too_many_failures_give_up_whatever_the_budget() -> None:
 ])
 def test_what_counts_as_refused(err: BaseException, definitive: bool) -> None:
     assert refused(err) is definitive
+
+
+def test_a_topic_goes_to_its_groups_holders_first() -> None:
+    answer = {"groups": [{"group": 0, "holders": ["http://b:2", "http://c:3"]},
+                         {"group": 1, "holders": ["http://c:3", "http://a:1"]}]}
+    groups = GroupMap.parse(answer)
+    assert groups is not None and groups.groups == 2
+    brokers = Brokers(["http://a:1"])
+    brokers.groups = groups
+    for topic in range(20):
+        holders = groups.holders_of(topic)
+        assert holders == answer["groups"][group_of_topic(topic, 2)]["holders"]
+        assert brokers.order(write=True, topic=topic)[:2] == holders
+    assert brokers.order(write=False) == ["http://a:1"]  # no topic: as before
+
+
+@pytest.mark.parametrize("answer", [None, [], {"groups": []}, {"groups": [{"group": 0}]},
+                                    {"groups": [{"group": "x", "holders": []}]},
+                                    {"groups": [{"group": 0, "holders": ["ftp://a:1"]}]}])
+def test_an_answer_that_is_no_map_of_groups(answer: object) -> None:
+    assert GroupMap.parse(answer) is None

@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.cluster.etcd_members import Etcd, etcd_healthy
+from bench.cluster.etcd_members import Etcd, etcd_healthy, etcd_status
 from bench.groups.netns import Machine, Network
 from bench.harness.loops import bounded_wait
 from bench.harness.procs import Proc
@@ -163,6 +163,15 @@ async def start_etcd(session: Session, members: list[NsEtcd]) -> None:
     await bounded_wait(lambda: etcd_healthy(session, list[Etcd](members)), 60, "etcd healthy", 0.2)
 
 
+async def etcd_revision(session: Session, members: list[NsEtcd]) -> int:
+    """The cluster's revision (writes so far), from the first member that answers."""
+    for member in members:
+        status = await etcd_status(session, member)
+        if status is not None:
+            return int(status["header"]["revision"])
+    raise RuntimeError("no etcd member answers")
+
+
 @dataclass
 class Placement:
     """Which groups each node holds (as every node agreed), and their holders."""
@@ -273,13 +282,14 @@ def difference(before: dict[str, dict[int, int]],
 
 
 def log_errors(logs: list[Path]) -> list[str]:
-    """Per log with any: how many error and warning lines it has, and the first of them."""
+    """Per log with any so far: how many error and warning lines it has, and the first of
+    them (etcd's warnings are left out: it warns of its own setup, such as simple tokens)."""
     found = []
     for log in logs:
         if not log.exists():
             continue
         for kind, marks in (("error", ("ERROR", "Traceback", '"level":"error"')),
-                            ("warning", ("WARNING", '"level":"warn"'))):
+                            ("warning", ("WARNING",))):
             lines = [line for line in log.read_text(errors="replace").splitlines()
                      if any(mark in line for mark in marks)]
             if lines:

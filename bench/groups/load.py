@@ -19,8 +19,9 @@ import asyncio
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import aiohttp
 
@@ -29,6 +30,7 @@ from bench.harness.sampling import cpu_seconds, machine_busy
 from messaging.frames import FRAMES_CONTENT_TYPE, encode_batch
 from messaging.placement import group_of_topic
 
+T = TypeVar("T")
 Session = aiohttp.ClientSession
 NODE_HEADER = "X-Messaging-Node"
 BATCH = 100
@@ -195,15 +197,15 @@ class CpuWindow:
 
 
 async def with_cpu(pids: Callable[[], dict[str, int | None]],
-                   work: asyncio.Future[Tally] | asyncio.Task[Tally]) -> tuple[Tally, CpuWindow]:
+                   work: Awaitable[T]) -> tuple[T, CpuWindow]:
     """Run ``work``, reading every named process's CPU before and after it."""
     before = {name: cpu_seconds(pid) for name, pid in pids().items()}
     me, busy, started = time.process_time(), machine_busy(), time.perf_counter()
-    tally = await work
+    result = await work
     wall = time.perf_counter() - started
     after = {name: cpu_seconds(pid) for name, pid in pids().items()}
-    return tally, CpuWindow(wall, {n: after[n] - before.get(n, 0.0) for n in after},
-                            time.process_time() - me, machine_busy() - busy)
+    return result, CpuWindow(wall, {n: after[n] - before.get(n, 0.0) for n in after},
+                             time.process_time() - me, machine_busy() - busy)
 
 
 async def busy_cores(seconds: float = 1.0) -> float:

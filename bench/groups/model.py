@@ -47,6 +47,8 @@ class Measured:
     log_errors: list[str] = field(default_factory=list)
     wall: float = 0.0
     round_rates: list[float] = field(default_factory=list)
+    idle: CpuWindow | None = None  # the settled cluster without load
+    etcd_writes: dict[str, int] = field(default_factory=dict)  # etcd revisions in the window
 
     def add(self, other: Measured) -> None:
         """Add another round of the same configuration."""
@@ -61,6 +63,22 @@ class Measured:
         self.log_errors += [e for e in other.log_errors if e not in self.log_errors]
         self.wall += other.wall
         self.round_rates += other.round_rates
+        if self.idle is not None and other.idle is not None:
+            self.idle.add(other.idle)
+        for cluster, n in other.etcd_writes.items():
+            self.etcd_writes[cluster] = self.etcd_writes.get(cluster, 0) + n
+
+    def idle_cores(self, prefix: str) -> float:
+        """Cores the processes named ``prefix``… used while the cluster was idle."""
+        if self.idle is None or not self.idle.seconds:
+            return 0.0
+        return sum(v for k, v in self.idle.processes.items()
+                   if k.startswith(prefix)) / self.idle.seconds
+
+    @property
+    def stacks(self) -> int:
+        """Held groups summed over the nodes (each a command log, watch and broker)."""
+        return sum(len(groups) for groups in self.held.values())
 
     @property
     def applied(self) -> dict[str, int]:
@@ -204,6 +222,8 @@ class Measured:
                                "others": self.us(self.cpu.others)},
             "machine_cores_busy": self.cpu.machine / self.cpu.seconds,
             "other_cores": self.cpu.others / self.cpu.seconds,
+            "idle_cores": {"brokers": self.idle_cores("node"), "etcd": self.idle_cores("etcd-")},
+            "etcd_writes": self.etcd_writes, "held_groups_total": self.stacks,
             "check": self.check(), "log_errors": self.log_errors, "wall_s": self.wall,
         }
 
@@ -253,6 +273,9 @@ def extras(m: Measured) -> str:
     parts = [m.check(), m.tally.latency_text(),
              f"{m.cpu.machine / m.cpu.seconds:.2f} of {os.cpu_count()} cores busy",
              f"rounds {', '.join(f'{r:,.0f}' for r in m.round_rates)} msg/s",
+             f"idle cluster: brokers {m.idle_cores('node'):.2f} cores, etcd "
+             f"{m.idle_cores('etcd-'):.2f} cores ({m.stacks} held groups)",
+             f"etcd writes {sum(m.etcd_writes.values()):,} for {m.puts:,} log puts",
              f"groups held: {held_text(m)}"]
     if m.tally.errors:
         parts.append(f"errors {dict(m.tally.errors)}")
@@ -271,14 +294,13 @@ def print_row(m: Measured, base: Measured | None) -> None:
 
 @dataclass
 class Fit:
-    """Broker CPU of a node = a·applied + p·revisions applied + h·HTTP messages + idle·seconds,
-    fitted by least squares (a coefficient that comes out negative is dropped, and the rest
-    fitted again)."""
+    """Broker CPU of a node under load, beyond what it used idle = a·applied + p·revisions
+    applied + h·HTTP messages, fitted by least squares (a coefficient that comes out negative
+    is dropped, and the rest fitted again)."""
 
     apply_us: float
     revision_us: float
     http_us: float
-    idle_cores: float
     r2: float
     points: int
     dropped: list[str] = field(default_factory=list)
@@ -296,13 +318,14 @@ def revisions_applied(m: Measured, url: str) -> int:
 
 def fit_brokers(rounds: list[Measured]) -> Fit:
     """Least squares over every node of every round of every configuration."""
-    names = ["apply", "revision", "http", "idle"]
+    names = ["apply", "revision", "http"]
     xs, ys = [], []
     for m in rounds:
         for i, u in enumerate(m.nodes):
-            xs.append([m.applied[u], revisions_applied(m, u), m.http_messages(u),
-                       m.cpu.seconds])
-            ys.append(m.cpu.processes[f"node{i}"])
+            idle = (m.idle.processes[f"node{i}"] / m.idle.seconds
+                    if m.idle is not None and m.idle.seconds else 0.0)
+            xs.append([m.applied[u], revisions_applied(m, u), m.http_messages(u)])
+            ys.append(m.cpu.processes[f"node{i}"] - idle * m.cpu.seconds)
     full, y = np.array(xs, dtype=float), np.array(ys, dtype=float)
     keep = list(range(len(names)))
     coef = np.zeros(len(names))
@@ -317,8 +340,8 @@ def fit_brokers(rounds: list[Measured]) -> Fit:
     predicted = full @ coef
     total = float(((y - y.mean()) ** 2).sum()) or 1.0
     r2 = 1.0 - float(((y - predicted) ** 2).sum()) / total
-    return Fit(float(coef[0]) * US, float(coef[1]) * US, float(coef[2]) * US, float(coef[3]),
-               r2, len(ys), [n for k, n in enumerate(names) if k not in keep])
+    return Fit(float(coef[0]) * US, float(coef[1]) * US, float(coef[2]) * US, r2, len(ys),
+               [n for k, n in enumerate(names) if k not in keep])
 
 
 def busiest_by_chance(groups: int, nodes: int, replicas: int, trials: int = 400,
@@ -353,6 +376,10 @@ class Model:
     uneven_from: str
     nodes: int
     replicas: int
+    groups: int  # of the configuration the constants come from
+    stack_cores: float  # broker CPU per held group, idle
+    etcd_stack_cores: float  # etcd CPU per group, idle
+    idle_seconds: float
 
     @property
     def holder_us(self) -> float:
@@ -364,10 +391,12 @@ class Model:
         u = self.unevenness if u is None else u
         return (r * u * self.holder_us + self.fit.http_us * (2 - r / n)) / n
 
-    def brokers(self, n: int, r: int, u: float | None = None) -> float:
-        """msg/s that n broker nodes (one core each) carry."""
+    def brokers(self, n: int, r: int, u: float | None = None, g: int | None = None) -> float:
+        """msg/s that n broker nodes (one core each) carry with g groups."""
+        g = self.groups if g is None else g
+        free = 1.0 - self.stack_cores * g * min(r, n) / n
         per = self.node_us(n, r, u)
-        return US / per if per > 0 else float("inf")
+        return max(0.0, free) * US / per if per > 0 else float("inf")
 
     def etcd(self, m: int, cores: float = 1.0) -> float:
         """msg/s that m etcd clusters carry when their busiest member has ``cores`` cores."""
@@ -377,25 +406,32 @@ class Model:
         """msg/s one group can take: each holder applies all of it on one event loop."""
         return US / self.holder_us if self.holder_us > 0 else float("inf")
 
-    def crossover(self, cores: float) -> int | None:
-        """The fewest nodes (R fixed) whose brokers outrun one etcd cluster (u = 1)."""
-        return next((n for n in range(self.replicas, 4097)
-                     if self.brokers(n, self.replicas, 1.0) >= self.etcd(1, cores)), None)
-
 
 def build_model(measured: list[Measured], rounds: list[Measured]) -> Model:
-    """The constants: the broker fit over every round; etcd, messages per put and placement
-    from the configuration with the most groups on one etcd cluster."""
+    """The constants: the broker fit over every round; etcd, messages per put, placement and
+    the idle cost per group from the configuration with the most groups on one etcd cluster
+    (the idle cost as its difference from G = 1, per group added)."""
     fit = fit_brokers(rounds)
     spread = [m for m in measured if m.config.groups > 1 and m.config.etcd_clusters == 1]
     widest = spread[-1] if spread else measured[-1]
+    base = next((m for m in measured if m.config.groups == 1), None)
     members = widest.etcd_member_us()
     a_members = [v for k, v in members.items() if k.startswith("etcd-a")]
+    if base is not None and widest.stacks > base.stacks:
+        stack = (widest.idle_cores("node") - base.idle_cores("node")) / (
+            widest.stacks - base.stacks)
+        etcd_stack = (widest.idle_cores("etcd-") - base.idle_cores("etcd-")) / (
+            widest.config.groups - 1)
+    else:
+        stack = widest.idle_cores("node") / max(1, widest.stacks)
+        etcd_stack = widest.idle_cores("etcd-") / widest.config.groups
+    idle_seconds = widest.idle.seconds if widest.idle is not None else 0.0
     return Model(fit, widest.published / widest.puts if widest.puts else 0.0,
                  sum(a_members), max(a_members, default=0.0), widest.etcd_put_us("a"),
                  widest.config.label, widest.busiest / widest.share if widest.share else 1.0,
                  widest.config.label, len(widest.nodes),
-                 widest.config.holders_per_group(len(widest.nodes)))
+                 widest.config.holders_per_group(len(widest.nodes)), widest.config.groups,
+                 max(0.0, stack), max(0.0, etcd_stack), idle_seconds)
 
 
 def model_text(model: Model, measured: list[Measured]) -> str:
@@ -403,13 +439,15 @@ def model_text(model: Model, measured: list[Measured]) -> str:
     f, n, r = model.fit, model.nodes, model.replicas
     chance = {g: busiest_by_chance(g, n, r) for g in (4, 8, 16, 32, 64, 256)}
     ideal = r / n
-    grid = [[min(model.brokers(nn, r, 1.0), model.etcd(mm)) for mm in (1, 2, 4)]
-            for nn in (4, 8, 16, 32)]
+    sizes = (4, 8, 16, 32)
+    grid = [[min(model.brokers(nn, r, 1.0, 2 * nn), model.etcd(mm)) for mm in (1, 2, 4)]
+            for nn in sizes]
     table = "\n".join(
         ["| broker nodes ↓, etcd clusters → | M = 1 | M = 2 | M = 4 |", "|---|---|---|---|"]
-        + [f"| N = {nn} | " + " | ".join(f"{v:,.0f}" for v in row) + " |"
-           for nn, row in zip((4, 8, 16, 32), grid, strict=True)])
-    one, four = model.crossover(1.0), model.crossover(4.0)
+        + [f"| N = {nn} (G = {2 * nn}) | " + " | ".join(f"{v:,.0f}" for v in row) + " |"
+           for nn, row in zip(sizes, grid, strict=True)])
+    one = next((nn for nn in range(2, 4097)
+                if model.brokers(nn, r, 1.0, 2 * nn) >= model.etcd(1)), None)
     apply_part = r * model.holder_us
     http_part = f.http_us * (2 - ideal)
     both = [m for m in measured if m.config.groups == 8]
@@ -417,7 +455,8 @@ def model_text(model: Model, measured: list[Measured]) -> str:
            f"is split: {_etcd_split(both)}. " if len(both) == 2 else "")
     dropped = (f" ({', '.join(f.dropped)} came out negative and was left out)"
                if f.dropped else "")
-    g1 = US / (model.holder_us + f.http_us / n) if model.holder_us else float("inf")
+    g1 = US / (model.holder_us + f.http_us / n) if model.holder_us + f.http_us else 0.0
+    per_node_groups = model.groups * r / n
     return "\n".join([
         "**Constants** (measured in this run):",
         "",
@@ -428,15 +467,20 @@ def model_text(model: Model, measured: list[Measured]) -> str:
         f"- `h` = {f.http_us:.1f} µs of broker CPU per message through a node's HTTP layer "
         "(the request from a client, the put to etcd, the answer; a forwarded request passes "
         "two nodes' HTTP layers);",
-        f"- idle {f.idle_cores:.3f} cores per node (leases, placement, watches); `a`, `p`, `h` "
-        f"and idle fitted as `cpu(node) = a·applied + p·revisions applied + h·http + "
-        f"idle·seconds` by least squares over the {f.points} (round, configuration, node) "
+        f"- `a`, `p`, `h` fitted as `cpu(node) − idle(node) = a·applied + p·revisions applied "
+        f"+ h·http` by least squares over the {f.points} (round, configuration, node) "
         f"points of this run, R² {f.r2:.2f}{dropped}: http(node) counts what the load "
         "generator sent it plus what other nodes forwarded to it (X-Messaging-Node), revisions "
         "applied are the puts (every node's writer's count, in diagnostics) of the groups it "
-        "holds;",
+        "holds, idle(node) its CPU on the settled cluster without load;",
+        f"- `s` = {model.stack_cores * 1000:.1f} millicores of broker CPU per held group "
+        "without load (each held group's log: lease, registration, placement, quorum checks, "
+        f"checkpoints) and {model.etcd_stack_cores * 1000:.1f} millicores of etcd's per group: "
+        f"idle CPU at {model.etcd_from} less G=1's, per group added, over "
+        f"{model.idle_seconds:.0f} s;",
         f"- `m` = {model.per_put:.0f} messages per etcd put at {model.etcd_from} (batches of "
-        "100 plus single publishes; fewer as groups multiply: each node puts per group);",
+        "100 plus single publishes; each node's writer puts per group, so more groups mean "
+        "smaller puts);",
         f"- `e_max` = {model.etcd_max_us:.1f} µs of CPU of one etcd cluster's busiest member "
         f"(its leader) per message of that cluster, `e` = {model.etcd_sum_us:.1f} µs summed over "
         f"its 3 members ({model.etcd_put_us:,.0f} µs per put), at {model.etcd_from};",
@@ -447,33 +491,35 @@ def model_text(model: Model, measured: list[Measured]) -> str:
         + f", against the even {ideal:.2f}.",
         "",
         "**Capacity** in messages/s, for N broker machines (each broker one event loop: about "
-        "one core) and M etcd clusters of 3 members with the groups spread evenly over them; "
-        "clients send each request to any node, so a message crosses HTTP `2 − R/N` times on "
-        "average:",
+        "one core), G groups (G·R ≥ N) and M etcd clusters of 3 members with the groups spread "
+        "evenly over them; clients send each request to any node, so a message crosses HTTP "
+        "`2 − R/N` times on average:",
         "",
         "```",
         "one node, per message of the cluster:  c(N) = (R·u·(a + p/m) + h·(2 − R/N)) / N  µs",
-        "brokers:    X_b(N) = 1e6 / c(N)",
-        "etcd:       X_e(M) = M · c_e · 1e6 / e_max     (c_e: cores of each cluster's leader)",
-        "one group:  X_g    = 1e6 / (a + p/m)            (each holder applies all of it)",
-        "X(N, M, G) = min(X_b(N), X_e(M), G · X_g)",
+        "brokers:    X_b(N, G) = (1 − s·G·R/N) · 1e6 / c(N)",
+        "etcd:       X_e(M)    = M · c_e · 1e6 / e_max     (c_e: cores of each cluster's leader)",
+        "one group:  X_g       = 1e6 / (a + p/m)            (each holder applies all of it)",
+        "X(N, M, G) = min(X_b(N, G), X_e(M), G · X_g)",
         "```",
         "",
         f"With these constants a holder spends a + p/m = {model.holder_us:.1f} µs per message "
-        f"of its groups: one group tops out at X_g = {model.group():,.0f} msg/s; one etcd "
-        f"cluster at X_e(1) = {model.etcd(1):,.0f} msg/s per core of its leader; the brokers "
-        f"at X_b = {model.brokers(4, r, 1.0):,.0f} (N = 4), {model.brokers(8, r, 1.0):,.0f} "
-        f"(N = 8), {model.brokers(16, r, 1.0):,.0f} (N = 16) msg/s with even placement (u = 1; "
-        f"{model.brokers(4, r):,.0f} at N = 4 with the u measured here). With one group "
-        f"(every node applies everything, R = N) the brokers stop at 1e6 / (a + p/m + h/N) = "
-        f"{g1:,.0f} msg/s however many nodes there are; groups lift that N/R-fold. "
-        f"min(X_b, X_e) with u = 1 and one core per etcd leader:",
+        f"of its groups, so one group tops out at X_g = {model.group():,.0f} msg/s; one etcd "
+        f"cluster at X_e(1) = {model.etcd(1):,.0f} msg/s per core of its leader; the four "
+        f"brokers here at X_b = {model.brokers(4, r):,.0f} msg/s with G = {model.groups} and "
+        f"the u measured ({per_node_groups:.0f} groups per node cost "
+        f"{model.stack_cores * per_node_groups:.2f} cores idle), "
+        f"{model.brokers(4, r, 1.0):,.0f} with even placement. With one group (every node "
+        f"applies everything, R = N) the brokers stop near 1e6 / (a + p/m + h/N) = {g1:,.0f} "
+        "msg/s however many nodes there are; groups lift that towards N/R-fold. "
+        "min(X_b, X_e) with u = 1, G = 2N (each node holds 4 groups) and one core per etcd "
+        "leader:",
         "",
         table,
         "",
-        f"One etcd cluster is the bound from N = {one} broker nodes on when its leader has one "
-        f"core, from N = {four} with four; past that each etcd cluster adds X_e(1) per leader "
-        "core until the brokers bind again. " + two,
+        (f"So one etcd cluster (one core for its leader) is the bound from N = {one} broker "
+         "nodes on; past that each etcd cluster adds X_e(1) per leader core until the brokers "
+         "bind again. " if one else "The brokers stay the bound up to N = 4,096. ") + two,
         "",
         "**Where the next bottleneck is.** Per message of the cluster a node spends "
         f"R·u·(a + p/m)/N on applying and h·(2 − R/N)/N on HTTP: at N = {n}, R = {r} "
@@ -483,13 +529,16 @@ def model_text(model: Model, measured: list[Measured]) -> str:
            "Clients that send each request to a holder of its group (computable: "
            "`messaging.placement`, `GET /messaging/groups`) would remove that pass. "
            if http_part >= apply_part else
-           "applying is the larger part: it falls as R/N with more nodes, HTTP does not. ")
+           "applying is the larger part: it falls as R/N with more nodes, HTTP does not, and "
+           "forwarding adds a second HTTP pass to 1 − R/N of the messages (clients that send "
+           "to a holder of the group would save it). ")
         + "Then one etcd cluster (its leader's CPU and fsyncs), relieved only by more etcd "
         "clusters (`--group-etcd`); then a hot group (X_g: one group's messages are applied "
         "in order on each holder's one event loop, so more groups do not help a hot topic). "
-        "Each group also costs per put (`p`, and etcd's per-put work): more groups mean "
-        "smaller puts (lower `m`), so G far above what spreads the load evenly costs CPU. "
-        "Small G places unevenly (u above 1 at G = 8 here); G of 8–16 × N evens it out.",
+        "Groups are not free: each held group costs `s` without load, and more groups mean "
+        "smaller puts (lower `m`: more `p` per message, more etcd work per message), so G far "
+        "above what spreads the load costs CPU; small G places unevenly (u above 1): a few "
+        "groups per node is the range to be in.",
     ])
 
 
@@ -557,6 +606,7 @@ class Context:
     load_at_start: tuple[float, float, float]
     took: float
     rounds: int
+    discarded: list[dict[str, Any]]
 
 
 def write_results(measured: list[Measured], rounds: list[Measured], ctx: Context) -> None:
@@ -616,6 +666,12 @@ def write_results(measured: list[Measured], rounds: list[Measured], ctx: Context
         "",
         checks,
         "",
+        "Rounds run again because other work on the machine kept more than 0.5 cores busy "
+        "during them (at most 3 runs of a round, within 4 minutes of waiting and re-running "
+        "per benchmark): "
+        + (", ".join(f"{d['config']} ({d['msg_per_s']:,.0f} msg/s, {d['other_cores']:.2f} "
+                     "cores of other work)" for d in ctx.discarded) or "none") + ".",
+        "",
         f"**What 2 shared cores mean.** Every process here shares this machine's {cores} "
         "cores and one disk, and the machine was busy for most of each run: the aggregate "
         "msg/s cannot grow with more groups or more etcd clusters (adding processes only "
@@ -636,16 +692,18 @@ def write_results(measured: list[Measured], rounds: list[Measured], ctx: Context
                   "seconds": ctx.seconds, "warmup": ctx.warmup, "batch": BATCH,
                   "message_bytes": MESSAGE, "senders": SENDERS,
                   "singles_every": SINGLES_EVERY, "rounds": ctx.rounds,
+                  "rounds_run_again": ctx.discarded,
                   "load_at_start": list(ctx.load_at_start),
                   "took_s": ctx.took},
         "model": {"apply_us": model.fit.apply_us, "http_us": model.fit.http_us,
                   "revision_us": model.fit.revision_us, "messages_per_put": model.per_put,
                   "etcd_put_us": model.etcd_put_us, "fit_dropped": model.fit.dropped,
-                  "idle_cores": model.fit.idle_cores, "fit_r2": model.fit.r2,
+                  "stack_cores": model.stack_cores, "etcd_stack_cores": model.etcd_stack_cores,
+                  "fit_r2": model.fit.r2,
                   "etcd_sum_us": model.etcd_sum_us, "etcd_max_us": model.etcd_max_us,
                   "unevenness": model.unevenness, "X_group": model.group(),
                   "X_etcd_1": model.etcd(1),
-                  "X_brokers": {str(n): model.brokers(n, model.replicas, 1.0)
+                  "X_brokers_G_2N": {str(n): model.brokers(n, model.replicas, 1.0, 2 * n)
                                 for n in (4, 8, 16, 32)}},
     })
     print(model_text(model, measured))

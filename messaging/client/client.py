@@ -17,7 +17,7 @@ import contextlib
 import json
 import socket
 import ssl
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,10 @@ from messaging.errors import (
 )
 from messaging.failover import (
     DEFAULT_RETRY_TIMEOUT,
+    GROUPS_MAX_AGE,
+    GROUPS_REFRESH,
     Brokers,
+    GroupMap,
     Retry,
     RetryPolicy,
     base_url,
@@ -56,6 +59,7 @@ from messaging.frames import FRAMES_CONTENT_TYPE, HEADER_SIZE, Message, decode, 
 from messaging.headers import (
     DUPLICATE_HEADER,
     INDEX_HEADER,
+    NODE_HEADER,
     PRODUCER_EPOCH_HEADER,
     PRODUCER_ID_HEADER,
     PRODUCER_SEQ_HEADER,
@@ -70,6 +74,7 @@ _CONNECT_TIMEOUT: tuple[type[BaseException], ...] = tuple(
 _NOT_SENT: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError,
                                                 *_CONNECT_TIMEOUT)
 # ... and of one that may have reached a broker.
+_TOPIC_PATH = "/messaging/topics/"
 _MAYBE_SENT = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
 
 
@@ -111,6 +116,12 @@ class Client:
         self.token = token  # sent as Authorization: Bearer on every request
         self.ca = Path(ca) if ca is not None else None  # verifies https brokers' certificates
         self._session: aiohttp.ClientSession | None = None
+        # The map of topic groups: asked for on the first request on a topic, again when an
+        # answer shows it stale (a node that does not hold the topic served it, or a holder
+        # failed); never again once a broker said it has no groups (404).
+        self._groups_asked: float | None = None
+        self._groups_stale = False
+        self._groups_absent = False
 
     async def __aenter__(self) -> Client:
         await self.open()
@@ -184,15 +195,18 @@ class Client:
         last_error: BaseException | None = None
         failures: dict[str, BaseException] = {}
         query = {k: str(v) for k, v in (params or {}).items() if v is not None}
+        topic = _topic_of(query, path)
         while True:
             refused_everywhere = True
-            for base in self.brokers.order(write):
+            for base in await self._order(write, topic):
                 try:
                     url, resp = await self._send(method, base, path, query, data, headers)
                     async with resp:
                         response = Response(resp.status, dict(resp.headers),
                                             await _read(url, resp), url)
+                    self._note_server(url, response.headers)
                 except _Failed as failed:
+                    self._groups_stale = True
                     if not idempotent and failed.sent:
                         raise PublishOutcomeUnknownError(
                             f"{method} {failed.url}{path}: {_describe(failed.err)} after the "
@@ -231,13 +245,15 @@ class Client:
         answer, or one that is not ``content_type``, raises its :class:`MessagingError`.
         """
         failures: dict[str, BaseException] = {}
-        for base in self.brokers.order(write=False):
+        for base in await self._order(False, _topic_of(params)):
             try:
                 url, resp = await self._send("GET", base, path, params)
             except _Failed as failed:
                 failures[failed.url] = failed.err
                 self.brokers.failed(base)
+                self._groups_stale = True
                 continue
+            self._note_server(url, resp.headers)
             async with resp:
                 if resp.status >= 300:
                     raise error_for_status(resp.status, resp.headers, url)
@@ -247,6 +263,49 @@ class Client:
         raise ConnectionFailedError(
             _unreachable(failures),
             refused=bool(failures) and all(_refused(e) for e in failures.values()))
+
+    async def _order(self, write: bool, topic: int | None) -> list[str]:
+        """The brokers to try for a request (on ``topic``: its group's holders first)."""
+        if topic is not None:
+            await self._learn_groups()
+        return self.brokers.order(write, topic)
+
+    def _note_server(self, url: str, headers: Mapping[str, str]) -> None:
+        """A node other than the one asked served the request: the map is stale."""
+        served = headers.get(NODE_HEADER)
+        if served is not None and self.brokers.groups is not None and served != url:
+            self._groups_stale = True
+
+    async def _learn_groups(self) -> None:
+        """Ask the cluster for its map of topic groups (one quick round, no retries)."""
+        if self._groups_absent:
+            return
+        now = asyncio.get_running_loop().time()
+        asked = self._groups_asked
+        if asked is not None and now - asked < (GROUPS_REFRESH if self._groups_stale
+                                                else GROUPS_MAX_AGE):
+            return
+        self._groups_asked, self._groups_stale = now, False
+        for base in self.brokers.order(write=False):
+            try:
+                resp = await self.session.get(base + "/messaging/groups", allow_redirects=False)
+            except _MAYBE_SENT:
+                continue
+            async with resp:
+                if resp.status == 404:  # one group (or a single node): nothing to map
+                    self._groups_absent = True
+                    return
+                if resp.status != 200:
+                    continue
+                try:
+                    answer = await resp.json(content_type=None)
+                except (ValueError, aiohttp.ClientError):
+                    continue
+            groups = GroupMap.parse(answer)
+            if groups is not None:
+                self.brokers.groups = groups
+                self.brokers.add(u for urls in groups.holders.values() for u in urls)
+                return
 
     async def _send(self, method: str, base: str, path: str, params: dict[str, str],
                     data: bytes | None = None, headers: dict[str, str] | None = None,
@@ -447,6 +506,16 @@ class Published:
 
 
 # -- turning what came back (or did not) into MessagingErrors -------------------------------
+
+
+def _topic_of(params: Mapping[str, str], path: str = "") -> int | None:
+    """The topic a request names (``topicID``, or the path of one topic), if any and valid."""
+    text = params.get("topicID")
+    if text is None and path.startswith(_TOPIC_PATH):
+        text = path[len(_TOPIC_PATH):]
+    if text is None or not (text.isascii() and text.isdigit()):
+        return None
+    return int(text)
 
 
 def _ssl_context(ca: Path) -> ssl.SSLContext:

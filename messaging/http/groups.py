@@ -34,7 +34,7 @@ from messaging.errors import (
     NotFoundError,
     StreamConflictError,
 )
-from messaging.headers import ERROR_HEADER
+from messaging.headers import ERROR_HEADER, FORWARDED_HEADER, NODE_HEADER
 from messaging.http.app import (
     EVERY_GROUP,
     NODE,
@@ -63,10 +63,6 @@ from messaging.placement import group_of_name, group_of_topic
 
 log = logging.getLogger(__name__)
 
-#: Names the node that served a request (its advertised URL).
-NODE_HEADER = "X-Messaging-Node"
-#: Set on a request one node forwards to another (never forwarded again).
-FORWARDED_HEADER = "X-Messaging-Forwarded"
 #: Asks a node for one group's part of a route over every group.
 GROUP_PARAM = "group"
 

@@ -28,8 +28,10 @@ from tests.proxy import FaultProxy, dead_url
 @contextlib.asynccontextmanager
 async def fake_server(
         handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[str]:
-    """A tiny aiohttp server on 127.0.0.1 answering every path with ``handler``; its URL."""
+    """A tiny aiohttp server on 127.0.0.1 answering every path with ``handler`` (but the map
+    of topic groups: 404, as a broker with one group); its URL."""
     app = web.Application()
+    app.router.add_get("/messaging/groups", _no_groups)
     app.router.add_route("*", "/{tail:.*}", handler)
     runner = web.AppRunner(app)
     await runner.setup()
@@ -38,6 +40,10 @@ async def fake_server(
         yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
+
+
+async def _no_groups(request: web.Request) -> web.Response:
+    return web.Response(status=404)
 
 
 @contextlib.asynccontextmanager
@@ -165,7 +171,8 @@ async def test_redirect_is_followed_and_remembered(server: BrokerServer) -> None
             assert await client.publish(1, b"a") == 1
             assert client.leader == server.url
             assert await client.publish(1, b"b") == 2
-            assert hits == ["/messaging/messages"]
+            # (The client asked once for the map of topic groups: a 404 there, none.)
+            assert hits == ["/messaging/groups", "/messaging/messages"]
     finally:
         await runner.cleanup()
 

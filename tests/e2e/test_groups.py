@@ -18,8 +18,10 @@ from typing import Any
 
 import aiohttp
 
+from messaging.client.client import Client
 from messaging.frames import decode
 from messaging.placement import GROUP_SHIFT, NAMED_TOPIC_BASE, group_of_name, group_of_topic
+from tests.client.test_conn import collect  # type: ignore[attr-defined]
 from tests.conftest import wait_until
 from tests.e2e.test_etcd_log import EtcdCluster, Nodes, _range, etcd, etcd_cluster
 
@@ -476,3 +478,35 @@ async def test_a_groups_etcd_losing_quorum_stops_only_its_groups(
         await wait_until(back, timeout=30, what="group 1 taking writes again")
         data = [d for _, d in await read_topic(session, nodes.url(2), topic_in(1))]
         assert data[0] == b"before" and data[-1] == b"back"
+
+
+async def test_the_client_goes_straight_to_a_holder_and_follows_moves(
+        etcd: EtcdCluster, broker_process: Any, tmp_path: Path) -> None:
+    nodes = group_nodes(broker_process, tmp_path, etcd)
+    await nodes.start(*range(NODES))
+    async with aiohttp.ClientSession() as session:
+        holders = await settled(session, nodes.urls)
+    async with Client([nodes.url(0)], retry_timeout=30) as client:
+        for t in TOPICS:
+            index = await client.publish(t, b"first %d" % t)
+            response = await client.request("GET", f"/messaging/topics/{t}")
+            assert response.url in holders[group_of_topic(t, GROUPS)]
+            assert response.headers["X-Messaging-Node"] == response.url  # not forwarded
+            conn = client.conn(t)
+            await conn.open(index=index - 1)
+            assert [m.data for m in await collect(conn, 1)] == [b"first %d" % t]
+            await conn.close()
+        victim = max(range(NODES), key=lambda i: sum(nodes.url(i) in h for h in holders.values()))
+        nodes.kill(victim)
+        for t in TOPICS:  # failover to the other holder, then the map moves on
+            await client.publish(t, b"second %d" % t)
+
+        async def map_moved() -> bool:
+            for t in TOPICS:
+                response = await client.request("GET", f"/messaging/topics/{t}")
+                if response.headers["X-Messaging-Node"] != response.url:
+                    return False
+            return nodes.url(victim) not in {u for t in TOPICS
+                                             for u in client.brokers.order(False, t)[:REPLICAS]}
+
+        await wait_until(map_moved, timeout=40, what="the client's map to leave the dead node")
