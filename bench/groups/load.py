@@ -21,12 +21,13 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 import aiohttp
 
 from bench.harness.figures import percentile
-from bench.harness.sampling import cpu_seconds, machine_busy
+from bench.harness.sampling import CLK_TCK, cpu_seconds, machine_busy
 from messaging.frames import FRAMES_CONTENT_TYPE, encode_batch
 from messaging.placement import group_of_topic
 
@@ -180,6 +181,7 @@ class CpuWindow:
     processes: dict[str, float]  # name → CPU seconds
     load_generator: float
     machine: float
+    kernel: float = 0.0  # interrupts and softirqs (the veths' and bridge's packets among them)
 
     def add(self, other: CpuWindow) -> None:
         """Add another window (one configuration's rounds)."""
@@ -188,12 +190,14 @@ class CpuWindow:
             self.processes[name] = self.processes.get(name, 0.0) + value
         self.load_generator += other.load_generator
         self.machine += other.machine
+        self.kernel += other.kernel
 
     @property
     def others(self) -> float:
-        """CPU seconds the machine spent beyond our processes (other work; kernel work such
-        as the bridge's that no process is charged for)."""
-        return max(0.0, self.machine - sum(self.processes.values()) - self.load_generator)
+        """CPU seconds the machine spent beyond our processes and interrupts: other work on
+        this shared machine."""
+        return max(0.0, self.machine - sum(self.processes.values()) - self.load_generator
+                   - self.kernel)
 
 
 async def with_cpu(pids: Callable[[], dict[str, int | None]],
@@ -201,11 +205,19 @@ async def with_cpu(pids: Callable[[], dict[str, int | None]],
     """Run ``work``, reading every named process's CPU before and after it."""
     before = {name: cpu_seconds(pid) for name, pid in pids().items()}
     me, busy, started = time.process_time(), machine_busy(), time.perf_counter()
+    kernel = interrupt_seconds()
     result = await work
     wall = time.perf_counter() - started
     after = {name: cpu_seconds(pid) for name, pid in pids().items()}
     return result, CpuWindow(wall, {n: after[n] - before.get(n, 0.0) for n in after},
-                             time.process_time() - me, machine_busy() - busy)
+                             time.process_time() - me, machine_busy() - busy,
+                             interrupt_seconds() - kernel)
+
+
+def interrupt_seconds() -> float:
+    """Seconds all cores spent in interrupts and softirqs since boot (``/proc/stat``)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    return (int(fields[5]) + int(fields[6])) / CLK_TCK
 
 
 async def busy_cores(seconds: float = 1.0) -> float:

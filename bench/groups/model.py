@@ -219,6 +219,7 @@ class Measured:
                                "etcd": self.us(self.cpu_of("etcd-")),
                                "load_generator": self.us(self.cpu.load_generator),
                                "machine": self.us(self.cpu.machine),
+                               "interrupts": self.us(self.cpu.kernel),
                                "others": self.us(self.cpu.others)},
             "machine_cores_busy": self.cpu.machine / self.cpu.seconds,
             "other_cores": self.cpu.others / self.cpu.seconds,
@@ -243,7 +244,7 @@ def _pct(values: list[float], p: float) -> float | None:
 # -- the table ---------------------------------------------------------------------------------
 
 COLUMNS = ("config", "msg/s", "× G=1", "fwd", "msg/put", "brokers µs/msg (per node)",
-           "etcd µs/msg (busiest member)", "load gen µs/msg", "other work, cores",
+           "etcd µs/msg (busiest member)", "load gen µs/msg", "other processes, cores",
            "applied/published per node", "busiest", "R/N")
 
 
@@ -271,7 +272,8 @@ def row_text(m: Measured, base: Measured | None) -> str:
 def extras(m: Measured) -> str:
     """What else a configuration found: the checks, latencies, the machine, errors."""
     parts = [m.check(), m.tally.latency_text(),
-             f"{m.cpu.machine / m.cpu.seconds:.2f} of {os.cpu_count()} cores busy",
+             f"{m.cpu.machine / m.cpu.seconds:.2f} of {os.cpu_count()} cores busy "
+             f"({m.cpu.kernel / m.cpu.seconds:.2f} in interrupts and softirqs)",
              f"rounds {', '.join(f'{r:,.0f}' for r in m.round_rates)} msg/s",
              f"idle cluster: brokers {m.idle_cores('node'):.2f} cores, etcd "
              f"{m.idle_cores('etcd-'):.2f} cores ({m.stacks} held groups)",
@@ -658,15 +660,16 @@ def write_results(measured: list[Measured], rounds: list[Measured], ctx: Context
         "groups. **CPU** is each process's user + system time from /proc over the measured "
         "load, per acknowledged message: brokers summed (each node in parentheses), etcd "
         "summed over all members (the busiest member per message of its own cluster in "
-        "parentheses) and the load generator; `other work` is the machine's busy time "
-        "(/proc/stat) beyond those processes, in cores: other people's work on this shared "
-        "machine, and kernel work no process is charged for (the bridge, softirqs).",
+        "parentheses) and the load generator; `other processes` is the machine's busy time "
+        "(/proc/stat) beyond those processes and beyond interrupts and softirqs (where the "
+        "veths' and the bridge's packets are handled), in cores: other work on this shared "
+        "machine.",
         "",
         table,
         "",
         checks,
         "",
-        "Rounds run again because other work on the machine kept more than 0.5 cores busy "
+        "Rounds run again because other processes on the machine kept more than 0.5 cores busy "
         "during them (at most 3 runs of a round, within 4 minutes of waiting and re-running "
         "per benchmark): "
         + (", ".join(f"{d['config']} ({d['msg_per_s']:,.0f} msg/s, {d['other_cores']:.2f} "

@@ -187,8 +187,8 @@ async def run_all(tmp: Path, s: Settings, configs: list[Config], setup: Setup,
             extra += m.wall
             setup.discarded.append({"config": config.name, "msg_per_s": m.rate,
                                     "other_cores": others})
-            print(f"    (other work on the machine took {others:.2f} cores during this round: "
-                  "it is run again)", flush=True)
+            print(f"    (other processes on the machine took {others:.2f} cores during this "
+                  "round: it is run again)", flush=True)
         rounds.append(m)
         if config.name in merged:
             merged[config.name].add(m)

@@ -324,8 +324,11 @@ class GroupRouter:
         return web.json_response(answer)
 
     @requires("admin")
-    async def diagnostics(self, request: web.Request) -> web.Response:
-        """GET /messaging/diagnostics: this node's groups, and each held group's log."""
+    async def diagnostics(self, request: web.Request) -> web.StreamResponse:
+        """GET /messaging/diagnostics: this node's groups, and each held group's log; with
+        ``topicID`` (or ``group``), that group's own diagnostics, from a holder."""
+        if "topicID" in request.query or GROUP_PARAM in request.query:
+            return await self.per_topic(_DIAGNOSTICS)(request)
         window = request.query.get("window")
         seconds = float(window) if window and window.replace(".", "", 1).isdigit() else 60.0
         return web.json_response({
@@ -381,6 +384,7 @@ class GroupRouter:
                 response.headers.setdefault(name, value)
 
 
+_DIAGNOSTICS = next(r for r in ROUTES if r.handler == "diagnostics")
 _HANDLER_CLASSES: dict[str, type] = {"messages": MessageHandlers, "consumers": ConsumerHandlers,
                                      "health": HealthHandlers, "streams": StreamHandlers}
 

@@ -22,7 +22,7 @@ from messaging.errors import (
     NoLeaderError,
     error_for_status,
 )
-from messaging.failover import Brokers, Retry, RetryPolicy, refused
+from messaging.failover import Brokers, GroupMap, Retry, RetryPolicy, refused
 from messaging.frames import FRAMES_CONTENT_TYPE
 from messaging.headers import PRODUCER_EPOCH_HEADER, PRODUCER_ID_HEADER, PRODUCER_SEQ_HEADER
 
@@ -53,6 +53,7 @@ class BrokerHTTP:
         self.policy = RetryPolicy(budget=retry_timeout)
         self.token = token
         self.ca = ca
+        self._groups_asked = False
         if ca:
             _tls_context(ca)  # a bad CA file fails here, on the driver
 
@@ -74,9 +75,15 @@ class BrokerHTTP:
         retry = Retry(self.policy, started=time.monotonic())
         errors: dict[str, str] = {}
         last_error: MessagingError | None = None
+        topic = (params or {}).get("topicID")
+        if topic is None and path.startswith("/messaging/topics/"):
+            topic = path.rsplit("/", 1)[1]
+        topic = int(topic) if topic is not None and str(topic).isdigit() else None
+        if topic is not None:
+            self._learn_groups()
         while True:
             refused_everywhere = True
-            for base in self.brokers.order(write=method != "GET"):
+            for base in self.brokers.order(write=method != "GET", topic=topic):
                 url: str | None = base
                 hops = 0
                 while url is not None:
@@ -122,6 +129,32 @@ class BrokerHTTP:
             if isinstance(last_error, NoLeaderError):
                 self.brokers.forget_leader()
 
+    def _learn_groups(self) -> None:
+        """Ask once for the map of topic groups, so that a topic's requests go to its
+        holders first (a cluster with one group, or a single node, answers 404)."""
+        if self._groups_asked:
+            return
+        self._groups_asked = True
+        for base in self.brokers.order(write=False):
+            conn = self._connect(base)
+            try:
+                conn.request("GET", "/messaging/groups", headers=(
+                    {"Authorization": f"Bearer {self.token}"} if self.token else {}))
+                response = conn.getresponse()
+                body = response.read()
+            except OSError:
+                continue
+            finally:
+                conn.close()
+            if response.status == 404:
+                return
+            if response.status == 200:
+                try:
+                    self.brokers.groups = GroupMap.parse(json.loads(body))
+                except ValueError:
+                    continue
+                return
+
     def json(self, path: str, params: dict[str, Any] | None = None) -> Any:
         """GET a JSON answer."""
         conn, response = self.open("GET", path, params)
@@ -142,9 +175,10 @@ class BrokerHTTP:
             raise
         return result
 
-    def broker_index(self) -> int:
-        """The broker index (the last index assigned in any topic)."""
-        return int(self.json("/messaging/diagnostics")["index"])
+    def broker_index(self, topic: int) -> int:
+        """The last index assigned in ``topic``'s index space (any topic of a single node or
+        of one group; the topic's own group in a cluster of groups)."""
+        return int(self.json("/messaging/diagnostics", {"topicID": topic})["index"])
 
     def publish_frames(self, body: bytes, producer: tuple[str, int, int] | None = None,
                        topic: int | None = None) -> None:

@@ -121,7 +121,7 @@ class Planner:
             return int(info["first_index"]) if info else 0
         if info is not None:
             return int(info["last_index"]) + 1
-        return self.broker.broker_index() + 1
+        return self.broker.broker_index(topic) + 1
 
     def latest(self, topic_ids: list[int]) -> dict[str, int]:
         """The offset just past each topic's last committed message."""

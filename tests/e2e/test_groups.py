@@ -510,3 +510,33 @@ async def test_the_client_goes_straight_to_a_holder_and_follows_moves(
                                              for u in client.brokers.order(False, t)[:REPLICAS]}
 
         await wait_until(map_moved, timeout=40, what="the client's map to leave the dead node")
+
+
+async def test_spark_reads_topics_of_every_group(etcd: EtcdCluster, broker_process: Any,
+                                                 tmp_path: Path, spark: Any) -> None:
+    from tests.e2e.test_spark import drain  # pyspark: only for this test
+
+    nodes = group_nodes(broker_process, tmp_path, etcd)
+    await nodes.start(*range(NODES))
+    async with aiohttp.ClientSession() as session:
+        await settled(session, nodes.urls)
+    topics = TOPICS[:8]
+    async with Client(nodes.urls) as client:
+        for t in topics:
+            await client.publish_batch(t, [b"t%d m%d" % (t, k) for k in range(5)])
+    spec = ",".join(map(str, topics))
+    rows, _ = await asyncio.to_thread(drain, spark, nodes.url(0), spec, tmp_path / "c1",
+                                      startingIndex="earliest")
+    assert sorted((t, d) for t, _, _, d in rows) == sorted(
+        (t, b"t%d m%d" % (t, k)) for t in topics for k in range(5))
+    # "latest" on a topic with nothing yet starts past its group's index: the next
+    # message of that topic is read, nothing before it.
+    fresh = 1000 + next(t for t in range(100) if group_of_topic(1000 + t, GROUPS) == 0)
+    rows, _ = await asyncio.to_thread(drain, spark, nodes.url(1), str(fresh), tmp_path / "c2",
+                                      startingIndex="latest")
+    assert rows == []
+    async with Client(nodes.urls) as client:
+        await client.publish(fresh, b"the first of a fresh topic")
+    rows, _ = await asyncio.to_thread(drain, spark, nodes.url(1), str(fresh), tmp_path / "c2",
+                                      startingIndex="latest")
+    assert [d for _, _, _, d in rows] == [b"the first of a fresh topic"]
