@@ -7,8 +7,9 @@ leader deciding anything:
 - a native topic (id below 2^63) belongs to group ``hash(id) mod G``; a named stream to
   ``hash(name) mod G``; the topic id of a named stream carries its group in bits 48–62
   (group g allocates ids from ``2^63 + g·2^48``), so its id alone names its group too;
-- group g is held by the R live nodes that score highest for it (rendezvous hashing): when a
-  node joins or leaves, only the groups it scores highest for move.
+- group g is held by R live nodes chosen by rendezvous hashing with bounded loads
+  (:func:`assignment`): every node holds about G·R/N groups, and the same member list gives
+  the same answer everywhere.
 
 With G = 1 every topic is in group 0, stream ids start at 2^63 as they always did, and every
 node holds the one group: the cluster of before groups existed.
@@ -16,6 +17,7 @@ node holds the one group: the cluster of before groups existed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable
 
@@ -59,12 +61,34 @@ def first_named_topic(group: int) -> int:
     return NAMED_TOPIC_BASE + (group << GROUP_SHIFT)
 
 
-def holders(group: int, nodes: Iterable[str], replicas: int) -> list[str]:
-    """The nodes (URLs) that hold ``group``: the ``replicas`` highest-scoring, best first
-    (all of them when there are fewer)."""
-    ranked = sorted(set(nodes), key=lambda url: (_score(b"%d:" % group + url.encode()), url),
-                    reverse=True)
-    return ranked[:max(replicas, 1)]
+def holders(group: int, nodes: Iterable[str], replicas: int, groups: int = 1) -> list[str]:
+    """The nodes (URLs) that hold ``group`` of ``groups``, best first (see
+    :func:`assignment`)."""
+    return list(assignment(groups, tuple(sorted(set(nodes))), replicas)[group])
+
+
+@functools.lru_cache(maxsize=64)
+def assignment(groups: int, nodes: tuple[str, ...], replicas: int) -> tuple[tuple[str, ...], ...]:
+    """Each group's holders: ``replicas`` nodes (all of them when there are fewer), chosen by
+    rendezvous hashing with bounded loads. Group by group, each takes the highest-scoring
+    nodes that hold fewer than ⌈groups·R/N⌉ groups so far (nodes past that bound only when too
+    few are under it), so no node holds much more than its share; the same nodes give the
+    same answer on every node and client."""
+    count = min(max(replicas, 1), len(nodes))
+    if not count:
+        return tuple(() for _ in range(groups))
+    bound = -(-groups * count // len(nodes))
+    load = dict.fromkeys(nodes, 0)
+    result = []
+    for group in range(groups):
+        ranked = sorted(nodes, key=lambda url: (_score(b"%d:" % group + url.encode()), url),
+                        reverse=True)
+        chosen = [u for u in ranked if load[u] < bound][:count]
+        chosen += [u for u in ranked if u not in chosen][:count - len(chosen)]
+        for url in chosen:
+            load[url] += 1
+        result.append(tuple(chosen))
+    return tuple(result)
 
 
 def log_name(cluster: str, group: int, groups: int) -> str:

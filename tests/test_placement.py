@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -47,6 +49,7 @@ def test_one_group_is_the_cluster_of_before() -> None:
     assert log_name("prod", 0, 1) == "prod"
     assert log_name("prod", 3, 8) == "prod~g3"
     assert holders(0, ["b", "a", "c"], 1) in (["a"], ["b"], ["c"])
+    assert holders(0, ["b", "a", "c"], 5) == holders(0, ["a", "b", "c"], 5)
 
 
 def test_native_topics_spread_over_the_groups() -> None:
@@ -57,26 +60,32 @@ def test_native_topics_spread_over_the_groups() -> None:
 
 
 @settings(max_examples=examples(200), deadline=None)
-@given(st.integers(0, 31), urls, st.integers(1, 5))
-def test_holders_are_the_r_best_scores_and_the_same_in_any_order(
-        group: int, nodes: list[str], replicas: int) -> None:
-    chosen = holders(group, nodes, replicas)
-    assert len(chosen) == min(replicas, len(nodes))
-    assert len(set(chosen)) == len(chosen)
-    assert holders(group, list(reversed(nodes)), replicas) == chosen
+@given(st.integers(1, 32), urls, st.integers(1, 5))
+def test_every_group_has_r_holders_and_every_node_about_its_share(
+        groups: int, nodes: list[str], replicas: int) -> None:
+    count = min(replicas, len(nodes))
+    chosen = [holders(g, nodes, replicas, groups) for g in range(groups)]
+    assert all(len(h) == count and len(set(h)) == count for h in chosen)
+    assert chosen == [holders(g, list(reversed(nodes)), replicas, groups)
+                      for g in range(groups)]  # the same in any order
+    loads = Counter(u for h in chosen for u in h)
+    share = -(-groups * count // len(nodes))
+    assert max(loads.values()) <= share + count  # past the bound only when too few are under
 
 
-@settings(max_examples=examples(200), deadline=None)
-@given(st.integers(0, 31), urls, st.integers(1, 5), st.data())
-def test_a_node_leaving_moves_only_the_groups_it_held(group: int, nodes: list[str],
-                                                      replicas: int, data: st.DataObject) -> None:
+def test_four_nodes_eight_groups_two_replicas_hold_four_each() -> None:
+    nodes = [f"http://10.0.0.{i}:8086" for i in range(1, 5)]
+    loads = Counter(u for g in range(8) for u in holders(g, nodes, 2, 8))
+    assert sorted(loads.values()) == [4, 4, 4, 4]
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(st.integers(1, 32), urls, st.integers(1, 4), st.data())
+def test_a_node_leaving_never_keeps_a_group(groups: int, nodes: list[str], replicas: int,
+                                          data: st.DataObject) -> None:
     gone = data.draw(st.sampled_from(nodes))
-    before = holders(group, nodes, replicas)
-    after = holders(group, [n for n in nodes if n != gone], replicas)
-    if gone not in before:
-        assert after == before
-    else:
-        assert [n for n in before if n != gone] == after[:len(before) - 1]
+    rest = [n for n in nodes if n != gone]
+    assert all(gone not in holders(g, rest, replicas, groups) for g in range(groups))
 
 
 def test_the_number_of_groups_is_bounded() -> None:

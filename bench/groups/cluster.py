@@ -121,6 +121,9 @@ class Config:
     groups: int
     replicas: int
     second_etcd: tuple[int, ...] = ()
+    #: The load generator sends each request to a holder of its topic's group (as the Python
+    #: client does once it has the map), not to any node.
+    to_holders: bool = False
 
     @property
     def etcd_clusters(self) -> int:
@@ -128,11 +131,13 @@ class Config:
 
     @property
     def name(self) -> str:
-        return f"g{self.groups}" + ("x2" if self.second_etcd else "")
+        return (f"g{self.groups}" + ("x2" if self.second_etcd else "")
+                + ("h" if self.to_holders else ""))
 
     @property
     def label(self) -> str:
-        return f"G={self.groups}" + (", 2 etcd" if self.second_etcd else "")
+        return (f"G={self.groups}" + (", 2 etcd" if self.second_etcd else "")
+                + (", to holders" if self.to_holders else ""))
 
     def holders_per_group(self, nodes: int) -> int:
         """How many nodes apply each group (all of them with one group)."""

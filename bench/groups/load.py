@@ -139,18 +139,22 @@ async def publish(session: Session, url: str, topic: int, body: bytes, batch: bo
 
 
 async def run_load(session: Session, urls: list[str], topics: list[int],
-                   bodies: list[dict[int, list[bytes]]], seconds: float) -> Tally:
-    """The senders for ``seconds``; what was acknowledged."""
+                   bodies: list[dict[int, list[bytes]]], seconds: float,
+                   holders: dict[int, list[str]] | None = None) -> Tally:
+    """The senders for ``seconds``; what was acknowledged. With ``holders`` (topic → the
+    holders of its group) sender k sends each request to holder k mod R of its topic's group
+    instead of always to node k mod N."""
     tally = Tally()
     t0 = time.perf_counter()
     deadline = t0 + seconds
 
     async def sender(k: int) -> None:
-        url = urls[k % len(urls)]
         for n in range(1_000_000):
             if time.perf_counter() >= deadline:
                 return
             topic = topics[(k * 5 + n) % len(topics)]
+            url = urls[k % len(urls)] if holders is None else \
+                holders[topic][k % len(holders[topic])]
             single = n % (SINGLES_EVERY + 1) == SINGLES_EVERY
             body = os.urandom(MESSAGE) if single else \
                 bodies[k][topic][(n // len(topics)) % BODIES]

@@ -191,6 +191,7 @@ class Measured:
             "replicas": self.config.holders_per_group(len(self.nodes)),
             "etcd_clusters": self.config.etcd_clusters,
             "second_etcd_groups": list(self.config.second_etcd),
+            "to_holders": self.config.to_holders,
             "msg_per_s": self.rate, "round_msg_per_s": self.round_rates,
             "seconds": t.seconds, "acknowledged": t.messages,
             "batch_messages": t.batch_messages, "single_messages": t.single_messages,
@@ -357,7 +358,7 @@ def busiest_by_chance(groups: int, nodes: int, replicas: int, trials: int = 400,
                 f":8080" for _ in range(nodes)]
         held = dict.fromkeys(urls, 0)
         for g in range(groups):
-            for u in rendezvous(g, urls, replicas):
+            for u in rendezvous(g, urls, replicas, groups):
                 held[u] += 1
         shares.append(max(held.values()) / groups)
     ordered = sorted(shares)
@@ -414,7 +415,8 @@ def build_model(measured: list[Measured], rounds: list[Measured]) -> Model:
     the idle cost per group from the configuration with the most groups on one etcd cluster
     (the idle cost as its difference from G = 1, per group added)."""
     fit = fit_brokers(rounds)
-    spread = [m for m in measured if m.config.groups > 1 and m.config.etcd_clusters == 1]
+    spread = [m for m in measured if m.config.groups > 1 and m.config.etcd_clusters == 1
+              and not m.config.to_holders]
     widest = spread[-1] if spread else measured[-1]
     base = next((m for m in measured if m.config.groups == 1), None)
     members = widest.etcd_member_us()
@@ -452,9 +454,20 @@ def model_text(model: Model, measured: list[Measured]) -> str:
                 if model.brokers(nn, r, 1.0, 2 * nn) >= model.etcd(1)), None)
     apply_part = r * model.holder_us
     http_part = f.http_us * (2 - ideal)
-    both = [m for m in measured if m.config.groups == 8]
+    both = [m for m in measured if m.config.groups == 8 and not m.config.to_holders]
     two = (f"With 2 etcd clusters (G = 8, odd groups on the second) the etcd work per message "
            f"is split: {_etcd_split(both)}. " if len(both) == 2 else "")
+    anywhere = next((m for m in both if m.config.etcd_clusters == 1), None)
+    direct = next((m for m in measured if m.config.to_holders), None)
+    forwarding = ""
+    if anywhere is not None and direct is not None:
+        forwarding = (
+            f"Measured: at G = {anywhere.config.groups} with requests sent to any node "
+            f"({anywhere.tally.forwarded / max(1, anywhere.tally.messages):.0%} forwarded) the "
+            f"brokers used {anywhere.us(anywhere.cpu_of('node')):.0f} µs per message and the "
+            f"cluster took {anywhere.rate:,.0f} msg/s; sent to a holder "
+            f"({direct.tally.forwarded / max(1, direct.tally.messages):.0%} forwarded), "
+            f"{direct.us(direct.cpu_of('node')):.0f} µs and {direct.rate:,.0f} msg/s. ")
     dropped = (f" ({', '.join(f.dropped)} came out negative and was left out)"
                if f.dropped else "")
     g1 = US / (model.holder_us + f.http_us / n) if model.holder_us + f.http_us else 0.0
@@ -528,12 +541,14 @@ def model_text(model: Model, measured: list[Measured]) -> str:
         f"that is {apply_part / n:.1f} against {http_part / n:.1f} µs, so "
         + ("the HTTP layer is the larger part and the next to fix: it does not shrink as "
            "groups spread, and forwarding adds a second pass to 1 − R/N of the messages. "
-           "Clients that send each request to a holder of its group (computable: "
-           "`messaging.placement`, `GET /messaging/groups`) would remove that pass. "
+           "Clients that send each request to a holder of its group (the Python client does "
+           "once it has the map from `GET /messaging/groups`) remove that pass. "
            if http_part >= apply_part else
            "applying is the larger part: it falls as R/N with more nodes, HTTP does not, and "
            "forwarding adds a second HTTP pass to 1 − R/N of the messages (clients that send "
-           "to a holder of the group would save it). ")
+           "to a holder of the group, as the Python client does once it has the map, save "
+           "it). ")
+        + forwarding
         + "Then one etcd cluster (its leader's CPU and fsyncs), relieved only by more etcd "
         "clusters (`--group-etcd`); then a hot group (X_g: one group's messages are applied "
         "in order on each holder's one event loop, so more groups do not help a hot topic). "
@@ -609,6 +624,7 @@ class Context:
     took: float
     rounds: int
     discarded: list[dict[str, Any]]
+    source_at_start: str = ""
 
 
 def write_results(measured: list[Measured], rounds: list[Measured], ctx: Context) -> None:
@@ -633,8 +649,11 @@ def write_results(measured: list[Measured], rounds: list[Measured], ctx: Context
     cores = os.cpu_count() or 1
     now = datetime.datetime.now().astimezone().strftime("%a %d %b %Y %H:%M:%S %Z")
     notes = "\n".join([
-        f"Run {now}, {source_state()}, {ctx.took / 60:.1f} minutes; load average at the "
-        f"start {l1:.2f}, {l5:.2f}, {l15:.2f}.",
+        f"Run {now}, {source_state()}"
+        + (f" (at the start: {ctx.source_at_start}: messaging/ changed during the run)"
+           if ctx.source_at_start and ctx.source_at_start != source_state() else "")
+        + f", {ctx.took / 60:.1f} minutes; load average at the start {l1:.2f}, {l5:.2f}, "
+        f"{l15:.2f}.",
         "",
         f"**Setup.** 4 broker nodes (`--fsync always`, R = 2 for G > 1) and 3 etcd 3.4 "
         f"members (`--snapshot-count 2000`; 3 more for the second etcd cluster), each in a "
@@ -651,7 +670,9 @@ def write_results(measured: list[Measured], rounds: list[Measured], ctx: Context
         "groups has 4: every group equally busy at G = 2, 4, 8). A request sent to a node that "
         "does not hold its group is forwarded to a holder (`fwd`: the share of messages "
         "forwarded); `msg/put`: messages per etcd put (each node's writer puts per group). "
-        "messages). G=1 is the baseline of the same run: every node holds the one group.",
+        "G=1 is the baseline of the same run: every node holds the one group. `to holders`: "
+        "G = 8 with sender k sending each request to holder k mod 2 of its topic's group "
+        "(as the Python client does once it has the group map) instead of to node k mod 4.",
         "",
         "**Applied per node** is exact: each held group's `messaging_messages_published_total` "
         "(`GET /metrics?group=G` on a node that holds G, `GET /metrics` with one group), read "
@@ -670,7 +691,7 @@ def write_results(measured: list[Measured], rounds: list[Measured], ctx: Context
         checks,
         "",
         "Rounds run again because other processes on the machine kept more than 0.5 cores busy "
-        "during them (at most 3 runs of a round, within 4 minutes of waiting and re-running "
+        "during them (at most 3 runs of a round, within 3 minutes of waiting and re-running "
         "per benchmark): "
         + (", ".join(f"{d['config']} ({d['msg_per_s']:,.0f} msg/s, {d['other_cores']:.2f} "
                      "cores of other work)" for d in ctx.discarded) or "none") + ".",
@@ -695,7 +716,8 @@ def write_results(measured: list[Measured], rounds: list[Measured], ctx: Context
                   "seconds": ctx.seconds, "warmup": ctx.warmup, "batch": BATCH,
                   "message_bytes": MESSAGE, "senders": SENDERS,
                   "singles_every": SINGLES_EVERY, "rounds": ctx.rounds,
-                  "rounds_run_again": ctx.discarded,
+                  "rounds_run_again": ctx.discarded, "source": source_state(),
+                  "source_at_start": ctx.source_at_start,
                   "load_at_start": list(ctx.load_at_start),
                   "took_s": ctx.took},
         "model": {"apply_us": model.fit.apply_us, "http_us": model.fit.http_us,

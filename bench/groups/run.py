@@ -10,8 +10,12 @@ message, and the messages each node applied (exact: each held group's counter, r
 the cluster is quiet before and after). Everything started is stopped by its PID and every
 namespace removed at the end, on errors too.
 
+Last, G = 8 once more with the load generator sending each request to a holder of its topic's
+group (as the Python client does once it has the group map) instead of to any node: what
+forwarding costs.
+
 ``--quick`` (or BENCH_SECONDS / BENCH_WARMUP) shortens the runs; ``--only g1,g8`` picks
-configurations (g1, g2, g4, g8, g8x2).
+configurations (g1, g2, g4, g8, g8x2, g8h).
 """
 
 from __future__ import annotations
@@ -58,17 +62,18 @@ from bench.groups.load import (
 from bench.groups.model import Context, Measured, print_row, table_header, write_results
 from bench.groups.netns import Machine, Network, rtt_note
 from bench.harness import settings
-from bench.harness.results import results_under
+from bench.harness.results import results_under, source_state
+from messaging.placement import group_of_topic
 
 NODES = 4
 REPLICAS = 2
 CONFIGS = [Config(1, REPLICAS), Config(2, REPLICAS), Config(4, REPLICAS), Config(8, REPLICAS),
-           Config(8, REPLICAS, second_etcd=(1, 3, 5, 7))]
+           Config(8, REPLICAS, second_etcd=(1, 3, 5, 7)), Config(8, REPLICAS, to_holders=True)]
 #: Seconds the whole run may spend, on this shared machine, waiting for other work to calm
 #: down before a round (at most QUIET_WAIT each time) and running again a round during which
 #: other work kept more than NOISY cores busy (at most MAX_ATTEMPTS runs of a round); past it
 #: every round is kept as it came.
-EXTRA_BUDGET = 240.0
+EXTRA_BUDGET = 180.0
 QUIET_WAIT = 60.0
 NOISY = 0.5
 MAX_ATTEMPTS = 3
@@ -120,7 +125,9 @@ async def run_config(tmp: Path, machines: dict[str, list[Machine]], config: Conf
             await asyncio.gather(*(asyncio.to_thread(
                 n.start, config.args(endpoints(first, i % len(first)), second))
                 for i, n in enumerate(nodes)))
-            await settled(session, urls, config)
+            placed = await settled(session, urls, config)
+            route = ({t: placed.holders[group_of_topic(t, config.groups)] for t in setup.topics}
+                     if config.to_holders else None)
             if not setup.rtt:
                 setup.rtt = await asyncio.to_thread(rtt_note, setup.net, nodes[0].machine,
                                                     nodes[1].machine, BROKER_PORT)
@@ -132,7 +139,7 @@ async def run_config(tmp: Path, machines: dict[str, list[Machine]], config: Conf
                 return named
 
             _, idle = await with_cpu(pids, asyncio.sleep(IDLE_SECONDS))
-            warm = await run_load(session, urls, setup.topics, setup.bodies, s.warmup)
+            warm = await run_load(session, urls, setup.topics, setup.bodies, s.warmup, route)
             if warm.errors:
                 print(f"  {config.label}: warm-up errors {dict(warm.errors)}", flush=True)
             placed0, before = await quiet_counts(session, urls, config)
@@ -140,7 +147,7 @@ async def run_config(tmp: Path, machines: dict[str, list[Machine]], config: Conf
             if second:
                 revisions["b"] = await etcd_revision(session, second)
             tally, cpu = await with_cpu(pids, run_load(session, urls, setup.topics,
-                                                       setup.bodies, s.seconds))
+                                                       setup.bodies, s.seconds, route))
             writes = {"a": await etcd_revision(session, first) - revisions["a"]}
             if second:
                 writes["b"] = await etcd_revision(session, second) - revisions["b"]
@@ -206,7 +213,7 @@ async def run_all(tmp: Path, s: Settings, configs: list[Config], setup: Setup,
 def main() -> None:
     p = settings.parser(__doc__, "one round of 4 s of load after 2 s of warm-up per "
                         "configuration")
-    p.add_argument("--only", default="", help="configurations: g1,g2,g4,g8,g8x2")
+    p.add_argument("--only", default="", help="configurations: g1,g2,g4,g8,g8x2,g8h")
     args = p.parse_args()
     s = settings.with_rounds(Settings(
         rounds=1 if args.quick else 2,
@@ -229,6 +236,7 @@ def main() -> None:
           "configuration",
           flush=True)
     load_at_start = os.getloadavg()
+    source = source_state()
     net = Network()
     started: list[BrokerNode | NsEtcd] = []
     began = time.perf_counter()
@@ -247,7 +255,7 @@ def main() -> None:
           f"{', '.join(f'{x:.2f}' for x in load_at_start)}", flush=True)
     write_results(results, rounds, Context(topics, setup.rtt, net.delay_note, s.seconds,
                                            s.warmup, load_at_start, took, s.rounds,
-                                           setup.discarded))
+                                           setup.discarded, source))
 
 
 if __name__ == "__main__":

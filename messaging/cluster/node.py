@@ -152,7 +152,7 @@ class GroupNode:
 
     def holders(self, group: int) -> list[str]:
         """The nodes that hold ``group`` now, best first."""
-        return holders(group, self.members(), self.replicas)
+        return holders(group, self.members(), self.replicas, self.groups)
 
     def ready(self, group: int, *, read: bool = True) -> GroupStack | None:
         """The stack of ``group`` when this node holds it and may serve it: for a read, once
