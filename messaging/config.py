@@ -216,6 +216,10 @@ class BrokerConfig:
     replicas: int = _option(
         3, "--replicas", "cluster mode with --groups above 1: the nodes that hold (apply and "
         "store) each group; every node when there are fewer", parse=positive_int, metavar="R")
+    group_requests: str = _option(
+        "forward", "--group-requests", "cluster mode with --groups above 1: what a node does "
+        "with a request for a group it does not serve: forward it to a holder and pass the "
+        "answer back, or redirect the client there (307)", choices=("forward", "redirect"))
     group_etcd: list[str] = _option(
         [], "--group-etcd", "cluster mode: group G's command log lives in this etcd cluster "
         "instead of --etcd (repeat for several groups)", repeat=True,

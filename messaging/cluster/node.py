@@ -297,6 +297,9 @@ class GroupNode:
             except (grpc.aio.AioRpcError, MessagingError, OSError) as err:
                 self._quiet.log("placement", logging.WARNING, "cannot place groups now: %s",
                                 describe(err))
+            except Exception:  # a bug: logged, and placement goes on next time
+                self._quiet.log("placement bug", logging.ERROR, "placing groups failed",
+                                exc_info=True)
 
     async def _place(self) -> None:
         """Start the groups this node now holds, stop the ones it no longer holds."""

@@ -217,8 +217,11 @@ class GroupRouter:
         return web.json_response({"name": name, "topics": sorted(topics)})
 
     async def forward(self, request: web.Request, group: int) -> web.StreamResponse:
-        """Pass ``request`` to a holder of ``group`` and its answer back as it comes."""
+        """Pass ``request`` to a holder of ``group`` and its answer back as it comes (or,
+        with ``--group-requests redirect``, send the client there with a 307)."""
         targets = self._targets(request, group)
+        if self.config.group_requests == "redirect":
+            raise web.HTTPTemporaryRedirect(targets[0].rstrip("/") + request.path_qs)
         body = await request.read()
         assert self._session is not None
         failures = []

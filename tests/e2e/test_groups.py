@@ -540,3 +540,22 @@ async def test_spark_reads_topics_of_every_group(etcd: EtcdCluster, broker_proce
     rows, _ = await asyncio.to_thread(drain, spark, nodes.url(1), str(fresh), tmp_path / "c2",
                                       startingIndex="latest")
     assert [d for _, _, _, d in rows] == [b"the first of a fresh topic"]
+
+
+async def test_redirecting_instead_of_forwarding(etcd: EtcdCluster, broker_process: Any,
+                                                 tmp_path: Path) -> None:
+    nodes = group_nodes(broker_process, tmp_path, etcd, "--group-requests", "redirect")
+    await nodes.start(*range(NODES))
+    async with aiohttp.ClientSession() as session:
+        holders = await settled(session, nodes.urls)
+        for t in TOPICS[:4]:
+            held = holders[group_of_topic(t, GROUPS)]
+            other = next(u for u in nodes.urls if u not in held)
+            async with session.post(f"{other}/messaging/messages", params={"topicID": str(t)},
+                                    data=b"x", allow_redirects=False) as resp:
+                assert resp.status == 307
+                assert resp.headers["Location"] == f"{held[0]}/messaging/messages?topicID={t}"
+            async with session.post(f"{other}/messaging/messages", params={"topicID": str(t)},
+                                    data=b"y") as resp:  # followed: the body is sent again
+                assert resp.status == 200 and resp.headers["X-Messaging-Node"] in held
+            assert [d for _, d in await read_topic(session, other, t)] == [b"y"]
