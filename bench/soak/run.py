@@ -97,9 +97,11 @@ def start_broker(directory: Path) -> tuple[Proc, str]:
                   log_level="INFO")
 
 
-def start_cluster(directory: Path) -> tuple[list[Etcd], list[tuple[Proc, str]]]:
-    """Three etcd members and three broker nodes of one cluster, each node with the soak's
-    options and its own log (INFO and up); stopped by their PIDs."""
+def start_cluster(directory: Path, groups: int = 1,
+                  ) -> tuple[list[Etcd], list[tuple[Proc, str]]]:
+    """Three etcd members and three broker nodes of one cluster (of ``groups`` topic groups,
+    two holders each), each node with the soak's options and its own log (INFO and up);
+    stopped by their PIDs."""
     members = etcd_cluster(directory)
     for member in members:
         member.start()
@@ -110,14 +112,36 @@ def start_cluster(directory: Path) -> tuple[list[Etcd], list[tuple[Proc, str]]]:
         order = endpoints[i:] + endpoints[:i]
         nodes.append(broker(directory / f"node{i}", *BROKER_OPTIONS, "--etcd", ",".join(order),
                             "--cluster", "soak", "--advertise", f"http://127.0.0.1:{port}",
+                            *(("--groups", str(groups), "--replicas", "2") if groups > 1
+                              else ()),
                             port=port, log=directory / f"node{i}.log", log_level="INFO"))
     return members, nodes
 
 
-async def _cluster_ready(urls: list[str]) -> None:
-    """Wait until every node's watch is live and it acknowledges a publish."""
+async def _cluster_ready(urls: list[str], groups: int) -> None:
+    """Wait until every node's watch is live (with groups: it is ready) and it acknowledges
+    a publish."""
     async with aiohttp.ClientSession() as session:
-        await bounded_wait(lambda: nodes_ready(session, urls), 60, "cluster nodes ready", 0.2)
+        ready = nodes_ready if groups == 1 else _groups_ready
+        await bounded_wait(lambda: ready(session, urls), 60, "cluster nodes ready", 0.2)
+
+
+async def _groups_ready(session: aiohttp.ClientSession, urls: list[str]) -> bool:
+    """Every node of a cluster of groups is ready and acknowledges a publish."""
+    for url in urls:
+        try:
+            async with session.get(f"{url}/readyz",
+                                   timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                if resp.status != 200:
+                    return False
+            async with session.post(f"{url}/messaging/messages", params={"topicID": "99"},
+                                    data=b"ready?",
+                                    timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                if resp.status != 200:
+                    return False
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+    return True
 
 
 def proc_status(pids: list[int]) -> dict[str, float]:
@@ -458,18 +482,20 @@ def main() -> int:
     parser.add_argument("--cluster", action="store_true",
                         help="run the load against 3 broker nodes on a 3-member etcd cluster "
                         "(needs etcd on PATH)")
+    parser.add_argument("--groups", type=int, default=1,
+                        help="with --cluster: the cluster's topic groups (two holders each)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="soak-", dir=os.environ.get("BENCH_DIR")) as tmp:
         members: list[Etcd] = []
         if args.cluster:
-            members, nodes = start_cluster(Path(tmp))
+            members, nodes = start_cluster(Path(tmp), args.groups)
             logs = [Path(tmp) / f"node{i}.log" for i in range(3)]
         else:
             nodes = [start_broker(Path(tmp))]
             logs = [Path(tmp) / "broker.log"]
         procs, urls = [proc for proc, _ in nodes], [url for _, url in nodes]
         if args.cluster:
-            asyncio.run(_cluster_ready(urls))
+            asyncio.run(_cluster_ready(urls, args.groups))
         print(f"broker pids {[p.pid for p in procs]} at {urls}; load for {args.seconds:.0f} s",
               flush=True)
         try:
@@ -486,7 +512,9 @@ def main() -> int:
     results_under(args.out)
     checks, summary = evaluate(ledger, samples, log_text, exit_code, hung,
                                SUBSCRIBER_TIMEOUT)
-    cluster = ("Three broker nodes on a 3-member etcd cluster (3.4, `--snapshot-count 2000`), "
+    cluster = ("Three broker nodes on a 3-member etcd cluster (3.4, `--snapshot-count 2000`)"
+               + (f" with {args.groups} topic groups, two holders each" if args.groups > 1
+                  else "") + ", "
                "all on this machine: publishers use node 0, subscribers node 1, range readers "
                "node 2; resources are the largest of the three nodes (CPU: their sum), the "
                "log check reads all three logs." if args.cluster else "")
