@@ -192,13 +192,19 @@ class GroupNode:
                 "holders": self.holders(group),
                 "etcd": list(self.group_settings(group).endpoints),
                 "log": log_name(self.cluster, group, self.groups),
-                "here": None if stack is None else {
-                    "applied_revision": stack.log.applied_revision(),
-                    "caught_up": stack.log.caught_up(),
-                    "lag": stack.log.diagnostics()["lag"]},
+                "here": None if stack is None else self._progress(stack),
             })
         return {"cluster": self.cluster, "groups": groups, "replicas": self.replicas,
                 "members": self.members(), "node": self.url}
+
+    @staticmethod
+    def _progress(stack: GroupStack) -> dict[str, Any]:
+        """How far this node is in a group it holds, and the durable revision each node
+        applying the group registered."""
+        diagnostics = stack.log.diagnostics()
+        return {"applied_revision": stack.log.applied_revision(),
+                "caught_up": stack.log.caught_up(), "lag": diagnostics["lag"],
+                "durable_revisions": diagnostics["nodes"]}
 
     # -- lifecycle --------------------------------------------------------------------------
 
