@@ -406,8 +406,30 @@ class Model:
         return m * cores * US / self.etcd_max_us if self.etcd_max_us > 0 else float("inf")
 
     def group(self) -> float:
-        """msg/s one group can take: each holder applies all of it on one event loop."""
-        return US / self.holder_us if self.holder_us > 0 else float("inf")
+        """msg/s one group can take: each of its holders applies all of it and serves 1/R of
+        its requests (clients sending to holders) on one event loop."""
+        per = self.holder_us + self.fit.http_us / self.replicas
+        return US / per if per > 0 else float("inf")
+
+    def per_node(self, n: int, r: int, direct: bool = False) -> float:
+        """msg/s of cluster throughput each broker node adds (u = 1, idle cost aside);
+        ``direct``: clients send to a holder, nothing is forwarded."""
+        passes = 1.0 if direct else 2 - r / n
+        per = r * self.holder_us + self.fit.http_us * passes
+        return US / per if per > 0 else float("inf")
+
+    def predicted_us(self, m: Measured) -> float:
+        """The brokers' CPU µs per message this model gives for a measured configuration."""
+        if not m.tally.messages:
+            return 0.0
+        total = 0.0
+        for i, u in enumerate(m.nodes):
+            idle = (m.idle.processes[f"node{i}"] / m.idle.seconds
+                    if m.idle is not None and m.idle.seconds else 0.0)
+            total += (self.fit.apply_us * m.applied[u] + self.fit.revision_us
+                      * revisions_applied(m, u) + self.fit.http_us * m.http_messages(u)) / US
+            total += idle * m.cpu.seconds
+        return total / m.tally.messages * US
 
 
 def build_model(measured: list[Measured], rounds: list[Measured]) -> Model:
@@ -478,7 +500,8 @@ def model_text(model: Model, measured: list[Measured]) -> str:
         f"- `a` = {f.apply_us:.1f} µs of broker CPU per message applied (a holder's share: "
         "decoding it from the watch, writing it to its topic);",
         f"- `p` = {f.revision_us:.0f} µs of broker CPU per revision a holder applies (one watch "
-        "event: one put of some node, decoded and applied as a batch, fsynced);",
+        "event: one put of some node, decoded and applied as a batch, fsynced; the fit also "
+        "puts here what the put cost the holder that made it, as puts go with revisions);",
         f"- `h` = {f.http_us:.1f} µs of broker CPU per message through a node's HTTP layer "
         "(the request from a client, the put to etcd, the answer; a forwarded request passes "
         "two nodes' HTTP layers);",
@@ -500,8 +523,8 @@ def model_text(model: Model, measured: list[Measured]) -> str:
         f"(its leader) per message of that cluster, `e` = {model.etcd_sum_us:.1f} µs summed over "
         f"its 3 members ({model.etcd_put_us:,.0f} µs per put), at {model.etcd_from};",
         f"- `u` = {model.unevenness:.2f}: the busiest node's applied fraction over R/N at "
-        f"{model.uneven_from} (rendezvous hashing of these {n} node URLs). Over random URLs the "
-        "busiest node's share of equally busy groups is (median / 90th percentile) "
+        f"{model.uneven_from} (`messaging.placement` over these {n} node URLs). Over random "
+        "URLs the busiest node's share of equally busy groups is (median / 90th percentile) "
         + ", ".join(f"G = {g}: {a:.2f} / {b:.2f}" for g, (a, b) in chance.items())
         + f", against the even {ideal:.2f}.",
         "",
@@ -514,21 +537,27 @@ def model_text(model: Model, measured: list[Measured]) -> str:
         "one node, per message of the cluster:  c(N) = (R·u·(a + p/m) + h·(2 − R/N)) / N  µs",
         "brokers:    X_b(N, G) = (1 − s·G·R/N) · 1e6 / c(N)",
         "etcd:       X_e(M)    = M · c_e · 1e6 / e_max     (c_e: cores of each cluster's leader)",
-        "one group:  X_g       = 1e6 / (a + p/m)            (each holder applies all of it)",
+        "one group:  X_g       = 1e6 / (a + p/m + h/R)      (each holder applies all of it)",
         "X(N, M, G) = min(X_b(N, G), X_e(M), G · X_g)",
         "```",
         "",
         f"With these constants a holder spends a + p/m = {model.holder_us:.1f} µs per message "
-        f"of its groups, so one group tops out at X_g = {model.group():,.0f} msg/s; one etcd "
-        f"cluster at X_e(1) = {model.etcd(1):,.0f} msg/s per core of its leader; the four "
-        f"brokers here at X_b = {model.brokers(4, r):,.0f} msg/s with G = {model.groups} and "
-        f"the u measured ({per_node_groups:.0f} groups per node cost "
-        f"{model.stack_cores * per_node_groups:.2f} cores idle), "
-        f"{model.brokers(4, r, 1.0):,.0f} with even placement. With one group (every node "
-        f"applies everything, R = N) the brokers stop near 1e6 / (a + p/m + h/N) = {g1:,.0f} "
-        "msg/s however many nodes there are; groups lift that towards N/R-fold. "
-        "min(X_b, X_e) with u = 1, G = 2N (each node holds 4 groups) and one core per etcd "
-        "leader:",
+        "of the groups it holds"
+        + (f" — almost all of it per revision, not per message (a = {f.apply_us:.1f} µs): a put "
+           "of m messages is applied as one batch, so bigger puts are cheaper per message"
+           if f.apply_us < 0.25 * model.holder_us else "")
+        + f". **Per node**: each broker node adds 1e6 / (R·(a + p/m) + h·(2 − R/N)) = "
+        f"{model.per_node(n, r):,.0f} msg/s (N = {n}, clients sending to any node; "
+        f"{model.per_node(n, r, True):,.0f} when they send to a holder), less its idle cost "
+        f"s per held group ({per_node_groups:.0f} groups per node here: "
+        f"{model.stack_cores * per_node_groups:.2f} cores). **Per group**: X_g = 1e6 / "
+        f"(a + p/m + h/R) = {model.group():,.0f} msg/s (a holder applies all of its group and "
+        f"serves 1/R of its requests). **Per etcd cluster**: X_e(1) = {model.etcd(1):,.0f} "
+        f"msg/s per core of its leader: {US / (model.etcd_max_us * model.per_put):,.0f} puts/s "
+        f"of m = {model.per_put:.0f} messages. With one group (every node applies everything, "
+        f"R = N) the brokers stop near 1e6 / (a + p/m + h/N) = {g1:,.0f} msg/s however many "
+        "nodes there are; groups lift that towards N/R-fold. min(X_b, X_e) with u = 1, "
+        "G = 2N (each node holds 4 groups) and one core per etcd leader:",
         "",
         table,
         "",
@@ -536,26 +565,33 @@ def model_text(model: Model, measured: list[Measured]) -> str:
          "nodes on; past that each etcd cluster adds X_e(1) per leader core until the brokers "
          "bind again. " if one else "The brokers stay the bound up to N = 4,096. ") + two,
         "",
+        "The model against this run (the brokers' CPU µs per message, measured / given by the "
+        "constants): " + "; ".join(f"{m.config.label} {m.us(m.cpu_of('node')):.0f} / "
+                                    f"{model.predicted_us(m):.0f}" for m in measured) + ".",
+        "",
         "**Where the next bottleneck is.** Per message of the cluster a node spends "
         f"R·u·(a + p/m)/N on applying and h·(2 − R/N)/N on HTTP: at N = {n}, R = {r} "
-        f"that is {apply_part / n:.1f} against {http_part / n:.1f} µs, so "
-        + ("the HTTP layer is the larger part and the next to fix: it does not shrink as "
-           "groups spread, and forwarding adds a second pass to 1 − R/N of the messages. "
-           "Clients that send each request to a holder of its group (the Python client does "
-           "once it has the map from `GET /messaging/groups`) remove that pass. "
+        f"that is {apply_part / n:.1f} against {http_part / n:.1f} µs. "
+        + ("HTTP is the larger part: it does not shrink as groups spread, and forwarding "
+           "adds a second pass to 1 − R/N of the messages; clients that send each request to "
+           "a holder of its group (the Python client does once it has the map from "
+           "`GET /messaging/groups`) remove that pass. "
            if http_part >= apply_part else
-           "applying is the larger part: it falls as R/N with more nodes, HTTP does not, and "
+           "Applying is the larger part and falls as R/N with more nodes; HTTP does not, and "
            "forwarding adds a second HTTP pass to 1 − R/N of the messages (clients that send "
            "to a holder of the group, as the Python client does once it has the map, save "
            "it). ")
         + forwarding
-        + "Then one etcd cluster (its leader's CPU and fsyncs), relieved only by more etcd "
-        "clusters (`--group-etcd`); then a hot group (X_g: one group's messages are applied "
-        "in order on each holder's one event loop, so more groups do not help a hot topic). "
-        "Groups are not free: each held group costs `s` without load, and more groups mean "
-        "smaller puts (lower `m`: more `p` per message, more etcd work per message), so G far "
-        "above what spreads the load costs CPU; small G places unevenly (u above 1): a few "
-        "groups per node is the range to be in.",
+        + "As brokers are added, one etcd cluster binds first (its leader's CPU and fsyncs "
+        "per put), relieved only by more etcd clusters (`--group-etcd`) or fuller puts; then a "
+        "hot group (X_g: one group's messages are applied in order on each holder's one event "
+        "loop, so more groups do not help a hot topic). Groups are not free: each held group "
+        f"costs s = {model.stack_cores * 1000:.0f} millicores of broker CPU and "
+        f"{model.etcd_stack_cores * 1000:.0f} of etcd's per group without load (each group's "
+        "log polls etcd: leases, registrations, quorum checks, checkpoints), and more groups "
+        "mean smaller puts (lower m: more p and more etcd work per message). So G far above "
+        "what spreads the load costs CPU; with bounded-load placement a few groups per node "
+        "(G·R/N of 2–8) already spread it evenly.",
     ])
 
 
@@ -573,7 +609,7 @@ def _etcd_split(both: list[Measured]) -> str:
 def plot(measured: list[Measured]) -> None:
     """Three panels: msg/s per configuration; each node's applied fraction beside R/N; CPU
     per message by process kind."""
-    labels = [m.config.label for m in measured]
+    labels = [m.config.label.replace(", ", "\n") for m in measured]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     ax = axes[0]
     ax.bar(labels, [m.rate for m in measured], color="tab:blue")
@@ -625,6 +661,7 @@ class Context:
     rounds: int
     discarded: list[dict[str, Any]]
     source_at_start: str = ""
+    noisy: float = 0.5  # cores of other processes that make a round run again
 
 
 def write_results(measured: list[Measured], rounds: list[Measured], ctx: Context) -> None:
@@ -690,7 +727,8 @@ def write_results(measured: list[Measured], rounds: list[Measured], ctx: Context
         "",
         checks,
         "",
-        "Rounds run again because other processes on the machine kept more than 0.5 cores busy "
+        f"Rounds run again because other processes on the machine kept more than {ctx.noisy} "
+        "cores busy "
         "during them (at most 3 runs of a round, within 3 minutes of waiting and re-running "
         "per benchmark): "
         + (", ".join(f"{d['config']} ({d['msg_per_s']:,.0f} msg/s, {d['other_cores']:.2f} "

@@ -75,7 +75,7 @@ CONFIGS = [Config(1, REPLICAS), Config(2, REPLICAS), Config(4, REPLICAS), Config
 #: every round is kept as it came.
 EXTRA_BUDGET = 180.0
 QUIET_WAIT = 60.0
-NOISY = 0.5
+NOISY = 0.2
 MAX_ATTEMPTS = 3
 #: Seconds the CPU of the settled, idle cluster is measured (the cost of groups without load).
 IDLE_SECONDS = 3.0
@@ -255,7 +255,7 @@ def main() -> None:
           f"{', '.join(f'{x:.2f}' for x in load_at_start)}", flush=True)
     write_results(results, rounds, Context(topics, setup.rtt, net.delay_note, s.seconds,
                                            s.warmup, load_at_start, took, s.rounds,
-                                           setup.discarded, source))
+                                           setup.discarded, source, NOISY))
 
 
 if __name__ == "__main__":
