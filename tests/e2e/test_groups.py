@@ -37,6 +37,15 @@ def group_nodes(broker_process: Any, tmp_path: Path, etcd: EtcdCluster,
                  "--replicas", str(REPLICAS), *extra)
 
 
+async def running(broker_process: Any, tmp_path: Path, etcd: EtcdCluster,
+                  *extra: str) -> tuple[Nodes, dict[int, list[str]]]:
+    """Four nodes started and settled; each group's holders."""
+    nodes = group_nodes(broker_process, tmp_path, etcd, *extra)
+    await nodes.start(*range(NODES))
+    async with aiohttp.ClientSession() as session:
+        return nodes, await settled(session, nodes.urls)
+
+
 async def get_json(session: aiohttp.ClientSession, url: str) -> Any:
     async with session.get(url) as resp:
         assert resp.status == 200, f"{url}: {resp.status} {await resp.text()}"
@@ -204,10 +213,8 @@ async def test_the_number_of_groups_is_fixed_when_the_cluster_is_created(
 
 async def test_each_group_is_applied_and_stored_only_by_its_holders(
         etcd: EtcdCluster, broker_process: Any, tmp_path: Path) -> None:
-    nodes = group_nodes(broker_process, tmp_path, etcd)
-    await nodes.start(*range(NODES))
+    nodes, holders = await running(broker_process, tmp_path, etcd)
     async with aiohttp.ClientSession() as session:
-        holders = await settled(session, nodes.urls)
         assert all(len(h) == REPLICAS for h in holders.values())
         load = TopicLoad(nodes.urls)
         for k in range(5):  # every topic through every node
@@ -237,10 +244,8 @@ async def test_each_group_is_applied_and_stored_only_by_its_holders(
 
 async def test_a_killed_holder_moves_its_groups_and_nothing_is_lost(
         etcd: EtcdCluster, broker_process: Any, tmp_path: Path) -> None:
-    nodes = group_nodes(broker_process, tmp_path, etcd)
-    await nodes.start(*range(NODES))
+    nodes, before = await running(broker_process, tmp_path, etcd)
     async with aiohttp.ClientSession() as session:
-        before = await settled(session, nodes.urls)
         load = TopicLoad(nodes.urls)
         load.start(session)
         await wait_until(lambda: _true(len(load.acked) >= 150), timeout=60, what="150 acks")
@@ -265,10 +270,8 @@ async def test_a_killed_holder_moves_its_groups_and_nothing_is_lost(
 
 async def test_a_named_stream_lives_in_the_group_of_its_name(
         etcd: EtcdCluster, broker_process: Any, tmp_path: Path) -> None:
-    nodes = group_nodes(broker_process, tmp_path, etcd)
-    await nodes.start(*range(NODES))
+    nodes, holders = await running(broker_process, tmp_path, etcd)
     async with aiohttp.ClientSession() as session:
-        holders = await settled(session, nodes.urls)
         names = [f"orders-{k}" for k in range(8)]
         for k, name in enumerate(names):
             url = f"{nodes.url(k % NODES)}/v1/stream/{name}"
@@ -482,10 +485,7 @@ async def test_a_groups_etcd_losing_quorum_stops_only_its_groups(
 
 async def test_the_client_goes_straight_to_a_holder_and_follows_moves(
         etcd: EtcdCluster, broker_process: Any, tmp_path: Path) -> None:
-    nodes = group_nodes(broker_process, tmp_path, etcd)
-    await nodes.start(*range(NODES))
-    async with aiohttp.ClientSession() as session:
-        holders = await settled(session, nodes.urls)
+    nodes, holders = await running(broker_process, tmp_path, etcd)
     async with Client([nodes.url(0)], retry_timeout=30) as client:
         for t in TOPICS:
             index = await client.publish(t, b"first %d" % t)
@@ -516,10 +516,7 @@ async def test_spark_reads_topics_of_every_group(etcd: EtcdCluster, broker_proce
                                                  tmp_path: Path, spark: Any) -> None:
     from tests.e2e.test_spark import drain  # pyspark: only for this test
 
-    nodes = group_nodes(broker_process, tmp_path, etcd)
-    await nodes.start(*range(NODES))
-    async with aiohttp.ClientSession() as session:
-        await settled(session, nodes.urls)
+    nodes, _ = await running(broker_process, tmp_path, etcd)
     topics = TOPICS[:8]
     async with Client(nodes.urls) as client:
         for t in topics:
@@ -544,10 +541,9 @@ async def test_spark_reads_topics_of_every_group(etcd: EtcdCluster, broker_proce
 
 async def test_redirecting_instead_of_forwarding(etcd: EtcdCluster, broker_process: Any,
                                                  tmp_path: Path) -> None:
-    nodes = group_nodes(broker_process, tmp_path, etcd, "--group-requests", "redirect")
-    await nodes.start(*range(NODES))
+    nodes, holders = await running(broker_process, tmp_path, etcd, "--group-requests",
+                                   "redirect")
     async with aiohttp.ClientSession() as session:
-        holders = await settled(session, nodes.urls)
         for t in TOPICS[:4]:
             held = holders[group_of_topic(t, GROUPS)]
             other = next(u for u in nodes.urls if u not in held)
