@@ -24,6 +24,7 @@ import math
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from messaging.errors import InvalidURLError
@@ -100,6 +101,22 @@ class GroupMap:
     def holders_of(self, topic: int) -> list[str]:
         """The nodes that hold ``topic``'s group, best first."""
         return self.holders.get(group_of_topic(topic, self.groups), [])
+
+
+#: The path of one topic's description: the topic is its last part.
+_TOPIC_PATH = "/messaging/topics/"
+
+
+def topic_of(params: dict[str, Any] | None, path: str = "") -> int | None:
+    """The topic a request names (``topicID``, or the path of one topic), if any and valid:
+    what a client routes to the topic's holders by."""
+    value = (params or {}).get("topicID")
+    text = str(value) if value is not None else None
+    if text is None and path.startswith(_TOPIC_PATH):
+        text = path[len(_TOPIC_PATH):]
+    if text is None or not (text.isascii() and text.isdigit()):
+        return None
+    return int(text)
 
 
 class Brokers:

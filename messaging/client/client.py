@@ -52,6 +52,7 @@ from messaging.failover import (
     RetryPolicy,
     base_url,
     refused,
+    topic_of,
     unique,
 )
 from messaging.files import read_json, write_json_atomic
@@ -74,7 +75,6 @@ _CONNECT_TIMEOUT: tuple[type[BaseException], ...] = tuple(
 _NOT_SENT: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError,
                                                 *_CONNECT_TIMEOUT)
 # ... and of one that may have reached a broker.
-_TOPIC_PATH = "/messaging/topics/"
 _MAYBE_SENT = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
 
 
@@ -195,7 +195,7 @@ class Client:
         last_error: BaseException | None = None
         failures: dict[str, BaseException] = {}
         query = {k: str(v) for k, v in (params or {}).items() if v is not None}
-        topic = _topic_of(query, path)
+        topic = topic_of(query, path)
         while True:
             refused_everywhere = True
             for base in await self._order(write, topic):
@@ -245,7 +245,7 @@ class Client:
         answer, or one that is not ``content_type``, raises its :class:`MessagingError`.
         """
         failures: dict[str, BaseException] = {}
-        for base in await self._order(False, _topic_of(params)):
+        for base in await self._order(False, topic_of(params)):
             try:
                 url, resp = await self._send("GET", base, path, params)
             except _Failed as failed:
@@ -506,16 +506,6 @@ class Published:
 
 
 # -- turning what came back (or did not) into MessagingErrors -------------------------------
-
-
-def _topic_of(params: Mapping[str, str], path: str = "") -> int | None:
-    """The topic a request names (``topicID``, or the path of one topic), if any and valid."""
-    text = params.get("topicID")
-    if text is None and path.startswith(_TOPIC_PATH):
-        text = path[len(_TOPIC_PATH):]
-    if text is None or not (text.isascii() and text.isdigit()):
-        return None
-    return int(text)
 
 
 def _ssl_context(ca: Path) -> ssl.SSLContext:

@@ -38,7 +38,7 @@ from messaging.errors import (
     DataDirectoryError,
     MessagingError,
 )
-from messaging.files import lock_exclusive, read_json
+from messaging.files import fsync_dir, lock_exclusive, read_json
 from messaging.log.etcd.client import EtcdClient, describe, load_credentials
 from messaging.log.etcd.log import CHECKPOINT, EtcdLog
 from messaging.log.etcd.membership import Membership, nodes_prefix, read_nodes
@@ -53,6 +53,8 @@ PLACEMENT_INTERVAL = 1.0
 SETTLE_READS = 6
 #: How long a starting node waits for its groups to catch up before it serves anyway.
 START_WAIT = 10.0
+#: The name prefix of a group directory being deleted (in ``DATA/groups/``).
+DELETING = ".deleting-"
 #: Where a cluster of groups keeps each group's data, under the data directory.
 GROUPS_DIR = "groups"
 
@@ -219,7 +221,8 @@ class GroupNode:
             await record_groups(self._client, self.cluster, self.groups)
             await self._members.register()
             await self._settle()
-            self._find_retired()
+            self.retired = await loop.run_in_executor(
+                None, find_retired, self.config.data / GROUPS_DIR, self.groups)
             await self._place()
             await self._caught_up(START_WAIT)
         except BaseException:
@@ -348,20 +351,6 @@ class GroupNode:
         await stack.log.close()
         await asyncio.get_running_loop().run_in_executor(None, stack.broker.close)
 
-    def _find_retired(self) -> None:
-        """Group directories left by an earlier run are retired until placed again."""
-        root = self.config.data / GROUPS_DIR
-        if not root.is_dir():
-            return
-        for entry in root.iterdir():
-            if not entry.name.isdigit() or int(entry.name) >= self.groups:
-                continue
-            try:
-                revision = int(read_json(entry / CHECKPOINT)["revision"])
-            except (OSError, ValueError, KeyError, TypeError):
-                revision = 0
-            self.retired[int(entry.name)] = revision
-
     def _client_for(self, group: int) -> EtcdClient:
         settings = self.group_settings(group)
         if settings.endpoints == self.settings.endpoints:
@@ -388,11 +377,37 @@ class GroupNode:
             if len(durable) < len(others):
                 continue
             path = self.path(group)
-            await asyncio.get_running_loop().run_in_executor(None, _remove, path)
+            await asyncio.get_running_loop().run_in_executor(None, remove_group, path)
             del self.retired[group]
             log.info("group %d: deleted this node's copy (%s): %s hold it durable past "
                      "revision %d", group, path, ", ".join(durable), revision)
 
 
-def _remove(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+def find_retired(root: Path, groups: int) -> dict[int, int]:
+    """The group directories an earlier run left under ``root`` (``DATA/groups``), with the
+    revision each checkpointed: retired until placed again. What an interrupted deletion
+    left is removed (blocking: call it on a thread)."""
+    retired: dict[int, int] = {}
+    if not root.is_dir():
+        return retired
+    for entry in root.iterdir():
+        if entry.name.startswith(DELETING):
+            shutil.rmtree(entry, ignore_errors=True)
+            continue
+        if not entry.name.isdigit() or int(entry.name) >= groups:
+            continue
+        try:
+            retired[int(entry.name)] = int(read_json(entry / CHECKPOINT)["revision"])
+        except (OSError, ValueError, KeyError, TypeError):
+            retired[int(entry.name)] = 0
+    return retired
+
+
+def remove_group(path: Path) -> None:
+    """Delete a group's directory so that a crash never leaves part of it under its name
+    (a node that holds the group again must find all of it or nothing): rename it away
+    durably first, then delete the renamed tree; a start removes what a crash left."""
+    trash = path.with_name(f"{DELETING}{path.name}-{os.getpid()}")
+    os.rename(path, trash)
+    fsync_dir(path.parent)
+    shutil.rmtree(trash, ignore_errors=True)

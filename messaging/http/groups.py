@@ -23,7 +23,6 @@ from typing import Any
 import aiohttp
 from aiohttp import hdrs, web
 
-from messaging import __version__
 from messaging.broker.snapshot import SNAPSHOT_PATH
 from messaging.cluster.node import GroupNode, GroupStack
 from messaging.config import BrokerConfig
@@ -53,7 +52,7 @@ from messaging.http.app import (
 from messaging.http.auth import OPEN, Tokens, declared_scope, requires
 from messaging.http.consumers import ConsumerHandlers
 from messaging.http.executors import EXECUTORS, Executors
-from messaging.http.health import HealthHandlers
+from messaging.http.health import HealthHandlers, healthz
 from messaging.http.limits import Limits
 from messaging.http.messages import MessageHandlers
 from messaging.http.snapshot import SnapshotHandlers
@@ -86,6 +85,7 @@ class GroupRouter:
         self._handlers: dict[int, tuple[GroupStack, Handlers]] = {}
         self._session: aiohttp.ClientSession | None = None
         node.on_stopped.append(self._stopped)
+        self._group_diagnostics = self.per_topic(_route("diagnostics"))
 
     async def start(self, _app: web.Application) -> None:
         """Open the session used to forward requests (an ``on_startup`` hook)."""
@@ -161,23 +161,33 @@ class GroupRouter:
 
     def every_group(self, route: Route) -> Handler:
         """A handler that gathers every group's JSON list for ``route``."""
+        one_group = self.per_topic(route)
 
         async def handler(request: web.Request) -> web.StreamResponse:
             if GROUP_PARAM in request.query or "topicID" in request.query:
-                return await self.per_topic(route)(request)
+                return await one_group(request)
             rows: list[Any] = []
             for group in range(self.node.groups):
-                handlers = await self.handlers(group)
-                if handlers is not None:
-                    response = await route.of(handlers)(request)
-                    assert isinstance(response, web.Response) and response.body is not None
-                    body = bytes(response.body)  # type: ignore[arg-type]
-                else:
-                    body = await self.fetch(request, group) or b"[]"
-                rows.extend(json.loads(body))
+                rows.extend(json.loads(await self._answer_of(request, route, group) or b"[]"))
             return web.json_response(rows)
 
         return _declaring(handler, route)
+
+    async def _answer_of(self, request: web.Request, route: Route, group: int, *,
+                         missing_ok: bool = False) -> bytes | None:
+        """One group's JSON answer to ``request`` (a route over every group): from its
+        handlers here, or from a holder; with ``missing_ok``, None for a 404."""
+        handlers = await self.handlers(group, read=request.method in ("GET", "HEAD"))
+        if handlers is None:
+            return await self.fetch(request, group, missing_ok=missing_ok)
+        try:
+            response = await route.of(handlers)(request)
+        except NotFoundError:
+            if missing_ok:
+                return None
+            raise
+        assert isinstance(response, web.Response) and response.body is not None
+        return bytes(response.body)  # type: ignore[arg-type]
 
     def _check_fork(self, request: web.Request, group: int) -> None:
         """A fork is made in its source's group (it shares the source's data there): a name
@@ -198,20 +208,9 @@ class GroupRouter:
         topics: list[Any] = []
         name = request.match_info.get("name", "")
         for group in range(self.node.groups):
-            handlers = await self.handlers(group, read=False)
-            if handlers is not None:
-                try:
-                    response = await route.of(handlers)(request)
-                except NotFoundError:
-                    continue
-                assert isinstance(response, web.Response) and response.body is not None
-                body = bytes(response.body)  # type: ignore[arg-type]
-            else:
-                found = await self.fetch(request, group, missing_ok=True)
-                if found is None:
-                    continue
-                body = found
-            topics.extend(json.loads(body)["topics"])
+            body = await self._answer_of(request, route, group, missing_ok=True)
+            if body is not None:
+                topics.extend(json.loads(body)["topics"])
         if not topics:
             raise NotFoundError(f"no consumer {name!r}")
         return web.json_response({"name": name, "topics": sorted(topics)})
@@ -331,7 +330,7 @@ class GroupRouter:
         """GET /messaging/diagnostics: this node's groups, and each held group's log; with
         ``topicID`` (or ``group``), that group's own diagnostics, from a holder."""
         if "topicID" in request.query or GROUP_PARAM in request.query:
-            return await self.per_topic(_DIAGNOSTICS)(request)
+            return await self._group_diagnostics(request)
         window = request.query.get("window")
         seconds = float(window) if window and window.replace(".", "", 1).isdigit() else 60.0
         return web.json_response({
@@ -346,7 +345,8 @@ class GroupRouter:
 
     @requires("read")
     async def metrics(self, request: web.Request) -> web.Response:
-        """GET /metrics?group=G: the metrics of one group held here."""
+        """GET /metrics?group=G: this node's metrics of a group it holds (a scraper asks each
+        node for its own)."""
         group = self.group_of(request, NODE)
         stack = self.node.stacks.get(group) if group is not None else None
         if stack is None:
@@ -354,11 +354,6 @@ class GroupRouter:
                                   f"holds ({', '.join(map(str, sorted(self.node.stacks)))})")
         return web.Response(body=stack.broker.metrics.render(),
                             content_type="text/plain", charset="utf-8")
-
-    @requires(OPEN)
-    async def healthz(self, request: web.Request) -> web.Response:
-        """The process answers (and its version)."""
-        return web.json_response({"status": "ok", "version": __version__})
 
     @requires(OPEN)
     async def readyz(self, request: web.Request) -> web.Response:
@@ -387,7 +382,10 @@ class GroupRouter:
                 response.headers.setdefault(name, value)
 
 
-_DIAGNOSTICS = next(r for r in ROUTES if r.handler == "diagnostics")
+def _route(handler: str) -> Route:
+    return next(r for r in ROUTES if r.handler == handler)
+
+
 _HANDLER_CLASSES: dict[str, type] = {"messages": MessageHandlers, "consumers": ConsumerHandlers,
                                      "health": HealthHandlers, "streams": StreamHandlers}
 
@@ -414,8 +412,10 @@ def make_group_app(node: GroupNode, config: BrokerConfig, *,
     app.on_cleanup.append(executors.stop)
     app.on_response_prepare.append(router.served_by)
     for route in ROUTES:
-        if route.finds == NODE:
-            handler: _NodeHandler = getattr(router, route.handler)
+        if route.handler == "healthz":
+            handler: _NodeHandler = healthz
+        elif route.finds == NODE:
+            handler = getattr(router, route.handler)
         elif route.finds == EVERY_GROUP:
             handler = router.every_group(route)
         else:

@@ -23,7 +23,7 @@ class HealthHandlers:
     @requires(OPEN)
     async def healthz(self, request: web.Request) -> web.Response:
         """The process answers (and its version)."""
-        return web.json_response({"status": "ok", "version": __version__})
+        return await healthz(request)
 
     @requires(OPEN)
     async def readyz(self, request: web.Request) -> web.Response:
@@ -40,3 +40,9 @@ class HealthHandlers:
         if problems:
             return web.json_response({"ready": False, "problems": problems}, status=503)
         return web.json_response({"ready": True})
+
+
+@requires(OPEN)
+async def healthz(request: web.Request) -> web.Response:
+    """``GET /healthz``: the process answers (and its version); the same on every node."""
+    return web.json_response({"status": "ok", "version": __version__})

@@ -22,7 +22,7 @@ from messaging.errors import (
     NoLeaderError,
     error_for_status,
 )
-from messaging.failover import Brokers, GroupMap, Retry, RetryPolicy, refused
+from messaging.failover import Brokers, GroupMap, Retry, RetryPolicy, refused, topic_of
 from messaging.frames import FRAMES_CONTENT_TYPE
 from messaging.headers import PRODUCER_EPOCH_HEADER, PRODUCER_ID_HEADER, PRODUCER_SEQ_HEADER
 
@@ -75,10 +75,7 @@ class BrokerHTTP:
         retry = Retry(self.policy, started=time.monotonic())
         errors: dict[str, str] = {}
         last_error: MessagingError | None = None
-        topic = (params or {}).get("topicID")
-        if topic is None and path.startswith("/messaging/topics/"):
-            topic = path.rsplit("/", 1)[1]
-        topic = int(topic) if topic is not None and str(topic).isdigit() else None
+        topic = topic_of(params, path)
         if topic is not None:
             self._learn_groups()
         while True:
