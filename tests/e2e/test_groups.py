@@ -182,7 +182,8 @@ async def wait_copies_only_on_holders(nodes: Nodes, holders: dict[int, list[str]
     """Former holders delete a group's files once its holders are durable past them."""
     async def only_holders() -> bool:
         for i in alive:
-            present = {int(p.name) for p in (nodes.data(i) / "groups").iterdir()}
+            present = {int(p.name) for p in (nodes.data(i) / "groups").iterdir()
+                       if p.name.isdigit()}  # (not a copy being deleted)
             expected = {g for g, urls in holders.items() if nodes.url(i) in urls}
             if present != expected:
                 return False
