@@ -796,7 +796,7 @@ async def test_a_failed_fsync_stops_the_node_and_a_restart_recovers(
 
         async def answered() -> bool:
             d = await diagnostics(session, nodes.url(2))
-            return bool(d["puts_in_flight"] == 0 and d["pending"] == 0)
+            return bool(d["waiting"] == 0)
 
         await wait_until(answered, timeout=5, what="node 2's waiting publishes to be answered")
         async with session.post(f"{nodes.url(2)}/messaging/messages",

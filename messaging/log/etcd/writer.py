@@ -314,10 +314,19 @@ class LogWriter:
         """Whether etcd was seen with quorum lately."""
         return self.quorum_error is None and time.monotonic() - self._quorum_at < 3 * QUORUM_FRESH
 
+    def waiting(self) -> int:
+        """Publishes not answered yet: queued, or in a put whose outcome is not known here.
+        A put that was failed (node stopped, installed over) no longer counts, even while its
+        request to etcd is still on its way."""
+        unanswered = sum(not future.done() for batch in self._batches.values()
+                         for future in batch.futures)
+        return len(self._pending) + unanswered
+
     def diagnostics(self) -> dict[str, Any]:
         """Write-path figures."""
         return {"quorum": self.quorum, "quorum_error": self.quorum_error, "alarm": self.alarm,
                 "puts_in_flight": len(self._puts), "pending": len(self._pending),
+                "waiting": self.waiting(),
                 "groups": self.groups}
 
     # -- lifecycle --------------------------------------------------------------------------

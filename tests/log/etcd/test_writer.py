@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from messaging.aio import cancel_and_wait
+from messaging.errors import CommitUnknownError, StorageFailedError
 from messaging.frames import encode_batch
 from messaging.log.etcd import writer as writer_module
 from messaging.log.etcd.client import EtcdClient
@@ -138,6 +139,32 @@ async def test_commands_wait_for_the_put_on_its_way_unless_it_is_slow_or_they_ar
         await _until(lambda: len(etcd.puts) == 3)  # both on their way for over 0.5 s: slow
         assert etcd.puts[2] == [b"late"]
         assert not any(future.done() for future in small)
+    finally:
+        etcd.go.set()
+        await cancel_and_wait(running)
+        await writer.cancel_puts()
+
+
+async def test_failed_publishes_stop_counting_as_waiting_while_their_puts_are_on_their_way(
+        ) -> None:
+    """A node that stops applying answers every publish at once: ``waiting`` drops to 0
+    though the puts carrying them have not been answered by etcd yet."""
+    etcd = FakeEtcd()
+    writer = LogWriter(cast(EtcdClient, etcd), b"/log", b"n" * 8, lambda _response: None)
+    running = asyncio.create_task(writer.run())
+    try:
+        sent = writer.submit(b"sent")
+        await _until(lambda: len(etcd.puts) == 1)
+        queued = [writer.submit(b"queued %d" % k) for k in range(3)]
+        assert writer.waiting() == 4
+        writer.fail_waiting(CommitUnknownError("unknown"), StorageFailedError("stopped"))
+        assert writer.waiting() == 0
+        assert writer.diagnostics()["puts_in_flight"] == 1  # etcd has not answered it
+        with pytest.raises(CommitUnknownError):
+            await sent
+        for future in queued:
+            with pytest.raises(StorageFailedError):
+                await future
     finally:
         etcd.go.set()
         await cancel_and_wait(running)
