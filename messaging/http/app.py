@@ -58,7 +58,7 @@ def make_handlers(broker: BrokerView, log_: Log, config: BrokerConfig, executors
     return Handlers(
         messages=MessageHandlers(broker, log_, executors, config.max_message_size,
                                  config.max_request_size, limits),
-        consumers=ConsumerHandlers(broker, log_),
+        consumers=ConsumerHandlers(broker, log_, executors),
         health=HealthHandlers(broker, log_),
         streams=StreamHandlers(broker, log_, executors, config.max_message_size,
                                long_poll_timeout=config.long_poll_timeout,

@@ -10,7 +10,7 @@ same log as heartbeats, so they are applied in the group transaction, saved in
 Endpoints (routed in :mod:`messaging.http.app`):
 
 - ``GET /messaging/consumers`` (optional ``topicID``, ``name``): every consumer's position,
-  the topic's last index, lag and when it was last seen.
+  the topic's last index, lag (the messages after its position) and when it was last seen.
 - ``PUT /messaging/consumers/{name}?topicID=T&index=I``: reset a position (also backwards).
 - ``DELETE /messaging/consumers/{name}`` (optional ``topicID``): forget a consumer.
 
@@ -21,15 +21,16 @@ after NAME's position (:func:`start_index`).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
 
 from messaging.broker.subscribers import DELETE, RESET, consumer_command
 from messaging.broker.view import BrokerView
-from messaging.errors import BadRequestError, NotFoundError
+from messaging.errors import BadRequestError, MessagingError, NotFoundError
 from messaging.http.auth import principal_of, requires
+from messaging.http.executors import Executors
 from messaging.log.base import Log
 
 #: Longest consumer name accepted (it is saved in broker.json and sent in every heartbeat).
@@ -58,8 +59,10 @@ def check_name(name: str | None) -> str:
 class ConsumerHandlers:
     """``/messaging/consumers`` over a broker and its log."""
 
-    def __init__(self, broker: BrokerView, log: Log) -> None:
+    def __init__(self, broker: BrokerView, log: Log, executors: Executors | None = None,
+                 ) -> None:
         self.broker = broker
+        self.executors = executors
         self.log = log
 
     def listing(self, topic: int | None = None, name: str | None = None,
@@ -93,8 +96,24 @@ class ConsumerHandlers:
         if topic is not None:
             principal.require("read", str(topic), f"topic {topic}")
         name = request.query.get("name") or None
-        return web.json_response([row for row in self.listing(topic, name)
-                                  if principal.can("read", str(row["topic"]))])
+        rows = [row for row in self.listing(topic, name)
+                if principal.can("read", str(row["topic"]))]
+        if self.executors is not None and rows:
+            await self.executors.read(self._count_lags, rows)
+        return web.json_response(rows)
+
+    def _count_lags(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Make each row's ``lag`` the messages after its position, not the difference of
+        broker indexes (shared by every topic, so the difference overstates it). Reads the
+        topics' indexes: on a read thread."""
+        for row in rows:
+            topic = self.broker.topic(row["topic"])
+            if topic is None:
+                continue
+            try:
+                row["lag"] = topic.count_after(row["index"])
+            except MessagingError:  # damaged or deleted under us: the index difference
+                continue
 
     @requires("admin")
     async def reset(self, request: web.Request) -> web.Response:

@@ -709,6 +709,35 @@ class Topic:
                 last_seen = committed_last
         return last_seen
 
+    def count_after(self, after: int) -> int:
+        """How many committed messages have an index above ``after`` (of those kept).
+
+        Broker indexes are shared by every topic, so index differences are not message
+        counts; this counts frames. O(log n) in segments and marks plus a short scan.
+        """
+        located = self.locate(max(after + 1, self.first_index))
+        if located is None:
+            return 0
+        segment, _position, ordinal = located
+        with self._lock:
+            segments = self._segments[self._segments.index(segment):]
+        total = -ordinal
+        for segment in segments:
+            self.ensure_indexed(segment)
+            total += self._committed_of(segment)[0]
+        return max(total, 0)
+
+    def index_before_end(self, count: int) -> int | None:
+        """The index of the ``count``-th committed message counting back from the last one
+        (the first kept when fewer are kept); None when the topic holds none."""
+        if count < 1:
+            raise ValueError("count must be at least 1")
+        first = self.first_index
+        kept = self.count_after(first - 1)
+        if kept == 0:
+            return None
+        return self.index_after(first, max(kept - count + 1, 1))
+
     # -- retention --------------------------------------------------------------------------
 
     def truncate(self, max_size: int, floor_index: int) -> int:

@@ -43,3 +43,20 @@ async def test_consumer_positions_over_http(server: BrokerServer,
         assert await resp.json() == []
     async with http.delete(f"{url}/messaging/consumers/c") as resp:
         assert resp.status == 404
+
+
+async def test_lag_counts_messages_not_broker_indexes(server: BrokerServer,
+                                                      http: aiohttp.ClientSession) -> None:
+    """Indexes are shared by every topic: with topic 2's publishes between topic 1's, two
+    unread messages of topic 1 are a lag of 2, not the difference of their indexes."""
+    for n in range(6):
+        async with http.post(f"{server.url}/messaging/messages",
+                             params={"topicID": str(1 + n % 2)}, data=b"m%d" % n) as resp:
+            assert resp.status == 200
+    # topic 1 holds indexes 1, 3, 5; consumer c processed 1
+    async with http.post(f"{server.url}/messaging/heartbeat",
+                         params={"topicID": "1", "index": "1", "url": "c"}) as resp:
+        assert resp.status == 200
+    async with http.get(f"{server.url}/messaging/consumers", params={"topicID": "1"}) as resp:
+        (row,) = await resp.json()
+    assert (row["index"], row["last_index"], row["lag"]) == (1, 5, 2)

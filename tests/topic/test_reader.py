@@ -250,6 +250,13 @@ class Model:
         candidates = [m.index for m in self.messages.get(topic, []) if m.index >= after]
         return candidates[min(count, len(candidates)) - 1] if candidates else None
 
+    def count_after(self, topic: int, after: int) -> int:
+        return sum(m.index > after for m in self.messages.get(topic, []))
+
+    def index_before_end(self, topic: int, count: int) -> int | None:
+        held = self.messages.get(topic, [])
+        return held[-min(count, len(held))].index if held else None
+
     def last(self, topic: int) -> int:
         held = self.messages.get(topic)
         return held[-1].index if held else 0
@@ -297,6 +304,10 @@ def check_index_after(broker: Broker, model: Model, topic_id: int, after: int,
     expected = model.index_after(topic_id, after, count)
     got = topic.index_after(after, count) if topic is not None else None
     assert got == expected, f"topic {topic_id} after={after} count={count}"
+    counted = topic.count_after(after) if topic is not None else 0
+    assert counted == model.count_after(topic_id, after), f"topic {topic_id} after={after}"
+    back = topic.index_before_end(count) if topic is not None else None
+    assert back == model.index_before_end(topic_id, count), f"topic {topic_id} last {count}"
 
 
 def reopen(broker: Broker) -> Broker:
