@@ -1,5 +1,5 @@
-"""Small durable-file helpers: atomic JSON metadata, directory fsync, whole writes, and what a
-failed file operation means to a client."""
+"""Small durable-file helpers: atomic files and JSON metadata, directory fsync, whole writes,
+and what a failed file operation means to a client."""
 
 from __future__ import annotations
 
@@ -24,6 +24,20 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+#: What tells one version of a file from another: device, inode, size, mtime in ns.
+FileVersion = tuple[int, int, int, int]
+
+
+def file_version(path: Path) -> FileVersion | None:
+    """The version of the file at ``path`` now (None when it cannot be looked at): a rename
+    over it changes the inode, an edit in place its size or modification time."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def lock_exclusive(path: Path) -> int | None:
     """Open ``path`` (created if missing) and take an exclusive ``flock`` on it without
     waiting; returns the descriptor that holds the lock (close it to let go), or None when
@@ -38,16 +52,28 @@ def lock_exclusive(path: Path) -> int | None:
 
 
 def write_json_atomic(path: Path, value: Any, *, durable: bool = True) -> None:
-    """Write ``value`` as JSON so that ``path`` holds either the old or the new content.
+    """Write ``value`` as JSON so that ``path`` holds either the old or the new content
+    (see :func:`write_bytes_atomic`)."""
+    write_bytes_atomic(path, json.dumps(value, sort_keys=True).encode() + b"\n",
+                       durable=durable)
+
+
+def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True,
+                       like: os.stat_result | None = None) -> None:
+    """Write ``data`` so that ``path`` holds either the old or the new content.
 
     A temporary file of its own (so concurrent writers never share one), fsync, rename over
     the target, fsync the directory. On any failure the temporary file is removed and the
-    target is untouched. ``durable=False`` skips both fsyncs (atomic, not durable).
+    target is untouched. ``durable=False`` skips both fsyncs (atomic, not durable). The new
+    file is 0600, or has the permission bits and owner of ``like`` (the file it replaces).
     """
-    data = json.dumps(value, sort_keys=True).encode() + b"\n"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
         try:
+            if like is not None:
+                if (like.st_uid, like.st_gid) != (os.geteuid(), os.getegid()):
+                    os.fchown(fd, like.st_uid, like.st_gid)
+                os.fchmod(fd, like.st_mode & 0o7777)
             write_all(fd, data)
             if durable:
                 os.fsync(fd)

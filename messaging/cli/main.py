@@ -13,9 +13,9 @@ from pathlib import Path
 
 from messaging import __version__
 from messaging.cli.logging import setup_logging
+from messaging.cli.tokens import add_token_commands
 from messaging.config import BrokerConfig, broker_options, load_config, parse_host_port
 from messaging.errors import MessagingError
-from messaging.http.auth import new_token, parse_scope, token_line
 from messaging.http.server import BrokerServer, check_security
 
 BROKER_HELP = """\
@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"messaging {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _broker_parser(sub)
-    _token_parser(sub)
+    add_token_commands(sub)
     from messaging.cli.client import add_client_commands
 
     add_client_commands(sub)
@@ -99,35 +99,6 @@ def _config(args: argparse.Namespace) -> BrokerConfig:
     config.etcd_settings()  # refuses bad cluster options before anything starts
     check_security(config)
     return config
-
-
-def _token_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "token", help="make bearer tokens",
-        description="Make a bearer token: prints the token (give it to the client) and the "
-        "line to add to the broker's --tokens file (which stores only its hash).")
-    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    create = actions.add_parser("create", help="make a new token")
-    create.add_argument("--name", required=True, help="who the token is for (shown in logs)")
-    create.add_argument("--scope", action="append", required=True, metavar="SCOPE",
-                        help="read[=TOPICS], write[=TOPICS], consume[=IDS] or admin; TOPICS "
-                        "are ids and stream names, IDS subscriber ids; a trailing * is a "
-                        "prefix (repeat for several scopes)")
-    create.set_defaults(run=_create_token)
-
-
-def _create_token(args: argparse.Namespace) -> int:
-    if not args.name or any(c.isspace() for c in args.name):
-        raise MessagingError(f"invalid --name {args.name!r}: one word")
-    try:
-        scopes = [parse_scope(text) for text in args.scope]
-    except ValueError as err:
-        raise MessagingError(str(err)) from err
-    token = new_token()
-    print(f"token: {token}")
-    print("add this line to the broker's tokens file (then send the broker SIGHUP):")
-    print(token_line(args.name, token, scopes))
-    return 0
 
 
 async def run_broker(config: BrokerConfig) -> None:

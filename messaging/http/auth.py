@@ -17,8 +17,9 @@ Every route declares the kind of scope it needs with :func:`requires` (or that i
 without any scope of that kind is refused before a parameter is read. Handlers then check
 the targets (topic id, stream name, consumer id) right after parsing them.
 
-``messaging token create --name N --scope read=1,2`` makes a token and prints the line.
-The broker rereads the file on SIGHUP.
+``messaging token create --name N --scope read=1,2 --tokens FILE`` makes a token and adds its
+line; ``messaging token list`` and ``messaging token revoke`` show and remove them. The broker
+rereads the file on SIGHUP and when it changes (:mod:`messaging.http.token_watch`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from messaging.errors import ForbiddenError, TokensFileError, UnauthorizedError
+from messaging.files import FileVersion, file_version
 
 log = logging.getLogger(__name__)
 
@@ -164,37 +166,64 @@ def token_line(name: str, token: str, scopes: list[Scope]) -> str:
     return f"{name} {hash_token(token)} {' '.join(str(s) for s in scopes)}"
 
 
+@dataclass(frozen=True, slots=True)
+class TokenEntry:
+    """One token of a tokens file: its name, the hash of its secret, its scopes, and the line
+    (counted from 1) it is on."""
+
+    name: str
+    digest: str
+    scopes: tuple[Scope, ...]
+    line: int
+
+
+def parse_tokens(text: str, source: str) -> list[TokenEntry]:
+    """The tokens of a tokens file's ``text``, in file order (``source`` names the file in
+    errors); raises :class:`TokensFileError` naming the first bad line."""
+    entries: list[TokenEntry] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) < 3 or not parts[1].startswith(HASH_PREFIX):
+            raise TokensFileError(f"{source}:{number}: expected NAME sha256:HEX SCOPE...")
+        try:
+            scopes = tuple(parse_scope(p) for p in parts[2:])
+        except ValueError as err:
+            raise TokensFileError(f"{source}:{number}: {err}") from err
+        entries.append(TokenEntry(parts[0], parts[1].lower(), scopes, number))
+    return entries
+
+
+def read_tokens_file(path: Path) -> tuple[str, list[TokenEntry]]:
+    """The text of the tokens file at ``path`` and its tokens (blocking; raises
+    :class:`TokensFileError` when it cannot be read or a line is bad)."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else err
+        raise TokensFileError(f"cannot read tokens file {path}: {reason}") from err
+    return text, parse_tokens(text, str(path))
+
+
 class Tokens:
     """The tokens of a tokens file, by hash; :meth:`reload` rereads it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._by_hash: dict[str, Principal] = {}
+        #: The version of the file the tokens were read from (taken before reading it).
+        self.version: FileVersion | None = None
         self.reload()
 
     def reload(self) -> None:
         """Read the file; on any error keep the tokens read before (and raise)."""
-        try:
-            text = self.path.read_text()
-        except OSError as err:
-            raise TokensFileError(f"cannot read tokens file {self.path}: "
-                                  f"{err.strerror or err}") from err
-        by_hash: dict[str, Principal] = {}
-        for number, raw in enumerate(text.splitlines(), 1):
-            line = raw.split("#", 1)[0].strip()
-            if not line:
-                continue
-            parts = line.split()
-            if len(parts) < 3 or not parts[1].startswith(HASH_PREFIX):
-                raise TokensFileError(f"{self.path}:{number}: expected NAME sha256:HEX "
-                                      "SCOPE...")
-            try:
-                scopes = tuple(parse_scope(p) for p in parts[2:])
-            except ValueError as err:
-                raise TokensFileError(f"{self.path}:{number}: {err}") from err
-            by_hash[parts[1].lower()] = Principal(parts[0], scopes)
-        self._by_hash = by_hash
-        log.info("read %d tokens from %s", len(by_hash), self.path)
+        version = file_version(self.path)
+        _text, entries = read_tokens_file(self.path)
+        self._by_hash = {e.digest: Principal(e.name, e.scopes) for e in entries}
+        self.version = version
+        log.info("read %d tokens from %s", len(self._by_hash), self.path)
 
     def __len__(self) -> int:
         return len(self._by_hash)

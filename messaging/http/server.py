@@ -22,6 +22,7 @@ from messaging.http.auth import Tokens
 from messaging.http.connections import ConnectionLimits, connection_factory
 from messaging.http.executors import EXECUTORS
 from messaging.http.snapshot import SnapshotSource
+from messaging.http.token_watch import TokensWatch
 from messaging.log.base import Log
 from messaging.log.local import LocalLog
 
@@ -49,6 +50,7 @@ class BrokerServer:
         self._retention: asyncio.Task[None] | None = None
         self.port = config.port
         self.tokens: Tokens | None = None
+        self._tokens_watch: TokensWatch | None = None
 
     @property
     def url(self) -> str:
@@ -129,6 +131,9 @@ class BrokerServer:
             backlog=LISTEN_BACKLOG, ssl=tls)
         self._retention = asyncio.create_task(self._retention_loop(retention),
                                               name="messaging-retention")
+        if self.tokens is not None:
+            self._tokens_watch = TokensWatch(self.tokens)
+            self._tokens_watch.start()
         log.info("broker listening on %s (data %s, fsync %s)", self.url, config.data,
                  config.fsync)
 
@@ -162,12 +167,15 @@ class BrokerServer:
         """Stop accepting, finish in-flight publishes, fsync, end streams, close."""
         loop = asyncio.get_running_loop()
         retention, self._retention = self._retention, None
+        tokens_watch, self._tokens_watch = self._tokens_watch, None
         listener, self._listener = self._listener, None
         log_, self.log = self.log, None
         broker, self.broker = self.broker, None
         node, self.node = self.node, None
         runner, self._runner = self._runner, None
         await cancel_and_wait(retention)
+        if tokens_watch is not None:
+            await tokens_watch.close()
         if listener is not None:
             listener.close()
         if log_ is not None:
