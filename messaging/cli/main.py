@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from messaging import __version__
+from messaging.cli.completion import add_completion_command
 from messaging.cli.logging import setup_logging
 from messaging.cli.tokens import add_token_commands
 from messaging.config import BrokerConfig, broker_options, load_config, parse_host_port
@@ -79,9 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _broker_parser(sub)
     add_token_commands(sub)
+    add_completion_command(sub)
     from messaging.cli.client import add_client_commands
+    from messaging.cli.contexts import add_context_commands
 
     add_client_commands(sub)
+    add_context_commands(sub)
     return parser
 
 
