@@ -5,8 +5,8 @@ only the SHA-256 of a token is stored, never the token. A scope is ``KIND`` (eve
 ``KIND=TARGET[,TARGET...]``:
 
 - ``read=...``, ``write=...``: topic ids (``7``) and stream names or name prefixes
-  (``chat``, ``chat/*``); ``read`` also lists topics and consumers, pings and reads
-  diagnostics (without paths).
+  (``chat``, ``chat/*``: see :func:`matches`); ``read`` also lists topics and consumers,
+  pings and reads diagnostics (without paths).
 - ``consume=...``: subscriber (consumer) ids, or prefixes (``reporter-*``), that the token
   may heartbeat as; nobody can move another consumer's position.
 - ``admin``: retention, resetting and deleting consumers, deleting streams, diagnostics
@@ -66,11 +66,22 @@ class Scope:
             return True
         if target is None:
             return False
-        return any(target == t or (t.endswith("*") and target.startswith(t[:-1]))
-                   for t in self.targets)
+        return any(matches(t, target) for t in self.targets)
 
     def __str__(self) -> str:
         return self.kind if self.targets is None else f"{self.kind}={','.join(self.targets)}"
+
+
+def matches(pattern: str, target: str) -> bool:
+    """Whether a scope's target ``pattern`` covers ``target`` (a topic id, stream name or
+    consumer id): the same text; with a trailing ``*``, every target that starts with what
+    comes before it (``chat*``: ``chat``, ``chats``, ``chat/a``); and ``NAME/*`` covers
+    ``NAME`` itself too, as well as everything under ``NAME/`` (``chat/*``: ``chat`` and
+    ``chat/room``, not ``chats``)."""
+    if not pattern.endswith("*"):
+        return target == pattern
+    prefix = pattern[:-1]
+    return target.startswith(prefix) or (prefix.endswith("/") and target == prefix[:-1])
 
 
 def parse_scope(text: str) -> Scope:

@@ -11,8 +11,12 @@ Endpoints (routed in :mod:`messaging.http.app`):
 
 - ``GET /messaging/consumers`` (optional ``topicID``, ``name``): every consumer's position,
   the topic's last index, lag (the messages after its position) and when it was last seen.
-- ``PUT /messaging/consumers/{name}?topicID=T&index=I``: reset a position (also backwards).
+- ``PUT /messaging/consumers/{name}?topicID=T&index=I``: reset a position (also backwards);
+  or the same two in a JSON body, ``{"topicID": T, "index": I}``, each a number or a
+  decimal string (:func:`messaging.json_ids.parse_u64`; ``topicID`` may be a stream's name).
 - ``DELETE /messaging/consumers/{name}`` (optional ``topicID``): forget a consumer.
+
+``topicID`` is a topic id or a named stream's name (:mod:`messaging.http.topic_param`).
 
 ``GET /messaging/messages?topicID=T&consumer=NAME`` (in :mod:`messaging.http.messages`) starts right
 after NAME's position (:func:`start_index`).
@@ -20,6 +24,7 @@ after NAME's position (:func:`start_index`).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,6 +36,9 @@ from messaging.broker.view import BrokerView
 from messaging.errors import BadRequestError, MessagingError, NotFoundError
 from messaging.http.auth import principal_of, requires
 from messaging.http.executors import Executors
+from messaging.http.responses import json_answer
+from messaging.http.topic_param import readable, resolve, topic_reference, topic_to_read
+from messaging.json_ids import parse_u64
 from messaging.log.base import Log
 
 #: Longest consumer name accepted (it is saved in broker.json and sent in every heartbeat).
@@ -92,15 +100,13 @@ class ConsumerHandlers:
     async def list(self, request: web.Request) -> web.Response:
         """GET /messaging/consumers (those of the topics the token may read)."""
         principal = principal_of(request)
-        topic = _optional_int(request.query.get("topicID"), "topicID")
-        if topic is not None:
-            principal.require("read", str(topic), f"topic {topic}")
+        topic = topic_to_read(request, self.broker)
         name = request.query.get("name") or None
         rows = [row for row in self.listing(topic, name)
-                if principal.can("read", str(row["topic"]))]
+                if readable(principal, self.broker, row["topic"])]
         if self.executors is not None and rows:
             await self.executors.read(self._count_lags, rows)
-        return web.json_response(rows)
+        return json_answer(rows)
 
     def _count_lags(self, rows: Sequence[dict[str, Any]]) -> None:
         """Make each row's ``lag`` the messages after its position, not the difference of
@@ -119,34 +125,58 @@ class ConsumerHandlers:
     async def reset(self, request: web.Request) -> web.Response:
         """PUT /messaging/consumers/{name}?topicID=T&index=I: set a position, also backwards."""
         name = check_name(request.match_info.get("name"))
-        topic = _required_int(request.query.get("topicID"), "topicID")
-        index = _required_int(request.query.get("index"), "index")
-        await self.log.apply(consumer_command(RESET, topic, name, index))
-        return web.json_response({"topic": topic, "name": name, "index": index})
+        given: Mapping[str, object] = request.query
+        if request.content_type == "application/json":
+            given = await _json_object(request)
+        reference = _topic_given(given.get("topicID"))
+        if reference is None:
+            raise BadRequestError("missing parameter topicID")
+        topic = resolve(self.broker, reference)
+        index = given.get("index")
+        if index is None or index == "":
+            raise BadRequestError("missing parameter index")
+        try:
+            position = parse_u64(index, "index")
+        except ValueError as err:
+            raise BadRequestError(str(err)) from err
+        await self.log.apply(consumer_command(RESET, topic, name, position))
+        return json_answer({"topic": topic, "name": name, "index": position})
 
     @requires("admin")
     async def delete(self, request: web.Request) -> web.Response:
         """DELETE /messaging/consumers/{name} (optional topicID): forget a consumer."""
         name = check_name(request.match_info.get("name"))
-        topic = _optional_int(request.query.get("topicID"), "topicID")
+        reference = topic_reference(request.query.get("topicID"))
+        topic = resolve(self.broker, reference) if reference is not None else None
         known = [row["topic"] for row in self.listing(topic, name)]
         if not known:
             where = f" in topic {topic}" if topic is not None else ""
             raise NotFoundError(f"no consumer {name!r}{where}")
         await self.log.apply(consumer_command(DELETE, topic, name))
-        return web.json_response({"name": name, "topics": known})
+        return json_answer({"name": name, "topics": known})
 
 
-def _optional_int(value: str | None, name: str) -> int | None:
-    if value is None or value == "":
-        return None
-    if not (value.isascii() and value.isdigit() and len(value) <= 20) or int(value) >= 2**64:
-        raise BadRequestError(f"invalid {name} {value!r}: expected an unsigned integer")
-    return int(value)
+async def _json_object(request: web.Request) -> Mapping[str, object]:
+    """A request's JSON object body (400 when it is not one)."""
+    try:
+        value = json.loads(await request.read())
+    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError
+        raise BadRequestError(f"invalid JSON body: {err}") from err
+    if not isinstance(value, dict):
+        raise BadRequestError("invalid JSON body: expected an object such as "
+                              '{"topicID": 1, "index": 10}')
+    return value
 
 
-def _required_int(value: str | None, name: str) -> int:
-    number = _optional_int(value, name)
-    if number is None:
-        raise BadRequestError(f"missing parameter {name}")
-    return number
+def _topic_given(value: object) -> int | str | None:
+    """The topic a query or JSON body names: an id (a number or a decimal string) or a
+    stream's name; None when missing."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return parse_u64(value, "topicID")
+        except ValueError as err:
+            raise BadRequestError(str(err)) from err
+    if value is None or isinstance(value, str):
+        return topic_reference(value)
+    raise BadRequestError(f"invalid topicID {value!r}: expected an unsigned integer (a number "
+                          "or a string of decimal digits) or a stream's name")

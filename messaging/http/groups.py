@@ -55,9 +55,11 @@ from messaging.http.executors import EXECUTORS, Executors
 from messaging.http.health import HealthHandlers, healthz
 from messaging.http.limits import Limits
 from messaging.http.messages import MessageHandlers
+from messaging.http.responses import json_answer
 from messaging.http.snapshot import SnapshotHandlers
 from messaging.http.streams import CORS_HEADERS, StreamHandlers
 from messaging.http.streams import PREFIX as STREAMS_PREFIX
+from messaging.json_ids import parse_u64
 from messaging.placement import group_of_name, group_of_topic
 
 log = logging.getLogger(__name__)
@@ -134,9 +136,11 @@ class GroupRouter:
             return group_of_name(request.match_info["name"], groups)
         text = (request.match_info.get("id") if finds == TOPIC_PATH
                 else request.query.get("topicID"))
-        if text is None or not (text.isascii() and text.isdigit()) or int(text) >= 1 << 64:
+        if text is None or text == "":
             return None
-        return group_of_topic(int(text), groups)
+        if not (text.isascii() and text.isdigit()):  # a stream's name: the group of the name
+            return group_of_name(text, groups) if text.isprintable() else None
+        return group_of_topic(int(text), groups) if int(text) < 1 << 64 else None
 
     # -- serving ----------------------------------------------------------------------------
 
@@ -169,7 +173,7 @@ class GroupRouter:
             rows: list[Any] = []
             for group in range(self.node.groups):
                 rows.extend(json.loads(await self._answer_of(request, route, group) or b"[]"))
-            return web.json_response(rows)
+            return json_answer(rows)
 
         return _declaring(handler, route)
 
@@ -213,7 +217,7 @@ class GroupRouter:
                 topics.extend(json.loads(body)["topics"])
         if not topics:
             raise NotFoundError(f"no consumer {name!r}")
-        return web.json_response({"name": name, "topics": sorted(topics)})
+        return json_answer({"name": name, "topics": sorted(parse_u64(t) for t in topics)})
 
     async def forward(self, request: web.Request, group: int) -> web.StreamResponse:
         """Pass ``request`` to a holder of ``group`` and its answer back as it comes (or,
@@ -308,7 +312,7 @@ class GroupRouter:
     @requires("read")
     async def ping(self, request: web.Request) -> web.Response:
         """GET or POST /messaging/ping: every live node's URL."""
-        return web.json_response({"urls": self.node.members()})
+        return json_answer({"urls": self.node.members()})
 
     @requires("read")
     async def groups(self, request: web.Request) -> web.Response:
@@ -323,7 +327,7 @@ class GroupRouter:
                 raise BadRequestError(f"invalid topicID {topic!r}: expected an unsigned integer")
             answer["lookup"] = {"group": group, "holders": self.node.holders(group),
                                 **({"name": name} if name is not None else {"topic": topic})}
-        return web.json_response(answer)
+        return json_answer(answer)
 
     @requires("admin")
     async def diagnostics(self, request: web.Request) -> web.StreamResponse:
@@ -333,7 +337,7 @@ class GroupRouter:
             return await self._group_diagnostics(request)
         window = request.query.get("window")
         seconds = float(window) if window and window.replace(".", "", 1).isdigit() else 60.0
-        return web.json_response({
+        return json_answer({
             **self.node.describe(),
             "held": {str(g): stack.log.diagnostics(seconds)
                      for g, stack in sorted(self.node.stacks.items())}})
@@ -341,7 +345,7 @@ class GroupRouter:
     @requires("admin")
     async def retention(self, request: web.Request) -> web.Response:
         """POST /messaging/retention: run retention now in every group held here."""
-        return web.json_response({"deleted_bytes": await self.node.enforce_retention()})
+        return json_answer({"deleted_bytes": await self.node.enforce_retention()})
 
     @requires("read")
     async def metrics(self, request: web.Request) -> web.Response:
@@ -360,8 +364,8 @@ class GroupRouter:
         """Ready when every group this node holds has caught up."""
         reason = self.node.not_ready()
         if reason is not None:
-            return web.json_response({"ready": False, "problems": [reason]}, status=503)
-        return web.json_response({"ready": True})
+            return json_answer({"ready": False, "problems": [reason]}, status=503)
+        return json_answer({"ready": True})
 
     @requires("admin")
     async def snapshot(self, request: web.Request) -> web.StreamResponse:

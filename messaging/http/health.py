@@ -10,6 +10,7 @@ from aiohttp import web
 from messaging import __version__
 from messaging.broker.view import BrokerView
 from messaging.http.auth import OPEN, requires
+from messaging.http.responses import json_answer
 from messaging.log.base import Log
 
 
@@ -38,11 +39,11 @@ class HealthHandlers:
             problems.append(f"topics stopped after a failed fsync: "
                             f"{', '.join(map(str, stopped[:10]))}")
         if problems:
-            return web.json_response({"ready": False, "problems": problems}, status=503)
-        return web.json_response({"ready": True})
+            return json_answer({"ready": False, "problems": problems}, status=503)
+        return json_answer({"ready": True})
 
 
 @requires(OPEN)
 async def healthz(request: web.Request) -> web.Response:
     """``GET /healthz``: the process answers (and its version); the same on every node."""
-    return web.json_response({"status": "ok", "version": __version__})
+    return json_answer({"status": "ok", "version": __version__})

@@ -11,9 +11,11 @@ validation pool.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from array import array
+from collections.abc import Awaitable
 from functools import partial
 from typing import Any
 
@@ -38,13 +40,23 @@ from messaging.headers import (
     PRODUCER_EPOCH_HEADER,
     PRODUCER_SEQ_HEADER,
 )
-from messaging.http.auth import Principal, principal_of, requires
+from messaging.http import sse
+from messaging.http.auth import principal_of, requires
 from messaging.http.consumers import check_name, start_index
 from messaging.http.executors import Executors
 from messaging.http.follow import TopicStreamer
 from messaging.http.limits import Limits
 from messaging.http.producer_headers import parse_producer
+from messaging.http.responses import json_answer
+from messaging.http.topic_param import (
+    readable,
+    require_read,
+    resolve,
+    topic_reference,
+    topic_to_read,
+)
 from messaging.log.base import Log
+from messaging.topic.view import TopicView
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +141,8 @@ class MessageHandlers:
         headers[INDEX_HEADER] = str(last)
         if frames:
             count = last - first + 1 if last else 0
-            return web.json_response({"first": first, "last": last, "count": count},
-                                     headers=headers)
+            return json_answer({"first": first, "last": last, "count": count},
+                               headers=headers)
         return web.Response(headers=headers)
 
     @requires("consume")
@@ -140,7 +152,10 @@ class MessageHandlers:
         if not url:
             raise BadRequestError("missing parameter url (the subscriber's id)")
         principal_of(request).require("consume", url, f"subscriber {url!r}")
-        topic = _required_int(request, "topicID")
+        reference = topic_reference(request.query.get("topicID"))
+        if reference is None:
+            raise BadRequestError("missing parameter topicID")
+        topic = resolve(self.broker, reference)
         index = _required_int(request, "index")
         self.limits.check_subscriber(url, self.broker.subscribers(topic))
         await self.log.apply(heartbeat_command(topic, index, url))
@@ -150,32 +165,41 @@ class MessageHandlers:
     async def retention(self, request: web.Request) -> web.Response:
         """POST /messaging/retention: run retention now (it also runs on a timer)."""
         deleted = await self.executors.maintain(self.broker.enforce_retention)
-        return web.json_response({"deleted_bytes": deleted})
+        return json_answer({"deleted_bytes": deleted})
 
     # -- reads ------------------------------------------------------------------------------
 
     @requires("read")
     async def read(self, request: web.Request) -> web.StreamResponse:
-        """GET /messaging/messages: frames from ``index``; ``streaming=true`` keeps it open.
+        """GET /messaging/messages: frames from ``index``; ``streaming=true`` keeps it open;
+        ``format=sse``: Server-Sent Events, following the topic (:mod:`messaging.http.sse`).
 
-        A non-streaming read of a topic that never existed is a 404; a streaming one waits
-        for the topic's first message. HEAD answers the headers a GET would, without a body.
+        ``topicID`` is a topic id or a named stream's name. A non-streaming read of a topic
+        that never existed is a 404; a streaming one waits for the topic's first message.
+        HEAD answers the headers a GET would, without a body.
         """
-        topic_id = _required_int(request, "topicID")
-        self._require_read(request, topic_id)
+        topic_id = topic_to_read(request, self.broker)
+        if topic_id is None:
+            raise BadRequestError("missing parameter topicID")
         index = _optional_int(request, "index") or 0
         end = _optional_int(request, "end")
         limit = _optional_int(request, "limit")
         streaming = _bool(request, "streaming")
+        fmt = request.query.get("format", "frames")
+        if fmt not in ("frames", "sse"):
+            raise BadRequestError(f"invalid format {fmt!r}: expected frames or sse")
+        if fmt == "sse":
+            with self.limits.stream():
+                return await self._read_sse(request, topic_id, index, end, limit)
         if streaming and request.method != "HEAD":
             with self.limits.stream():
                 return await self._read(request, topic_id, index, end, limit, streaming)
         return await self._read(request, topic_id, index, end, limit, streaming)
 
-    async def _read(self, request: web.Request, topic_id: int, index: int, end: int | None,
-                    limit: int | None, streaming: bool) -> web.StreamResponse:
-        topic = self.broker.topic(topic_id)
-        extra: dict[str, str] = {}
+    def _start(self, request: web.Request, topic_id: int, topic: TopicView | None,
+               index: int, extra: dict[str, str]) -> int:
+        """The first index a read wants: ``index``, or right after a consumer's stored
+        position (named in ``extra``)."""
         if "consumer" in request.query:  # start right after a consumer's stored position
             if "index" in request.query:
                 raise BadRequestError("give index or consumer, not both")
@@ -183,6 +207,13 @@ class MessageHandlers:
                 self.broker.subscribers(topic_id), check_name(request.query["consumer"]),
                 topic.first_index if topic is not None else 0)
             extra[CONSUMER_INDEX_HEADER] = str(position)
+        return index
+
+    async def _read(self, request: web.Request, topic_id: int, index: int, end: int | None,
+                    limit: int | None, streaming: bool) -> web.StreamResponse:
+        topic = self.broker.topic(topic_id)
+        extra: dict[str, str] = {}
+        index = self._start(request, topic_id, topic, index, extra)
         if topic is None and not streaming:
             raise NotFoundError(f"topic {topic_id} not found")
         reader = topic.reader(index, end, limit) if topic is not None else None
@@ -225,35 +256,61 @@ class MessageHandlers:
         await response.write_eof()
         return response
 
-    def _readable(self, principal: Principal, topic_id: int) -> bool:
-        """Whether the principal may read a topic (by id, or by its stream's name)."""
-        if principal.can("read", str(topic_id)):
-            return True
-        name = self.broker.stream_name(topic_id)
-        return name is not None and principal.can("read", name)
-
-    def _require_read(self, request: web.Request, topic_id: int) -> None:
-        principal = principal_of(request)
-        if not self._readable(principal, topic_id):
-            principal.require("read", str(topic_id), f"topic {topic_id}")
+    async def _read_sse(self, request: web.Request, topic_id: int, index: int,
+                        end: int | None, limit: int | None) -> web.StreamResponse:
+        """``format=sse``: the topic's messages as events from ``index`` (or right after a
+        consumer's position, or after ``Last-Event-ID`` when a browser reconnects)."""
+        topic = self.broker.topic(topic_id)
+        extra: dict[str, str] = {}
+        last_event = request.headers.get("Last-Event-ID", "").strip()
+        if last_event:
+            index = _int(last_event, "Last-Event-ID") + 1
+        else:
+            index = self._start(request, topic_id, topic, index, extra)
+        reader = topic.reader(index, end, limit) if topic is not None else None
+        first = await self.streamer.first_chunk(reader) if reader is not None else b""
+        response = web.StreamResponse(headers={
+            "Content-Type": sse.CONTENT_TYPE, "Cache-Control": "no-cache",
+            INDEX_HEADER: str(topic.committed_index if topic is not None else 0), **extra})
+        await response.prepare(request)
+        if request.method == "HEAD":
+            return response
+        streams = self.broker.metrics.active_streams
+        streams.inc()
+        try:
+            while reader is None:  # a topic with no message yet: wait for its first
+                await response.write(sse.control_event(index, True).encode())
+                found = await _within(self.broker.wait_for_topic(topic_id), sse.KEEPALIVE)
+                if found is not None:
+                    reader = found.reader(index, end, limit)
+            await sse.send_topic(response, reader, first, self.executors)
+        except MessagingError as err:
+            log.warning("SSE stream of topic %d broken off: %s", topic_id, err)
+            if request.transport is not None:
+                request.transport.abort()
+            return response
+        finally:
+            streams.dec()
+        await response.write_eof()
+        return response
 
     @requires("read")
     async def ping(self, request: web.Request) -> web.Response:
         """GET or POST /messaging/ping: every live node's URL."""
-        return web.json_response({"urls": self.log.urls()})
+        return json_answer({"urls": self.log.urls()})
 
     @requires("read")
     async def topics(self, request: web.Request) -> web.Response:
         """GET /messaging/topics (those the token may read)."""
         principal = principal_of(request)
-        return web.json_response([self.broker.topic_info(t) for t in self.broker.topics()
-                                  if self._readable(principal, t.id)])
+        return json_answer([self.broker.topic_info(t) for t in self.broker.topics()
+                            if readable(principal, self.broker, t.id)])
 
     @requires("read")
     async def topic(self, request: web.Request) -> web.Response:
         """GET /messaging/topics/{id}, with ``after`` and ``count`` for count-based batching."""
         topic_id = _int(request.match_info["id"], "topic id")
-        self._require_read(request, topic_id)
+        require_read(principal_of(request), self.broker, topic_id)
         topic = self.broker.topic(topic_id)
         if topic is None:
             raise NotFoundError(f"topic {topic_id} not found")
@@ -266,7 +323,7 @@ class MessageHandlers:
             if count < 1:
                 raise BadRequestError("count must be at least 1")
             info["index"] = await self.executors.read(topic.index_after, after, count)
-        return web.json_response(info)
+        return json_answer(info)
 
     @requires("read")
     async def diagnostics(self, request: web.Request) -> web.Response:
@@ -277,13 +334,21 @@ class MessageHandlers:
                   **self.log.diagnostics(window=window)}
         if not principal_of(request).can("admin"):
             report = _without_paths(report)
-        return web.json_response(report)
+        return json_answer(report)
 
     @requires("admin")
     async def metrics(self, request: web.Request) -> web.Response:
         """GET /metrics in the Prometheus text format."""
         return web.Response(body=self.broker.metrics.render(),
                             headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+async def _within(waiting: Awaitable[TopicView | None], seconds: float) -> TopicView | None:
+    """What ``waiting`` gives within ``seconds`` (None after that: it is cancelled)."""
+    try:
+        return await asyncio.wait_for(waiting, seconds)
+    except TimeoutError:
+        return None
 
 
 def _without_paths(value: Any) -> Any:

@@ -1,15 +1,26 @@
-"""The error answer of the API: status, ``X-Broker-Error`` and the same message as text.
+"""The shapes of the API's answers: JSON (ids and indexes exact for every reader) and errors
+(status, ``X-Broker-Error`` and the same message as text).
 
-Built here for the error middleware (:mod:`messaging.http.app`, which alone turns exceptions
-into answers) and for the connections that answer requests aiohttp could not parse
+Errors are built here for the error middleware (:mod:`messaging.http.app`, which alone turns
+exceptions into answers) and for the connections that answer requests aiohttp could not parse
 (:mod:`messaging.http.connections`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
+from messaging import json_ids
 from messaging.headers import ERROR_HEADER
+
+
+def json_answer(value: Any, *, status: int = 200, headers: dict[str, str] | None = None,
+                ) -> web.Response:
+    """A JSON answer; every integer of 2^53 or more in it (a named stream's topic id, an
+    index) is a string, so JavaScript and ``jq`` read it exactly (:mod:`messaging.json_ids`)."""
+    return web.json_response(value, status=status, headers=headers, dumps=json_ids.dumps)
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None,

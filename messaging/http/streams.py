@@ -57,6 +57,7 @@ from messaging.headers import (
     STREAM_CLOSED_HEADER,
     STREAM_NEXT_OFFSET_HEADER,
 )
+from messaging.http import sse
 from messaging.http.auth import OPEN, principal_of, requires
 from messaging.http.executors import Executors
 from messaging.http.limits import Limits
@@ -562,7 +563,7 @@ class StreamHandlers:
             items, after = await self._read_after(stream, position)
             out: list[str] = []
             for i, item in enumerate(items):
-                out.append("event: data\n" + _sse_data(_event_text(stream, item, binary)))
+                out.append(sse.event("data", _event_text(stream, item, binary)))
                 if i < len(items) - 1:  # every data event is followed by a control event
                     out.append(_control_event(item.position, client_cursor, up_to_date=False,
                                                   closed=False))
@@ -609,7 +610,7 @@ def _control_event(position: Position, client_cursor: str | None, *, up_to_date:
         control["streamCursor"] = cursor(client_cursor)
         if up_to_date:
             control["upToDate"] = True
-    return "event: control\n" + _sse_data(json.dumps(control, separators=(",", ":")))
+    return sse.event("control", json.dumps(control, separators=(",", ":")))
 
 
 def _event_text(stream: Stream, item: stream_reads.Item, binary: bool) -> str:
@@ -618,10 +619,3 @@ def _event_text(stream: Stream, item: stream_reads.Item, binary: bool) -> str:
     if stream.json:
         return "[" + item.data.decode("utf-8", "replace") + "]"
     return item.data.decode("utf-8", "replace")
-
-
-def _sse_data(payload: str) -> str:
-    """An SSE event's data lines (CR, LF and CRLF all end a line in SSE)."""
-    lines = re.split(r"\r\n|\r|\n", payload)
-    return "".join(f"data:{line}\n" for line in lines) + "\n"
-

@@ -1,0 +1,82 @@
+"""The topic a read names: ``topicID`` as a topic id, or as a named stream's name.
+
+``topicID=7`` is topic 7; ``topicID=orders`` is the topic that holds the stream ``orders``
+(found in the broker's catalog, :mod:`messaging.broker.catalog`). A value of ASCII digits is
+always an id (a stream whose name is all digits is read by its id); any other printable text
+is a name. Read scopes are checked by id *and* by name: a token whose ``read`` scope lists a
+stream's name may read it through its id and through its name, and one that lists the id
+may read it through either too.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from messaging.broker.view import BrokerView
+from messaging.errors import BadRequestError, NotFoundError, StreamGoneError
+from messaging.http.auth import Principal, principal_of
+from messaging.json_ids import U64_LIMIT
+
+_MAX_U64_DIGITS = len(str(U64_LIMIT - 1))
+
+
+def topic_reference(text: str | None, param: str = "topicID") -> int | str | None:
+    """What ``text`` names: a topic id (int), a stream's name (str), or None when it is
+    missing or empty; 400 for an id past 2^64 - 1 or a name with control characters."""
+    if text is None or text == "":
+        return None
+    if text.isascii() and text.isdigit():
+        if len(text) > _MAX_U64_DIGITS or int(text) >= U64_LIMIT:
+            raise BadRequestError(f"invalid {param} {text!r}: expected an unsigned integer "
+                                  "below 2^64 or a stream's name")
+        return int(text)
+    if not text.isprintable():
+        raise BadRequestError(f"invalid {param} {text!r}: expected an unsigned integer or a "
+                              "stream's name")
+    return text
+
+
+def readable(principal: Principal, broker: BrokerView, topic_id: int) -> bool:
+    """Whether the principal may read a topic (by its id, or by its stream's name)."""
+    if principal.can("read", str(topic_id)):
+        return True
+    name = broker.stream_name(topic_id)
+    return name is not None and principal.can("read", name)
+
+
+def require_read(principal: Principal, broker: BrokerView, topic_id: int) -> None:
+    """403 unless :func:`readable`."""
+    if not readable(principal, broker, topic_id):
+        principal.require("read", str(topic_id), f"topic {topic_id}")
+
+
+def resolve(broker: BrokerView, reference: int | str, param: str = "topicID") -> int:
+    """The topic id of a reference: an id as it is; a name through the catalog (404 for a name
+    no stream has, 410 for a deleted stream)."""
+    if isinstance(reference, int):
+        return reference
+    stream = broker.catalog.get(reference)
+    if stream is None:
+        raise NotFoundError(f"invalid {param} {reference!r}: not a topic id, and no stream has "
+                            "that name")
+    if stream.deleted:
+        raise StreamGoneError(f"stream {reference!r} was deleted")
+    return stream.topic
+
+
+def topic_to_read(request: web.Request, broker: BrokerView, param: str = "topicID",
+                  ) -> int | None:
+    """The topic a read names in ``param`` (None when it names none), once the request's
+    token may read it: by id or by name, and a name it may not read is refused (403) before
+    anyone learns whether a stream has it."""
+    reference = topic_reference(request.query.get(param), param)
+    if reference is None:
+        return None
+    principal = principal_of(request)
+    if isinstance(reference, str) and not principal.can("read", reference):
+        stream = broker.catalog.get(reference)
+        if stream is None or not principal.can("read", str(stream.topic)):
+            principal.require("read", reference, f"stream {reference!r}")
+    topic_id = resolve(broker, reference, param)
+    require_read(principal, broker, topic_id)
+    return topic_id
