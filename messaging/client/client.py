@@ -65,6 +65,7 @@ from messaging.headers import (
     PRODUCER_ID_HEADER,
     PRODUCER_SEQ_HEADER,
 )
+from messaging.json_ids import parse_u64, with_integers
 
 __all__ = ["DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_RETRY_TIMEOUT", "Client", "Conn",
            "Published", "Response"]
@@ -264,7 +265,7 @@ class Client:
             _unreachable(failures),
             refused=bool(failures) and all(_refused(e) for e in failures.values()))
 
-    async def _order(self, write: bool, topic: int | None) -> list[str]:
+    async def _order(self, write: bool, topic: int | str | None) -> list[str]:
         """The brokers to try for a request (on ``topic``: its group's holders first)."""
         if topic is not None:
             await self._learn_groups()
@@ -403,14 +404,14 @@ class Client:
         result = response.json()
         if not isinstance(result, list) or not all(isinstance(t, dict) for t in result):
             raise NotABrokerError.at(response.url, "its topic list is not a JSON list of objects")
-        return result
+        return [_integers(response, row, _TOPIC_INTEGERS) for row in result]
 
     async def topic(self, topic: int, after: int | None = None,
                     count: int | None = None) -> dict[str, Any]:
         """One topic; with ``after`` and ``count`` also the index of the count-th message."""
         response = await self.request("GET", f"/messaging/topics/{topic}",
                                       params={"after": after, "count": count})
-        return _json_object(response)
+        return _integers(response, _json_object(response), _TOPIC_INTEGERS)
 
     async def heartbeat(self, topic: int, index: int, url: str) -> None:
         """Tell the broker subscriber ``url`` has processed ``topic`` through ``index``."""
@@ -457,7 +458,7 @@ class Client:
         result = response.json()
         if not isinstance(result, list) or not all(isinstance(c, dict) for c in result):
             raise NotABrokerError.at(response.url, "its consumer list is not a JSON list")
-        return result
+        return [_integers(response, row, _CONSUMER_INTEGERS) for row in result]
 
     async def reset_consumer(self, name: str, topic: int, index: int) -> None:
         """Set consumer ``name``'s position in ``topic`` to ``index`` (also backwards)."""
@@ -561,11 +562,26 @@ def _json_object(response: Response) -> dict[str, Any]:
     return result
 
 
+#: The fields of a topic's and of a consumer's row that hold ids and indexes: ints here,
+#: whether the broker wrote them as numbers or (from 2^53 up) as strings.
+_TOPIC_INTEGERS = ("id", "first_index", "last_index", "index", "subscribers")
+_CONSUMER_INTEGERS = ("topic", "index", "last_index", "lag")
+
+
+def _integers(response: Response, row: dict[str, Any], fields: Sequence[str]) -> dict[str, Any]:
+    """``row`` with its id and index ``fields`` as ints (:func:`json_ids.with_integers`)."""
+    try:
+        return with_integers(row, fields)
+    except ValueError as err:
+        raise NotABrokerError.at(response.url, f"its answer holds an {err}") from err
+
+
 def _index_field(response: Response, result: dict[str, Any], name: str) -> int:
-    value = result.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise NotABrokerError.at(response.url, f"its answer has no valid {name!r} index")
-    return value
+    """An index of a JSON answer: a number, or a decimal string from 2^53 up (json_ids)."""
+    try:
+        return parse_u64(result.get(name), name)
+    except ValueError as err:
+        raise NotABrokerError.at(response.url, f"its answer has no valid {name!r} index") from err
 
 
 def _url_list(response: Response) -> list[str]:
