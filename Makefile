@@ -3,6 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORE_STAMP := $(VENV)/.installed-core
+SPARK_STAMP := $(VENV)/.installed-spark
 PORT ?= 8086
 DATA ?= ./data
 CONFORMANCE_LOCK := conformance/package-lock.json
@@ -11,7 +12,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 .PHONY: run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
 	bench-split bench-latency bench-fanout bench-scaling bench-groups soak soak-cluster \
-	etcd conformance clean
+	etcd conformance spark clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +31,16 @@ $(STAMP): pyproject.toml | $(BIN)/python
 ## make run [PORT=8086] [DATA=./data]: set up .venv (core package only), start a single-node broker
 run: $(CORE_STAMP)
 	$(BIN)/messaging broker --data $(DATA) --bind 127.0.0.1:$(PORT)
+
+## make spark: add the Spark extra (pyspark, pyarrow, numpy: about 735 MB) to .venv, for
+## messaging.spark and examples/spark_pipeline.py against make run's broker; Spark needs Java 17
+spark: $(SPARK_STAMP)
+
+$(SPARK_STAMP): pyproject.toml | $(BIN)/python
+	@echo "installing the spark extra into $(VENV): pyspark, pyarrow and numpy, about 735 MB"
+	$(BIN)/pip install --quiet -e '.[spark]'
+	@command -v java >/dev/null 2>&1 || echo "Spark needs Java 17: install it (Debian/Ubuntu: sudo apt-get install openjdk-17-jre-headless) or set JAVA_HOME" >&2
+	touch $(SPARK_STAMP)
 
 ## make test: set up .venv, then ruff, the import-layering contracts, mypy and pytest (everything, end-to-end tests too)
 test: lint typecheck pytest

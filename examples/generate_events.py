@@ -1,6 +1,6 @@
 """Publish sample JSON events for the example pipeline.
 
-    python examples/generate_events.py --url http://127.0.0.1:8086 --topic 1 --count 10000
+    .venv/bin/python examples/generate_events.py --url http://127.0.0.1:8086 --topic 1 --count 10000
 
 Each event is ``{"key": "sensor-3", "value": 12.5, "ts": "2026-11-21T08:00:17+00:00"}``,
 with keys sensor-0..sensor-4 and timestamps spread over ``--minutes`` minutes.

@@ -7,8 +7,9 @@ changes. The secondary follows the journal; when the primary's process ends (how
 ends: it watches a pidfd, no polling) it claims the journal with the next writer epoch
 (fencing the old primary), catches up through its claim, and carries on as primary.
 
-    python examples/journal_failover.py primary --url http://127.0.0.1:8086 --changes 500 &
-    python examples/journal_failover.py secondary --url http://127.0.0.1:8086 \\
+    .venv/bin/python examples/journal_failover.py primary --url http://127.0.0.1:8086 \\
+        --changes 500 &
+    .venv/bin/python examples/journal_failover.py secondary --url http://127.0.0.1:8086 \\
         --changes 500 --primary-pid $!
     # kill -9 the primary at any moment: the secondary prints the same final state it would
     # have reached, each change applied exactly once

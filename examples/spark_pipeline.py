@@ -3,11 +3,12 @@
 Reads JSON events (``{"key", "value", "ts"}``) from a topic, counts and sums them per key and
 per minute, and writes the result both to Parquet and, as JSON, to another topic:
 
-    python examples/generate_events.py --url http://127.0.0.1:8086 --topic 1
-    python examples/spark_pipeline.py --url http://127.0.0.1:8086 --source 1 --target 2 \\
+    .venv/bin/python examples/generate_events.py --url http://127.0.0.1:8086 --topic 1
+    .venv/bin/python examples/spark_pipeline.py --url http://127.0.0.1:8086 --source 1 --target 2 \\
         --parquet ./out/aggregates --checkpoint ./out/checkpoint --available-now
 
-Without ``--available-now`` it keeps running, one micro-batch every ``--interval``.
+Without ``--available-now`` it keeps running, one micro-batch every ``--interval``. It needs
+the ``spark`` extra (``make spark`` adds it to .venv) and Java 17.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.streaming.query import StreamingQuery
+try:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.query import StreamingQuery
+except ModuleNotFoundError as err:  # make run's core install has no Spark
+    raise SystemExit(f"{err}: this example needs the spark extra; make spark adds it to .venv "
+                     "(pyspark, pyarrow, numpy: about 735 MB)") from err
 
 from messaging.spark import MessagingDataSource
 
