@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from messaging.errors import InvalidURLError
-from messaging.placement import group_of_topic
+from messaging.placement import group_of_name, group_of_topic
 
 #: Redirects followed for one request before its 307 is treated as an error.
 MAX_REDIRECTS = 5
@@ -98,25 +98,29 @@ class GroupMap:
             return None
         return cls(len(holders), holders) if holders else None
 
-    def holders_of(self, topic: int) -> list[str]:
-        """The nodes that hold ``topic``'s group, best first."""
-        return self.holders.get(group_of_topic(topic, self.groups), [])
+    def holders_of(self, topic: int | str) -> list[str]:
+        """The nodes that hold the group of ``topic`` (an id, or a stream's name), best
+        first."""
+        group = (group_of_name(topic, self.groups) if isinstance(topic, str)
+                 else group_of_topic(topic, self.groups))
+        return self.holders.get(group, [])
 
 
 #: The path of one topic's description: the topic is its last part.
 _TOPIC_PATH = "/messaging/topics/"
 
 
-def topic_of(params: dict[str, Any] | None, path: str = "") -> int | None:
+def topic_of(params: dict[str, Any] | None, path: str = "") -> int | str | None:
     """The topic a request names (``topicID``, or the path of one topic), if any and valid:
-    what a client routes to the topic's holders by."""
+    what a client routes to the topic's holders by. A topic id is an int; other text is a
+    stream's name (reads take one where they take an id)."""
     value = (params or {}).get("topicID")
     text = str(value) if value is not None else None
     if text is None and path.startswith(_TOPIC_PATH):
         text = path[len(_TOPIC_PATH):]
-    if text is None or not (text.isascii() and text.isdigit()):
+    if not text or not text.isprintable():
         return None
-    return int(text)
+    return int(text) if text.isascii() and text.isdigit() else text
 
 
 class Brokers:
@@ -145,7 +149,7 @@ class Brokers:
         self.urls = unique(base_url(u) for u in urls)
         self._next = 0
 
-    def order(self, write: bool, topic: int | None = None) -> list[str]:
+    def order(self, write: bool, topic: int | str | None = None) -> list[str]:
         """Every URL once, in the order to try them; writes go to the leader first, and a
         request on ``topic`` goes to its group's holders first when the map is known."""
         if not self.urls:

@@ -1,8 +1,10 @@
 """Reading topics into Spark: offsets, planning, partitions and the stream and batch readers.
 
-Offsets are ``{"<topic>": <next index>}``. An input partition is a self-contained (topic,
-index range, broker URLs) chunk that an executor reads with one non-streaming GET, verifying
-every frame's CRC and index order and handing Spark Arrow record batches.
+Offsets are ``{"<topic>": <next index>}``, each index written as :mod:`messaging.json_ids`
+writes integers (a string from 2^53 up) and read back in either form. An input partition is
+a self-contained (topic, index range, broker URLs) chunk that an executor reads with one
+non-streaming GET, verifying every frame's CRC and index order and handing Spark Arrow
+record batches.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pyspark.sql.streaming.datasource import (
 
 from messaging.errors import CorruptFrameError, MessagingError, TopicTruncatedError
 from messaging.frames import BatchDecoder, FrameBatch
+from messaging.json_ids import json_integer, parse_u64
 from messaging.spark.arrow import ARROW_BATCH_ROWS, frames_to_arrow
 from messaging.spark.broker_http import BrokerHTTP
 from messaging.spark.options import SourceOptions
@@ -110,7 +113,7 @@ class Planner:
             value = per_topic.get(str(topic))
             if value is None:
                 raise MessagingError(f"index spec {spec!r} names no index for topic {topic}")
-            offsets[str(topic)] = self._resolve_one(topic, int(value))
+            offsets[str(topic)] = self._resolve_one(topic, _spec_index(spec, topic, value))
         return offsets
 
     def _resolve_one(self, topic: int, value: int) -> int:
@@ -165,6 +168,34 @@ class Planner:
         return parts
 
 
+def _spec_index(spec: str, topic: int, value: object) -> int:
+    """One topic's index in a JSON index spec: a number or a decimal string, or -2
+    (earliest) or -1 (latest)."""
+    if value in (-1, -2, "-1", "-2"):
+        return -1 if value in (-1, "-1") else -2
+    try:
+        return parse_u64(value, f"index for topic {topic}")
+    except ValueError as err:
+        raise MessagingError(f"index spec {spec!r}: {err}") from None
+
+
+#: An offset as Spark keeps it (JSON): topic -> next index, a number or a decimal string.
+Offset = dict[str, int | str]
+
+
+def written(offsets: dict[str, int]) -> Offset:
+    """An offset as handed to Spark: indexes of 2^53 and more as strings."""
+    return {key: json_integer(index) for key, index in offsets.items()}
+
+
+def read_offset(offset: dict[str, Any]) -> dict[str, int]:
+    """An offset Spark hands back (from a checkpoint, in either form) as ints."""
+    try:
+        return {key: parse_u64(index, f"offset of topic {key}") for key, index in offset.items()}
+    except ValueError as err:
+        raise MessagingError(f"invalid offset {offset!r}: {err}") from None
+
+
 class MessagingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Structured Streaming reads with admission control and Trigger.AvailableNow."""
 
@@ -173,9 +204,9 @@ class MessagingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.planner = Planner(self.options)
         self.target: dict[str, int] | None = None
 
-    def initialOffset(self) -> dict[str, int]:
+    def initialOffset(self) -> Offset:
         """Where a query without a checkpoint starts: option ``startingIndex``."""
-        return self.planner.resolve(self.options.starting, self.options.topics)
+        return written(self.planner.resolve(self.options.starting, self.options.topics))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """At most ``maxRecordsPerTrigger`` rows per micro-batch, if given."""
@@ -187,26 +218,26 @@ class MessagingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         """Fix the end of an availableNow query: every topic's end now."""
         self.target = self.planner.latest(self.options.topics)
 
-    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> Offset:
         """The end of the next micro-batch, within ``limit``."""
         ceiling = self.target or self.planner.latest(self.options.topics)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return self.planner.advance(dict(start), ceiling, max_rows)
+        return written(self.planner.advance(read_offset(start), ceiling, max_rows))
 
-    def reportLatestOffset(self) -> dict[str, int]:
+    def reportLatestOffset(self) -> Offset:
         """Every topic's end (for progress reports)."""
-        return self.planner.latest(self.options.topics)
+        return written(self.planner.latest(self.options.topics))
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[MessagingPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[MessagingPartition]:
         """The micro-batch's chunks."""
-        return self.planner.partitions(start, end)
+        return self.planner.partitions(read_offset(start), read_offset(end))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Read one chunk (on an executor)."""
         assert isinstance(partition, MessagingPartition)
         return read_partition(partition)
 
-    def commit(self, end: dict[str, int]) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: positions live in Spark's checkpoint."""
 
 
