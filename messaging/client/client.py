@@ -15,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import socket
 import ssl
+import sys
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,6 +179,8 @@ class Client:
     @property
     def retry_policy(self) -> RetryPolicy:
         """Backoff and give-up rules, with ``retry_timeout`` as the time budget."""
+        if math.isinf(self.retry_timeout):  # retry forever: no cap on failed rounds either
+            return RetryPolicy(budget=math.inf, max_failures=sys.maxsize)
         return RetryPolicy(budget=self.retry_timeout)
 
     # -- requests with failover -------------------------------------------------------------
@@ -406,11 +410,12 @@ class Client:
             raise NotABrokerError.at(response.url, "its topic list is not a JSON list of objects")
         return [_integers(response, row, _TOPIC_INTEGERS) for row in result]
 
-    async def topic(self, topic: int, after: int | None = None,
-                    count: int | None = None) -> dict[str, Any]:
-        """One topic; with ``after`` and ``count`` also the index of the count-th message."""
-        response = await self.request("GET", f"/messaging/topics/{topic}",
-                                      params={"after": after, "count": count})
+    async def topic(self, topic: int | str, after: int | None = None,
+                    count: int | None = None, last: int | None = None) -> dict[str, Any]:
+        """One topic (an id, or a stream's name); with ``after`` and ``count`` also the index
+        of the count-th message, with ``last`` that of the last-th message from the end."""
+        response = await self.request("GET", f"/messaging/topics/{quote(str(topic), safe='')}",
+                                      params={"after": after, "count": count, "last": last})
         return _integers(response, _json_object(response), _TOPIC_INTEGERS)
 
     async def heartbeat(self, topic: int, index: int, url: str) -> None:
@@ -603,7 +608,11 @@ def _check_content_type(url: str, content_type: str, wanted: str) -> None:
 
 
 def _refused(err: BaseException) -> bool:
-    """Whether a connection failed definitively (see :func:`messaging.failover.refused`)."""
+    """Whether a connection failed definitively (see :func:`messaging.failover.refused`): also
+    a TLS handshake or certificate that failed, which no retry mends (https to an http port,
+    the wrong CA)."""
+    if isinstance(err, aiohttp.ClientSSLError | aiohttp.ClientConnectorCertificateError):
+        return True
     return isinstance(err, aiohttp.ClientConnectorError) and refused(err.os_error)
 
 

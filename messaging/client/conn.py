@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from typing import Protocol
@@ -110,6 +110,11 @@ class Conn:
         self._answered = False  # the last read attempt got a 200
         self._by_consumer = False  # the next read starts after the consumer's stored position
         self.reconnects = 0
+        #: Called once when reads start failing (with the error), and once when a broker
+        #: answers again: for a command to say it is waiting (``messaging tail --follow``).
+        self.on_wait: Callable[[MessagingError], None] | None = None
+        self.on_resume: Callable[[], None] | None = None
+        self._waiting = False
 
     @property
     def closed(self) -> bool:
@@ -275,6 +280,10 @@ class Conn:
             if self._answered:
                 retry.succeeded()
             if error is not None:
+                if not self._waiting:
+                    self._waiting = True
+                    if self.on_wait is not None:
+                        self.on_wait(error)
                 log.info("topic %d: read failed after index %d (%s); retrying", self.topic,
                          self._received, error)
                 if not retry.failed(loop.time(), refused_everywhere=refused,
@@ -293,6 +302,10 @@ class Conn:
             params["consumer"] = self.consumer
         async with self.client.stream(_MESSAGES_PATH, params, FRAMES_CONTENT_TYPE) as chunks:
             self._answered = True
+            if self._waiting:
+                self._waiting = False
+                if self.on_resume is not None:
+                    self.on_resume()
             decoder = BatchDecoder(after=self._received)
             async for data in chunks:
                 for batch in decoder.feed(data):

@@ -50,7 +50,7 @@ from messaging.http.producer_headers import parse_producer
 from messaging.http.responses import json_answer
 from messaging.http.topic_param import (
     readable,
-    require_read,
+    readable_reference,
     resolve,
     topic_reference,
     topic_to_read,
@@ -308,9 +308,12 @@ class MessageHandlers:
 
     @requires("read")
     async def topic(self, request: web.Request) -> web.Response:
-        """GET /messaging/topics/{id}, with ``after`` and ``count`` for count-based batching."""
-        topic_id = _int(request.match_info["id"], "topic id")
-        require_read(principal_of(request), self.broker, topic_id)
+        """GET /messaging/topics/{id}, with ``after`` and ``count`` for count-based batching, or
+        ``last``: the index of the ``last``-th message back from the end."""
+        reference = topic_reference(request.match_info["id"], "topic id")
+        if reference is None:
+            raise BadRequestError("missing topic id")
+        topic_id = readable_reference(principal_of(request), self.broker, reference, "topic id")
         topic = self.broker.topic(topic_id)
         if topic is None:
             raise NotFoundError(f"topic {topic_id} not found")
@@ -323,6 +326,11 @@ class MessageHandlers:
             if count < 1:
                 raise BadRequestError("count must be at least 1")
             info["index"] = await self.executors.read(topic.index_after, after, count)
+        last = _optional_int(request, "last")
+        if last is not None:  # where a read of the last ``last`` messages starts
+            if after is not None or last < 1:
+                raise BadRequestError("last takes a count of at least 1, without after")
+            info["index"] = await self.executors.read(topic.index_before_end, last)
         return json_answer(info)
 
     @requires("read")
