@@ -66,13 +66,18 @@ def resolve(broker: BrokerView, reference: int | str, param: str = "topicID") ->
 
 def topic_to_read(request: web.Request, broker: BrokerView, param: str = "topicID",
                   ) -> int | None:
-    """The topic a read names in ``param`` (None when it names none), once the request's
-    token may read it: by id or by name, and a name it may not read is refused (403) before
-    anyone learns whether a stream has it."""
+    """The topic a read names in the query parameter ``param`` (None when it names none),
+    once the request's token may read it (see :func:`readable_reference`)."""
     reference = topic_reference(request.query.get(param), param)
     if reference is None:
         return None
-    principal = principal_of(request)
+    return readable_reference(principal_of(request), broker, reference, param)
+
+
+def readable_reference(principal: Principal, broker: BrokerView, reference: int | str,
+                       param: str = "topicID") -> int:
+    """The topic id of ``reference`` once ``principal`` may read it, by id or by name; a name
+    it may not read is refused (403) before anyone learns whether a stream has it."""
     if isinstance(reference, str) and not principal.can("read", reference):
         stream = broker.catalog.get(reference)
         if stream is None or not principal.can("read", str(stream.topic)):
