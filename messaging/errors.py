@@ -292,6 +292,24 @@ class UndeclaredScopeError(MessagingError):
 
 class TokensFileError(MessagingError):
     """A tokens file that cannot be used (the message names the file and line)."""
+class TopicDeletedError(TopicTruncatedError):
+    """A read of a topic deleted by ``DELETE /messaging/topics/{id}`` at broker index
+    ``deleted_at``: nothing through that index is served again. ``first_index`` (0: none) is
+    where the topic, created again since, starts; only then is it sent as a header."""
+
+    def __init__(self, topic: int, deleted_at: int, first_index: int = 0) -> None:
+        again = (f"; it was created again: first available index is {first_index}"
+                 if first_index else "")
+        MessagingError.__init__(self, f"topic {topic} was deleted (at index {deleted_at})"
+                                      f"{again}")
+        self.topic = topic
+        self.first_index = first_index
+        self.deleted_at = deleted_at
+
+    def headers(self) -> dict[str, str]:
+        """The topic, and where it starts again if it was created again."""
+        return super().headers() if self.first_index else {TOPIC_HEADER: str(self.topic)}
+
 
 # -- named streams (messaging.broker.catalog) -------------------------------------------------
 

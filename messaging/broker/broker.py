@@ -35,13 +35,22 @@ from messaging.broker.catalog import (
     Catalog,
     StreamOutcome,
 )
-from messaging.broker.commands import Run, stamp
+from messaging.broker.commands import Run, is_topic_command, largest_message, stamp
 from messaging.broker.metrics import BrokerMetrics, TopicRow
 from messaging.broker.snapshot import FORMAT
 from messaging.broker.state_log import CatalogLog, incomplete
 from messaging.broker.subscribers import (
+    DELETE,
     PositionChange,
     Subscribers,
+)
+from messaging.broker.topic_settings import (
+    CONFIGURE,
+    MAX_MESSAGE_SIZE,
+    MAX_SEGMENT_SIZE,
+    MAX_TOPIC_SIZE,
+    TopicEntry,
+    TopicOp,
 )
 from messaging.config import (
     DEFAULT_MAX_SEGMENT_SIZE,
@@ -49,8 +58,11 @@ from messaging.config import (
     DEFAULT_SUBSCRIBER_TIMEOUT,
 )
 from messaging.errors import (
+    BadRequestError,
     DataDirectoryError,
+    MessageTooLargeError,
     MessagingError,
+    NotFoundError,
     StorageFailedError,
 )
 from messaging.files import (
@@ -80,6 +92,7 @@ class ApplyResult:
     last: int
     topics: frozenset[int]
     stream: StreamOutcome | None = None
+    created: bool = False  # a topic command created its (empty) topic
 
     @property
     def count(self) -> int:
@@ -121,6 +134,8 @@ class Broker:
         self._retention_lock = threading.Lock()  # held by a retention run, and by close()
         self._closing = False
         self._heartbeats: list[PositionChange] = []  # recorded by the group being applied
+        self._deleting: list[int] = []  # topics whose files the group being applied deletes
+        self._configured: list[int] = []  # topics whose settings it changes
         self._failures = QuietLog(log, _FAILURE_LOG_INTERVAL)
 
     # -- opening and closing ----------------------------------------------------------------
@@ -154,6 +169,8 @@ class Broker:
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise DataDirectoryError(f"{self._catalog_log.path} is unreadable: {err}") from err
         self._reconcile_streams()
+        self._reconcile_deleted()
+        self._configure(self.store.all())
         # Each source alone may be behind: broker.json is saved now and then, a journal line
         # is written only by groups that change state, and a deleted stream's topic took its
         # indexes with it. Reusing an index would break the consistent cut.
@@ -219,6 +236,25 @@ class Broker:
                 topic.cut_after(stream.tail[0])
                 self.store.reopen(topic)
 
+    def _reconcile_deleted(self) -> None:
+        """Delete the files of topics deleted by a command whose group a crash interrupted
+        after its journal line (start-up): every frame they hold predates the deletion."""
+        for topic in self.store.all():
+            deleted_at = self.catalog.topic_settings.committed(topic.id).deleted_at
+            if deleted_at and 0 < topic.last_index <= deleted_at:
+                log.warning("topic %d: removing its files, deleted at index %d", topic.id,
+                            deleted_at)
+                self.store.remove(topic.id)
+
+    def _configure(self, topics: Iterable[Topic]) -> None:
+        """Give topics their effective segment size and the floor of their last deletion."""
+        table = self.catalog.topic_settings
+        for topic in topics:
+            entry = table.committed(topic.id)
+            topic.max_segment_size = entry.settings.get(MAX_SEGMENT_SIZE, self.max_segment_size)
+            if entry.deleted_at:
+                topic.hide_through(entry.deleted_at)
+
     def state(self) -> dict[str, Any]:
         """The broker's own metadata as saved in ``broker.json`` (writer thread: the catalog and
         the index are its own; positions lock themselves). No broker lock is held meanwhile,
@@ -261,7 +297,31 @@ class Broker:
 
     def write_group(self, commands: Sequence[bytes | bytearray], *, durable: bool,
                     notify: bool = True) -> list[ApplyResult | MessagingError]:
-        """Apply commands in order as one transaction; every topic is written once.
+        """Apply commands in order as one transaction (see :meth:`_write_group`).
+
+        A topic command (settings, deletion) is a transaction of its own between the
+        commands before and after it: a group's frames go to their topics after all its
+        commands are stamped, so a deletion inside a group could not cut between them.
+        """
+        if len(commands) > 1 and any(map(is_topic_command, commands)):
+            results: list[ApplyResult | MessagingError] = []
+            part: list[bytes | bytearray] = []
+            for command in commands:
+                if is_topic_command(command):
+                    if part:
+                        results.extend(self._write_group(part, durable=durable, notify=notify))
+                        part = []
+                    results.extend(self._write_group([command], durable=durable, notify=notify))
+                else:
+                    part.append(command)
+            if part:
+                results.extend(self._write_group(part, durable=durable, notify=notify))
+            return results
+        return self._write_group(commands, durable=durable, notify=notify)
+
+    def _write_group(self, commands: Sequence[bytes | bytearray], *, durable: bool,
+                     notify: bool) -> list[ApplyResult | MessagingError]:
+        """One transaction of :meth:`write_group`.
 
         Stamps indexes, stages the frames in their topics, writes the group's state changes
         to the state journal (fsynced when ``durable``), writes each topic once, fsyncs them
@@ -300,6 +360,7 @@ class Broker:
             self.store[topic_id].commit(notify=notify)
         for topic_id in removed:
             self.store.remove(topic_id)
+        self._commit_topic_ops()
         self.store.release_idle(t for t in touched if t not in removed)
         if changed or removed:
             self.streams_changed.notify()
@@ -342,15 +403,19 @@ class Broker:
         for command in commands:
             before = self.index
             mark = self.catalog.mark()
+            created = False
             try:
                 stamped = stamp(command, self.index, self.catalog)
                 self.index = stamped.index
                 first, command_runs = stamped.first, stamped.runs
                 heartbeats, outcome = stamped.heartbeats, stamped.stream
-                for topic_id, _run in command_runs:
+                for topic_id, run in command_runs:
                     topic = self.store.get(topic_id)
                     if topic is not None:
                         topic.check_writable()
+                    self._check_message_size(topic_id, run)
+                if stamped.topic_op is not None:
+                    created = self._stage_topic_op(stamped.topic_op)
             except MessagingError as err:
                 self.index = before
                 self.catalog.rollback(mark)
@@ -362,7 +427,7 @@ class Broker:
                 topics.append(topic_id)
             self._heartbeats.extend(heartbeats)
             results.append(ApplyResult(first, self.index if first else 0, frozenset(topics),
-                                       outcome))
+                                       outcome, created))
         messages = size = 0
         for topic_id, parts in runs.items():
             topic = self._topic_for_write(topic_id)
@@ -380,11 +445,61 @@ class Broker:
             self.metrics.bytes_published.inc(size)
         return results
 
+    def _check_message_size(self, topic_id: int, run: Run) -> None:
+        """A topic's own max-message-size (413 for a command with a larger message)."""
+        limit = self.catalog.topic_settings.get(topic_id).settings.get(MAX_MESSAGE_SIZE)
+        if limit is not None:
+            largest = largest_message(run)
+            if largest > limit:
+                raise MessageTooLargeError(f"message of {largest} bytes exceeds topic "
+                                           f"{topic_id}'s max-message-size of {limit}")
+
+    def _stage_topic_op(self, op: TopicOp) -> bool:
+        """Stage a topic's new settings, or its deletion; returns whether a configure
+        created the topic.
+
+        A deletion records the broker index it happened at, forgets the topic's settings and
+        its subscribers' positions, and deletes its files when the group commits, unless
+        they hold frames from after that index (a command replayed after a restart, when
+        the topic was created again since): deleting them is then already done.
+        """
+        table = self.catalog.topic_settings
+        topic = self.store.get(op.topic)
+        if op.kind == CONFIGURE:
+            if op.topic >= NAMED_TOPIC_BASE and self.catalog.name_of(op.topic) is None:
+                raise NotFoundError(f"topic {op.topic} is not a stream's topic id")
+            table.stage(op.topic, table.get(op.topic).configured(op.settings))
+            self._configured.append(op.topic)
+            if op.create and topic is None and op.topic < NAMED_TOPIC_BASE:
+                self._topic_for_write(op.topic)  # empty; its entry fsynced with the group
+                return True
+            return False
+        if op.topic >= NAMED_TOPIC_BASE:
+            raise BadRequestError(f"topic {op.topic} is a stream's: delete it with DELETE "
+                                  "/v1/stream/{name}")
+        table.stage(op.topic, TopicEntry(deleted_at=self.index))
+        for name in self.positions.positions(op.topic):
+            self._heartbeats.append(PositionChange(op.topic, 0, name, DELETE))
+        if topic is not None and topic.last_index <= self.index:
+            self._deleting.append(op.topic)
+        return False
+
+    def _commit_topic_ops(self) -> None:
+        """Carry out the topic commands of a group that committed."""
+        deleting, self._deleting = self._deleting, []
+        for topic_id in deleting:
+            self.store.remove(topic_id)
+            log.info("topic %d deleted at index %d", topic_id, self.index)
+        configured, self._configured = self._configured, []
+        self._configure(t for t in map(self.store.get, configured) if t is not None)
+
     def _abort(self, touched: Iterable[int], index: int) -> None:
         """Undo a failed group: topics cut back to what was committed, index restored."""
         for topic_id in touched:
             self.store[topic_id].abort()
         self._heartbeats.clear()
+        self._deleting.clear()
+        self._configured.clear()
         self.catalog.rollback()
         self.index = index
 
@@ -430,6 +545,10 @@ class Broker:
         topic = self.store.get(topic_id)
         if topic is None:
             topic = self.store.create(topic_id)  # its entry fsynced before the group's answer
+            entry = self.catalog.topic_settings.get(topic_id)
+            topic.max_segment_size = entry.settings.get(MAX_SEGMENT_SIZE, self.max_segment_size)
+            if entry.deleted_at:  # created again: what was deleted stays deleted for readers
+                topic.hide_through(entry.deleted_at)
             self._new_topics.notify()
             name = self.catalog.name_of(topic_id)
             log.info("topic %d created%s", topic_id, f" (stream {name!r})" if name else "")
@@ -458,6 +577,14 @@ class Broker:
         await self._new_topics.wait_until(
             lambda: topic_id in self.store or self.store.closed)
         return self.store.get(topic_id)
+
+    def settings(self, topic_id: int) -> TopicEntry:
+        """What the log decided about a topic: its own settings and its last deletion."""
+        return self.catalog.topic_settings.committed(topic_id)
+
+    def deleted_at(self, topic_id: int) -> int:
+        """The broker index a topic was last deleted at (0: never)."""
+        return self.catalog.topic_settings.committed(topic_id).deleted_at
 
     def subscribers(self, topic_id: int) -> dict[str, int]:
         """Subscriber URL → heartbeated index for one topic."""
@@ -522,7 +649,8 @@ class Broker:
         return self.positions.floor(topic_id, now)
 
     def enforce_retention(self, now: float | None = None) -> int:
-        """Delete old segments of every topic over ``max_topic_size``; returns bytes deleted.
+        """Delete old segments of every topic over its max-topic-size (its own setting, else
+        ``max_topic_size``); returns bytes deleted.
 
         Blocking (run it on a thread); :meth:`close` waits for a run in progress.
         """
@@ -530,11 +658,14 @@ class Broker:
         with self._retention_lock:
             if self._closing:
                 return 0
+            table = self.catalog.topic_settings
             for topic in self.topics():
-                if topic.size <= self.max_topic_size:
+                limit = table.committed(topic.id).settings.get(MAX_TOPIC_SIZE,
+                                                               self.max_topic_size)
+                if topic.size <= limit:
                     continue
                 before = topic.stats.deleted_segments
-                freed = topic.truncate(self.max_topic_size, self.retention_floor(topic.id, now))
+                freed = topic.truncate(limit, self.retention_floor(topic.id, now))
                 deleted += freed
                 self.metrics.retention_deleted_bytes.inc(freed)
                 self.metrics.retention_deleted_segments.inc(
@@ -568,6 +699,7 @@ class Broker:
         self.index = int(header["index"])
         self.positions.restore(header.get("subscribers", {}))
         self.catalog.restore(header.get("catalog"))
+        self._configure(opened.values())
         self.save_state()
         self._new_topics.notify()
         log.info("restored snapshot: %d topics, index %d", len(opened), self.index)

@@ -35,6 +35,7 @@ from messaging.broker.producers import (
     check_producer,
     trim_producers,
 )
+from messaging.broker.topic_settings import TopicTable
 from messaging.errors import (
     BadRequestError,
     CorruptFrameError,
@@ -191,6 +192,9 @@ class Catalog:
         self.dirty = False
         self.removed: list[int] = []  # topics whose files the committed group frees
         self.changed: set[int] = set()  # topics whose stream metadata changed
+        #: Per-topic settings and deletions (:mod:`messaging.broker.topic_settings`): changed
+        #: by commands in the same transactions, saved and restored with the streams.
+        self.topic_settings = TopicTable()
 
     # -- persistence ------------------------------------------------------------------------
 
@@ -202,7 +206,8 @@ class Catalog:
         return {"next_topic": self.next_topic,
                 "streams": [s.saved() for s in streams.values() if s is not None],
                 "native": {str(topic): {pid: asdict(state) for pid, state in producers.items()}
-                           for topic, producers in native.items() if producers}}
+                           for topic, producers in native.items() if producers},
+                "topics": self.topic_settings.saved()}
 
     def restore(self, data: dict[str, Any] | None) -> None:
         """Replace everything with :meth:`saved` output (None: empty)."""
@@ -221,6 +226,7 @@ class Catalog:
         self._undo.clear()
         self.removed.clear()
         self.changed.clear()
+        self.topic_settings.restore(data.get("topics"))
         self.dirty = False
 
     def changes(self) -> dict[str, Any]:
@@ -230,7 +236,8 @@ class Catalog:
                 "streams": {name: s.saved() if s is not None else None
                             for name, s in self._pending.items()},
                 "native": {str(topic): {pid: asdict(state) for pid, state in producers.items()}
-                           for topic, producers in self._native_pending.items()}}
+                           for topic, producers in self._native_pending.items()},
+                "topics": self.topic_settings.changes()}
 
     def replay(self, changes: dict[str, Any]) -> None:
         """Apply a journal line written by :meth:`changes` (at start-up)."""
@@ -240,6 +247,8 @@ class Catalog:
             old = self.streams.pop(name, None)
             if old is not None:
                 self.by_topic.pop(old.topic, None)
+                if saved is None or saved.get("topic") != old.topic:
+                    self.topic_settings.forget({old.topic})
             if saved is not None:
                 stream = Stream.restore(saved)
                 self.streams[name] = stream
@@ -247,16 +256,18 @@ class Catalog:
         for topic, producers in changes.get("native", {}).items():
             self.native[int(topic)] = {pid: Producer(**state)
                                        for pid, state in producers.items()}
+        self.topic_settings.replay(changes.get("topics", {}))
 
     # -- transactions -----------------------------------------------------------------------
 
-    def mark(self) -> tuple[int, int, int]:
+    def mark(self) -> tuple[int, int, int, int]:
         """A savepoint for :meth:`rollback`."""
-        return len(self._undo), len(self.removed), self.next_topic
+        return len(self._undo), len(self.removed), self.next_topic, self.topic_settings.mark()
 
-    def rollback(self, mark: tuple[int, int, int] | None = None) -> None:
+    def rollback(self, mark: tuple[int, int, int, int] | None = None) -> None:
         """Undo every change since ``mark`` (None: since the last :meth:`commit`)."""
-        undo, removed, next_topic = mark or (0, 0, self._committed_next)
+        undo, removed, next_topic, settings = mark or (0, 0, self._committed_next, 0)
+        self.topic_settings.rollback(settings)
         while len(self._undo) > undo:
             key, before = self._undo.pop()
             pending: dict[Any, Any] = (self._native_pending if isinstance(key, int)
@@ -274,7 +285,7 @@ class Catalog:
     def pending(self) -> bool:
         """Whether the group being applied changed the catalog (it must be saved with it)."""
         return (bool(self._pending) or bool(self._native_pending)
-                or self.next_topic != self._committed_next)
+                or self.next_topic != self._committed_next or self.topic_settings.pending)
 
     def commit(self) -> tuple[list[int], set[int]]:
         """Fold the group's changes in; returns the topics to remove and those whose stream
@@ -293,6 +304,8 @@ class Catalog:
             if old is not None and (stream is None or old.topic != stream.topic):
                 self.by_topic.pop(old.topic, None)
         self.native.update(self._native_pending)
+        self.topic_settings.commit()
+        self.topic_settings.forget(set(self.removed))  # a deleted stream's settings go with it
         self._pending.clear()
         self._native_pending.clear()
         self._undo.clear()

@@ -22,6 +22,7 @@ from messaging.broker.catalog import (
     StreamOutcome,
 )
 from messaging.broker.subscribers import CONSUMER_OP, PositionChange, parse_consumer_command
+from messaging.broker.topic_settings import TOPIC_OP, TopicOp, parse_topic_command
 from messaging.errors import (
     BadRequestError,
     ChecksumError,
@@ -51,6 +52,7 @@ _FIELD_CODE = {name: code for name, code, _doc in HEADER_FIELDS}
 _TOPIC = struct.Struct(">" + _FIELD_CODE["topic"])
 _CRC = struct.Struct(">" + _FIELD_CODE["crc"])
 _LENGTH = header_unpacker("length")
+_TYPE = header_unpacker("type")
 
 #: Internal command: data = u64 index + subscriber URL (UTF-8); the frame's topic field names
 #: the topic.
@@ -85,6 +87,7 @@ class Stamped:
     runs: list[tuple[int, Run]]
     heartbeats: list[PositionChange]
     stream: StreamOutcome | None
+    topic_op: TopicOp | None = None  # a topic's settings or deletion (a command of its own)
 
 
 def stamp(command: bytes | bytearray, index: int, catalog: Catalog) -> Stamped:
@@ -126,6 +129,7 @@ def _stamp(command: bytes | bytearray, index: int, catalog: Catalog) -> Stamped:
     decision: Decision | None = None
     decision_first = 0
     outcome: StreamOutcome | None = None
+    topic_op: TopicOp | None = None
     while offset < size:
         if size - offset < HEADER_SIZE:
             raise CorruptFrameError(f"command has an incomplete frame at byte {offset}")
@@ -151,7 +155,11 @@ def _stamp(command: bytes | bytearray, index: int, catalog: Catalog) -> Stamped:
             run_start, run_topic = offset, topic_id
         if type_ & INTERNAL_TYPE:
             data = bytes(view[offset + HEADER_SIZE:end])
-            if type_ == STREAM_OP:
+            if type_ == TOPIC_OP:
+                if offset or end != size:
+                    raise CorruptFrameError("a topic command is a command of its own")
+                topic_op = parse_topic_command(topic_id, data)
+            elif type_ == STREAM_OP:
                 if decision is not None:
                     raise CorruptFrameError("a command holds one stream operation at most")
                 decision = catalog.apply(data)
@@ -172,7 +180,7 @@ def _stamp(command: bytes | bytearray, index: int, catalog: Catalog) -> Stamped:
         stored = index >= decision_first
         outcome = catalog.appended(decision, decision_first if stored else 0,
                                         index if stored else 0)
-    return Stamped(first, index, runs, heartbeats, outcome)
+    return Stamped(first, index, runs, heartbeats, outcome, topic_op)
 
 
 def _internal(type_: int, topic_id: int, data: bytes) -> PositionChange | None:
@@ -190,6 +198,24 @@ def _internal(type_: int, topic_id: int, data: bytes) -> PositionChange | None:
         raise CorruptFrameError("heartbeat command with a subscriber id that is not UTF-8"
                                 ) from err
     return PositionChange(topic_id, _U64.unpack_from(data)[0], subscriber_id)
+
+
+def largest_message(run: Run) -> int:
+    """The data length of the largest message in a run of complete frames."""
+    frames = run.frames
+    largest = offset = 0
+    while offset < len(frames):
+        length = _LENGTH.unpack_from(frames, offset)[0]
+        largest = max(largest, length)
+        offset += HEADER_SIZE + length
+    return largest
+
+
+def is_topic_command(command: bytes | bytearray) -> bool:
+    """Whether a command is a topic's settings or deletion (:data:`TOPIC_OP`), which the
+    broker applies as a group of its own."""
+    return (not isinstance(command, Command) and len(command) >= HEADER_SIZE
+            and _TYPE.unpack_from(command)[0] == TOPIC_OP)
 
 
 # -- validating a publish body -------------------------------------------------------------------

@@ -15,6 +15,7 @@ from messaging.aio import Notifier
 from messaging.broker.catalog import Catalog
 from messaging.broker.metrics import BrokerMetrics
 from messaging.broker.subscribers import Subscribers
+from messaging.broker.topic_settings import TopicEntry
 from messaging.topic.view import TopicView
 
 
@@ -49,6 +50,20 @@ class BrokerView(Protocol):
         ...
     def stream_name(self, topic_id: int) -> str | None:
         """The name of the stream a topic holds, if it holds one."""
+        ...
+    @property
+    def max_topic_size(self) -> int:
+        """The broker's max-topic-size (a topic's own setting overrides it)."""
+        ...
+    @property
+    def max_segment_size(self) -> int:
+        """The broker's max-segment-size (a topic's own setting overrides it)."""
+        ...
+    def settings(self, topic_id: int) -> TopicEntry:
+        """A topic's own settings and its last deletion."""
+        ...
+    def deleted_at(self, topic_id: int) -> int:
+        """The broker index a topic was last deleted at (0: never)."""
         ...
     def subscribers(self, topic_id: int) -> dict[str, int]:
         """A topic's subscribers and the index each has heartbeated."""

@@ -34,6 +34,7 @@ from messaging.http.responses import error_response, one_line
 from messaging.http.snapshot import SnapshotHandlers, SnapshotSource
 from messaging.http.streams import PREFIX as STREAMS_PREFIX
 from messaging.http.streams import StreamHandlers
+from messaging.http.topics import TopicHandlers
 from messaging.log.base import Log
 
 log = logging.getLogger(__name__)
@@ -49,20 +50,23 @@ class Handlers:
     consumers: ConsumerHandlers
     health: HealthHandlers
     streams: StreamHandlers
+    topics: TopicHandlers
 
 
 def make_handlers(broker: BrokerView, log_: Log, config: BrokerConfig, executors: Executors,
                   limits: Limits) -> Handlers:
     """The handlers of one broker and its log (a node of a cluster of topic groups has one
     set per group it holds)."""
+    messages = MessageHandlers(broker, log_, executors, config.max_message_size,
+                               config.max_request_size, limits)
     return Handlers(
-        messages=MessageHandlers(broker, log_, executors, config.max_message_size,
-                                 config.max_request_size, limits),
+        messages=messages,
         consumers=ConsumerHandlers(broker, log_, executors),
         health=HealthHandlers(broker, log_),
         streams=StreamHandlers(broker, log_, executors, config.max_message_size,
                                long_poll_timeout=config.long_poll_timeout,
-                               max_request_size=config.max_request_size, limits=limits))
+                               max_request_size=config.max_request_size, limits=limits),
+        topics=TopicHandlers(broker, log_, config.max_message_size, messages.topic))
 
 
 #: How a request names the group of its topic (in a cluster of topic groups).
@@ -96,7 +100,10 @@ ROUTES = (
     Route("GET", "/messaging/ping", "messages", "ping", NODE),
     Route("POST", "/messaging/ping", "messages", "ping", NODE),
     Route("GET", "/messaging/topics", "messages", "topics", EVERY_GROUP),
-    Route("GET", "/messaging/topics/{id}", "messages", "topic", TOPIC_PATH),
+    # One topic: described, created or configured, deleted (messaging.http.topics).
+    Route("GET", "/messaging/topics/{id}", "topics", "describe", TOPIC_PATH),
+    Route("PUT", "/messaging/topics/{id}", "topics", "configure", TOPIC_PATH),
+    Route("DELETE", "/messaging/topics/{id}", "topics", "delete", TOPIC_PATH),
     Route("GET", "/messaging/diagnostics", "messages", "diagnostics", NODE),
     Route("POST", "/messaging/retention", "messages", "retention", NODE),
     Route("GET", "/metrics", "messages", "metrics", NODE),

@@ -59,6 +59,7 @@ from messaging.http.responses import json_answer
 from messaging.http.snapshot import SnapshotHandlers
 from messaging.http.streams import CORS_HEADERS, StreamHandlers
 from messaging.http.streams import PREFIX as STREAMS_PREFIX
+from messaging.http.topics import TopicHandlers
 from messaging.json_ids import parse_u64
 from messaging.placement import group_of_name, group_of_topic
 
@@ -391,7 +392,8 @@ def _route(handler: str) -> Route:
 
 
 _HANDLER_CLASSES: dict[str, type] = {"messages": MessageHandlers, "consumers": ConsumerHandlers,
-                                     "health": HealthHandlers, "streams": StreamHandlers}
+                                     "health": HealthHandlers, "streams": StreamHandlers,
+                                     "topics": TopicHandlers}
 
 
 def _declaring(handler: Handler, route: Route) -> Handler:

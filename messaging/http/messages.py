@@ -55,6 +55,7 @@ from messaging.http.topic_param import (
     topic_reference,
     topic_to_read,
 )
+from messaging.http.topics import raise_if_deleted
 from messaging.log.base import Log
 from messaging.topic.view import TopicView
 
@@ -212,6 +213,8 @@ class MessageHandlers:
     async def _read(self, request: web.Request, topic_id: int, index: int, end: int | None,
                     limit: int | None, streaming: bool) -> web.StreamResponse:
         topic = self.broker.topic(topic_id)
+        if topic is None:
+            raise_if_deleted(self.broker, topic_id)
         extra: dict[str, str] = {}
         index = self._start(request, topic_id, topic, index, extra)
         if topic is None and not streaming:
@@ -261,6 +264,8 @@ class MessageHandlers:
         """``format=sse``: the topic's messages as events from ``index`` (or right after a
         consumer's position, or after ``Last-Event-ID`` when a browser reconnects)."""
         topic = self.broker.topic(topic_id)
+        if topic is None:
+            raise_if_deleted(self.broker, topic_id)
         extra: dict[str, str] = {}
         last_event = request.headers.get("Last-Event-ID", "").strip()
         if last_event:

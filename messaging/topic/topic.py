@@ -30,6 +30,7 @@ from messaging.errors import (
     CorruptFrameError,
     MessagingError,
     StorageFailedError,
+    TopicDeletedError,
     TopicTruncatedError,
 )
 from messaging.files import (
@@ -119,6 +120,7 @@ class Topic:
         self._segments: list[Segment] = []
         self._firsts: list[int] = []
         self._tombstone = 0
+        self._deleted_through = 0  # the index of the topic's last deletion (see hide_through)
         self._closed = False
         self._notifier = Notifier()
         self._committed_last = 0  # last committed index, read without the lock
@@ -206,6 +208,18 @@ class Topic:
         """The first index retention kept (0: retention never deleted anything)."""
         with self._lock:
             return self._tombstone
+
+    def hide_through(self, index: int) -> None:
+        """The topic was deleted at broker ``index`` and created again: a read from an index
+        at or below it answers 410 (:class:`TopicDeletedError`) instead of serving what came
+        after as if it followed on. Kept in memory; the broker sets it from its state."""
+        with self._lock:
+            self._deleted_through = max(self._deleted_through, index)
+
+    def _deleted_error(self) -> TopicDeletedError:
+        """The 410 for a read at or below the last deletion (``_lock`` held)."""
+        return TopicDeletedError(self.id, self._deleted_through,
+                                 self._first_index_locked() or self._deleted_through + 1)
 
     @property
     def first_index(self) -> int:
@@ -598,6 +612,8 @@ class Topic:
         such frame yet.
         """
         with self._lock:
+            if self._deleted_through and index <= self._deleted_through:
+                raise self._deleted_error()
             if self._tombstone and index < self._tombstone:
                 raise TopicTruncatedError(self.id, self._tombstone)
             segments = list(self._segments)
@@ -624,6 +640,7 @@ class Topic:
         """
         with self._lock:
             if (not self._segments or index != self._committed_last + 1
+                    or (self._deleted_through and index <= self._deleted_through)
                     or (self._tombstone and index < self._tombstone)):
                 return None
             segment = self._segments[0]

@@ -1,0 +1,302 @@
+"""Per-topic settings and topic deletion: the request body, the command and the table.
+
+A topic may override three broker-wide limits: ``max-topic-size`` (retention),
+``max-segment-size`` (when a new segment starts) and ``max-message-size`` (the largest message
+data a publish to it may hold). ``retention-age`` is refused until messages carry append
+times. Settings and deletions are commands of the log (a broker-internal frame of type
+:data:`TOPIC_OP` whose topic field names the topic, data = JSON), applied by the broker's state
+machine, so they are replicated, journaled, in snapshots and in a cluster's checkpoint exactly
+as the catalog is (:class:`TopicTable` lives in :class:`messaging.broker.catalog.Catalog`).
+
+A deletion records the broker index it was applied at (``deleted_at``): the topic's files,
+settings and subscriber positions go; a publish to the same id later creates it again, and
+reads of it at or below ``deleted_at`` answer 410 (nothing deleted is ever served again).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from messaging.config import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    DEFAULT_MAX_SEGMENT_SIZE,
+    DEFAULT_MAX_TOPIC_SIZE,
+    parse_size,
+)
+from messaging.errors import BadRequestError, CorruptFrameError
+from messaging.frames import INTERNAL_TYPE, encode
+
+#: Internal command: JSON ``{"op": "configure", "settings": {KEY: size or null}, "create":
+#: bool}`` or ``{"op": "delete"}``; the frame's topic field names the topic. Always a command
+#: of its own (one frame).
+TOPIC_OP = INTERNAL_TYPE | 4
+CONFIGURE = "configure"
+DELETE = "delete"
+
+MAX_TOPIC_SIZE = "max-topic-size"
+MAX_SEGMENT_SIZE = "max-segment-size"
+MAX_MESSAGE_SIZE = "max-message-size"
+RETENTION_AGE = "retention-age"
+#: The settings a topic may have, in the order they are shown.
+KEYS = (MAX_TOPIC_SIZE, MAX_SEGMENT_SIZE, MAX_MESSAGE_SIZE)
+#: Each setting's built-in default (what the broker uses without a flag).
+DEFAULTS = {MAX_TOPIC_SIZE: DEFAULT_MAX_TOPIC_SIZE, MAX_SEGMENT_SIZE: DEFAULT_MAX_SEGMENT_SIZE,
+            MAX_MESSAGE_SIZE: DEFAULT_MAX_MESSAGE_SIZE}
+#: Where an effective setting came from.
+SOURCE_TOPIC, SOURCE_BROKER, SOURCE_DEFAULT = "topic", "broker", "default"
+#: The largest size any setting takes (sizes are kept as signed 64-bit numbers elsewhere).
+_MAX_SIZE = (1 << 63) - 1
+
+Settings = dict[str, int | None]  # a change: None resets a key to the broker's value
+
+
+# -- the request body -----------------------------------------------------------------------
+
+
+def parse_settings(body: Any, max_message_size: int) -> Settings:
+    """The settings a ``PUT /messaging/topics/{id}`` body asks for (400 with the reason).
+
+    ``body`` is the decoded JSON: an object whose keys are :data:`KEYS`, each a byte count
+    or a size text like the broker flags take (``10M``, ``1G``), or null to go back to the
+    broker's value. ``max-message-size`` may not exceed ``max_message_size``, the broker's
+    own maximum (no request could carry more).
+    """
+    if not isinstance(body, dict):
+        raise BadRequestError("the body must be a JSON object of settings, e.g. "
+                              '{"max-topic-size": "1G"}')
+    if RETENTION_AGE in body:
+        raise BadRequestError(f"{RETENTION_AGE} is not supported yet: it comes with message "
+                              "append times")
+    unknown = sorted(set(body) - set(KEYS))
+    if unknown:
+        raise BadRequestError(f"unknown setting {unknown[0]!r}: expected "
+                              f"{', '.join(KEYS)}")
+    settings: Settings = {}
+    for key, value in body.items():
+        settings[key] = None if value is None else size_value(key, value)
+    limit = settings.get(MAX_MESSAGE_SIZE)
+    if limit is not None and limit > max_message_size:
+        raise BadRequestError(f"{MAX_MESSAGE_SIZE} {limit} is above this broker's maximum "
+                              f"of {max_message_size} (--max-message-size)")
+    return settings
+
+
+def size_value(key: str, value: Any) -> int:
+    """One setting's size from a JSON number or a size text (above zero)."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise BadRequestError(f"invalid {key} {value!r}: expected a size such as 1048576, "
+                              "10M or 1G")
+    if isinstance(value, str):
+        try:
+            value = parse_size(value)
+        except argparse.ArgumentTypeError as err:
+            raise BadRequestError(f"invalid {key}: {err}") from err
+    size = int(value)
+    if not 0 < size <= _MAX_SIZE:
+        raise BadRequestError(f"invalid {key} {size}: must be from 1 to {_MAX_SIZE}")
+    return size
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TopicOp:
+    """One topic command as the state machine reads it."""
+
+    topic: int
+    kind: str  # CONFIGURE or DELETE
+    settings: Mapping[str, int | None] = field(default_factory=dict)
+    create: bool = False
+
+
+def configure_command(topic: int, settings: Mapping[str, int | None], *,
+                      create: bool = True) -> bytes:
+    """The command that changes a topic's settings (``create``: also create it, empty, if it
+    does not exist)."""
+    return _command(topic, {"op": CONFIGURE, "settings": dict(settings), "create": create})
+
+
+def delete_command(topic: int) -> bytes:
+    """The command that deletes a topic: its files, settings and subscriber positions."""
+    return _command(topic, {"op": DELETE})
+
+
+def _command(topic: int, op: dict[str, Any]) -> bytes:
+    return encode(TOPIC_OP, topic, json.dumps(op, separators=(",", ":")).encode())
+
+
+def parse_topic_command(topic: int, data: bytes) -> TopicOp:
+    """The :class:`TopicOp` a :data:`TOPIC_OP` frame holds (CorruptFrameError if invalid)."""
+    try:
+        op = json.loads(data)
+        kind = op["op"]
+        settings = op.get("settings", {})
+        valid = (kind in (CONFIGURE, DELETE) and isinstance(settings, dict)
+                 and all(k in KEYS and (v is None or (isinstance(v, int) and v > 0))
+                         for k, v in settings.items()))
+    except (ValueError, KeyError, TypeError) as err:
+        raise CorruptFrameError(f"topic command is not valid JSON: {err}") from err
+    if not valid:
+        raise CorruptFrameError(f"invalid topic command {op!r}")
+    return TopicOp(topic, kind, settings, bool(op.get("create", False)))
+
+
+# -- the table -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TopicEntry:
+    """What the log decided about one topic: the settings set on it, and the broker index of
+    its last deletion (0: never deleted). Replaced whole, never changed in place."""
+
+    settings: Mapping[str, int] = field(default_factory=dict)
+    deleted_at: int = 0
+
+    def configured(self, change: Mapping[str, int | None]) -> TopicEntry:
+        """This entry with ``change`` applied (None removes a key)."""
+        settings = dict(self.settings)
+        for key, value in change.items():
+            if value is None:
+                settings.pop(key, None)
+            else:
+                settings[key] = value
+        return TopicEntry(settings, self.deleted_at)
+
+    def saved(self) -> dict[str, Any]:
+        """The JSON form (empty parts left out)."""
+        saved: dict[str, Any] = {}
+        if self.settings:
+            saved["settings"] = dict(self.settings)
+        if self.deleted_at:
+            saved["deleted_at"] = self.deleted_at
+        return saved
+
+    @classmethod
+    def restore(cls, data: Mapping[str, Any]) -> TopicEntry:
+        """The entry from :meth:`saved`."""
+        return cls({str(k): int(v) for k, v in data.get("settings", {}).items()},
+                   int(data.get("deleted_at", 0)))
+
+    @property
+    def empty(self) -> bool:
+        """Whether the entry says nothing (it need not be kept)."""
+        return not self.settings and not self.deleted_at
+
+
+_MISSING = object()
+
+
+class TopicTable:
+    """Every topic's :class:`TopicEntry`, changed only by the broker's writer thread.
+
+    Like the catalog it belongs to: the group being applied changes an overlay that
+    :meth:`commit` folds in and :meth:`rollback` drops (to a savepoint); readers on other
+    threads see committed entries only.
+    """
+
+    def __init__(self) -> None:
+        self.entries: dict[int, TopicEntry] = {}
+        self._pending: dict[int, TopicEntry] = {}
+        self._undo: list[tuple[int, Any]] = []
+
+    def get(self, topic: int) -> TopicEntry:
+        """A topic's entry as the group being applied sees it."""
+        entry = self._pending.get(topic)
+        if entry is None:
+            entry = self.entries.get(topic)
+        return entry if entry is not None else TopicEntry()
+
+    def committed(self, topic: int) -> TopicEntry:
+        """A topic's committed entry (any thread)."""
+        return self.entries.get(topic) or TopicEntry()
+
+    def stage(self, topic: int, entry: TopicEntry) -> None:
+        """Stage ``entry`` for ``topic`` in the group being applied."""
+        self._undo.append((topic, self._pending.get(topic, _MISSING)))
+        self._pending[topic] = entry
+
+    def mark(self) -> int:
+        """A savepoint for :meth:`rollback`."""
+        return len(self._undo)
+
+    def rollback(self, mark: int = 0) -> None:
+        """Undo every change since ``mark`` (0: since the last :meth:`commit`)."""
+        while len(self._undo) > mark:
+            topic, before = self._undo.pop()
+            if before is _MISSING:
+                self._pending.pop(topic, None)
+            else:
+                self._pending[topic] = before
+
+    @property
+    def pending(self) -> bool:
+        """Whether the group being applied changed an entry."""
+        return bool(self._pending)
+
+    def commit(self) -> None:
+        """Fold the group's changes in (one store per topic: readers always find an entry)."""
+        for topic, entry in self._pending.items():
+            if entry.empty:
+                self.entries.pop(topic, None)
+            else:
+                self.entries[topic] = entry
+        self._pending.clear()
+        self._undo.clear()
+
+    def forget(self, topics: set[int]) -> None:
+        """Drop the entries of ``topics`` (named topics whose streams are gone: their ids are
+        never given out again)."""
+        for topic in topics & self.entries.keys():
+            del self.entries[topic]
+
+    def saved(self) -> dict[str, Any]:
+        """Every entry with the group being applied, as JSON (broker.json, snapshots, the
+        cluster checkpoint)."""
+        entries = {**self.entries, **self._pending}
+        return {str(t): e.saved() for t, e in sorted(entries.items()) if not e.empty}
+
+    def changes(self) -> dict[str, Any]:
+        """The entries the group being applied changed (for the state journal)."""
+        return {str(t): e.saved() for t, e in self._pending.items()}
+
+    def restore(self, data: Mapping[str, Any] | None) -> None:
+        """Replace everything with :meth:`saved` output (None: empty)."""
+        self.entries = {int(t): TopicEntry.restore(e) for t, e in (data or {}).items()}
+        self._pending.clear()
+        self._undo.clear()
+
+    def replay(self, changes: Mapping[str, Any]) -> None:
+        """Apply a journal line's :meth:`changes` (at start-up)."""
+        for topic, saved in changes.items():
+            entry = TopicEntry.restore(saved)
+            if entry.empty:
+                self.entries.pop(int(topic), None)
+            else:
+                self.entries[int(topic)] = entry
+
+
+# -- effective settings -----------------------------------------------------------------------
+
+
+def effective(entry: TopicEntry, broker: Mapping[str, int]) -> dict[str, dict[str, Any]]:
+    """Each setting's value and where it came from: ``topic`` (set on the topic), ``broker``
+    (a broker flag or config set it to other than the built-in default) or ``default``.
+
+    ``broker``: the broker's own value of each key.
+    """
+    shown: dict[str, dict[str, Any]] = {}
+    for key in KEYS:
+        if key in entry.settings:
+            shown[key] = {"value": entry.settings[key], "source": SOURCE_TOPIC}
+        else:
+            value = broker[key]
+            source = SOURCE_DEFAULT if value == DEFAULTS[key] else SOURCE_BROKER
+            shown[key] = {"value": value, "source": source}
+    return shown
