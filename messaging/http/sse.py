@@ -59,7 +59,7 @@ def control_event(next_index: int, up_to_date: bool) -> str:
 
 
 async def send_topic(response: web.StreamResponse, reader: ReaderView, first: bytes,
-                     executors: Executors, keepalive: float = KEEPALIVE) -> None:
+                     executors: Executors) -> None:
     """Write a topic's messages from ``reader`` as events, ``first`` (its first chunk, already
     read) first, and follow the topic until it closes or the reader reaches its end."""
     topic = reader.topic
@@ -77,7 +77,7 @@ async def send_topic(response: web.StreamResponse, reader: ReaderView, first: by
             return
         else:
             try:
-                await asyncio.wait_for(topic.wait_for(reader.last_index), keepalive)
+                await asyncio.wait_for(topic.wait_for(reader.last_index), KEEPALIVE)
             except TimeoutError:
                 await response.write(b": keepalive\n\n")
                 continue
