@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from messaging.errors import TokensFileError, UnauthorizedError
 from messaging.http.auth import (
@@ -12,6 +14,7 @@ from messaging.http.auth import (
     Scope,
     Tokens,
     hash_token,
+    matches,
     new_token,
     parse_scope,
     token_line,
@@ -66,3 +69,34 @@ def test_tokens_file_round_trip_and_reload(tmp_path: Path) -> None:
 def test_missing_tokens_file_is_clear(tmp_path: Path) -> None:
     with pytest.raises(TokensFileError, match="cannot read tokens file"):
         Tokens(tmp_path / "absent")
+
+
+# -- what a trailing * matches --------------------------------------------------------------
+
+_names = st.text(st.sampled_from("ab/-*1"), max_size=8)
+
+
+def test_a_prefix_scope_matches_exactly_what_the_readme_says() -> None:
+    chat = parse_scope("read=chat/*")
+    assert chat.allows("chat") and chat.allows("chat/") and chat.allows("chat/room/1")
+    assert not chat.allows("chats") and not chat.allows("cha") and not chat.allows("x/chat")
+    loose = parse_scope("read=chat*")
+    assert loose.allows("chat") and loose.allows("chats") and loose.allows("chat/room")
+    assert not loose.allows("cha")
+    assert parse_scope("read=*").allows("anything") and parse_scope("read=*").allows("")
+    assert not parse_scope("read=chat").allows("chat/room")  # no * : the name alone
+
+
+@given(pattern=_names, target=_names)
+def test_matches_is_equality_or_the_prefix_rule(pattern: str, target: str) -> None:
+    if not pattern.endswith("*"):
+        expected = target == pattern
+    else:
+        prefix = pattern[:-1]
+        expected = target.startswith(prefix) or (
+            prefix.endswith("/") and target == prefix.removesuffix("/"))
+    assert matches(pattern, target) is expected
+    if pattern.endswith("/*"):  # NAME/* covers NAME and all under NAME/, nothing else
+        name = pattern[:-2]
+        assert matches(pattern, name)
+        assert matches(pattern, name + "/" + target)
