@@ -1,0 +1,151 @@
+"""Per-topic settings: the request body's validation, the command codec (property-tested),
+the table's transactions and persistence, and the effective settings with their sources."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from messaging.broker.commands import is_topic_command
+from messaging.broker.topic_settings import (
+    CONFIGURE,
+    DELETE,
+    KEYS,
+    MAX_MESSAGE_SIZE,
+    MAX_SEGMENT_SIZE,
+    MAX_TOPIC_SIZE,
+    TOPIC_OP,
+    TopicEntry,
+    TopicTable,
+    configure_command,
+    delete_command,
+    effective,
+    parse_settings,
+    parse_topic_command,
+)
+from messaging.config import DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_MAX_SEGMENT_SIZE
+from messaging.errors import BadRequestError, CorruptFrameError
+from messaging.frames import decode_one, encode
+
+SIZES = st.integers(min_value=1, max_value=(1 << 63) - 1)
+SETTINGS = st.dictionaries(st.sampled_from(KEYS), st.none() | SIZES)
+TOPICS = st.integers(min_value=0, max_value=(1 << 64) - 1)
+
+
+# -- the request body -------------------------------------------------------------------------
+
+
+def test_sizes_are_numbers_or_size_texts_and_null_resets() -> None:
+    body = {MAX_TOPIC_SIZE: "1G", MAX_SEGMENT_SIZE: 4096, MAX_MESSAGE_SIZE: None}
+    assert parse_settings(body, DEFAULT_MAX_MESSAGE_SIZE) == {
+        MAX_TOPIC_SIZE: 1 << 30, MAX_SEGMENT_SIZE: 4096, MAX_MESSAGE_SIZE: None}
+    assert parse_settings({MAX_MESSAGE_SIZE: "10k"}, 1 << 20) == {MAX_MESSAGE_SIZE: 10 << 10}
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    ([], "JSON object"),
+    ("1G", "JSON object"),
+    ({"retention-age": "1h"}, "message append times"),
+    ({"max-topic-sizes": 1}, "unknown setting 'max-topic-sizes'"),
+    ({MAX_TOPIC_SIZE: "lots"}, "invalid max-topic-size"),
+    ({MAX_TOPIC_SIZE: 0}, "must be from 1"),
+    ({MAX_TOPIC_SIZE: -5}, "must be from 1"),
+    ({MAX_TOPIC_SIZE: 1 << 63}, "must be from 1"),
+    ({MAX_TOPIC_SIZE: 1.5}, "expected a size"),
+    ({MAX_TOPIC_SIZE: True}, "expected a size"),
+    ({MAX_SEGMENT_SIZE: [1]}, "expected a size"),
+    ({MAX_MESSAGE_SIZE: "2M"}, "above this broker's maximum of 1048576"),
+])
+def test_bad_bodies_are_refused_with_the_reason(body: object, reason: str) -> None:
+    with pytest.raises(BadRequestError, match=reason):
+        parse_settings(body, DEFAULT_MAX_MESSAGE_SIZE)
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+@given(TOPICS, SETTINGS, st.booleans())
+def test_a_configure_command_reads_back_as_written(topic: int, settings: dict[str, int | None],
+                                                   create: bool) -> None:
+    command = configure_command(topic, settings, create=create)
+    assert is_topic_command(command)
+    frame = decode_one(command)
+    assert (frame.type, frame.topic) == (TOPIC_OP, topic)
+    op = parse_topic_command(frame.topic, frame.data)
+    assert (op.topic, op.kind, dict(op.settings), op.create) == (topic, CONFIGURE, settings,
+                                                                 create)
+
+
+@given(TOPICS)
+def test_a_delete_command_reads_back_as_written(topic: int) -> None:
+    frame = decode_one(delete_command(topic))
+    op = parse_topic_command(frame.topic, frame.data)
+    assert (op.topic, op.kind, dict(op.settings)) == (topic, DELETE, {})
+
+
+@given(st.binary(max_size=64))
+def test_any_bytes_parse_or_are_a_corrupt_frame(data: bytes) -> None:
+    try:
+        op = parse_topic_command(1, data)
+    except CorruptFrameError:
+        return
+    assert op.kind in (CONFIGURE, DELETE)
+
+
+@pytest.mark.parametrize("data", [
+    b'{"op": "rename"}', b'{"op": "configure", "settings": {"max-topic-size": 0}}',
+    b'{"op": "configure", "settings": {"colour": 1}}', b'{"op": "configure", "settings": 3}',
+    b"[]", b"not json",
+])
+def test_invalid_commands_are_corrupt(data: bytes) -> None:
+    with pytest.raises(CorruptFrameError):
+        parse_topic_command(1, data)
+
+
+def test_only_topic_commands_are_topic_commands() -> None:
+    assert not is_topic_command(encode(1, 5, b"data"))
+    assert not is_topic_command(b"short")
+
+
+# -- the table --------------------------------------------------------------------------------
+
+
+def test_the_table_stages_commits_and_rolls_back() -> None:
+    table = TopicTable()
+    table.stage(1, TopicEntry({MAX_TOPIC_SIZE: 10}))
+    mark = table.mark()
+    table.stage(1, table.get(1).configured({MAX_SEGMENT_SIZE: 20}))
+    assert table.get(1).settings == {MAX_TOPIC_SIZE: 10, MAX_SEGMENT_SIZE: 20}
+    assert table.committed(1) == TopicEntry()  # readers see committed entries only
+    table.rollback(mark)
+    assert table.get(1).settings == {MAX_TOPIC_SIZE: 10}
+    assert table.changes() == {"1": {"settings": {MAX_TOPIC_SIZE: 10}}}
+    table.commit()
+    assert table.committed(1).settings == {MAX_TOPIC_SIZE: 10} and not table.pending
+    table.stage(1, table.get(1).configured({MAX_TOPIC_SIZE: None}))
+    table.commit()
+    assert 1 not in table.entries  # an entry that says nothing is not kept
+
+
+@given(st.dictionaries(TOPICS, st.tuples(SETTINGS, st.integers(0, 1 << 40)), max_size=5))
+def test_saved_restored_and_replayed_tables_agree(entries: dict[int, tuple[dict[str, int | None],
+                                                                            int]]) -> None:
+    table = TopicTable()
+    for topic, (settings, deleted_at) in entries.items():
+        table.stage(topic, TopicEntry(deleted_at=deleted_at).configured(settings))
+    changes = table.changes()
+    table.commit()
+    restored, replayed = TopicTable(), TopicTable()
+    restored.restore(table.saved())
+    replayed.replay(changes)
+    assert restored.entries == replayed.entries == table.entries
+
+
+def test_effective_settings_say_where_each_came_from() -> None:
+    broker = {MAX_TOPIC_SIZE: 5 << 30, MAX_SEGMENT_SIZE: DEFAULT_MAX_SEGMENT_SIZE,
+              MAX_MESSAGE_SIZE: DEFAULT_MAX_MESSAGE_SIZE}
+    shown = effective(TopicEntry({MAX_MESSAGE_SIZE: 100}), broker)
+    assert shown == {MAX_TOPIC_SIZE: {"value": 5 << 30, "source": "broker"},
+                     MAX_SEGMENT_SIZE: {"value": DEFAULT_MAX_SEGMENT_SIZE, "source": "default"},
+                     MAX_MESSAGE_SIZE: {"value": 100, "source": "topic"}}
