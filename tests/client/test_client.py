@@ -235,7 +235,7 @@ async def test_publish_answer_without_a_valid_index() -> None:
     answers = iter([web.Response(text="ok", headers={"X-Broker-Index": "xxx"}),
                     web.Response(text="ok"),
                     web.Response(text="<html>not json</html>"),
-                    web.json_response({"first": "1", "last": 2})])
+                    web.json_response({"first": "1.0", "last": 2})])  # "1" would be read
 
     async def handler(request: web.Request) -> web.Response:
         return next(answers)

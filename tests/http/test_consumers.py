@@ -60,3 +60,30 @@ async def test_lag_counts_messages_not_broker_indexes(server: BrokerServer,
     async with http.get(f"{server.url}/messaging/consumers", params={"topicID": "1"}) as resp:
         (row,) = await resp.json()
     assert (row["index"], row["last_index"], row["lag"]) == (1, 5, 2)
+
+
+async def test_reset_takes_a_json_body_with_numbers_or_decimal_strings(
+        server: BrokerServer, http: aiohttp.ClientSession) -> None:
+    for n in range(3):
+        async with http.post(f"{server.url}/messaging/messages", params={"topicID": "1"},
+                             data=b"m%d" % n) as resp:
+            assert resp.status == 200
+    url = f"{server.url}/messaging/consumers/c"
+    for body, index in [({"topicID": 1, "index": 2}, 2), ({"topicID": "1", "index": "3"}, 3)]:
+        async with http.put(url, json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            assert await resp.json() == {"topic": 1, "name": "c", "index": index}
+    for body, fragment in [({"topicID": 1, "index": 1.5}, "invalid index"),
+                           ({"topicID": 1, "index": -1}, "invalid index"),
+                           ({"topicID": 1, "index": True}, "invalid index"),
+                           ({"topicID": 1, "index": " 1"}, "invalid index"),
+                           ({"topicID": 1.0, "index": 1}, "invalid topicID"),
+                           ({"topicID": 2**64, "index": 1}, "invalid topicID"),
+                           ({"index": 1}, "missing parameter topicID"),
+                           ({"topicID": 1}, "missing parameter index"),
+                           ([1, 2], "expected an object")]:
+        async with http.put(url, json=body) as resp:
+            assert resp.status == 400, body
+            assert fragment in resp.headers["X-Broker-Error"], body
+    async with http.put(url, data=b"{", headers={"Content-Type": "application/json"}) as resp:
+        assert resp.status == 400 and "invalid JSON body" in resp.headers["X-Broker-Error"]
