@@ -18,7 +18,9 @@ read from the README each run, so a snippet added to those sections is covered t
   (the same README port, the same free port), and ``make run`` gets ``PORT=`` the free port of
   the Makefile's default; so the README's ports must differ where its brokers run side by
   side, and the test collides with nothing running on the machine.
-- What the background jobs still run at the end is stopped by PID (SIGTERM, then waited for).
+- A command's background job (``... &``) must not die by itself (a busy port, a signal it
+  does not handle); what is still running at the end is stopped by PID (SIGTERM, waited for).
+- Where the README says what a command prints, EXPECTED checks it.
 """
 
 from __future__ import annotations
