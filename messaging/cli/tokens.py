@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from messaging.errors import MessagingError, TokensFileError
-from messaging.files import write_bytes_atomic
+from messaging.files import fsync_dir, write_all, write_bytes_atomic
 from messaging.http.auth import TokenEntry, new_token, parse_scope, read_tokens_file, token_line
 
 #: How long a command waits for another one changing the same tokens file.
@@ -39,8 +39,9 @@ def add_token_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "create", help="make a new token",
         description="Make a token. Without --tokens: print the token and the line to add to "
         "the tokens file. With --tokens FILE: add the line to FILE (created 0600 when "
-        "missing) and print only the token on standard output, so that `> admin.token` "
-        "keeps it. The token is shown this once; the file keeps only its hash.")
+        "missing) and print only the token. With --token-file: write the token to a new "
+        "0600 file instead of printing it (clients read it with --token-file). The token is "
+        "shown this once; the tokens file keeps only its hash.")
     create.add_argument("--name", required=True, help="who the token is for (shown in logs "
                         "and by token list; one word, unique in the file)")
     create.add_argument("--scope", action="append", required=True, metavar="SCOPE",
@@ -48,7 +49,10 @@ def add_token_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                         "are ids and stream names, IDS subscriber ids; a trailing * is a "
                         "prefix (repeat for several scopes)")
     create.add_argument("--tokens", type=Path, metavar="FILE",
-                        help="add the token to this tokens file")
+                        help="add the token to this tokens file (the broker's --tokens)")
+    create.add_argument("--token-file", type=Path, metavar="FILE",
+                        help="write the token to FILE, a new file (0600), instead of "
+                        "printing it")
     create.set_defaults(run=create_token)
 
     listing = actions.add_parser("list", help="show the tokens of a tokens file",
@@ -79,22 +83,63 @@ def create_token(args: argparse.Namespace) -> int:
     token = new_token()
     line = token_line(name, token, scopes)
     path: Path | None = args.tokens
+    saved: Path | None = args.token_file
+    if saved is not None and saved.exists():
+        raise MessagingError(f"--token-file {saved} already exists: give a new file")
     if path is None:
-        print(f"token: {token}")
+        if saved is None:
+            print(f"token: {token}")
+        else:
+            _save(token, saved)
         print("add this line to the broker's tokens file (or use --tokens FILE):")
         print(line)
         return 0
+    _add(path, name, line, token, saved)
+    if saved is None:
+        print(token, flush=True)
+    print(f"added token {name!r} ({' '.join(str(s) for s in scopes)}) to {path}; "
+          f"{RELOAD_NOTE}", file=sys.stderr)
+    return 0
+
+
+def _add(path: Path, name: str, line: str, token: str, saved: Path | None) -> None:
+    """Add ``line`` to the tokens file (refusing a second token called ``name``), after
+    writing ``token`` to ``saved`` when given."""
     with _locked(path):
         text, entries, stat = _read_if_present(path)
         if any(e.name == name for e in entries):
             raise MessagingError(f"{path} already has a token named {name!r}: revoke it "
                                  "first or choose another --name")
         separator = "\n" if text and not text.endswith("\n") else ""
-        _replace(path, text + separator + line + "\n", stat)
-    print(token, flush=True)
-    print(f"added token {name!r} ({' '.join(str(s) for s in scopes)}) to {path}; "
-          f"{RELOAD_NOTE}", file=sys.stderr)
-    return 0
+        if saved is not None:
+            _save(token, saved)  # before the broker may accept it: the token is never lost
+        try:
+            _replace(path, text + separator + line + "\n", stat)
+        except BaseException:
+            if saved is not None:
+                saved.unlink(missing_ok=True)  # a token no broker knows
+            raise
+
+
+def _save(token: str, saved: Path) -> None:
+    """Write the token to ``saved``, a new file only its owner may read."""
+    try:
+        fd = os.open(saved, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as err:
+        raise MessagingError(f"cannot create --token-file {saved}: "
+                             f"{err.strerror or err}") from err
+    try:
+        try:
+            write_all(fd, token.encode() + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(saved.parent)
+    except OSError as err:
+        saved.unlink(missing_ok=True)
+        raise MessagingError(f"cannot write --token-file {saved}: "
+                             f"{err.strerror or err}") from err
+    print(f"wrote the token to {saved} (0600)", file=sys.stderr)
 
 
 def list_tokens(args: argparse.Namespace) -> int:

@@ -62,6 +62,27 @@ def test_create_adds_to_the_file_created_0600_and_prints_only_the_token(
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
 
 
+def test_create_writes_the_token_to_a_new_0600_token_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path, saved = tmp_path / "tokens", tmp_path / "admin.token"
+    code, out, err = run(capsys, "token", "create", "--name", "admin", "--scope", "admin",
+                         "--tokens", str(path), "--token-file", str(saved))
+    assert code == 0 and out == "" and f"wrote the token to {saved} (0600)" in err
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600
+    admin = saved.read_text().strip()
+    assert admin not in err and Tokens(path).principal(f"Bearer {admin}").name == "admin"
+
+    # Never over a file that exists, nor when the name is taken: both files stay as they were.
+    for name, message in [("other", f"--token-file {saved} already exists"),
+                          ("admin", f"{path} already has a token named 'admin'")]:
+        target = saved if name == "other" else tmp_path / "second.token"
+        code, out, err = run(capsys, "token", "create", "--name", name, "--scope", "read",
+                             "--tokens", str(path), "--token-file", str(target))
+        assert code == 1 and out == "" and err.count("\n") == 1 and message in err, err
+    assert saved.read_text() == admin + "\n" and not (tmp_path / "second.token").exists()
+    assert len(Tokens(path)) == 1
+
+
 def test_create_refuses_a_name_already_in_the_file_and_bad_input(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "tokens"
