@@ -83,8 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_completion_command(sub)
     from messaging.cli.client import add_client_commands
     from messaging.cli.contexts import add_context_commands
+    from messaging.cli.topic import add_topic_commands
 
     add_client_commands(sub)
+    add_topic_commands(sub)
     add_context_commands(sub)
     return parser
 

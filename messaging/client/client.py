@@ -418,6 +418,39 @@ class Client:
                                       params={"after": after, "count": count, "last": last})
         return _integers(response, _json_object(response), _TOPIC_INTEGERS)
 
+    # -- topic management (PUT, GET, DELETE /messaging/topics/{id}) ---------------------------
+
+    async def create_topic(self, topic: int | str, **settings: int | str | None,
+                           ) -> dict[str, Any]:
+        """Create ``topic`` (an id; or a stream's name, whose topic exists already) with
+        ``settings``, or change those of a topic that exists: the same request. Settings are
+        keywords: ``max_topic_size``, ``max_segment_size``, ``max_message_size``, each a byte
+        count or a size text such as ``"10M"``; None resets one to the broker's value.
+        Returns :meth:`describe_topic`'s answer."""
+        return await self.configure_topic(topic, **settings)
+
+    async def configure_topic(self, topic: int | str, **settings: int | str | None,
+                              ) -> dict[str, Any]:
+        """Change ``topic``'s settings (only those given; see :meth:`create_topic`)."""
+        body = {key.replace("_", "-"): value for key, value in settings.items()}
+        response = await self.request(
+            "PUT", f"/messaging/topics/{quote(str(topic), safe='')}",
+            data=json.dumps(body).encode(), headers={"Content-Type": "application/json"},
+            write=True)
+        return _integers(response, _json_object(response), _TOPIC_INTEGERS)
+
+    async def describe_topic(self, topic: int | str) -> dict[str, Any]:
+        """``topic`` as :meth:`topic` shows it, with ``settings``: each setting's ``value``
+        and ``source`` (``topic``, ``broker`` or ``default``)."""
+        return await self.topic(topic)
+
+    async def delete_topic(self, topic: int | str) -> dict[str, Any]:
+        """Delete a native topic (admin): its messages, settings and consumer positions, on
+        every node. Not retried once sent (a second delete would answer 410)."""
+        response = await self.request("DELETE", f"/messaging/topics/{quote(str(topic), safe='')}",
+                                      write=True, idempotent=False)
+        return _integers(response, _json_object(response), ("id", "deleted_at"))
+
     async def heartbeat(self, topic: int, index: int, url: str) -> None:
         """Tell the broker subscriber ``url`` has processed ``topic`` through ``index``."""
         await self.request("POST", "/messaging/heartbeat",

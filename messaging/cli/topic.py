@@ -1,0 +1,118 @@
+"""``messaging topic create|config|describe|delete``: one topic's settings and its deletion,
+through ``/messaging/topics/{id}`` (see :mod:`messaging.http.topics`).
+
+TOPIC is a topic id or a stream's name. ``create`` and ``config`` send the same request (a
+topic that does not exist yet is created, empty); ``describe`` prints each setting with its
+value and where it came from; ``delete`` asks nothing (it needs an admin token). Failures are
+one line on standard error and exit status 1, as for every client command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from messaging.cli.client import _client, _positionals, _runner, add_connection_options
+from messaging.config import parse_size, show_size
+from messaging.errors import MessagingError
+
+#: The settings a topic takes, as options and as the API's keys.
+SETTINGS = ("max-topic-size", "max-segment-size", "max-message-size")
+
+
+def add_topic_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``messaging topic create|config|describe|delete``."""
+    topic = sub.add_parser("topic", help="create, configure, describe or delete a topic",
+                           description="Manage one topic (TOPIC: a topic id or a stream "
+                                       "name). Settings and deletions go through the log: "
+                                       "every node of a cluster applies them.")
+    actions = topic.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (("create", "create a topic (empty), or change its settings"),
+                         ("config", "change a topic's settings (only those given)")):
+        p = actions.add_parser(action, help=text, description=text + ".")
+        _positionals(p, "TOPIC")
+        for key in SETTINGS:
+            p.add_argument(f"--{key}", dest=key.replace("-", "_"), type=_size,
+                           metavar="SIZE", help="a byte count or 10M, 1G, ...")
+        p.add_argument("--reset", action="append", default=[], choices=SETTINGS,
+                       metavar="KEY", help="go back to the broker's value of KEY (one of "
+                       f"{', '.join(SETTINGS)}; repeatable)")
+        p.add_argument("--format", choices=["text", "json"], default="text")
+        add_connection_options(p)
+        p.set_defaults(run=_runner(_configure), shape=("topic",))
+
+    p = actions.add_parser("describe", help="show a topic and its effective settings")
+    _positionals(p, "TOPIC")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    add_connection_options(p)
+    p.set_defaults(run=_runner(_describe), shape=("topic",))
+
+    p = actions.add_parser("delete", help="delete a topic: its messages, settings and "
+                           "consumer positions, on every node (admin)")
+    _positionals(p, "TOPIC")
+    add_connection_options(p)
+    p.set_defaults(run=_runner(_delete), shape=("topic",))
+
+
+def _size(text: str) -> int:
+    size = parse_size(text)
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: must be above zero")
+    return size
+
+
+def settings_of(args: argparse.Namespace) -> dict[str, int | None]:
+    """The settings a ``create``/``config`` command line asks for (keyword names)."""
+    settings: dict[str, int | None] = {}
+    for key in SETTINGS:
+        name = key.replace("-", "_")
+        value = getattr(args, name)
+        if value is not None and key in args.reset:
+            raise MessagingError(f"--{key} and --reset {key} contradict each other")
+        if value is not None:
+            settings[name] = value
+        elif key in args.reset:
+            settings[name] = None
+    return settings
+
+
+async def _configure(args: argparse.Namespace) -> int:
+    async with _client(args) as client:
+        answer = await client.configure_topic(args.topic, **settings_of(args))
+    _show(answer, args.format)
+    return 0
+
+
+async def _describe(args: argparse.Namespace) -> int:
+    async with _client(args) as client:
+        answer = await client.describe_topic(args.topic)
+    _show(answer, args.format)
+    return 0
+
+
+async def _delete(args: argparse.Namespace) -> int:
+    async with _client(args) as client:
+        answer = await client.delete_topic(args.topic)
+    print(f"deleted topic {answer.get('id', args.topic)}")
+    return 0
+
+
+def _show(answer: dict[str, Any], fmt: str) -> None:
+    """A topic's description: its figures, then one line per setting with its source."""
+    if fmt == "json":
+        print(json.dumps(answer))
+        return
+    name = answer.get("name")
+    print(f"topic {answer.get('id', '?')}" + (f" (stream {name!r})" if name else ""))
+    for field in ("first_index", "last_index", "size", "segments"):
+        print(f"  {field:<18} {answer.get(field, '?')}")
+    settings = answer.get("settings")
+    if not isinstance(settings, dict):
+        return
+    print(f"  {'SETTING':<18} {'VALUE':>10}  SOURCE")
+    for key, shown in settings.items():
+        if isinstance(shown, dict):
+            value = shown.get("value")
+            text = show_size(value) if isinstance(value, int) else str(value)
+            print(f"  {key:<18} {text:>10}  {shown.get('source', '?')}")
