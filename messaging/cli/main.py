@@ -125,7 +125,7 @@ async def run_broker(config: BrokerConfig) -> None:
                 logging.getLogger("messaging").error("%s; keeping the tokens read before", err)
 
         loop.add_signal_handler(signal.SIGHUP, reload_tokens)
-    print(f"messaging broker listening on {server.url} (data {config.data})", flush=True)
+    # server.start() logged the startup line (messaging.ready: standard output, every level).
     await stop.wait()
     logging.getLogger("messaging").info("shutting down")
     await server.stop()
@@ -146,13 +146,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "broker":
+        json_lines = False
         try:
             config = _config(args)
             setup_logging(config.log_level, config.log_format)
+            json_lines = config.log_format == "json"
             with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
                 runner.run(run_broker(config))
         except MessagingError as err:
-            print(f"messaging broker: error: {err}", file=sys.stderr)
+            if json_lines:  # every line of a JSON log is JSON, the last one too
+                logging.getLogger("messaging").error("messaging broker: error: %s", err)
+            else:
+                print(f"messaging broker: error: {err}", file=sys.stderr)
             return 1
         return 0
     try:

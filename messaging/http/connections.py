@@ -234,13 +234,14 @@ def report_rejection(request: web.Request, message: str, *args: object) -> None:
 
 def connection_factory(server: web.Server, limits: ConnectionLimits,
                        access_log: logging.Logger | None = None,
+                       access_log_class: type[AccessLogger] = AccessLogger,
                        ) -> Callable[[], BrokerConnection]:
     """A protocol factory for ``loop.create_server`` serving ``server`` (an app runner's);
-    ``access_log``: log every request there (:class:`messaging.http.access_log.AccessLogger`)."""
+    ``access_log``: log every request there (:mod:`messaging.http.access_log`)."""
     loop = asyncio.get_running_loop()
 
     def connection() -> BrokerConnection:
         return BrokerConnection(server, limits=limits, loop=loop, access_log=access_log,
-                                access_log_class=AccessLogger)
+                                access_log_class=access_log_class)
 
     return connection

@@ -16,7 +16,7 @@ from messaging.aio import cancel_and_wait
 from messaging.broker.broker import Broker
 from messaging.config import BrokerConfig, EtcdSettings
 from messaging.errors import BindError, ConfigError
-from messaging.http.access_log import ACCESS_LOGGER
+from messaging.http.access_log import ACCESS_LOGGER, AccessLogger, DebugAccessLogger
 from messaging.http.app import make_app
 from messaging.http.auth import Tokens
 from messaging.http.connections import ConnectionLimits, connection_factory
@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from messaging.cluster.node import GroupNode
 
 log = logging.getLogger(__name__)
+
+#: The logger of the one startup line (``messaging broker listening on URL (...)``): the CLI
+#: writes it on standard output at every log level; tools wait for it.
+READY_LOGGER = "messaging.ready"
 
 #: Connections the kernel queues before the broker accepts them (a burst of clients).
 LISTEN_BACKLOG = 1024
@@ -124,9 +128,12 @@ class BrokerServer:
         # The runner's server is a protocol factory; serving it through our own factory
         # puts BrokerConnection (header timeout, connection cap) on every connection.
         self.connections = ConnectionLimits(config.header_timeout, config.max_connections)
+        # --access-log: a line per request at INFO; without it the same line at DEBUG (so
+        # --log-level debug shows every request), skipped at no cost above DEBUG.
+        access = AccessLogger if config.access_log else DebugAccessLogger
         self._listener = await asyncio.get_running_loop().create_server(
             connection_factory(self._runner.server, self.connections,
-                               logging.getLogger(ACCESS_LOGGER) if config.access_log else None),
+                               logging.getLogger(ACCESS_LOGGER), access),
             sock=sock,
             backlog=LISTEN_BACKLOG, ssl=tls)
         self._retention = asyncio.create_task(self._retention_loop(retention),
@@ -134,8 +141,23 @@ class BrokerServer:
         if self.tokens is not None:
             self._tokens_watch = TokensWatch(self.tokens)
             self._tokens_watch.start()
-        log.info("broker listening on %s (data %s, fsync %s)", self.url, config.data,
-                 config.fsync)
+        logging.getLogger(READY_LOGGER).info("%s", self.startup_line())
+
+    def startup_line(self) -> str:
+        """The one line a started broker logs: its URL first (tools read the word after
+        ``listening on``), then where its data is and how it runs."""
+        config = self.config
+        parts = [f"data {config.data}", f"fsync {config.fsync}"]
+        etcd = config.etcd_settings()
+        if etcd is not None:
+            parts.append(f"cluster {etcd.cluster} on etcd {','.join(etcd.endpoints)}")
+            if config.groups > 1:
+                parts.append(f"{config.groups} groups, {config.replicas} replicas")
+        if config.tokens is not None:
+            parts.append(f"tokens {config.tokens}")
+        if config.tls_cert is not None:
+            parts.append("tls")
+        return f"messaging broker listening on {self.url} ({', '.join(parts)})"
 
     async def _start_log(self, broker: Broker) -> Log:
         config = self.config

@@ -48,10 +48,15 @@ _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     # With fragment=True a watch response stays near etcd's request limit; keep headroom.
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.max_send_message_length", 16 << 20),
-    # Notice a dead connection to a frozen member; etcd's --grpc-keepalive-min-time is 5 s.
+    # Notice a dead connection to a frozen member while a call (the watch, a put) is on it.
+    # etcd's server takes a ping at most every --grpc-keepalive-min-time (5 s by default) and
+    # none at all on a connection without a call (its enforcement policy has
+    # PermitWithoutStream false): pings on an idle channel earn strikes, and after three it
+    # answers GOAWAY ENHANCE_YOUR_CALM "too_many_pings" and drops the connection. So: every
+    # 10 s, and only while a call is open.
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.http2.max_pings_without_data", 0),
     # A restarted member is reachable again within a second, not after grpc's 2-minute cap.
     ("grpc.initial_reconnect_backoff_ms", 200),

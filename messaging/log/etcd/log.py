@@ -61,6 +61,7 @@ from messaging.log.etcd.client import (
 )
 from messaging.log.etcd.membership import Membership
 from messaging.log.etcd.snapshot_fetch import fetch_snapshot
+from messaging.log.etcd.startup import Startup
 from messaging.log.etcd.writer import ApplyTiming, LogWriter, decode_entry
 from messaging.log.local import DeferredSync
 from messaging.quiet_log import RECURRING_LOG_INTERVAL, QuietLog
@@ -141,8 +142,10 @@ class EtcdLog:
         self._unsynced = DeferredSync(broker)
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
+        self._startup = Startup(log)
         self._writes = LogWriter(self._client, self._log_key, os.urandom(8),
-                                 self._quorum_read, broker.settled_result)
+                                 self._quorum_read, broker.settled_result,
+                                 startup=self._startup)
         # apply: the applied fields below are written on the writer thread, except that the
         # loop's quorum reads raise ``_idle_covered``; both sides touch the three under
         # ``_progress_lock`` (held for a few assignments, never across I/O).
@@ -455,6 +458,11 @@ class EtcdLog:
         self._since_checkpoint += len(batch)
         self.broker.metrics.group_commits.inc(len(commands))
         finished = time.monotonic()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("applied revisions %d..%d of %s: %d commands, %d bytes, %.3f ms",
+                      batch[0].revision, batch[-1].revision, self._log_key.decode(),
+                      len(commands), sum(len(item.value) for item in batch),
+                      (finished - started) * 1000)
         self._checkpoint_if_due()
         return _Applied(spans, results, touched, started, finished)
 
@@ -542,11 +550,12 @@ class EtcdLog:
             reason = describe(error) if error is not None else "stream ended"
             self._watch_error = reason
             self._watch_restarts += 1
-            # Every restart is logged: a watch that keeps failing over must show in the log.
-            log.warning("watch of %s on %s failed (%s); restarting from revision %d on the "
-                        "next endpoint (restart %d)", self._log_key.decode(),
-                        self.settings.endpoints[self._watch_endpoint], reason,
-                        self._received + 1, self._watch_restarts)
+            # Every restart is logged: a watch that keeps failing over must show in the log
+            # (at INFO while the node starts: etcd may be starting too).
+            log.log(self._startup.level(), "watch of %s on %s failed (%s); restarting from "
+                    "revision %d on the next endpoint (restart %d)", self._log_key.decode(),
+                    self.settings.endpoints[self._watch_endpoint], reason,
+                    self._received + 1, self._watch_restarts)
             self._watch_endpoint = (self._watch_endpoint + 1) % len(self.settings.endpoints)
             if self._watch_event_at and time.monotonic() - self._watch_event_at < 1.0:
                 failures = 0
@@ -672,7 +681,8 @@ class EtcdLog:
             except asyncio.CancelledError:
                 raise
             except (grpc.aio.AioRpcError, MessagingError, OSError, ValueError) as err:
-                self._quiet.log(what, logging.WARNING, "%s: %s", what, describe(err))
+                self._startup.log(self._quiet, what, logging.WARNING, "%s: %s", what,
+                                  describe(err))
             except Exception:
                 self._quiet.log(what, logging.ERROR, "%s failed", what, exc_info=True)
 
@@ -690,6 +700,7 @@ class EtcdLog:
         """Check quorum, restart a stuck watch, checkpoint an idle node."""
         with contextlib.suppress(ClusterUnavailableError):
             await self._writes.check_quorum()
+        self._startup.check(self.not_ready())
         if self._watch_stuck(time.monotonic()):
             assert self._watch_attempt is not None
             self._watch_attempt.cancel()  # the supervisor restarts it on the next endpoint

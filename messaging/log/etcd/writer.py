@@ -35,6 +35,7 @@ from messaging.errors import (
 from messaging.log.base import answer_callers
 from messaging.log.etcd.budget import Budget
 from messaging.log.etcd.client import EtcdClient, describe
+from messaging.log.etcd.startup import Startup
 from messaging.quiet_log import RECURRING_LOG_INTERVAL, QuietLog
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ APPLY_TIMEOUT = 30.0
 QUORUM_FRESH = 1.0
 #: After a failed quorum check, puts fail at once with its error for this long.
 QUORUM_FAILED_HOLD = 0.5
+#: The quorum error of a writer that has not checked yet.
+NOT_CHECKED = "not checked yet"
 
 # A log entry (the value of one revision): this header, then each command with its length
 # (the body). Under _MAGIC_ZSTD the body is one zstd frame; decompressed, it is byte for byte
@@ -207,10 +210,12 @@ class LogWriter:
     def __init__(self, client: EtcdClient, log_key: bytes, node_id: bytes,
                  on_quorum_read: Callable[[Any], None],
                  settled: Callable[[bytes], ApplyResult | None] = lambda _command: None,
-                 ) -> None:
+                 *, startup: Startup | None = None) -> None:
         """``settled``: what an already applied command did, when the state shows it (for
-        the publishes a snapshot install covers; see :meth:`snapshot_installed`)."""
+        the publishes a snapshot install covers; see :meth:`snapshot_installed`);
+        ``startup``: the log's start, while which failures are logged at INFO."""
         self.client = client
+        self.startup = startup or Startup(log, grace=0.0)
         self._settled = settled
         self.log_key = log_key
         self.node_id = node_id
@@ -226,7 +231,7 @@ class LogWriter:
         self._quorum_lock = asyncio.Lock()
         self._quorum_at = float("-inf")
         self._quorum_failed_at = float("-inf")
-        self.quorum_error: str | None = "not checked yet"
+        self.quorum_error: str | None = NOT_CHECKED
         self.alarm: str | None = None
         self._installed = 0  # revisions through here were applied by a snapshot install
         # Puts on their way to etcd (sent, not answered yet): batch seq -> when sent; and a
@@ -445,6 +450,10 @@ class LogWriter:
                 batch.put_done = time.monotonic()
                 took = batch.put_done - sent
                 self._put_time += (took - self._put_time) * PUT_TIME_WEIGHT
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("put %d of %s: %d commands, %d bytes (%d sent), revision %d, "
+                              "%.3f ms", seq, self.log_key.decode(), len(commands),
+                              sum(map(len, commands)), len(value), revision, took * 1000)
                 if batch.applied is not None:
                     self._record(batch)
             except MessagingError as err:
@@ -514,14 +523,14 @@ class LogWriter:
         except ClusterUnavailableError as err:
             self.quorum_error = str(err)
             self._quorum_failed_at = time.monotonic()
-            self._quiet.log("quorum", logging.WARNING, "%s", err)
+            self.startup.log(self._quiet, "quorum", logging.WARNING, "%s", err)
             raise
         self._quorum_proved()
         self._on_quorum_read(response)
 
     def _quorum_proved(self) -> None:
         self._quorum_at = time.monotonic()
-        if self.quorum_error is not None:
+        if self.quorum_error is not None and self.quorum_error != NOT_CHECKED:
             log.info("etcd quorum regained")
         self.quorum_error = None
 
@@ -534,9 +543,10 @@ class LogWriter:
                 log.warning("etcd quorum lost: %s", err)
             self.quorum_error = str(err)
             self._quorum_failed_at = time.monotonic()
-            self._quiet.log("unavailable", logging.WARNING, "%s", err)
+            self.startup.log(self._quiet, "unavailable", logging.WARNING, "%s", err)
         else:
-            self._quiet.log(type(err).__name__, logging.WARNING, "put failed: %s", err)
+            self.startup.log(self._quiet, type(err).__name__, logging.WARNING,
+                             "put failed: %s", err)
 
 
 
