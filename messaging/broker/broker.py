@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -339,9 +340,17 @@ class Broker:
             self.store.sync_new_dirs()
             # The state first, then the frames: see messaging.broker.state_log for why.
             journaled = self._journal(touched, before + 1, durable=durable)
+            debug = log.isEnabledFor(logging.DEBUG)
+            written = time.perf_counter() if debug else 0.0
             rounds = self.store.write(list(touched), durable=durable)
             if rounds:
                 self.metrics.fsyncs.inc(rounds)
+            if debug:
+                log.debug("group commit: %d commands, %d bytes, %d messages in %d topics, "
+                          "written%s in %.3f ms", len(commands), sum(map(len, commands)),
+                          self.index - before, len(touched),
+                          f" and fsynced ({rounds} rounds)" if rounds else "",
+                          (time.perf_counter() - written) * 1000)
         except (MessagingError, OSError) as err:
             error = err if isinstance(err, MessagingError) else storage_error(
                 f"writing to {self.path}", err)
