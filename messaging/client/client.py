@@ -643,8 +643,10 @@ def _check_content_type(url: str, content_type: str, wanted: str) -> None:
 def _refused(err: BaseException) -> bool:
     """Whether a connection failed definitively (see :func:`messaging.failover.refused`): also
     a TLS handshake or certificate that failed, which no retry mends (https to an http port,
-    the wrong CA)."""
-    if isinstance(err, aiohttp.ClientSSLError | aiohttp.ClientConnectorCertificateError):
+    the wrong CA), and a connection closed without an answer (an HTTPS port given an http://
+    URL): while no broker ever answered, a few rounds of these end the request."""
+    if isinstance(err, aiohttp.ClientSSLError | aiohttp.ClientConnectorCertificateError
+                  | aiohttp.ServerDisconnectedError):
         return True
     return isinstance(err, aiohttp.ClientConnectorError) and refused(err.os_error)
 
@@ -682,12 +684,20 @@ def _describe_os_error(err: OSError) -> str:
     return "the connection failed"
 
 
+def _why(url: str, err: BaseException) -> str:
+    """:func:`_describe`, with what a connection closed before any answer usually means."""
+    if isinstance(err, aiohttp.ServerDisconnectedError) and url.startswith("http://"):
+        return ("the server closed the connection without an answer (an HTTPS port given an "
+                "http:// URL does this)")
+    return _describe(err)
+
+
 def _unreachable(failures: dict[str, BaseException]) -> str:
     """``cannot connect to URL: why``, for every URL that failed."""
     if len(failures) == 1:
         (url, err), = failures.items()
-        return f"cannot connect to {url}: {_describe(err)}"
-    reasons = "; ".join(f"{url}: {_describe(err)}" for url, err in failures.items())
+        return f"cannot connect to {url}: {_why(url, err)}"
+    reasons = "; ".join(f"{url}: {_why(url, err)}" for url, err in failures.items())
     return f"cannot connect to any broker ({reasons or 'no URL tried'})"
 
 

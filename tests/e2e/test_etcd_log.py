@@ -1148,3 +1148,42 @@ async def test_node_killed_at_each_boundary_of_a_publish(etcd: EtcdCluster, brok
                                              "Producer-Seq": "1"}) as resp:
                 assert resp.status == 200, await resp.text()
                 assert resp.headers.get("X-Broker-Duplicate") == "true", k
+
+
+async def test_the_cli_fails_over_when_its_first_url_is_killed(
+        etcd: EtcdCluster, broker_process, tmp_path: Path) -> None:
+    """``messaging tail --follow`` given node 0 alone learns the other nodes from it, and
+    ``messaging publish`` given node 0 first: node 0 is killed (-9) between publishes, both
+    go on through the others, and the tail prints every message once, in order."""
+    nodes = Nodes(broker_process, tmp_path, etcd)
+    await nodes.start(0, 1, 2)
+    env = {**os.environ, "MESSAGING_CONFIG_DIR": str(tmp_path / "config"), "MESSAGING_URL": ""}
+    urls = ",".join(nodes.urls)
+
+    def publish(*lines: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "messaging.cli", "publish", urls,
+                               str(TOPIC)], input="".join(f"{line}\n" for line in lines),
+                              capture_output=True, text=True, timeout=60, env=env)
+
+    tail = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "messaging.cli", "tail", nodes.url(0), str(TOPIC), "--follow",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    assert tail.stdout is not None
+    try:
+        before = [f"before {n}" for n in range(3)]
+        result = await asyncio.to_thread(publish, *before)
+        assert result.returncode == 0, result
+        printed = [await asyncio.wait_for(tail.stdout.readline(), 30) for _ in before]
+        nodes.kill(0)
+        after = [f"after {n}" for n in range(200)]
+        result = await asyncio.to_thread(publish, *after)
+        assert result.returncode == 0, result
+        assert result.stdout.startswith("published 200 messages"), result
+        printed += [await asyncio.wait_for(tail.stdout.readline(), 30) for _ in after]
+    finally:
+        tail.kill()
+        await tail.wait()
+    rows = [line.decode().rstrip("\n").split("\t") for line in printed]
+    assert [row[2] for row in rows] == before + after
+    indexes = [int(row[0]) for row in rows]
+    assert indexes == sorted(set(indexes))
