@@ -251,10 +251,9 @@ async def test_tail_follow_waits_out_a_restart_and_says_so(broker_process, tmp_p
 
 async def test_a_stream_by_name_for_publish_and_tail(server: BrokerServer,
                                                      home: dict[str, str]) -> None:
-    async with aiohttp.ClientSession() as http:
-        async with http.put(f"{server.url}/v1/stream/orders",
-                            headers={"Content-Type": "application/json"}) as resp:
-            assert resp.status == 201
+    async with aiohttp.ClientSession() as http, http.put(f"{server.url}/v1/stream/orders",
+                        headers={"Content-Type": "application/json"}) as resp:
+        assert resp.status == 201
     result = await acli("publish", server.url, "orders", env=home,
                         stdin='{"id": 1}\n{"id": 2}\n')
     assert result.returncode == 0, result
