@@ -16,9 +16,11 @@ from tests.conftest import cli
 
 #: Words typed (the last one being completed), and what completion offers for them.
 PROBES = [
-    ("messaging t", "tail token topics"),
+    # Every command starting with t (tail, token, topics, ...), as the parser has them.
+    ("messaging t", " ".join(name for spec in command_specs(build_parser()) if spec.path == ""
+                             for name in spec.subcommands if name.startswith("t"))),
     ("messaging token ''", "create list revoke"),
-    ("messaging token create --", "--help --name --scope --tokens"),
+    ("messaging token create --", "--help --name --scope --tokens --token-file"),
     ("messaging broker --fsync ''", "always interval never"),
     ("messaging broker --data ./d --log-format ''", "text json"),
     ("messaging completion ''", "bash zsh"),
