@@ -242,7 +242,7 @@ class Broker:
         after its journal line (start-up): every frame they hold predates the deletion."""
         for topic in self.store.all():
             deleted_at = self.catalog.topic_settings.committed(topic.id).deleted_at
-            if deleted_at and 0 < topic.last_index <= deleted_at:
+            if deleted_at is not None and 0 < topic.last_index <= deleted_at:
                 log.warning("topic %d: removing its files, deleted at index %d", topic.id,
                             deleted_at)
                 self.store.remove(topic.id)
@@ -591,8 +591,8 @@ class Broker:
         """What the log decided about a topic: its own settings and its last deletion."""
         return self.catalog.topic_settings.committed(topic_id)
 
-    def deleted_at(self, topic_id: int) -> int:
-        """The broker index a topic was last deleted at (0: never)."""
+    def deleted_at(self, topic_id: int) -> int | None:
+        """The broker index a topic was last deleted at (None: never)."""
         return self.catalog.topic_settings.committed(topic_id).deleted_at
 
     def subscribers(self, topic_id: int) -> dict[str, int]:

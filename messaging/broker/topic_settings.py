@@ -154,10 +154,10 @@ def parse_topic_command(topic: int, data: bytes) -> TopicOp:
 @dataclass(frozen=True, slots=True)
 class TopicEntry:
     """What the log decided about one topic: the settings set on it, and the broker index of
-    its last deletion (0: never deleted). Replaced whole, never changed in place."""
+    its last deletion (None: never deleted). Replaced whole, never changed in place."""
 
     settings: Mapping[str, int] = field(default_factory=dict)
-    deleted_at: int = 0
+    deleted_at: int | None = None
 
     def configured(self, change: Mapping[str, int | None]) -> TopicEntry:
         """This entry with ``change`` applied (None removes a key)."""
@@ -174,20 +174,21 @@ class TopicEntry:
         saved: dict[str, Any] = {}
         if self.settings:
             saved["settings"] = dict(self.settings)
-        if self.deleted_at:
+        if self.deleted_at is not None:
             saved["deleted_at"] = self.deleted_at
         return saved
 
     @classmethod
     def restore(cls, data: Mapping[str, Any]) -> TopicEntry:
         """The entry from :meth:`saved`."""
+        deleted_at = data.get("deleted_at")
         return cls({str(k): int(v) for k, v in data.get("settings", {}).items()},
-                   int(data.get("deleted_at", 0)))
+                   None if deleted_at is None else int(deleted_at))
 
     @property
     def empty(self) -> bool:
         """Whether the entry says nothing (it need not be kept)."""
-        return not self.settings and not self.deleted_at
+        return not self.settings and self.deleted_at is None
 
 
 _MISSING = object()

@@ -62,8 +62,8 @@ class BrokerView(Protocol):
     def settings(self, topic_id: int) -> TopicEntry:
         """A topic's own settings and its last deletion."""
         ...
-    def deleted_at(self, topic_id: int) -> int:
-        """The broker index a topic was last deleted at (0: never)."""
+    def deleted_at(self, topic_id: int) -> int | None:
+        """The broker index a topic was last deleted at (None: never)."""
         ...
     def subscribers(self, topic_id: int) -> dict[str, int]:
         """A topic's subscribers and the index each has heartbeated."""

@@ -44,7 +44,7 @@ def raise_if_deleted(broker: BrokerView, topic_id: int) -> None:
     """410 for a topic that was deleted and has not been created again (call it when the
     broker has no such topic)."""
     deleted_at = broker.deleted_at(topic_id)
-    if deleted_at:
+    if deleted_at is not None:
         raise TopicDeletedError(topic_id, deleted_at)
 
 
