@@ -172,8 +172,8 @@ def test_a_change_waits_for_another_one_then_gives_up(
     assert not path.exists()
 
 
-names = st.lists(st.from_regex(r"[a-z][a-z0-9-]{0,8}", fullmatch=True), min_size=1,
-                 max_size=6, unique=True)
+names = st.lists(st.text("abcxyz-", min_size=1, max_size=6).map("t".__add__), min_size=1,
+                 max_size=5, unique=True)
 
 
 @given(names=names, data=st.data())
@@ -185,7 +185,7 @@ def test_revoke_keeps_every_other_line(tmp_path_factory: pytest.TempPathFactory,
     for name in names:
         if data.draw(st.booleans(), label="comment before"):
             lines.append(data.draw(st.sampled_from(["# note", "", "   "]), label="comment"))
-        lines.append(token_line(name, new_token(), [parse_scope("read=1")]))
+        lines.append(token_line(name, f"msg_{name}", [parse_scope("read=1")]))
     victim = data.draw(st.sampled_from(names), label="revoked")
     path = tmp_path_factory.getbasetemp() / "revoke-tokens"
     path.write_text("\n".join(lines) + "\n")
