@@ -11,7 +11,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 
 .PHONY: run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
-	bench-split bench-latency bench-fanout bench-scaling bench-groups soak soak-cluster \
+	bench-split bench-latency bench-fanout bench-scaling bench-groups bench-cli soak soak-cluster \
 	etcd conformance spark clean
 
 $(BIN)/python:
@@ -95,7 +95,7 @@ conformance:
 
 bench: bench-storage bench-http bench-client bench-cluster bench-spark bench-streams \
 	bench-durable-streams bench-peers bench-split bench-latency bench-fanout bench-scaling \
-	bench-groups
+	bench-groups bench-cli
 
 bench-storage: $(STAMP)
 	$(BIN)/python bench/storage/run.py
@@ -152,6 +152,11 @@ bench-scaling: $(STAMP)
 ## CPU per message of every process, messages each node applied; under 12 minutes
 bench-groups: $(STAMP) etcd
 	$(BIN)/python bench/groups/run.py
+
+## make bench-cli: messaging publish of standard input, batched against one request per line;
+## about a minute
+bench-cli: $(STAMP)
+	$(BIN)/python bench/cli/run.py
 
 ## make soak: one broker under a mixed load for 5 minutes; checks data, log, RSS/fds/p99
 soak: $(STAMP)
