@@ -240,8 +240,9 @@ class BrokerConfig:
         parse=positive_int, metavar="N")
     tokens: Path | None = _option(
         None, "--tokens", "bearer tokens and their scopes (see messaging token create); "
-        "reread on SIGHUP. Without it every request is allowed, which is refused unless the "
-        "broker binds a loopback address or --insecure is given", parse=Path, metavar="FILE")
+        "reread when it changes and on SIGHUP. Without it every request is allowed, which is "
+        "refused unless the broker binds a loopback address or --insecure is given",
+        parse=Path, metavar="FILE")
     insecure: bool = _option(
         False, "--insecure", "serve a non-loopback address without --tokens (anyone who "
         "reaches the port may read, write and delete)")
