@@ -16,8 +16,9 @@ from messaging.failover import (
     RetryPolicy,
     base_url,
     refused,
+    topic_of,
 )
-from messaging.placement import group_of_topic
+from messaging.placement import group_of_name, group_of_topic
 
 A, B, C = "http://a:1", "http://b:2", "http://c:3"
 
@@ -181,3 +182,16 @@ def test_a_topic_goes_to_its_groups_holders_first() -> None:
                                     {"groups": [{"group": 0, "holders": ["ftp://a:1"]}]}])
 def test_an_answer_that_is_no_map_of_groups(answer: object) -> None:
     assert GroupMap.parse(answer) is None
+
+
+def test_a_stream_name_goes_to_the_holders_of_its_names_group() -> None:
+    answer = {"groups": [{"group": g, "holders": [f"http://n{g}:1"]} for g in range(4)]}
+    groups = GroupMap.parse(answer)
+    assert groups is not None
+    for name in ("orders", "chat/room", "7x"):
+        assert groups.holders_of(name) == [f"http://n{group_of_name(name, 4)}:1"]
+    assert topic_of({"topicID": "orders"}) == "orders"
+    assert topic_of({"topicID": 7}) == 7 and topic_of({"topicID": str(1 << 63)}) == 1 << 63
+    assert topic_of(None, "/messaging/topics/orders") == "orders"
+    assert topic_of({"topicID": ""}) is None and topic_of({"topicID": "a\x01"}) is None
+    assert topic_of({}, "/messaging/ping") is None
