@@ -93,7 +93,7 @@ async def test_cli_tail_by_consumer_commits_what_it_prints(broker_process,
 
     for args, wanted in [(["consumers", url, "--reset", "x", "--to", "1"], "needs TOPIC"),
                          (["consumers", url, "--delete", "x"], "no consumer 'x'"),
-                         (["tail", url, "1", "--consumer", "a", "--from", "3"], "not both"),
+                         (["tail", url, "1", "--consumer", "a", "--from", "3"], "not allowed with"),
                          (["tail", url, "1", "--commit-every", "0"], "positive integer")]:
         failed = cli(*args)
         last = failed.stderr.strip().splitlines()[-1]  # argparse prints its usage first
