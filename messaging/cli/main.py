@@ -110,11 +110,12 @@ def _config(args: argparse.Namespace) -> BrokerConfig:
 async def run_broker(config: BrokerConfig) -> None:
     """Run until SIGINT or SIGTERM, then shut down cleanly."""
     server = BrokerServer(config)
-    await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    # Before start: whoever reads the startup line may stop the broker at once, cleanly.
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    await server.start()
     if config.tokens is not None and server.tokens is not None:
         tokens = server.tokens
 

@@ -39,7 +39,7 @@ from messaging.errors import (
     MessagingError,
 )
 from messaging.files import fsync_dir, lock_exclusive, read_json
-from messaging.log.etcd.client import EtcdClient, describe, load_credentials
+from messaging.log.etcd.client import EtcdClient, describe, load_credentials, unavailable
 from messaging.log.etcd.log import CHECKPOINT, EtcdLog
 from messaging.log.etcd.membership import Membership, nodes_prefix, read_nodes
 from messaging.placement import check_groups, first_named_topic, holders, log_name
@@ -68,17 +68,17 @@ async def record_groups(client: EtcdClient, cluster: str, groups: int) -> None:
     """Record ``groups`` for a new cluster, or check it against what the cluster recorded
     (:class:`ConfigError` when they differ: the count is fixed at creation)."""
     value = json.dumps({"groups": groups}).encode()
-    failures: list[str] = []
+    failures: list[tuple[str, BaseException]] = []
     for i in range(len(client.endpoints)):
         client.current = i
         try:
             stored = await client.put_if_absent(groups_key(cluster), value)
             break
         except grpc.aio.AioRpcError as err:
-            failures.append(f"{client.endpoints[i]}: {describe(err)}")
-    else:
-        raise ClusterUnavailableError(f"cannot reach etcd to read cluster {cluster!r}'s "
-                                      f"number of groups ({'; '.join(failures)})")
+            failures.append((client.endpoints[i], err))
+    else:  # etcd refusing this node's credentials is said first, with the fix
+        raise unavailable(f"cannot reach etcd to read cluster {cluster!r}'s number of groups",
+                          failures)
     try:
         recorded = int(json.loads(stored)["groups"])
     except (ValueError, KeyError, TypeError) as err:

@@ -142,7 +142,7 @@ class EtcdLog:
         self._unsynced = DeferredSync(broker)
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
-        self._startup = Startup(log)
+        self._startup = Startup(log, self._log_key.decode())
         self._writes = LogWriter(self._client, self._log_key, os.urandom(8),
                                  self._quorum_read, broker.settled_result,
                                  startup=self._startup)

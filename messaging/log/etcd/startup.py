@@ -25,9 +25,11 @@ STARTUP_GRACE = 10.0
 class Startup:
     """The start of one node's command log: :meth:`ready` ends it, or STARTUP_GRACE does."""
 
-    def __init__(self, logger: logging.Logger, grace: float = STARTUP_GRACE,
+    def __init__(self, logger: logging.Logger, name: str = "", grace: float = STARTUP_GRACE,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        """``name``: what starts (the log key), at the head of its lines."""
         self.logger = logger
+        self.name = name
         self.grace = grace
         self._clock = clock
         self._started = clock()
@@ -59,7 +61,8 @@ class Startup:
         took = self._clock() - self._started
         if not_ready is None:
             self._ready = True
-            self.logger.info("ready %.1fs after start", took)
+            self.logger.info("%s: ready %.1fs after start", self.name, took)
         elif took >= self.grace and not self._overdue_told:
             self._overdue_told = True
-            self.logger.warning("not ready %.0fs after start: %s", took, not_ready)
+            self.logger.warning("%s: not ready %.0fs after start: %s", self.name, took,
+                                not_ready)

@@ -530,8 +530,8 @@ class LogWriter:
 
     def _quorum_proved(self) -> None:
         self._quorum_at = time.monotonic()
-        if self.quorum_error is not None and self.quorum_error != NOT_CHECKED:
-            log.info("etcd quorum regained")
+        if self.quorum_error is not None and not self.startup.starting:
+            log.info("etcd quorum regained")  # while starting, the ready line says it
         self.quorum_error = None
 
     def _put_failed(self, err: MessagingError) -> None:

@@ -15,7 +15,7 @@ LOGGER = "test.startup"
 def test_failures_are_info_until_ready_then_their_own_level(
         caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
-    startup = Startup(logging.getLogger(LOGGER), grace=10.0, clock=lambda: now[0])
+    startup = Startup(logging.getLogger(LOGGER), "/log", grace=10.0, clock=lambda: now[0])
     quiet = QuietLog(logging.getLogger(LOGGER), 10.0, clock=lambda: now[0])
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
         assert startup.level() == logging.INFO and startup.level(logging.ERROR) == logging.INFO
@@ -28,13 +28,13 @@ def test_failures_are_info_until_ready_then_their_own_level(
         assert startup.log(quiet, "quorum", logging.WARNING, "quorum lost")
         startup.check("no etcd quorum")  # after the start: the fault's own lines say it
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("INFO", "no leader yet"), ("INFO", "ready 1.5s after start"),
+        ("INFO", "no leader yet"), ("INFO", "/log: ready 1.5s after start"),
         ("WARNING", "quorum lost")]
 
 
 def test_a_start_past_the_grace_period_is_told_once(caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
-    startup = Startup(logging.getLogger(LOGGER), grace=10.0, clock=lambda: now[0])
+    startup = Startup(logging.getLogger(LOGGER), "/log", grace=10.0, clock=lambda: now[0])
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
         startup.check("no etcd quorum: connection refused")
         now[0] = 10.0
@@ -45,5 +45,5 @@ def test_a_start_past_the_grace_period_is_told_once(caplog: pytest.LogCaptureFix
         now[0] = 12.0
         startup.check(None)
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("WARNING", "not ready 10s after start: no etcd quorum: connection refused"),
-        ("INFO", "ready 12.0s after start")]
+        ("WARNING", "/log: not ready 10s after start: no etcd quorum: connection refused"),
+        ("INFO", "/log: ready 12.0s after start")]
