@@ -18,10 +18,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# The core package only: what a broker needs to run.
+# The core package only: what a broker needs to run. The stamp is a copy of the pyproject.toml
+# it was installed from: the editable install already runs the checkout's code, so only a
+# changed pyproject.toml (dependencies, entry points) installs again, and make run says
+# nothing else after the first install (-qq: pip's notes and setuptools' banners too).
 $(CORE_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e .
-	touch $(CORE_STAMP)
+	@if cmp -s pyproject.toml $(CORE_STAMP); then touch $(CORE_STAMP); else \
+		echo "installing messaging into $(VENV): pip install -e ."; \
+		$(BIN)/pip install -qq -e . && cp pyproject.toml $(CORE_STAMP); \
+	fi
 
 # Everything: the Spark extra, test and benchmark tools.
 $(STAMP): pyproject.toml | $(BIN)/python
