@@ -2,7 +2,9 @@
 
 Everything goes through :mod:`logging`: the broker's own lines, Python warnings
 (:func:`logging.captureWarnings`), exceptions no code caught, on the main thread or another
-(``sys.excepthook``, ``threading.excepthook``), and asyncio's (its ``asyncio`` logger). Lines
+(``sys.excepthook``, ``threading.excepthook``), and asyncio's (its ``asyncio`` logger); gRPC's
+core, which would write raw lines of its own, is silenced (``GRPC_VERBOSITY=NONE`` unless the
+environment sets it: every etcd call that fails reaches the log through the broker). Lines
 go to standard error, except the one startup line (the ``messaging.ready`` logger, see
 :data:`messaging.http.server.READY_LOGGER`): it goes to standard output, alone there, so that
 scripts and supervisors can wait for it, and it is written at every ``--log-level``.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -66,6 +69,8 @@ def setup_logging(level: str, fmt: str = "text", *, stdout: TextIO | None = None
     for name in QUIET_LIBRARIES:
         logging.getLogger(name).setLevel(max(logging.INFO, root.level))
     logging.captureWarnings(True)
+    # Read when grpc starts, which is later: only cluster mode imports it.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     sys.excepthook = _log_uncaught
     threading.excepthook = _log_uncaught_in_thread
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import sys
 import threading
 import warnings
@@ -102,6 +103,16 @@ def test_debug_shows_the_broker_s_detail_but_not_the_libraries(streams: Streams)
     logging.getLogger("aiohttp.server").debug("connection made")
     assert [line.split(" ", 2)[2] for line in streams.lines(streams.stderr)] == [
         "DEBUG messaging.broker.broker: group commit: 1 commands"]
+
+
+def test_grpc_core_is_silent_unless_the_environment_says(
+        streams: Streams, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GRPC_VERBOSITY", raising=False)
+    streams.setup("info", "json")
+    assert os.environ["GRPC_VERBOSITY"] == "NONE"
+    monkeypatch.setenv("GRPC_VERBOSITY", "ERROR")
+    streams.setup("info", "json")
+    assert os.environ["GRPC_VERBOSITY"] == "ERROR"
 
 
 @pytest.mark.parametrize(("level", "access_log", "enabled"), [

@@ -56,8 +56,10 @@ async def test_a_cluster_start_warns_of_nothing_and_idle_channels_get_no_goaway(
     etcd = EtcdCluster(tmp_path / "etcd")
     try:
         etcd.members[0].start()  # alone, it has no leader: the nodes start against that
+        # grpc's core is silent in a broker unless told: here it says what it would.
         nodes = [broker_process(tmp_path / f"node{i}", "--etcd", etcd.endpoints,
-                                "--cluster", "logs").start() for i in range(3)]
+                                "--cluster", "logs", env={"GRPC_VERBOSITY": "ERROR"}).start()
+                 for i in range(3)]
         for member in etcd.members[1:]:
             member.start()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
