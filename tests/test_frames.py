@@ -280,6 +280,7 @@ def test_uniform_scan_agrees_with_the_walk(count: int, length: int, after: int |
 @settings(max_examples=examples(300), deadline=None)
 @given(msgs=st.lists(messages, max_size=150), uniform=st.integers(-1, 40),
        size=st.sampled_from([1, 3, 64]))
+@pytest.mark.e2e  # slow: over a third of a second
 def test_decode_slices_agree_with_decode(msgs: list[Message], uniform: int, size: int) -> None:
     """Frames of one size (the struct-per-frame path) or of many (the walk), in slices of
     ``size``: together the slices are what ``decode`` finds, each starting where its first

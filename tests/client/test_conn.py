@@ -319,6 +319,7 @@ async def test_iteration_then_batches_at_any_point(server: BrokerServer, taken: 
         await conn.close()
 
 
+@pytest.mark.e2e  # slow: over a third of a second
 async def test_retention_under_load_never_takes_what_a_subscriber_needs(
         start_server: StartServer) -> None:
     server = await start_server(max_segment_size=2048, max_topic_size=4096,

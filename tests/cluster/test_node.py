@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from messaging.cluster.node import DELETING, find_retired, remove_group
 
 
@@ -38,6 +40,8 @@ def test_a_deleted_group_leaves_nothing(tmp_path: Path) -> None:
 _KILLED_MIDWAY = """
 import os, shutil, signal, sys
 from pathlib import Path
+
+import pytest
 from messaging.cluster import node
 
 removed = []
@@ -54,6 +58,7 @@ node.remove_group(Path(sys.argv[1]))
 """
 
 
+@pytest.mark.e2e  # slow: over a third of a second
 def test_a_deletion_killed_midway_leaves_nothing_under_the_groups_name(tmp_path: Path) -> None:
     """kill -9 while the tree is being deleted: the group's name is already gone (a node
     that holds the group again replays it or installs a snapshot, never opens half a copy),

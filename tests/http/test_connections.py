@@ -201,6 +201,7 @@ MALFORMED = [
 ]
 
 
+@pytest.mark.e2e  # slow: over a third of a second
 async def test_malformed_requests_log_no_tracebacks(server: BrokerServer,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)

@@ -282,6 +282,7 @@ async def test_retention_honours_heartbeats_then_timeout(start_server: StartServ
         assert resp.status == 410
 
 
+@pytest.mark.e2e  # slow: over a third of a second
 async def test_stalled_reader_does_not_slow_publishers(server: BrokerServer,
                                                        http: aiohttp.ClientSession) -> None:
     payload = b"z" * 60_000

@@ -191,6 +191,7 @@ async def test_native_api_refuses_the_named_range(server: BrokerServer,
 # -- long-poll ----------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e  # slow: over a third of a second
 async def test_long_poll_is_woken_by_an_append(start_server: StartServer,
                                                http: aiohttp.ClientSession,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
@@ -273,6 +274,7 @@ async def test_long_poll_is_woken_by_an_append(start_server: StartServer,
     assert headers["Stream-Closed"] == "true" and headers["Stream-Next-Offset"] == end
 
 
+@pytest.mark.e2e  # slow: over a third of a second
 async def test_long_poll_timeout_closure_and_forks(start_server: StartServer,
                                                   http: aiohttp.ClientSession) -> None:
     server = await start_server(long_poll_timeout=0.2)

@@ -69,6 +69,7 @@ async def test_a_failed_flush_is_logged_and_writes_go_on(
     assert "periodic fsync failed" in caplog.text
 
 
+@pytest.mark.e2e  # slow: over a third of a second
 async def test_never_fsyncs_only_when_closing(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     broker = await asyncio.to_thread(Broker.open, tmp_path)

@@ -118,6 +118,7 @@ async def _until(predicate: Callable[[], bool]) -> None:
     raise AssertionError("timed out")
 
 
+@pytest.mark.e2e  # slow: over a third of a second
 async def test_commands_wait_for_the_put_on_its_way_unless_it_is_slow_or_they_are_big(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """While a put is on its way to etcd, new commands wait and then go in one put; a second
