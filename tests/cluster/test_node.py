@@ -40,8 +40,6 @@ def test_a_deleted_group_leaves_nothing(tmp_path: Path) -> None:
 _KILLED_MIDWAY = """
 import os, shutil, signal, sys
 from pathlib import Path
-
-import pytest
 from messaging.cluster import node
 
 removed = []
