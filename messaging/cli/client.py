@@ -35,6 +35,7 @@ from messaging.errors import (
 )
 from messaging.failover import DEFAULT_RETRY_TIMEOUT
 from messaging.frames import HARD_MAX_MESSAGE_SIZE, Message
+from messaging.json_ids import dumps
 
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 Topic = int | str
@@ -508,7 +509,7 @@ def format_message(message: Message, fmt: str) -> str:
             record["data"] = text
         else:
             record["data_base64"] = base64.b64encode(message.data).decode()
-        return json.dumps(record)
+        return dumps(record)  # ids and indexes of 2^53 and more as strings, as the API does
     shown = text if encoding == "utf-8" else "0x" + message.data.hex()
     return f"{message.index}\t{message.type}\t{shown}"
 
@@ -589,7 +590,7 @@ async def _consumers(args: argparse.Namespace) -> int:
         consumers = await client.consumers(args.topic)
     if args.format == "json":
         for row in consumers:
-            print(json.dumps(row))
+            print(dumps(row))
         return 0
     print(f"{'TOPIC':>8} {'INDEX':>12} {'LAST':>12} {'LAG':>10} {'IDLE':>9}  NAME")
     for c in consumers:

@@ -10,12 +10,12 @@ one line on standard error and exit status 1, as for every client command.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from messaging.cli.client import _client, _positionals, _runner, add_connection_options
 from messaging.config import parse_size, show_size
 from messaging.errors import MessagingError
+from messaging.json_ids import dumps
 
 #: The settings a topic takes, as options and as the API's keys.
 SETTINGS = ("max-topic-size", "max-segment-size", "max-message-size")
@@ -101,7 +101,7 @@ async def _delete(args: argparse.Namespace) -> int:
 def _show(answer: dict[str, Any], fmt: str) -> None:
     """A topic's description: its figures, then one line per setting with its source."""
     if fmt == "json":
-        print(json.dumps(answer))
+        print(dumps(answer))  # ids of 2^53 and more as strings, as the API writes them
         return
     name = answer.get("name")
     print(f"topic {answer.get('id', '?')}" + (f" (stream {name!r})" if name else ""))

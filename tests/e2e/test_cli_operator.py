@@ -264,4 +264,8 @@ async def test_a_stream_by_name_for_publish_and_tail(server: BrokerServer,
     assert tail.returncode == 0, tail
     assert [line.split("\t")[2] for line in tail.stdout.splitlines()] == ['{"id":1}',
                                                                           '{"id":2}']
+    as_json = await acli("tail", server.url, "orders", "--last", "1", "--format", "json",
+                         env=home)
+    (line,) = as_json.stdout.splitlines()
+    assert '"topic": "9223372036854775808"' in line  # a stream's id survives JSON.parse
 
