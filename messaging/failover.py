@@ -144,10 +144,11 @@ class Brokers:
         """Learn more URLs (for example from a saved config), after the known ones."""
         self.urls = unique([*self.urls, *(base_url(u) for u in urls)])
 
-    def replace(self, urls: Iterable[str]) -> None:
-        """Use exactly ``urls`` (the cluster's own list), starting from the first."""
+    def replace(self, urls: Iterable[str], start: str | None = None) -> None:
+        """Use exactly ``urls`` (the cluster's own list), starting from ``start`` (the node
+        that gave the list: it answers) when it is one of them, else from the first."""
         self.urls = unique(base_url(u) for u in urls)
-        self._next = 0
+        self._next = self.urls.index(start) if start in self.urls else 0
 
     def order(self, write: bool, topic: int | str | None = None) -> list[str]:
         """Every URL once, in the order to try them; writes go to the leader first, and a

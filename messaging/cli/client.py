@@ -12,14 +12,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import io
+import concurrent.futures
 import json
 import math
+import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote
 
 from messaging.cli.contexts import Target, add_target_options, looks_like_urls, resolve
@@ -28,6 +30,7 @@ from messaging.errors import (
     ClientConfigError,
     ConnectionFailedError,
     InvalidURLError,
+    MessageTooLargeError,
     MessagingError,
     NotABrokerError,
     NotFoundError,
@@ -40,8 +43,11 @@ from messaging.json_ids import dumps
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 Topic = int | str
 
-#: How long the command waits for the first broker to list the cluster's nodes.
-LEARN_TIMEOUT = 3.0
+#: How long each broker may take to list the cluster's nodes before the next is asked.
+LEARN_TIMEOUT = 2.0
+#: How long a broker may take to start answering a command's request before it counts as
+#: failed and the request goes to the next node (a stopped or hung node).
+ANSWER_TIMEOUT = 10.0
 #: Lines of standard input gathered into one publish request (at most), and how long the
 #: first line of a request waits for more.
 BATCH_SIZE = 1000
@@ -176,6 +182,7 @@ def parse_topic(text: str | int) -> Topic:
 def _client(args: argparse.Namespace, **options: Any) -> Client:
     """A Client for the command's brokers, token and CA."""
     target: Target = resolve(args)
+    options.setdefault("timeout", ANSWER_TIMEOUT)
     return Client(target.urls, token=target.token, ca=target.ca, **options)
 
 
@@ -185,7 +192,8 @@ async def learn_nodes(client: Client) -> None:
     own error to report (or wait out); a wrong URL (not a broker, TLS mismatch) is reported
     here, at once."""
     try:
-        await asyncio.wait_for(client.ping(), LEARN_TIMEOUT)
+        await asyncio.wait_for(client.ping(timeout=LEARN_TIMEOUT),
+                               LEARN_TIMEOUT * min(len(client.urls), 3))
     except ConnectionFailedError as err:
         if err.refused and not client.reached:
             raise  # nothing listens there: the command would say the same, later
@@ -281,9 +289,8 @@ async def _publish(args: argparse.Namespace) -> int:
     async with _client(args) as client:
         await learn_nodes(client)
         sink = await Sink.open(client, args.topic, args.type)
-        if args.data is not None:
-            first, _last = await sink.send([args.data.encode()])
-            print(first)
+        if args.data is not None:  # the message's index (a stream: its offset after it)
+            print((await sink.send([args.data.encode()])).first)
             return 0
         summary = await publish_lines(sink, args.batch_size, args.linger)
     if not args.quiet:
@@ -314,26 +321,38 @@ class Sink:
         return cls(client, topic, type_, response.headers.get("Content-Type",
                                                               "application/octet-stream"))
 
-    async def send(self, lines: Sequence[bytes]) -> tuple[int, int]:
-        """Publish ``lines`` (all or nothing per request); the first and last index (for a
-        stream: the first and last offset are not indexes, so the count twice)."""
+    async def send(self, lines: Sequence[bytes]) -> Sent:
+        """Publish ``lines``: one request for a topic or a JSON stream (all or nothing), one
+        append per line for any other stream (each append is one message of it)."""
         if isinstance(self.topic, int):
-            return await self.client.publish_batch(self.topic, lines, self.type)
+            first, last = await self.client.publish_batch(self.topic, lines, self.type)
+            return Sent(1, str(first), str(last))
         if self.content_type is not None and self.content_type.split(";")[0].strip() == (
                 "application/json"):
-            await self._append(_json_array(lines))
-        else:
-            for line in lines:  # each append is one message of the stream
-                await self._append(line)
-        return len(lines), len(lines)
+            offset = await self._append(_json_array(lines))
+            return Sent(1, offset, offset)
+        offsets = [await self._append(line) for line in lines]
+        return Sent(len(offsets), offsets[0], offsets[-1])
 
-    async def _append(self, body: bytes) -> None:
+    async def _append(self, body: bytes) -> str:
+        """One append; the stream's offset after it (``Stream-Next-Offset``)."""
         headers = {"Content-Type": self.content_type or "application/octet-stream",
                    "Producer-Id": self._producer, "Producer-Epoch": "0",
                    "Producer-Seq": str(self._seq)}
-        await self.client.request("POST", _stream_path(str(self.topic)), data=body,
-                                  headers=headers, write=True)
+        response = await self.client.request("POST", _stream_path(str(self.topic)),
+                                             data=body, headers=headers, write=True)
         self._seq += 1
+        return response.headers.get("Stream-Next-Offset", "?")
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What one :meth:`Sink.send` stored: in how many requests, and where (a topic's first
+    and last index, or a stream's offset after the first and the last append)."""
+
+    requests: int
+    first: str
+    last: str
 
 
 def _stream_path(name: str) -> str:
@@ -357,16 +376,16 @@ class Summary:
     def __init__(self) -> None:
         self.messages = 0
         self.batches = 0
-        self.first: int | None = None
-        self.last: int | None = None
+        self.first: str | None = None
+        self.last: str | None = None
         self.started = time.monotonic()
 
-    def add(self, count: int, first: int, last: int) -> None:
-        """A batch of ``count`` messages was stored at ``first``..``last``."""
+    def add(self, count: int, sent: Sent) -> None:
+        """``count`` messages were stored as ``sent`` says."""
         self.messages += count
-        self.batches += 1
-        self.first = first if self.first is None else self.first
-        self.last = last
+        self.batches += sent.requests
+        self.first = sent.first if self.first is None else self.first
+        self.last = sent.last
 
     def describe(self, target: str) -> str:
         """One line: how many, where, how fast."""
@@ -374,9 +393,11 @@ class Summary:
         where = ""
         if self.first is not None and target.startswith("topic"):
             where = f", indexes {self.first}..{self.last}"
+        elif self.last is not None:
+            where = f", offset {self.last} after the last"
+        requests = f"{self.batches} request{'s' * (self.batches != 1)}"
         return (f"published {self.messages} message{'s' * (self.messages != 1)} to {target} "
-                f"in {self.batches} batch{'es' * (self.batches != 1)}{where} ({took:.2f} s, "
-                f"{self.messages / took:,.0f} msg/s)")
+                f"in {requests}{where} ({took:.2f} s, {self.messages / took:,.0f} msg/s)")
 
 
 async def publish_lines(sink: Sink, batch_size: int, linger: float) -> Summary:
@@ -388,18 +409,36 @@ async def publish_lines(sink: Sink, batch_size: int, linger: float) -> Summary:
     size = 0
     budget = min(sink.client.max_request_size, 64 << 20) // 2
 
+    async def send(batch: list[bytes]) -> None:
+        """Send ``batch``; one the broker finds too big (its --max-request-size may be below
+        what this side assumed) is split in halves, and later batches are kept smaller."""
+        nonlocal budget
+        try:
+            sent = await sink.send(batch)
+        except MessageTooLargeError as err:
+            if len(batch) < 2 or "request body too large" not in str(err):
+                raise
+            budget = max(sum(map(len, batch)) // 2, 1)
+            half = len(batch) // 2
+            await send(batch[:half])
+            await send(batch[half:])
+            return
+        summary.add(len(batch), sent)
+
     async def flush() -> None:
         nonlocal lines, size
         batch, lines, size = lines, [], 0
+        stored = summary.messages
         try:
-            first, last = await sink.send(batch)
+            await send(batch)
         except PublishOutcomeUnknownError:
             raise
         except MessagingError as err:
-            raise MessagingError(f"{err} (after {summary.messages} messages in "
-                                 f"{summary.batches} batches were stored; this batch of "
-                                 f"{len(batch)} was not)") from err
-        summary.add(len(batch), first, last)
+            kept = summary.messages - stored
+            raise MessagingError(
+                f"{err} (after {summary.messages} messages were stored in {summary.batches} "
+                f"requests; of this batch of {len(batch)}, {len(batch) - kept} were not)",
+            ) from err
 
     reader = StdinReader(asyncio.get_running_loop())
     loop = asyncio.get_running_loop()
@@ -453,16 +492,19 @@ class StdinReader:
         self._thread.start()
 
     def _run(self) -> None:
-        stream = cast(io.BufferedReader, sys.stdin.buffer)
+        # The file descriptor, not sys.stdin.buffer: a read left blocked in the buffered
+        # object when the command ends holds its lock, and the interpreter's shutdown, which
+        # takes that lock, aborts ("could not acquire lock ... daemon threads").
+        fd = sys.stdin.fileno()
         while not self._stopped.is_set():
             try:
-                chunk = stream.read1(_STDIN_CHUNK)
-            except (OSError, ValueError):
+                chunk = os.read(fd, _STDIN_CHUNK)
+            except OSError:
                 chunk = b""
             try:
                 asyncio.run_coroutine_threadsafe(self._queue.put(chunk), self._loop).result()
-            except (RuntimeError, asyncio.CancelledError):  # the loop is gone
-                return
+            except (RuntimeError, asyncio.CancelledError, concurrent.futures.CancelledError):
+                return  # the command ended: its loop is closing or gone
             if not chunk:
                 return
 
@@ -542,6 +584,8 @@ async def start_index(client: Client, args: argparse.Namespace) -> int | None:
 async def _tail(args: argparse.Namespace) -> int:
     if args.consumer == "":
         return _fail("--consumer needs a name")
+    if args.consumer is None and args.commit_every != 1:
+        return _fail("--commit-every goes with --consumer NAME")
     retry = args.retry if args.retry is not None else (
         math.inf if args.follow else DEFAULT_RETRY_TIMEOUT)
     async with _client(args, retry_timeout=retry) as client:

@@ -6,12 +6,14 @@ token file and a CA file, saved in ``contexts.json`` in the user's config direct
 ``~/.config/messaging``), readable by the user only (0600; the directory 0700). The file
 holds paths to secrets, never the secrets themselves.
 
-A command's brokers come from, by precedence: a URL given as its first argument or with
-``--url`` (repeatable, comma-separated), ``$MESSAGING_URL``, the context named by
-``--context`` or ``$MESSAGING_CONTEXT``, the current context (``messaging context use``),
+A command's brokers come from, by precedence (the command line first, then the
+environment, then saved settings): a URL given as its first argument or with ``--url``
+(repeatable, comma-separated), the context named by ``--context``, ``$MESSAGING_URL``, the
+context named by ``$MESSAGING_CONTEXT``, the current context (``messaging context use``),
 then ``http://127.0.0.1:8086`` (what ``make run`` starts). The token: ``--token``,
-``--token-file``, ``$MESSAGING_TOKEN``, the context's token file. The CA: ``--ca``,
-``$MESSAGING_CA``, the context's CA file.
+``--token-file``, the context's token file when ``--context`` names it,
+``$MESSAGING_TOKEN``, the context's token file. The CA likewise: ``--ca``, ``$MESSAGING_CA``,
+the context's.
 """
 
 from __future__ import annotations
@@ -154,9 +156,10 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None,
     env = os.environ if environ is None else environ
     given = [args.url_arg] if getattr(args, "url_arg", None) else []
     given += getattr(args, "url", [])
+    flagged = getattr(args, "context", None) or None  # --context: the command line wins
     context: Context | None = None
-    context_name = getattr(args, "context", None) or env.get("MESSAGING_CONTEXT") or None
-    if context_name is not None or not (given or env.get("MESSAGING_URL")):
+    context_name = flagged or env.get("MESSAGING_CONTEXT") or None
+    if flagged is not None or not (given or env.get("MESSAGING_URL")):
         contexts = Contexts.load(directory)
         name = context_name or contexts.current
         if name is not None:
@@ -165,6 +168,8 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None,
     try:
         if given:
             urls, source = parse_urls(given), "--url"
+        elif flagged is not None and context is not None:
+            urls, source = context.urls, f"context {context_name}"
         elif env.get("MESSAGING_URL"):
             urls, source = parse_urls([env["MESSAGING_URL"]]), "$MESSAGING_URL"
         elif context is not None:
@@ -177,12 +182,14 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None,
     token_file = getattr(args, "token_file", None)
     if token is None and token_file is not None:
         token = read_token(Path(token_file))
+    if token is None and flagged is not None and context is not None and context.token_file:
+        token = read_token(Path(context.token_file))
     if token is None:
         token = env.get("MESSAGING_TOKEN") or None
     if token is None and context is not None and context.token_file:
         token = read_token(Path(context.token_file))
-    ca = getattr(args, "ca", None) or env.get("MESSAGING_CA") or (
-        context.ca if context is not None else None)
+    ca = getattr(args, "ca", None) or (context.ca if flagged and context else None) or (
+        env.get("MESSAGING_CA") or (context.ca if context is not None else None))
     return Target(urls, token, Path(ca) if ca else None, source)
 
 
@@ -220,7 +227,9 @@ def add_context_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     add.add_argument("--token-file", type=Path, metavar="FILE",
                      help="a file holding the token (its path is saved, not the token)")
     add.add_argument("--ca", type=Path, metavar="FILE", help="CA file for https brokers")
-    add.add_argument("--use", action="store_true", help="also make it the current context")
+    add.add_argument("--use", action="store_true",
+                     help="also make it the current context (the first context added always "
+                          "becomes the current one)")
     add.set_defaults(run=_add)
     use = actions.add_parser("use", help="make a context the current one")
     use.add_argument("name", metavar="NAME")

@@ -14,7 +14,7 @@ from typing import Any
 
 from messaging.cli.client import _client, _positionals, _runner, add_connection_options
 from messaging.config import parse_size, show_size
-from messaging.errors import MessagingError
+from messaging.errors import MessagingError, NotFoundError
 from messaging.json_ids import dumps
 
 #: The settings a topic takes, as options and as the API's keys.
@@ -29,7 +29,8 @@ def add_topic_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                                        "every node of a cluster applies them.")
     actions = topic.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, text in (("create", "create a topic (empty), or change its settings"),
-                         ("config", "change a topic's settings (only those given)")):
+                         ("config", "change an existing topic's settings (only those "
+                                    "given); a topic that does not exist is an error")):
         p = actions.add_parser(action, help=text, description=text + ".")
         _positionals(p, "TOPIC")
         for key in SETTINGS:
@@ -78,8 +79,14 @@ def settings_of(args: argparse.Namespace) -> dict[str, int | None]:
 
 
 async def _configure(args: argparse.Namespace) -> int:
+    settings = settings_of(args)
     async with _client(args) as client:
-        answer = await client.configure_topic(args.topic, **settings_of(args))
+        if args.action == "config":  # a typo must not create a topic: only create does
+            try:
+                await client.describe_topic(args.topic)
+            except NotFoundError as err:
+                raise MessagingError(f"{err}: messaging topic create makes one") from err
+        answer = await client.configure_topic(args.topic, **settings)
     _show(answer, args.format)
     return 0
 

@@ -111,6 +111,9 @@ class Client:
         self.brokers = Brokers([urls] if isinstance(urls, str) else urls)
         if not self.brokers.urls and self.config_path is None:
             raise InvalidURLError("no broker URL given")
+        #: Seconds to connect, and for a broker to start answering a request (its status and
+        #: headers): a node that accepts connections but never answers (stopped, hung) counts
+        #: as failed after it and the request goes to the next node.
         self.timeout = timeout
         self.retry_timeout = retry_timeout
         self.max_request_size = max_request_size
@@ -187,13 +190,15 @@ class Client:
 
     async def request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
                       data: bytes | None = None, headers: dict[str, str] | None = None,
-                      write: bool = False, idempotent: bool = True) -> Response:
+                      write: bool = False, idempotent: bool = True,
+                      timeout: float | None = None) -> Response:
         """One API call with failover, redirects and (for idempotent calls) retries.
 
         Reads, pings and heartbeats retry with backoff for ``retry_timeout`` seconds (503s
         too); while no broker ever answered, a refused connection (or an unknown host) on
         every URL is definitive after a few quick rounds. Only :class:`MessagingError`
-        subclasses leave it.
+        subclasses leave it. ``timeout`` replaces the client's for how long each broker may
+        take to start answering.
         """
         loop = asyncio.get_running_loop()
         retry = Retry(self.retry_policy, started=loop.time())
@@ -205,7 +210,8 @@ class Client:
             refused_everywhere = True
             for base in await self._order(write, topic):
                 try:
-                    url, resp = await self._send(method, base, path, query, data, headers)
+                    url, resp = await self._send(method, base, path, query, data, headers,
+                                                 timeout=timeout)
                     async with resp:
                         response = Response(resp.status, dict(resp.headers),
                                             await _read(url, resp), url)
@@ -314,16 +320,19 @@ class Client:
 
     async def _send(self, method: str, base: str, path: str, params: dict[str, str],
                     data: bytes | None = None, headers: dict[str, str] | None = None,
-                    ) -> tuple[str, aiohttp.ClientResponse]:
+                    timeout: float | None = None) -> tuple[str, aiohttp.ClientResponse]:
         """Send to ``base``, following 307s: the broker that answered and its open answer.
 
-        A failed connection raises :class:`_Failed`; the caller reads and releases the answer.
+        A failed connection, or no answer within ``timeout`` (default the client's), raises
+        :class:`_Failed`; the caller reads and releases the answer.
         """
         url, hops = base, 0
+        wait = self.timeout if timeout is None else timeout
         while True:
             try:
-                resp = await self.session.request(method, url + path, params=params, data=data,
-                                                  headers=headers, allow_redirects=False)
+                resp = await asyncio.wait_for(
+                    self.session.request(method, url + path, params=params, data=data,
+                                         headers=headers, allow_redirects=False), wait)
             except aiohttp.ClientResponseError as err:
                 raise NotABrokerError.at(url, "its answer is not valid HTTP") from err
             except _MAYBE_SENT as err:
@@ -392,12 +401,13 @@ class Client:
             last = _index_field(response, result, "last")
         return first, last
 
-    async def ping(self) -> list[str]:
-        """Ask the leader for the cluster's URLs; remember and persist them."""
-        response = await self.request("POST", "/messaging/ping", write=True)
+    async def ping(self, timeout: float | None = None) -> list[str]:
+        """Ask the leader for the cluster's URLs; remember and persist them. ``timeout``: how
+        long each broker may take to answer (default the client's)."""
+        response = await self.request("POST", "/messaging/ping", write=True, timeout=timeout)
         urls = _url_list(response)
         if urls:
-            self.brokers.replace(urls)
+            self.brokers.replace(urls, start=response.url)
             if self.config_path is not None:
                 await _save_urls(self.config_path, urls)
         return urls

@@ -119,7 +119,7 @@ async def test_cli_commands(server: BrokerServer) -> None:
     result = await run(cli, "publish", url, "7", "hello")
     assert (result.returncode, result.stdout) == (0, "1\n")
     result = await run(cli, "publish", url, "7", stdin="line one\nline two\n")
-    assert result.stdout.startswith("published 2 messages to topic 7 in 1 batch, indexes "
+    assert result.stdout.startswith("published 2 messages to topic 7 in 1 request, indexes "
                                     "2..3 ("), result
     async with Client(url) as client:
         await client.publish(7, b"\xff\x00binary")

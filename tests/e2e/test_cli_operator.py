@@ -114,6 +114,10 @@ async def test_contexts_name_a_cluster_and_are_private(server: BrokerServer,
     refused = await acli("topics", "--context", "elsewhere", env=home)
     assert refused.returncode == 1 and "connection refused" in refused.stderr
     assert (await acli("topics", env={**home, "MESSAGING_URL": server.url})).returncode == 0
+    # the command line beats the environment: --context over $MESSAGING_URL
+    flagged = await acli("tail", "3", "--context", "local",
+                         env={**home, "MESSAGING_URL": dead_url()})
+    assert flagged.returncode == 0 and flagged.stdout.endswith("through the context\n")
     unknown = await acli("context", "use", "nope", env=home)
     assert unknown.returncode == 1
     assert unknown.stderr == ("messaging context: error: no context 'nope' (known: elsewhere, "
@@ -152,7 +156,7 @@ async def test_publish_of_standard_input_goes_in_batches(server: BrokerServer,
     lines = [f"line {n}" for n in range(10_000)]
     result = await acli("publish", server.url, "5", env=home, stdin="\n".join(lines) + "\n")
     assert result.returncode == 0, result
-    assert result.stdout.startswith("published 10000 messages to topic 5 in 10 batches, "
+    assert result.stdout.startswith("published 10000 messages to topic 5 in 10 requests, "
                                     "indexes 1..10000 (")
     quiet = await acli("publish", server.url, "5", "--quiet", "--batch-size", "7",
                        env=home, stdin="a\r\nb\nlast without newline")
@@ -162,6 +166,19 @@ async def test_publish_of_standard_input_goes_in_batches(server: BrokerServer,
     assert [m.data.decode() for m in stored] == [*lines, "a", "b", "last without newline"]
 
 
+async def test_publish_of_standard_input_fits_the_brokers_request_limit(
+        start_server, home: dict[str, str]) -> None:
+    """The broker takes requests of at most 100 KiB, less than the CLI assumes: a batch it
+    refuses as too big is split, and every line is stored once, in order."""
+    server = await start_server(max_request_size=100 * 1024)
+    lines = [f"{n:04d} " + "y" * 195 for n in range(1000)]  # 200 KB in one batch
+    result = await acli("publish", server.url, "7", env=home, stdin="\n".join(lines) + "\n")
+    assert result.returncode == 0 and result.stderr == "", result
+    assert result.stdout.startswith("published 1000 messages to topic 7 in ")
+    async with Client(server.url) as client:
+        assert [m.data.decode() for m in await client.read(7)] == lines
+
+
 async def test_publish_of_standard_input_stops_at_a_failed_batch(
         start_server, home: dict[str, str]) -> None:
     server = await start_server(max_message_size=100)
@@ -169,10 +186,49 @@ async def test_publish_of_standard_input_stops_at_a_failed_batch(
     result = await acli("publish", server.url, "6", "--batch-size", "5", env=home, stdin=stdin)
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.count("\n") == 1
-    assert "(after 5 messages in 1 batches were stored; this batch of 2 was not)" in (
-        result.stderr)
+    assert ("(after 5 messages were stored in 1 requests; of this batch of 2, 2 were not)"
+            in result.stderr)
     async with Client(server.url) as client:
         assert [m.data for m in await client.read(6)] == [b"ok %d" % n for n in range(5)]
+    # input still coming when a batch fails: one line, no traceback from the reading thread
+    many = stdin + "".join(f"more {n}\n" for n in range(200_000))
+    for _ in range(3):
+        result = await acli("publish", server.url, "6", "--batch-size", "5", env=home,
+                            stdin=many)
+        assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+        assert "Traceback" not in result.stderr and "Fatal" not in result.stderr
+
+
+@pytest.fixture
+async def silent_port() -> AsyncIterator[str]:
+    """A TCP server that takes connections and requests and never answers (a hung node)."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        await reader.read(65536)
+        await asyncio.sleep(3600)
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+
+
+async def test_a_hung_node_first_in_the_list_is_passed_over(
+        server: BrokerServer, home: dict[str, str], silent_port: str) -> None:
+    urls = f"{silent_port},{server.url}"
+    started = time.monotonic()
+    result = await acli("publish", urls, "8", "through the second", env=home, timeout=60)
+    assert (result.returncode, result.stderr) == (0, ""), result
+    result = await acli("tail", urls, "8", env=home, timeout=60)
+    assert result.stdout == "1\t1\tthrough the second\n", result
+    took = time.monotonic() - started
+    assert took < 20, f"two commands took {took:.1f}s past a hung node"
 
 
 @pytest.fixture
@@ -257,13 +313,18 @@ async def test_a_stream_by_name_for_publish_and_tail(server: BrokerServer,
     result = await acli("publish", server.url, "orders", env=home,
                         stdin='{"id": 1}\n{"id": 2}\n')
     assert result.returncode == 0, result
-    assert result.stdout.startswith("published 2 messages to stream 'orders' in 1 batch (")
+    assert result.stdout.startswith("published 2 messages to stream 'orders' in 1 request, "
+                                    "offset "), result.stdout
+    one = await acli("publish", server.url, "orders", '{"id": 3}', env=home)
+    async with aiohttp.ClientSession() as http, http.head(
+            f"{server.url}/v1/stream/orders") as resp:
+        assert one.stdout == resp.headers["Stream-Next-Offset"] + "\n"  # not a count
     bad = await acli("publish", server.url, "orders", env=home, stdin="not json\n")
     assert bad.returncode == 1 and "line 1 of this batch is not JSON" in bad.stderr
     tail = await acli("tail", server.url, "orders", env=home)
     assert tail.returncode == 0, tail
-    assert [line.split("\t")[2] for line in tail.stdout.splitlines()] == ['{"id":1}',
-                                                                          '{"id":2}']
+    assert [line.split("\t")[2] for line in tail.stdout.splitlines()] == [
+        '{"id":1}', '{"id":2}', '{"id":3}']
     as_json = await acli("tail", server.url, "orders", "--last", "1", "--format", "json",
                          env=home)
     (line,) = as_json.stdout.splitlines()

@@ -101,6 +101,8 @@ def test_the_topic_cli_against_one_broker(broker_process, tmp_path: Path) -> Non
                          "1K")
     assert code == 0, err
     assert "max-topic-size" in out and "1G  topic" in out and "1K  topic" in out
+    code, out, err = run("config", url, "10", "--max-topic-size", "1G")  # a typo
+    assert (code, out) == (1, "") and "messaging topic create makes one" in err, err
     code, out, err = run("config", url, "9", "--reset", "max-topic-size", "--format", "json")
     assert code == 0, err
     settings = json.loads(out)["settings"]
