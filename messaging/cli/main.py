@@ -13,11 +13,9 @@ from pathlib import Path
 
 from messaging import __version__
 from messaging.cli.completion import add_completion_command
-from messaging.cli.logging import setup_logging
 from messaging.cli.tokens import add_token_commands
 from messaging.config import BrokerConfig, broker_options, load_config, parse_host_port
 from messaging.errors import MessagingError
-from messaging.http.server import BrokerServer, check_security
 
 BROKER_HELP = """\
 Run a broker: publishers POST messages, subscribers stream them; every message is stored in
@@ -103,12 +101,16 @@ def _config(args: argparse.Namespace) -> BrokerConfig:
         # Path("") is the current directory: a broker would scatter its files there.
         raise MessagingError("--data is empty: give the data directory (e.g. --data ./data)")
     config.etcd_settings()  # refuses bad cluster options before anything starts
+    from messaging.http.server import check_security  # the server stack: broker only
+
     check_security(config)
     return config
 
 
 async def run_broker(config: BrokerConfig) -> None:
     """Run until SIGINT or SIGTERM, then shut down cleanly."""
+    from messaging.http.server import BrokerServer
+
     server = BrokerServer(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -150,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         json_lines = False
         try:
             config = _config(args)
+            from messaging.cli.logging import setup_logging
+
             setup_logging(config.log_level, config.log_format)
             json_lines = config.log_format == "json"
             with asyncio.Runner(loop_factory=event_loop_factory()) as runner:

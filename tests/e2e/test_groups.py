@@ -290,7 +290,7 @@ async def test_a_named_stream_lives_in_the_group_of_its_name(
                     assert await resp.text() == f"first of {name}"
         # A stream's topic id names its group: native reads of it find it from any node.
         listed = await get_json(session, f"{nodes.url(0)}/messaging/topics")
-        ids = [row["id"] for row in listed if row["id"] >= NAMED_TOPIC_BASE]
+        ids = [int(row["id"]) for row in listed if int(row["id"]) >= NAMED_TOPIC_BASE]
         assert len(ids) == len(names)
         assert {(i - NAMED_TOPIC_BASE) >> GROUP_SHIFT for i in ids} == \
                {group_of_name(n, GROUPS) for n in names}
