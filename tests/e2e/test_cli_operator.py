@@ -291,7 +291,7 @@ async def test_tail_follow_waits_out_a_restart_and_says_so(broker_process, tmp_p
         waiting = (await asyncio.wait_for(proc.stderr.readline(), 20)).decode()
         assert waiting.startswith("messaging: waiting for the broker (")
         assert waiting.endswith("; retrying forever\n")
-        await asyncio.sleep(20)  # longer than the 15 s a command retries by default
+        await asyncio.sleep(16)  # longer than the 15 s a command retries by default
         assert proc.returncode is None
         broker = broker_process(tmp_path / "data", port=port).start()
         assert await asyncio.wait_for(proc.stderr.readline(), 20) == (
