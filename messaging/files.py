@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -93,6 +95,29 @@ def remove_stale_temporaries(path: Path) -> None:
     for stale in path.parent.glob(path.name + ".*.tmp"):
         with contextlib.suppress(OSError):
             stale.unlink()
+
+
+#: The name prefix of a directory being deleted by :func:`remove_directory`.
+DELETING = ".deleting-"
+_removals = itertools.count()  # a distinct trash name for each removal of this process
+
+
+def remove_directory(path: Path) -> None:
+    """Delete a directory so that a crash or a failure never leaves part of it under its
+    name (whoever uses the name next must find all of it or nothing): rename it away
+    durably first, then delete the renamed tree. What a crash leaves under a
+    :data:`DELETING` name is for the next start to remove (:func:`remove_deleting`).
+    Raises the rename's error (FileNotFoundError when there is nothing to delete)."""
+    trash = path.with_name(f"{DELETING}{path.name}-{os.getpid()}-{next(_removals)}")
+    os.rename(path, trash)
+    fsync_dir(path.parent)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def remove_deleting(parent: Path) -> None:
+    """Remove what interrupted :func:`remove_directory` calls left in ``parent``."""
+    for entry in parent.glob(DELETING + "*"):
+        shutil.rmtree(entry, ignore_errors=True)
 
 
 def read_json(path: Path) -> Any:

@@ -367,8 +367,7 @@ class Broker:
         removed, changed = self.catalog.commit()
         for topic_id in touched:
             self.store[topic_id].commit(notify=notify)
-        for topic_id in removed:
-            self.store.remove(topic_id)
+        self._remove_topics(removed)
         self._commit_topic_ops()
         self.store.release_idle(t for t in touched if t not in removed)
         if changed or removed:
@@ -460,17 +459,25 @@ class Broker:
         if limit is not None:
             largest = largest_message(run)
             if largest > limit:
-                raise MessageTooLargeError(f"message of {largest} bytes exceeds topic "
-                                           f"{topic_id}'s max-message-size of {limit}")
+                name = self.catalog.name_of(topic_id)
+                whose = f"stream {name!r}" if name is not None else f"topic {topic_id}"
+                raise MessageTooLargeError(f"message of {largest} bytes exceeds the "
+                                           f"max-message-size of {limit} set on {whose}")
 
     def _stage_topic_op(self, op: TopicOp) -> bool:
         """Stage a topic's new settings, or its deletion; returns whether a configure
         created the topic.
 
-        A deletion records the broker index it happened at, forgets the topic's settings and
-        its subscribers' positions, and deletes its files when the group commits, unless
-        they hold frames from after that index (a command replayed after a restart, when
-        the topic was created again since): deleting them is then already done.
+        A deletion takes a broker index of its own and records it (``deleted_at``), forgets
+        the topic's settings and its subscribers' positions, and deletes its files when the
+        group commits, unless they hold frames from after that index (a command replayed
+        after a restart, when the topic was created again since): deleting them is then
+        already done. Its own index puts every message of a later incarnation strictly
+        after ``deleted_at``, while every read that could have begun before the deletion
+        starts at or below it (the old topic's last index + 1 included): a reader resuming
+        right after the last message it saw is fenced (410), not fed the new topic's first
+        message as a continuation. Being a command's effect on the index, it is the same on
+        every node and after every replay.
         """
         table = self.catalog.topic_settings
         topic = self.store.get(op.topic)
@@ -484,8 +491,11 @@ class Broker:
                 return True
             return False
         if op.topic >= NAMED_TOPIC_BASE:
-            raise BadRequestError(f"topic {op.topic} is a stream's: delete it with DELETE "
-                                  "/v1/stream/{name}")
+            name = self.catalog.name_of(op.topic)
+            held = f"holds the stream {name!r}" if name is not None else "is a stream's"
+            raise BadRequestError(f"topic {op.topic} {held}: delete it with DELETE "
+                                  f"/v1/stream/{name or '{name}'}")
+        self.index += 1  # the deletion's own index (see above); undone with the command
         table.stage(op.topic, TopicEntry(deleted_at=self.index))
         for name in self.positions.positions(op.topic):
             self._heartbeats.append(PositionChange(op.topic, 0, name, DELETE))
@@ -496,11 +506,23 @@ class Broker:
     def _commit_topic_ops(self) -> None:
         """Carry out the topic commands of a group that committed."""
         deleting, self._deleting = self._deleting, []
+        self._remove_topics(deleting)
         for topic_id in deleting:
-            self.store.remove(topic_id)
             log.info("topic %d deleted at index %d", topic_id, self.index)
         configured, self._configured = self._configured, []
         self._configure(t for t in map(self.store.get, configured) if t is not None)
+
+    def _remove_topics(self, topic_ids: Sequence[int]) -> None:
+        """Delete topics' files (deleted topics, freed stream topics), never while retention
+        works on one of them: its tombstone would land in a directory being deleted (an
+        error, or a directory left behind that a later re-creation would reopen). A
+        retention run holds the lock for one topic at a time, so this waits for one
+        truncation at most."""
+        if not topic_ids:
+            return
+        with self._retention_lock:
+            for topic_id in topic_ids:
+                self.store.remove(topic_id)
 
     def _abort(self, touched: Iterable[int], index: int) -> None:
         """Undo a failed group: topics cut back to what was committed, index restored."""
@@ -661,24 +683,29 @@ class Broker:
         """Delete old segments of every topic over its max-topic-size (its own setting, else
         ``max_topic_size``); returns bytes deleted.
 
-        Blocking (run it on a thread); :meth:`close` waits for a run in progress.
+        Blocking (run it on a thread). Each topic is truncated under the retention lock,
+        which the writer takes to delete topics' files and :meth:`close` to stop: a topic
+        is never truncated while its directory is being deleted, or after it was (its
+        :class:`Topic` is then no longer the store's), and neither waits for more than one
+        topic's truncation.
         """
         deleted = 0
-        with self._retention_lock:
-            if self._closing:
-                return 0
-            table = self.catalog.topic_settings
-            for topic in self.topics():
+        table = self.catalog.topic_settings
+        for topic in self.topics():
+            with self._retention_lock:
+                if self._closing:
+                    break
+                if self.store.get(topic.id) is not topic:
+                    continue  # deleted (or replaced by a snapshot) since the list was made
                 limit = table.committed(topic.id).settings.get(MAX_TOPIC_SIZE,
                                                                self.max_topic_size)
                 if topic.size <= limit:
                     continue
                 before = topic.stats.deleted_segments
                 freed = topic.truncate(limit, self.retention_floor(topic.id, now))
-                deleted += freed
-                self.metrics.retention_deleted_bytes.inc(freed)
-                self.metrics.retention_deleted_segments.inc(
-                    topic.stats.deleted_segments - before)
+            deleted += freed
+            self.metrics.retention_deleted_bytes.inc(freed)
+            self.metrics.retention_deleted_segments.inc(topic.stats.deleted_segments - before)
         return deleted
 
     # -- snapshots (see messaging.broker.snapshot) ------------------------------------------
@@ -697,14 +724,15 @@ class Broker:
         if accept is not None:
             accept(header)
         staging = snapshot.stage(self.path, header, stream)
-        self.store.close_all()
-        snapshot.swap(self.path, staging)
-        opened = {}
-        for described in header["topics"]:
-            topic_id = int(described["id"])
-            opened[topic_id] = Topic.open(self.store.topics_dir / str(topic_id), topic_id,
-                                          self.max_segment_size)
-        self.store.replace_all(opened)
+        with self._retention_lock:  # no truncation in the directories being swapped
+            self.store.close_all()
+            snapshot.swap(self.path, staging)
+            opened = {}
+            for described in header["topics"]:
+                topic_id = int(described["id"])
+                opened[topic_id] = Topic.open(self.store.topics_dir / str(topic_id), topic_id,
+                                              self.max_segment_size)
+            self.store.replace_all(opened)
         self.index = int(header["index"])
         self.positions.restore(header.get("subscribers", {}))
         self.catalog.restore(header.get("catalog"))

@@ -8,9 +8,12 @@ times. Settings and deletions are commands of the log (a broker-internal frame o
 machine, so they are replicated, journaled, in snapshots and in a cluster's checkpoint exactly
 as the catalog is (:class:`TopicTable` lives in :class:`messaging.broker.catalog.Catalog`).
 
-A deletion records the broker index it was applied at (``deleted_at``): the topic's files,
-settings and subscriber positions go; a publish to the same id later creates it again, and
-reads of it at or below ``deleted_at`` answer 410 (nothing deleted is ever served again).
+A deletion takes a broker index of its own, as a message would, and records it
+(``deleted_at``): the topic's files, settings and subscriber positions go; a publish to the
+same id later creates it again with indexes above ``deleted_at``, and reads of it from
+``deleted_at`` or below answer 410: every read that began before the deletion, including one
+resuming right after the old topic's last message, so nothing deleted is ever served again
+and nothing new is served as its continuation.
 
 Pure: no I/O.
 """
@@ -153,8 +156,8 @@ def parse_topic_command(topic: int, data: bytes) -> TopicOp:
 
 @dataclass(frozen=True, slots=True)
 class TopicEntry:
-    """What the log decided about one topic: the settings set on it, and the broker index of
-    its last deletion (None: never deleted). Replaced whole, never changed in place."""
+    """What the log decided about one topic: the settings set on it, and the broker index its
+    last deletion took (None: never deleted). Replaced whole, never changed in place."""
 
     settings: Mapping[str, int] = field(default_factory=dict)
     deleted_at: int | None = None

@@ -38,7 +38,7 @@ from messaging.errors import (
     DataDirectoryError,
     MessagingError,
 )
-from messaging.files import fsync_dir, lock_exclusive, read_json
+from messaging.files import DELETING, lock_exclusive, read_json, remove_directory
 from messaging.log.etcd.client import EtcdClient, describe, load_credentials, unavailable
 from messaging.log.etcd.log import CHECKPOINT, EtcdLog
 from messaging.log.etcd.membership import Membership, nodes_prefix, read_nodes
@@ -53,8 +53,6 @@ PLACEMENT_INTERVAL = 1.0
 SETTLE_READS = 6
 #: How long a starting node waits for its groups to catch up before it serves anyway.
 START_WAIT = 10.0
-#: The name prefix of a group directory being deleted (in ``DATA/groups/``).
-DELETING = ".deleting-"
 #: Where a cluster of groups keeps each group's data, under the data directory.
 GROUPS_DIR = "groups"
 
@@ -407,7 +405,4 @@ def remove_group(path: Path) -> None:
     """Delete a group's directory so that a crash never leaves part of it under its name
     (a node that holds the group again must find all of it or nothing): rename it away
     durably first, then delete the renamed tree; a start removes what a crash left."""
-    trash = path.with_name(f"{DELETING}{path.name}-{os.getpid()}")
-    os.rename(path, trash)
-    fsync_dir(path.parent)
-    shutil.rmtree(trash, ignore_errors=True)
+    remove_directory(path)

@@ -41,6 +41,7 @@ from messaging.broker.catalog import (
     stream_command,
     token,
 )
+from messaging.broker.topic_settings import MAX_MESSAGE_SIZE
 from messaging.broker.view import BrokerView
 from messaging.config import DEFAULT_LONG_POLL_TIMEOUT, DEFAULT_MAX_REQUEST_SIZE
 from messaging.errors import (
@@ -291,7 +292,11 @@ class StreamHandlers:
         if json_mode:
             messages = stream_reads.json_messages(body, allow_empty=True) if body else []
         else:
-            messages = self._pieces(body)
+            # Frames of a repeated create go to the stream that exists (or are skipped);
+            # otherwise to a new topic, which has no settings of its own yet.
+            kept = (existing if existing is not None and not existing.deleted
+                    and "replaces" not in op else None)
+            messages = self._pieces(body, kept.topic if kept is not None else None)
         result = await self.log.apply(stream_command(op, self._frames(messages)))
         outcome = result.stream
         assert outcome is not None
@@ -309,11 +314,14 @@ class StreamHandlers:
             answer[STREAM_NEXT_OFFSET_HEADER] = token(stream.tail)
         return web.Response(status=200, headers=answer)
 
-    def _pieces(self, body: bytes) -> list[bytes]:
-        """A byte body as messages no bigger than the maximum message size."""
+    def _pieces(self, body: bytes, topic: int | None) -> list[bytes]:
+        """A byte body as messages no bigger than the maximum message size of the stream's
+        ``topic`` (None: a new topic): its own max-message-size, else the broker's."""
         if not body:
             return []
         size = self.max_message_size
+        if topic is not None:
+            size = min(size, self.broker.settings(topic).settings.get(MAX_MESSAGE_SIZE, size))
         return [body[i:i + size] for i in range(0, len(body), size)]
 
     @staticmethod
@@ -346,7 +354,7 @@ class StreamHandlers:
                     "application/json"):
                 messages = stream_reads.json_messages(body, allow_empty=False)
             else:
-                messages = self._pieces(body)
+                messages = self._pieces(body, stream.topic)
         op: dict[str, Any] = {"op": "append", "name": name, "close": close,
                               "count": len(messages), "now": time.time()}
         if body:

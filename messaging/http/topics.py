@@ -74,8 +74,10 @@ class TopicHandlers:
             response = await self.describe_existing(request)
             assert isinstance(response, web.Response) and response.body is not None
             info: dict[str, Any] = json.loads(bytes(response.body))  # type: ignore[arg-type]
-        elif topic_id >= NAMED_TOPIC_BASE or entry.settings:
-            # A stream before its first append: nothing on disk yet, but it exists.
+        elif self.broker.stream_name(topic_id) is not None or (
+                topic_id < NAMED_TOPIC_BASE and entry.settings):
+            # A stream before its first append: nothing on disk yet, but it exists. An id
+            # in the named range with no stream behind it is no topic (404, as PUT says).
             info = _empty_row(topic_id, self.broker.stream_name(topic_id))
         else:
             raise NotFoundError(f"topic {topic_id} not found")

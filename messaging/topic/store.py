@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import resource
-import shutil
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -24,7 +23,13 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 from messaging.errors import DataDirectoryError
-from messaging.files import fsync_dir, lock_exclusive, storage_error
+from messaging.files import (
+    fsync_dir,
+    lock_exclusive,
+    remove_deleting,
+    remove_directory,
+    storage_error,
+)
 from messaging.topic.topic import Topic
 
 log = logging.getLogger(__name__)
@@ -80,6 +85,7 @@ class TopicStore:
                                      "broker")
         self._lock_fd = fd
         self.closed = False
+        remove_deleting(self.topics_dir)  # deletions a crash interrupted
         for entry in sorted(self.topics_dir.iterdir()):
             if entry.is_dir() and entry.name.isdigit():
                 topic = Topic.open(entry, int(entry.name), self.max_segment_size)
@@ -159,7 +165,14 @@ class TopicStore:
         return reopened
 
     def remove(self, topic_id: int) -> None:
-        """Close a topic and delete its files; a failure leaves them for the next start-up."""
+        """Close a topic and delete its files.
+
+        The directory is renamed away before its files are deleted, so its name is free at
+        once and never holds part of the old topic: a topic created again under the same
+        id starts empty even when a crash or a failure cut the deletion short (the next
+        start-up removes what is left under the other name). A failed rename leaves the
+        directory for the broker's start-up checks.
+        """
         with self._lock:
             topic = self._topics.pop(topic_id, None)
         self._open_files.pop(topic_id, None)
@@ -167,8 +180,7 @@ class TopicStore:
         if topic is not None:
             topic.close()
         try:
-            shutil.rmtree(path, ignore_errors=False)
-            fsync_dir(self.topics_dir)
+            remove_directory(path)
         except FileNotFoundError:
             pass
         except OSError as err:

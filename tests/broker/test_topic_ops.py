@@ -5,6 +5,9 @@ publish), and all of it exact after close/reopen, a snapshot, and a replay of th
 from __future__ import annotations
 
 import io
+import logging
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,8 +23,10 @@ from messaging.broker.topic_settings import (
     configure_command,
     delete_command,
 )
-from messaging.errors import MessageTooLargeError, TopicDeletedError
+from messaging.errors import BadRequestError, MessageTooLargeError, TopicDeletedError
+from messaging.files import DELETING, write_json_atomic
 from messaging.frames import encode, encode_batch
+from messaging.topic.topic import TOMBSTONE
 from tests.broker.test_broker import commit_all, contents
 from tests.conftest import apply
 
@@ -101,24 +106,157 @@ def test_a_deleted_topic_loses_files_positions_and_settings(tmp_path: Path) -> N
     apply(broker, delete_command(1))
     assert broker.topic(1) is None and not path.exists()
     assert broker.subscribers(1) == {} and broker.settings(1).settings == {}
-    assert broker.deleted_at(1) == 3
+    assert broker.deleted_at(1) == 4 == broker.index  # the deletion's own index
     assert broker.subscribers(2) == {} and broker.topic(2) is not None
     # A publish creates it again, its indexes going on from the broker's.
-    assert apply(broker, encode(1, 1, b"new")).first == 4
+    assert apply(broker, encode(1, 1, b"new")).first == 5
     commit_all(broker)
-    assert contents(broker)[1] == [(4, b"new")]
+    assert contents(broker)[1] == [(5, b"new")]
     topic = broker.topic(1)
     assert topic is not None
-    with pytest.raises(TopicDeletedError, match="first available index is 4") as raised:
+    with pytest.raises(TopicDeletedError, match="first available index is 5") as raised:
         topic.reader(2).read_all()
-    assert raised.value.first_index == 4 and raised.value.status == 410
+    assert raised.value.first_index == 5 and raised.value.status == 410
+    with topic.reader(5) as reader:
+        assert len(reader.read_all()) > 0
+    broker.close()
+    reopened = Broker.open(tmp_path)
+    assert reopened.deleted_at(1) == 4 and contents(reopened)[1] == [(5, b"new")]
+    with pytest.raises(TopicDeletedError):
+        reopened.topic(1).reader(1).read_all()
+    reopened.close()
+
+
+def test_a_read_resuming_right_after_the_old_topics_last_message_is_fenced(tmp_path: Path,
+                                                                          ) -> None:
+    """One topic alone: its last index L is the broker index when it is deleted. A reader
+    that saw L resumes at L + 1; that must be 410 after a re-creation, never the new
+    topic's first message as if it followed on; also after a restart."""
+    broker = Broker.open(tmp_path)
+    apply(broker, encode_batch(1, [b"a", b"b"]))
+    apply(broker, delete_command(1))
+    assert broker.deleted_at(1) == 3 == broker.index
+    assert apply(broker, encode(1, 1, b"new")).first == 4
+    commit_all(broker)
+    topic = broker.topic(1)
+    assert topic is not None
+    with pytest.raises(TopicDeletedError, match="first available index is 4"):
+        topic.reader(3).read_all()  # resumed right after the old topic's last message
     with topic.reader(4) as reader:
         assert len(reader.read_all()) > 0
     broker.close()
     reopened = Broker.open(tmp_path)
-    assert reopened.deleted_at(1) == 3 and contents(reopened)[1] == [(4, b"new")]
     with pytest.raises(TopicDeletedError):
-        reopened.topic(1).reader(1).read_all()
+        reopened.topic(1).reader(3).read_all()
+    apply(reopened, delete_command(1))  # deleted again: the index goes on from the journal
+    assert reopened.deleted_at(1) == 5
+    assert apply(reopened, encode(1, 1, b"third")).first == 6
+    reopened.close()
+
+
+def test_a_refused_deletion_takes_no_index(tmp_path: Path) -> None:
+    broker = Broker.open(tmp_path)
+    with pytest.raises(BadRequestError, match="DELETE /v1/stream/"):
+        apply(broker, delete_command(1 << 63))
+    assert broker.index == 0 and broker.deleted_at(1 << 63) is None
+    broker.close()
+
+
+class _WatchedLock:
+    """A lock that tells when an acquire has to wait (so a test knows, without sleeping,
+    that a thread is blocked on it)."""
+
+    def __init__(self, contended: threading.Event) -> None:
+        self._lock = threading.Lock()
+        self._contended = contended
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            self._contended.set()
+            self._lock.acquire()
+
+    def __exit__(self, *_exc: object) -> None:
+        self._lock.release()
+
+
+def test_a_deletion_waits_for_a_retention_run_on_its_topic(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        ) -> None:
+    """Retention stopped at its tombstone write (the system-call boundary) while the writer
+    deletes the same topic: the deletion waits for it (before: the tombstone went into a
+    directory being deleted, an ERROR, or a half-deleted directory a re-creation reopened),
+    and the topic created again afterwards starts empty, with no tombstone."""
+    broker = Broker.open(tmp_path, max_segment_size=100)
+    apply(broker, configure_command(1, {MAX_TOPIC_SIZE: 200}))
+    for n in range(8):
+        apply(broker, encode(1, 1, b"%d" % n * 60))
+    commit_all(broker)
+    at_tombstone, resume, progressed = threading.Event(), threading.Event(), threading.Event()
+
+    def paused_write(path: Path, value: object, **options: bool) -> None:
+        at_tombstone.set()
+        assert resume.wait(10)
+        write_json_atomic(path, value, **options)
+
+    monkeypatch.setattr("messaging.topic.topic.write_json_atomic", paused_write)
+    broker._retention_lock = _WatchedLock(progressed)  # type: ignore[assignment]
+    retention = threading.Thread(target=broker.enforce_retention)
+    retention.start()
+    assert at_tombstone.wait(10)
+
+    def delete() -> None:
+        broker.write_group([delete_command(1)], durable=True)
+        progressed.set()
+
+    deletion = threading.Thread(target=delete)
+    deletion.start()
+    assert progressed.wait(10)  # the deletion is done, or waits for the retention run
+    resume.set()
+    retention.join(10)
+    deletion.join(10)
+    assert not retention.is_alive() and not deletion.is_alive()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert broker.topic(1) is None
+    assert os.listdir(tmp_path / "topics") == []  # nothing left, under any name
+    index = apply(broker, encode(1, 1, b"again")).first
+    commit_all(broker)
+    topic = broker.topic(1)
+    assert topic is not None and topic.first_index == index
+    assert not (topic.path / TOMBSTONE).exists()
+    assert contents(broker)[1] == [(index, b"again")]
+    broker.close()
+
+
+def test_a_deletion_cut_short_leaves_nothing_under_the_topics_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The topic's directory is renamed away before its files are deleted: a deletion that
+    fails midway (here: its first unlink) never leaves old segments for a re-creation to
+    reopen, and the next start-up removes what it left."""
+    broker = Broker.open(tmp_path, max_segment_size=100)
+    for n in range(4):
+        apply(broker, encode(1, 1, b"%d" % n * 60))
+    commit_all(broker)
+    real_unlink = os.unlink
+    failed: list[str] = []
+
+    def failing_unlink(path: str | os.PathLike[str], *args: object, **kwargs: object) -> None:
+        if not failed and str(path).endswith(".seg"):
+            failed.append(str(path))
+            raise PermissionError(1, "Operation not permitted", str(path))
+        real_unlink(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "unlink", failing_unlink)
+    apply(broker, delete_command(1))
+    monkeypatch.undo()
+    assert failed and not (tmp_path / "topics" / "1").exists()
+    index = apply(broker, encode(1, 1, b"again")).first
+    commit_all(broker)
+    assert contents(broker)[1] == [(index, b"again")]
+    broker.close()
+    assert any(name.startswith(DELETING) for name in os.listdir(tmp_path / "topics"))
+    reopened = Broker.open(tmp_path)
+    assert os.listdir(tmp_path / "topics") == ["1"]
+    assert contents(reopened)[1] == [(index, b"again")]
     reopened.close()
 
 
@@ -127,9 +265,9 @@ def test_a_group_with_a_deletion_in_the_middle_applies_in_order(tmp_path: Path) 
     results = broker.write_group([encode(1, 1, b"before"), delete_command(1),
                                   encode(1, 1, b"after"), encode(1, 2, b"other")],
                                  durable=True)
-    assert [getattr(r, "first", None) for r in results] == [1, 0, 2, 3]
-    assert contents(broker) == {1: [(2, b"after")], 2: [(3, b"other")]}
-    assert broker.deleted_at(1) == 1
+    assert [getattr(r, "first", None) for r in results] == [1, 0, 3, 4]
+    assert contents(broker) == {1: [(3, b"after")], 2: [(4, b"other")]}
+    assert broker.deleted_at(1) == 2
     broker.close()
 
 
@@ -169,7 +307,7 @@ def test_replaying_the_commands_from_a_checkpoint_ends_in_the_same_state(tmp_pat
         checkpoints.append((broker.index, broker.catalog.saved()))
     commit_all(broker)
     expected = state_of(broker)
-    assert contents(broker)[1] == [(3, b"c"), (4, b"d" * 50)]
+    assert contents(broker)[1] == [(4, b"c"), (5, b"d" * 50)]
     for start in range(len(commands)):
         broker.index, catalog = checkpoints[start]
         broker.catalog.restore(catalog)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from messaging.cluster.node import DELETING, find_retired, remove_group
+from messaging.cluster.node import find_retired, remove_group
+from messaging.files import DELETING
 
 
 def make_group(root: Path, group: int, revision: int, files: int = 20) -> Path:

@@ -115,6 +115,6 @@ def test_the_topic_cli_against_one_broker(broker_process, tmp_path: Path) -> Non
     code, out, err = run("delete", url, "9")
     assert (code, out.strip()) == (0, "deleted topic 9"), err
     code, out, err = run("describe", url, "9")
-    assert code == 1 and err.strip() == "messaging: topic 9 was deleted (at index 0)"
+    assert code == 1 and err.strip() == "messaging: topic 9 was deleted (at index 1)"
     code, out, err = run("delete", url, "10")
     assert code == 1 and err.strip() == "messaging: topic 10 not found"

@@ -100,7 +100,8 @@ async def test_delete_then_410_then_a_publish_creates_it_again(server: BrokerSer
     assert stream.status == 200
     await stream.content.readexactly(2 * 27)  # both frames: the stream is open and caught up
     status, answer, _ = await call(http, "DELETE", topic_url(server, 5))
-    assert status == 200 and answer == {"id": 5, "deleted": True, "deleted_at": 2}
+    # The deletion takes an index of its own: the old topic's last was 2.
+    assert status == 200 and answer == {"id": 5, "deleted": True, "deleted_at": 3}
     assert await asyncio.wait_for(stream.content.read(), 5) == b""  # the open stream ended
     stream.release()
     for url in (f"{base}/messaging/messages?topicID=5", topic_url(server, 5),
@@ -111,10 +112,18 @@ async def test_delete_then_410_then_a_publish_creates_it_again(server: BrokerSer
     status, consumers, _ = await call(http, "GET", f"{base}/messaging/consumers")
     assert consumers == []
     async with http.post(f"{base}/messaging/messages?topicID=5", data=b"c") as resp:
-        assert resp.headers["X-Broker-Index"] == "3"
+        assert resp.headers["X-Broker-Index"] == "4"
     async with http.get(f"{base}/messaging/messages?topicID=5&index=1") as resp:
-        assert resp.status == 410 and resp.headers["X-Broker-First-Index"] == "3"
+        assert resp.status == 410 and resp.headers["X-Broker-First-Index"] == "4"
+    # Readers resuming right after the old topic's last message (2) are fenced too: the
+    # new topic's first message is not theirs to continue with.
     async with http.get(f"{base}/messaging/messages?topicID=5&index=3") as resp:
+        assert resp.status == 410 and resp.headers["X-Broker-First-Index"] == "4"
+    async with http.get(f"{base}/messaging/messages?topicID=5&format=sse",
+                        headers={"Last-Event-ID": "2"}) as resp:
+        assert resp.status == 410 and "topic 5 was deleted (at index 3)" in resp.headers[
+            "X-Broker-Error"]
+    async with http.get(f"{base}/messaging/messages?topicID=5&index=4") as resp:
         assert resp.status == 200 and (await resp.read()).endswith(b"c")
     assert (await call(http, "DELETE", topic_url(server, 6)))[0] == 404
 
@@ -134,6 +143,35 @@ async def test_a_streams_topic_takes_settings_by_name_and_is_deleted_as_a_stream
     assert status == 400 and "DELETE /v1/stream/orders" in error
     assert (await call(http, "PUT", topic_url(server, "nothing"), {}))[0] == 404
     assert (await call(http, "PUT", topic_url(server, (1 << 63) + 99), {}))[0] == 404
+    # An id in the named range with no stream behind it: no such topic, whatever the verb.
+    status, _, error = await call(http, "GET", topic_url(server, (1 << 63) + 191))
+    assert status == 404 and f"topic {(1 << 63) + 191} not found" in error
+
+
+async def test_a_streams_own_message_size_splits_its_appends(server: BrokerServer,
+                                                              http: Session) -> None:
+    """Appends to a byte stream are split at its topic's max-message-size as at the broker's;
+    a JSON element over it is refused, naming the stream (not its topic's id)."""
+    text = {"Content-Type": "text/plain"}
+    async with http.put(f"{server.url}/v1/stream/chat", headers=text) as resp:
+        assert resp.status == 201
+    await call(http, "PUT", topic_url(server, "chat"), {"max-message-size": "10K"})
+    big = bytes(range(256)) * 80  # 20480 bytes: two messages of 10 KiB
+    async with http.post(f"{server.url}/v1/stream/chat", data=big, headers=text) as resp:
+        assert resp.status == 204, resp.headers.get("X-Broker-Error")
+    async with http.get(f"{server.url}/v1/stream/chat", params={"offset": "-1"}) as resp:
+        assert await resp.read() == big
+    status, answer, _ = await call(http, "GET", topic_url(server, "chat"))
+    assert status == 200 and answer["last_index"] - answer["first_index"] == 1  # 2 messages
+    json_type = {"Content-Type": "application/json"}
+    async with http.put(f"{server.url}/v1/stream/events", headers=json_type) as resp:
+        assert resp.status == 201
+    await call(http, "PUT", topic_url(server, "events"), {"max-message-size": 8})
+    async with http.post(f"{server.url}/v1/stream/events", data=b'["a long string"]',
+                         headers=json_type) as resp:
+        assert resp.status == 413
+        assert "stream 'events'" in resp.headers["X-Broker-Error"]
+        assert str(1 << 63) not in resp.headers["X-Broker-Error"]
 
 
 async def test_scopes(start_server: StartServer, http: Session, tmp_path: Path) -> None:
