@@ -12,8 +12,9 @@ Endpoints (routed in :mod:`messaging.http.app`):
 - ``GET /messaging/consumers`` (optional ``topicID``, ``name``): every consumer's position,
   the topic's last index, lag (the messages after its position) and when it was last seen.
 - ``PUT /messaging/consumers/{name}?topicID=T&index=I``: reset a position (also backwards);
-  or the same two in a JSON body, ``{"topicID": T, "index": I}``, each a number or a
-  decimal string (:func:`messaging.json_ids.parse_u64`; ``topicID`` may be a stream's name).
+  or the same two in a JSON body, ``{"topicID": T, "index": I}`` (read as JSON whatever its
+  Content-Type when the query has no topicID), each a number or a decimal string
+  (:func:`messaging.json_ids.parse_u64`; ``topicID`` may be a stream's name).
 - ``DELETE /messaging/consumers/{name}`` (optional ``topicID``): forget a consumer.
 
 ``topicID`` is a topic id or a named stream's name (:mod:`messaging.http.topic_param`).
@@ -123,10 +124,14 @@ class ConsumerHandlers:
 
     @requires("admin")
     async def reset(self, request: web.Request) -> web.Response:
-        """PUT /messaging/consumers/{name}?topicID=T&index=I: set a position, also backwards."""
+        """PUT /messaging/consumers/{name}?topicID=T&index=I: set a position, also backwards.
+
+        Or both in a JSON object body, whatever its Content-Type when the query names no
+        topic: ``curl -d`` sends JSON as a form."""
         name = check_name(request.match_info.get("name"))
         given: Mapping[str, object] = request.query
-        if request.content_type == "application/json":
+        if request.content_type == "application/json" or (
+                "topicID" not in request.query and request.body_exists):
             given = await _json_object(request)
         reference = _topic_given(given.get("topicID"))
         if reference is None:

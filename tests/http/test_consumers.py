@@ -87,3 +87,23 @@ async def test_reset_takes_a_json_body_with_numbers_or_decimal_strings(
             assert fragment in resp.headers["X-Broker-Error"], body
     async with http.put(url, data=b"{", headers={"Content-Type": "application/json"}) as resp:
         assert resp.status == 400 and "invalid JSON body" in resp.headers["X-Broker-Error"]
+
+
+async def test_reset_reads_a_json_body_sent_as_a_form(server: BrokerServer,
+                                                      http: aiohttp.ClientSession) -> None:
+    """``curl -XPUT -d '{"topicID":1,"index":2}'`` sends application/x-www-form-urlencoded:
+    the body is still the JSON object the query does not replace."""
+    for n in range(3):
+        async with http.post(f"{server.url}/messaging/messages", params={"topicID": "1"},
+                             data=b"m%d" % n) as resp:
+            assert resp.status == 200
+    url = f"{server.url}/messaging/consumers/c"
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    async with http.put(url, data=b'{"topicID":1,"index":2}', headers=form) as resp:
+        assert resp.status == 200, resp.headers.get("X-Broker-Error")
+        assert await resp.json() == {"topic": 1, "name": "c", "index": 2}
+    async with http.put(url, params={"topicID": "1", "index": "1"}, data=b"x=1",
+                        headers=form) as resp:  # the query names the topic: the body is not read
+        assert resp.status == 200 and (await resp.json())["index"] == 1
+    async with http.put(url, data=b"topicID=1&index=2", headers=form) as resp:
+        assert resp.status == 400 and "invalid JSON body" in resp.headers["X-Broker-Error"]
