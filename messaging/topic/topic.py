@@ -712,10 +712,9 @@ class Topic:
         if located is None:
             return None
         segment, _position, ordinal = located
-        with self._lock:
-            segments = self._segments[self._segments.index(segment):]
-        target = ordinal + count - 1
         last_seen = self._committed_of(segment)[1]
+        segments, ordinal = self._segments_from(segment, ordinal)
+        target = ordinal + count - 1
         for segment in segments:
             self.ensure_indexed(segment)
             committed_count, committed_last = self._committed_of(segment)
@@ -736,13 +735,27 @@ class Topic:
         if located is None:
             return 0
         segment, _position, ordinal = located
-        with self._lock:
-            segments = self._segments[self._segments.index(segment):]
+        segments, ordinal = self._segments_from(segment, ordinal)
         total = -ordinal
         for segment in segments:
             self.ensure_indexed(segment)
             total += self._committed_of(segment)[0]
         return max(total, 0)
+
+    def _segments_from(self, segment: Segment, ordinal: int) -> tuple[list[Segment], int]:
+        """The segments from ``segment`` on, and where in the first one to start.
+
+        :meth:`locate` looked at the segment list without keeping the lock; retention may
+        have deleted ``segment`` since. It deletes only the oldest segments, so every kept
+        one comes after it: counting starts at the first kept message then (what the
+        caller counts are the messages kept).
+        """
+        with self._lock:
+            try:
+                start = self._segments.index(segment)
+            except ValueError:
+                return list(self._segments), 0
+            return self._segments[start:], ordinal
 
     def index_before_end(self, count: int) -> int | None:
         """The index of the ``count``-th committed message counting back from the last one

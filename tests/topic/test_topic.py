@@ -76,6 +76,31 @@ def test_index_after_counts_across_segments(tmp_path: Path) -> None:
     topic.close()
 
 
+@pytest.mark.parametrize("lookup", ["count_after", "index_after"])
+def test_counting_while_retention_deletes_the_located_segment(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             lookup: str) -> None:
+    """A retention run between the lookup's locate (no lock kept) and its walk of the
+    segments deletes the segment it located: counting goes on from what is kept."""
+    topic = make(tmp_path, [[1, 2], [3, 4], [5, 6]])
+    locate = topic.locate
+
+    def locate_then_retention(index: int) -> object:
+        located = locate(index)
+        topic.truncate(max_size=0, floor_index=4)  # segments 1 and 3 go
+        return located
+
+    monkeypatch.setattr(topic, "locate", locate_then_retention)
+    if lookup == "count_after":
+        assert topic.count_after(1) == 2  # 5 and 6: the messages after 1 that are kept
+    else:
+        assert topic.index_after(2, 2) == 6  # the second kept message at or after 2
+    monkeypatch.undo()
+    assert [s.first_index for s in topic.segments()] == [5]
+    assert topic.count_after(1) == 2 and topic.index_after(2, 2) == 6
+    topic.close()
+
+
 def write_segment(path: Path, indexes: list[int]) -> bytes:
     data = frames(1, indexes)
     path.mkdir(parents=True, exist_ok=True)
