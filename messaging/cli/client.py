@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import base64
 import concurrent.futures
+import contextlib
 import json
 import math
 import os
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from messaging.aio import cancel_and_wait
 from messaging.cli.contexts import Target, add_target_options, looks_like_urls, resolve
 from messaging.client.client import Client
 from messaging.errors import (
@@ -43,8 +45,12 @@ from messaging.json_ids import dumps
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 Topic = int | str
 
-#: How long each broker may take to list the cluster's nodes before the next is asked.
-LEARN_TIMEOUT = 2.0
+#: How long each broker may take to list the cluster's nodes before the next is asked (a
+#: busy node can take seconds; a hung one costs this much once, at the start).
+LEARN_TIMEOUT = 5.0
+#: How often a following tail asks the cluster for its nodes again (nodes that joined since,
+#: or had not registered yet when it started).
+RELEARN_INTERVAL = 10.0
 #: How long a broker may take to start answering a command's request before it counts as
 #: failed and the request goes to the next node (a stopped or hung node).
 ANSWER_TIMEOUT = 10.0
@@ -186,14 +192,23 @@ def _client(args: argparse.Namespace, **options: Any) -> Client:
     return Client(target.urls, token=target.token, ca=target.ca, **options)
 
 
+async def keep_learning(client: Client) -> None:
+    """:func:`learn_nodes` every RELEARN_INTERVAL until cancelled; what fails is left to the
+    reads, which say so."""
+    while True:
+        await asyncio.sleep(RELEARN_INTERVAL)
+        with contextlib.suppress(MessagingError):
+            await learn_nodes(client)
+
+
 async def learn_nodes(client: Client) -> None:
     """Ask the first broker that answers for the cluster's nodes, so a failover can reach
     nodes the command was not given. A broker that cannot be reached now is the command's
     own error to report (or wait out); a wrong URL (not a broker, TLS mismatch) is reported
     here, at once."""
     try:
-        await asyncio.wait_for(client.ping(timeout=LEARN_TIMEOUT),
-                               LEARN_TIMEOUT * min(len(client.urls), 3))
+        async with asyncio.timeout(LEARN_TIMEOUT * min(len(client.urls), 3)):
+            await client.ping(timeout=LEARN_TIMEOUT)
     except ConnectionFailedError as err:
         if err.refused and not client.reached:
             raise  # nothing listens there: the command would say the same, later
@@ -602,6 +617,7 @@ async def _tail(args: argparse.Namespace) -> int:
                 + ("forever" if math.isinf(retry) else f"for {retry:g} s"))
             conn.on_resume = lambda: _note("reading again")
         await conn.open(index=index, streaming=args.follow)
+        relearn = asyncio.create_task(keep_learning(client)) if args.follow else None
         printed = 0
         try:
             async for message in conn:
@@ -613,6 +629,8 @@ async def _tail(args: argparse.Namespace) -> int:
                 if args.limit is not None and printed >= args.limit:
                     break
         finally:
+            if relearn is not None:
+                await cancel_and_wait(relearn)
             await conn.close()  # commits the last message printed, with --consumer
     return 0
 

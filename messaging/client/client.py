@@ -330,9 +330,13 @@ class Client:
         wait = self.timeout if timeout is None else timeout
         while True:
             try:
-                resp = await asyncio.wait_for(
-                    self.session.request(method, url + path, params=params, data=data,
-                                         headers=headers, allow_redirects=False), wait)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result
+                # and drops a cancellation that arrives as the answer does, and a Conn that
+                # is closing would then go on streaming forever.
+                async with asyncio.timeout(wait):
+                    resp = await self.session.request(method, url + path, params=params,
+                                                      data=data, headers=headers,
+                                                      allow_redirects=False)
             except aiohttp.ClientResponseError as err:
                 raise NotABrokerError.at(url, "its answer is not valid HTTP") from err
             except _MAYBE_SENT as err:

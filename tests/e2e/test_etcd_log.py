@@ -29,6 +29,7 @@ import grpc
 import pytest
 from aetcd import rpc
 
+from messaging.cli.client import RELEARN_INTERVAL
 from messaging.client.client import Client
 from messaging.frames import FRAMES_CONTENT_TYPE, decode, encode_batch
 from messaging.log.etcd.client import prefix_end
@@ -1152,12 +1153,17 @@ async def test_node_killed_at_each_boundary_of_a_publish(etcd: EtcdCluster, brok
 
 async def test_the_cli_fails_over_when_its_first_url_is_killed(
         etcd: EtcdCluster, broker_process, tmp_path: Path) -> None:
-    """``messaging tail --follow`` given node 0 alone learns the other nodes from it, and
-    ``messaging publish`` given node 0 first: node 0 is killed (-9) between publishes, both
-    go on through the others, and the tail prints every message once, in order."""
+    """``messaging tail --follow`` is given node 0 alone, before nodes 1 and 2 exist: it
+    learns them from node 0 later (it asks again every RELEARN_INTERVAL). ``messaging
+    publish`` gets node 0 first. Node 0 is killed (-9) between publishes; both go on through
+    the others, and the tail prints every message once, in order."""
     nodes = Nodes(broker_process, tmp_path, etcd)
-    await nodes.start(0, 1, 2)
+    await nodes.start(0)
     env = {**os.environ, "MESSAGING_CONFIG_DIR": str(tmp_path / "config"), "MESSAGING_URL": ""}
+    tail = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "messaging.cli", "tail", nodes.url(0), str(TOPIC), "--follow",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    await nodes.start(1, 2)
     urls = ",".join(nodes.urls)
 
     def publish(*lines: str) -> subprocess.CompletedProcess[str]:
@@ -1165,9 +1171,12 @@ async def test_the_cli_fails_over_when_its_first_url_is_killed(
                                str(TOPIC)], input="".join(f"{line}\n" for line in lines),
                               capture_output=True, text=True, timeout=60, env=env)
 
-    tail = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "messaging.cli", "tail", nodes.url(0), str(TOPIC), "--follow",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    async with Client(nodes.url(0)) as client:
+        async def all_listed() -> bool:  # node 0 has seen the others join
+            return sorted(await client.ping()) == sorted(nodes.urls)
+
+        await wait_until(all_listed, timeout=20, what="node 0 to list every node")
+    await asyncio.sleep(RELEARN_INTERVAL + 1)  # the tail has asked node 0 again since
     assert tail.stdout is not None
     try:
         before = [f"before {n}" for n in range(3)]
@@ -1182,7 +1191,8 @@ async def test_the_cli_fails_over_when_its_first_url_is_killed(
         printed += [await asyncio.wait_for(tail.stdout.readline(), 30) for _ in after]
     finally:
         tail.kill()
-        await tail.wait()
+        _out, err = await tail.communicate()
+        print("tail's standard error:", err.decode(errors="replace"))
     rows = [line.decode().rstrip("\n").split("\t") for line in printed]
     assert [row[2] for row in rows] == before + after
     indexes = [int(row[0]) for row in rows]
