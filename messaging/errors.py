@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from http import HTTPStatus
 
 from messaging.headers import (
+    DELETED_AT_HEADER,
     ERROR_HEADER,
     FIRST_INDEX_HEADER,
     PRODUCER_EPOCH_HEADER,
@@ -307,8 +308,10 @@ class TopicDeletedError(TopicTruncatedError):
         self.deleted_at = deleted_at
 
     def headers(self) -> dict[str, str]:
-        """The topic, and where it starts again if it was created again."""
-        return super().headers() if self.first_index else {TOPIC_HEADER: str(self.topic)}
+        """The topic, the index of its deletion, and where it starts again if it was
+        created again."""
+        found = super().headers() if self.first_index else {TOPIC_HEADER: str(self.topic)}
+        return {**found, DELETED_AT_HEADER: str(self.deleted_at)}
 
 
 # -- named streams (messaging.broker.catalog) -------------------------------------------------
@@ -393,8 +396,9 @@ def error_for_status(status: int, headers: Mapping[str, str], url: str = "") -> 
     """The exception an error answer (status >= 300) of the broker at ``url`` stands for.
 
     Read from the status and headers (names in any case), never from the body: the message
-    is ``X-Broker-Error``; a 410 with ``X-Broker-First-Index`` is a
-    :class:`TopicTruncatedError` for the topic in ``X-Broker-Topic``. An answer without
+    is ``X-Broker-Error``; a 410 with ``X-Broker-Deleted-At`` is a :class:`TopicDeletedError`,
+    one with ``X-Broker-First-Index`` a :class:`TopicTruncatedError`, for the topic in
+    ``X-Broker-Topic``. An answer without
     ``X-Broker-Error`` (a web server's or a proxy's error page) or with a broker header that
     is not an unsigned integer is a :class:`NotABrokerError`.
     """
@@ -407,12 +411,15 @@ def error_for_status(status: int, headers: Mapping[str, str], url: str = "") -> 
             phrase = ""
         return NotABrokerError.at(url, f"it answered HTTP {status}{phrase}")
     numbers = {}
-    for wanted in (FIRST_INDEX_HEADER, TOPIC_HEADER):
+    for wanted in (FIRST_INDEX_HEADER, TOPIC_HEADER, DELETED_AT_HEADER):
         name, value = found.get(wanted.lower(), (wanted, None))
         if value is not None and not is_unsigned(value):
             return NotABrokerError.at(url, f"invalid {name} {value!r}")
         numbers[wanted] = None if value is None else int(value)
     first_index = numbers[FIRST_INDEX_HEADER]
+    deleted_at = numbers[DELETED_AT_HEADER]
+    if status == 410 and deleted_at is not None:
+        return TopicDeletedError(numbers[TOPIC_HEADER] or 0, deleted_at, first_index or 0)
     if status == 410 and first_index is not None:
         return TopicTruncatedError(numbers[TOPIC_HEADER], first_index)
     cls = _BY_STATUS.get(status, MessagingError)

@@ -29,6 +29,8 @@ ERROR_HEADER = "X-Broker-Error"
 #: A 410 answer: the first index still available, and the topic.
 FIRST_INDEX_HEADER = "X-Broker-First-Index"
 TOPIC_HEADER = "X-Broker-Topic"
+#: A 410 for a deleted topic: the broker index its deletion took.
+DELETED_AT_HEADER = "X-Broker-Deleted-At"
 
 #: Durable Streams: a closed stream, and the offset to read from next.
 STREAM_CLOSED_HEADER = "Stream-Closed"

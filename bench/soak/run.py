@@ -6,7 +6,8 @@ retention timer, so retention deletes segments all through the run). At the same
 publishers POST single messages and frame batches to several topics at a bounded rate;
 streaming subscribers (:class:`messaging.client.client.Conn`, heartbeating) come and go — followers
 that read everything, laggards that read slowly and whose registration lapses, and slow ones
-that never read; range readers make non-streaming reads with ``index``/``end``/``limit``.
+that never read; range readers make non-streaming reads with ``index``/``end``/``limit``;
+a churner creates, configures, fills, reads back and deletes scratch topics.
 
 Every ``--sample-interval`` seconds the broker's RSS, descriptors, threads and CPU, and the
 load generator's publish latency, throughput and errors are sampled. At the end
@@ -46,7 +47,12 @@ from bench.soak.checks import evaluate, publish_results
 from bench.soak.ledger import TOPICS, Ledger, RangeRead, Session
 from messaging.cli.main import event_loop_factory
 from messaging.client.client import Client
-from messaging.errors import MessagingError, PublishOutcomeUnknownError, TopicTruncatedError
+from messaging.errors import (
+    MessagingError,
+    PublishOutcomeUnknownError,
+    TopicDeletedError,
+    TopicTruncatedError,
+)
 from messaging.frames import Message
 
 SUBSCRIBER_TIMEOUT = 20.0
@@ -56,6 +62,9 @@ BROKER_OPTIONS = ["--max-segment-size", "256K", "--max-topic-size", "4M",
 SINGLE_PUBLISHERS, SINGLE_RATE = 4, 40.0  # tasks, requests/s each
 BATCH_PUBLISHERS, BATCH_RATE, BATCH_SIZES = 2, 5.0, (20, 200)  # tasks, requests/s, messages
 FOLLOWERS, LAGGARDS, SLOW_SUBSCRIBERS, RANGE_READERS = 4, 2, 2, 2
+#: Topics the churner creates, configures, fills, reads back and deletes, over and over
+#: (none of the checked TOPICS), and how long it rests between rounds.
+SCRATCH_TOPICS, CHURN_PAUSE = (901, 902, 903), 1.0
 LAGGARD_PACE = 0.01  # seconds per message: a third of one topic's publish rate
 REQUEST_TIMEOUT = 30.0  # no single request of the load generator waits longer
 MAX_SESSIONS = 10_000  # per subscriber slot: every loop is bounded in count and time
@@ -368,6 +377,40 @@ async def range_reader(client: Client, ledger: Ledger, deadline: float,
         ledger.reads.append(read)
 
 
+async def topic_churner(client: Client, ledger: Ledger, deadline: float,
+                        rng: random.Random) -> None:
+    """Topic management through the log, all through the run: a scratch topic is given
+    settings, filled, read back exactly, deleted, and then read from its old start (410)."""
+    loop = asyncio.get_running_loop()
+    for round_ in range(100_000):
+        if loop.time() >= deadline:
+            return
+        topic = SCRATCH_TOPICS[round_ % len(SCRATCH_TOPICS)]
+        datas = [b"churn %d %d " % (round_, n) + rng.randbytes(rng.randint(0, 300))
+                 for n in range(rng.randint(1, 400))]
+        try:
+            await asyncio.wait_for(client.create_topic(
+                topic, max_segment_size=rng.choice(["4K", "16K", "64K"])), REQUEST_TIMEOUT)
+            first, last = await asyncio.wait_for(client.publish_batch(topic, datas),
+                                                 REQUEST_TIMEOUT)
+            back = await asyncio.wait_for(client.read(topic, first), REQUEST_TIMEOUT)
+            if [m.data for m in back] != datas or back[-1].index != last:
+                ledger.anomalies.append(f"scratch topic {topic} round {round_}: read back "
+                                        f"{len(back)} messages, published {len(datas)}")
+            await asyncio.wait_for(client.delete_topic(topic), REQUEST_TIMEOUT)
+            try:
+                gone = await asyncio.wait_for(client.read(topic, first), REQUEST_TIMEOUT)
+            except TopicDeletedError:
+                ledger.expected["deleted-topic 410"] += 1
+            else:
+                if gone:
+                    ledger.anomalies.append(f"scratch topic {topic} round {round_}: "
+                                            f"{len(gone)} messages read after its deletion")
+        except (MessagingError, TimeoutError) as err:
+            ledger.error("topic-churn", err)
+        await asyncio.sleep(CHURN_PAUSE)
+
+
 async def sampler(client: Client, ledger: Ledger, pids: list[int], started: float,
                   deadline: float, interval: float, events: ClientEvents,
                   samples: list[dict[str, Any]]) -> None:
@@ -458,6 +501,8 @@ async def run_load(urls: list[str], pids: list[int], seconds: float, interval: f
         tasks += [asyncio.create_task(range_reader(observer, ledger, deadline,
                                                    random.Random(rng.random())))
                   for _ in range(RANGE_READERS)]
+        tasks.append(asyncio.create_task(topic_churner(publishers, ledger, deadline,
+                                                       random.Random(rng.random()))))
         done, pending = await asyncio.wait(tasks, timeout=seconds + 4 * REQUEST_TIMEOUT)
         for task in pending:
             task.cancel()

@@ -19,6 +19,7 @@ from messaging.errors import (
     NoLeaderError,
     NotABrokerError,
     PublishOutcomeUnknownError,
+    TopicDeletedError,
     TopicTruncatedError,
 )
 from messaging.http.server import BrokerServer
@@ -360,7 +361,25 @@ async def test_a_410_names_its_topic_from_a_header_not_the_text(
     assert (info.value.topic, info.value.first_index, str(info.value)) == (topic, 6, message)
 
 
-@pytest.mark.parametrize("header", ["X-Broker-First-Index", "X-Broker-Topic"])
+@pytest.mark.parametrize(("headers", "first_index"), [
+    ({"X-Broker-Deleted-At": "9", "X-Broker-Topic": "12"}, 0),
+    ({"X-Broker-Deleted-At": "9", "X-Broker-Topic": "12", "X-Broker-First-Index": "10"}, 10),
+])
+async def test_a_410_of_a_deleted_topic_is_a_topic_deleted_error(
+        headers: dict[str, str], first_index: int) -> None:
+    """A deleted topic (created again or not) is told apart by X-Broker-Deleted-At."""
+    async def gone(request: web.Request) -> web.Response:
+        return web.Response(status=410, headers={"X-Broker-Error": "deleted", **headers})
+
+    async with fake_server(gone) as url, Client(url) as client:
+        with pytest.raises(TopicDeletedError) as info:
+            await client.read(12, index=2)
+    assert (info.value.topic, info.value.deleted_at, info.value.first_index) == (
+        12, 9, first_index)
+
+
+@pytest.mark.parametrize("header", ["X-Broker-First-Index", "X-Broker-Topic",
+                                    "X-Broker-Deleted-At"])
 async def test_a_410_with_an_invalid_number_is_not_from_a_broker(header: str) -> None:
     async def gone(request: web.Request) -> web.Response:
         return web.Response(status=410, headers={
