@@ -53,7 +53,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
 
 
@@ -75,12 +75,12 @@ def positive_size(text: str) -> int:
 
 
 def parse_duration(text: str) -> float:
-    """``100ms``, ``10s``, ``10m``, ``1h`` or plain seconds."""
+    """``100ms``, ``10s``, ``10m``, ``1h``, ``7d`` or plain seconds."""
     match = _DURATION.match(text) if text.isascii() else None
     if not match:
         raise argparse.ArgumentTypeError(f"invalid duration {text!r}: use e.g. 500ms, 10s, 10m")
     number, unit = float(match.group(1)), (match.group(2) or "s").lower()
-    return number * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
+    return number * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
 
 
 def positive_duration(text: str) -> float:
@@ -124,7 +124,7 @@ def show_size(size: int) -> str:
 
 def show_duration(seconds: float) -> str:
     """A duration as ``10m``/``10s``/``500ms`` text."""
-    for unit, length in (("h", 3600), ("m", 60), ("s", 1)):
+    for unit, length in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         if seconds >= length and seconds % length == 0:
             return f"{int(seconds // length)}{unit}"
     return f"{round(seconds * 1000)}ms"

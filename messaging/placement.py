@@ -70,21 +70,25 @@ def holders(group: int, nodes: Iterable[str], replicas: int, groups: int = 1) ->
 @functools.lru_cache(maxsize=64)
 def assignment(groups: int, nodes: tuple[str, ...], replicas: int) -> tuple[tuple[str, ...], ...]:
     """Each group's holders: ``replicas`` nodes (all of them when there are fewer), chosen by
-    rendezvous hashing with bounded loads. Group by group, each takes the highest-scoring
-    nodes that hold fewer than ⌈groups·R/N⌉ groups so far (nodes past that bound only when too
+    rendezvous hashing with bounded loads. Group by group, the k-th takes the highest-scoring
+    nodes that hold fewer than ⌈k·R/N⌉ groups so far (the least loaded others only when too
     few are under it), so no node holds much more than its share; the same nodes give the
     same answer on every node and client."""
     count = min(max(replicas, 1), len(nodes))
     if not count:
         return tuple(() for _ in range(groups))
-    bound = -(-groups * count // len(nodes))
     load = dict.fromkeys(nodes, 0)
     result = []
     for group in range(groups):
+        # The bound grows with the groups placed so far, so loads stay even all the way:
+        # a bound fixed at the end's share let the first nodes fill up early and left the
+        # last groups only one node under it (15 groups, 3 nodes, R = 2 gave 13/10/7).
+        bound = -(-(group + 1) * count // len(nodes))
         ranked = sorted(nodes, key=lambda url: (_score(b"%d:" % group + url.encode()), url),
                         reverse=True)
         chosen = [u for u in ranked if load[u] < bound][:count]
-        chosen += [u for u in ranked if u not in chosen][:count - len(chosen)]
+        rest = sorted((u for u in ranked if u not in chosen), key=lambda u: load[u])
+        chosen += rest[:count - len(chosen)]
         for url in chosen:
             load[url] += 1
         result.append(tuple(chosen))

@@ -64,7 +64,7 @@ def test_durations_are_read_with_or_without_a_unit(text: str, seconds: float) ->
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "soon", "-1s", "10d", "１s", "1e3"])
+@pytest.mark.parametrize("text", ["", "soon", "-1s", "１s", "1e3"])
 def test_durations_that_are_not_durations_are_refused(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="invalid duration"):
         parse_duration(text)

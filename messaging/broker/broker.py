@@ -76,6 +76,7 @@ from messaging.frames import decode_one, frame_size
 from messaging.placement import NAMED_TOPIC_BASE
 from messaging.quiet_log import QuietLog
 from messaging.topic.store import TopicStore
+from messaging.topic.times import TIME_RESOLUTION_MS
 from messaging.topic.topic import Topic
 from messaging.topic.view import TopicView
 
@@ -122,6 +123,9 @@ class Broker:
         self.metrics.watch_subscribers(self._subscriber_rows)
         self.metrics.watch_topics(self._topic_rows)
         self.index = 0
+        #: The append time of the messages applied now (ms since the epoch; 0: none yet): see
+        #: :meth:`advance_time`. Part of the state, like the index.
+        self.time = 0
         #: The topics' files: directories, the lock, the open-file budget, fsyncs.
         self.store = TopicStore(path, max_segment_size, max_open_files)
         self.positions = Subscribers(subscriber_timeout)
@@ -177,6 +181,8 @@ class Broker:
         # indexes with it. Reusing an index would break the consistent cut.
         self.index = max([int(state.get("index", 0)), journaled]
                          + [t.last_index for t in self.store.all()])
+        self.time = max([int(state.get("time", 0))]
+                        + [t.last_time or 0 for t in self.store.all()])
         # Nothing is written here: a broker whose disk is full still starts and serves reads.
         log.info("opened %s: %d topics, index %d", self.path, len(self.store.ids()), self.index)
 
@@ -263,6 +269,7 @@ class Broker:
         return {
             "format": FORMAT,
             "index": self.index,
+            "time": self.time,
             "subscribers": self.positions.saved(),
             "catalog": self.catalog.saved(),
             "catalog_seq": self._catalog_log.seq,
@@ -296,31 +303,53 @@ class Broker:
 
     # -- the state machine ------------------------------------------------------------------
 
+    def advance_time(self, time_ms: int | None) -> int | None:
+        """The append time of a command formed at ``time_ms`` (None: a command that carries
+        no time, such as one written before times existed): the broker's time moves to it
+        when it is at least :data:`TIME_RESOLUTION_MS` ahead, and never back, so time order
+        is index order even when a clock steps back, and a topic's time index gets a record
+        at most once per step. Deterministic: every node applying the same commands from
+        the same state derives the same times. None while no command has carried a time."""
+        if time_ms is not None and time_ms >= self.time + TIME_RESOLUTION_MS:
+            self.time = time_ms
+        return self.time or None
+
     def write_group(self, commands: Sequence[bytes | bytearray], *, durable: bool,
-                    notify: bool = True) -> list[ApplyResult | MessagingError]:
+                    notify: bool = True, times: Sequence[int | None] | None = None,
+                    ) -> list[ApplyResult | MessagingError]:
         """Apply commands in order as one transaction (see :meth:`_write_group`).
+
+        ``times`` holds each command's time (ms since the epoch, taken by the node that
+        formed it; None or absent: none), see :meth:`advance_time`.
 
         A topic command (settings, deletion) is a transaction of its own between the
         commands before and after it: a group's frames go to their topics after all its
         commands are stamped, so a deletion inside a group could not cut between them.
         """
+        stamps: Sequence[int | None] = times if times is not None else [None] * len(commands)
         if len(commands) > 1 and any(map(is_topic_command, commands)):
             results: list[ApplyResult | MessagingError] = []
             part: list[bytes | bytearray] = []
-            for command in commands:
+            part_times: list[int | None] = []
+            for command, time_ms in zip(commands, stamps, strict=True):
                 if is_topic_command(command):
                     if part:
-                        results.extend(self._write_group(part, durable=durable, notify=notify))
-                        part = []
-                    results.extend(self._write_group([command], durable=durable, notify=notify))
+                        results.extend(self._write_group(part, part_times, durable=durable,
+                                                         notify=notify))
+                        part, part_times = [], []
+                    results.extend(self._write_group([command], [time_ms], durable=durable,
+                                                     notify=notify))
                 else:
                     part.append(command)
+                    part_times.append(time_ms)
             if part:
-                results.extend(self._write_group(part, durable=durable, notify=notify))
+                results.extend(self._write_group(part, part_times, durable=durable,
+                                                 notify=notify))
             return results
-        return self._write_group(commands, durable=durable, notify=notify)
+        return self._write_group(commands, stamps, durable=durable, notify=notify)
 
-    def _write_group(self, commands: Sequence[bytes | bytearray], *, durable: bool,
+    def _write_group(self, commands: Sequence[bytes | bytearray],
+                     times: Sequence[int | None], *, durable: bool,
                      notify: bool) -> list[ApplyResult | MessagingError]:
         """One transaction of :meth:`write_group`.
 
@@ -332,11 +361,11 @@ class Broker:
         command gets that error. ``notify=False`` leaves waking the topics' followers to the
         caller (:meth:`notify`), so that it can answer the publishers first.
         """
-        before = self.index
+        before, before_time = self.index, self.time
         touched: set[int] = set()
         journaled = False
         try:
-            results = self._stage_group(commands, touched)
+            results = self._stage_group(commands, times, touched)
             self.store.sync_new_dirs()
             # The state first, then the frames: see messaging.broker.state_log for why.
             journaled = self._journal(touched, before + 1, durable=durable)
@@ -357,6 +386,7 @@ class Broker:
             if journaled:
                 self._catalog_log.undo(durable=durable)
             self._abort(touched, before)
+            self.time = before_time
             self._log_failure(len(commands), error)
             return [error] * len(commands)
         self._commit_positions()
@@ -403,16 +433,17 @@ class Broker:
         outcome = self.catalog.settled(first.data)
         return None if outcome is None else ApplyResult(0, 0, frozenset(), outcome)
 
-    def _stage_group(self, commands: Sequence[bytes | bytearray], touched: set[int],
-                     ) -> list[ApplyResult | MessagingError]:
+    def _stage_group(self, commands: Sequence[bytes | bytearray], times: Sequence[int | None],
+                     touched: set[int]) -> list[ApplyResult | MessagingError]:
         """Stamp every command and stage its frames in their topics (no I/O but new topics)."""
-        runs: dict[int, list[Run]] = {}
+        runs: dict[int, list[tuple[Run, int | None]]] = {}
         results: list[ApplyResult | MessagingError] = []
-        for command in commands:
-            before = self.index
+        for command, command_time in zip(commands, times, strict=True):
+            before, before_time = self.index, self.time
             mark = self.catalog.mark()
             created = False
             try:
+                append_time = self.advance_time(command_time)
                 stamped = stamp(command, self.index, self.catalog)
                 self.index = stamped.index
                 first, command_runs = stamped.first, stamped.runs
@@ -425,13 +456,13 @@ class Broker:
                 if stamped.topic_op is not None:
                     created = self._stage_topic_op(stamped.topic_op)
             except MessagingError as err:
-                self.index = before
+                self.index, self.time = before, before_time
                 self.catalog.rollback(mark)
                 results.append(err)
                 continue
             topics = []
             for topic_id, run in command_runs:
-                runs.setdefault(topic_id, []).append(run)
+                runs.setdefault(topic_id, []).append((run, append_time))
                 topics.append(topic_id)
             self._heartbeats.extend(heartbeats)
             results.append(ApplyResult(first, self.index if first else 0, frozenset(topics),
@@ -440,14 +471,15 @@ class Broker:
         for topic_id, parts in runs.items():
             topic = self._topic_for_write(topic_id)
             touched.add(topic_id)
-            if all(run.offsets is not None for run in parts):
-                for run in parts:  # offsets known: the topic reads no header again
-                    messages += topic.append(run.frames, run.offsets, run.first)
+            if all(run.offsets is not None for run, _time in parts):
+                for run, time_ms in parts:  # offsets known: the topic reads no header again
+                    messages += topic.append(run.frames, run.offsets, run.first, time_ms)
                     size += len(run.frames)
                 continue
-            frames = parts[0].frames if len(parts) == 1 else b"".join(r.frames for r in parts)
-            messages += topic.append(frames)
-            size += len(frames)
+            for time_ms, same in _by_time(parts):  # one append per time
+                frames = same[0].frames if len(same) == 1 else b"".join(r.frames for r in same)
+                messages += topic.append(frames, time_ms=time_ms)
+                size += len(frames)
         if messages:
             self.metrics.messages_published.inc(messages)
             self.metrics.bytes_published.inc(size)
@@ -734,6 +766,7 @@ class Broker:
                                               self.max_segment_size)
             self.store.replace_all(opened)
         self.index = int(header["index"])
+        self.time = int(header.get("time", 0))
         self.positions.restore(header.get("subscribers", {}))
         self.catalog.restore(header.get("catalog"))
         self._configure(opened.values())
@@ -741,3 +774,14 @@ class Broker:
         self._new_topics.notify()
         log.info("restored snapshot: %d topics, index %d", len(opened), self.index)
         return header
+
+
+def _by_time(parts: list[tuple[Run, int | None]]) -> list[tuple[int | None, list[Run]]]:
+    """Consecutive runs of one topic grouped by their append time."""
+    groups: list[tuple[int | None, list[Run]]] = []
+    for run, time_ms in parts:
+        if groups and groups[-1][0] == time_ms:
+            groups[-1][1].append(run)
+        else:
+            groups.append((time_ms, [run]))
+    return groups

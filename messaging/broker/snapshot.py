@@ -1,11 +1,12 @@
 """The snapshot format, in one place: describe and write one, read and stage one.
 
-A snapshot is one JSON header line (the broker's state: format, index, subscribers, catalog,
-and per topic its tombstone, segments and last index) followed by every segment's committed
-bytes in the order the header lists them. Installing one replaces every topic at once: the
-segments are verified and written to a staging directory (:func:`stage`), fsynced, and renamed
-over ``topics/`` (:func:`swap`); the broker then opens them
-(:meth:`messaging.broker.broker.Broker.install_snapshot`).
+A snapshot is one JSON header line (the broker's state: format, index, time, subscribers,
+catalog, and per topic its tombstone, segments and last index) followed by every segment's
+committed bytes in the order the header lists them, each followed by its time index's
+committed records when it has one (``times``: their size). Installing one replaces every
+topic at once: the segments are verified and written to a staging directory
+(:func:`stage`), fsynced, and renamed over ``topics/`` (:func:`swap`); the broker then opens
+them (:meth:`messaging.broker.broker.Broker.install_snapshot`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import IO, Any, BinaryIO, Protocol
 from messaging.errors import CorruptDataError, DataDirectoryError, MessagingError
 from messaging.files import fsync_dir, write_json_atomic
 from messaging.frames import scan
+from messaging.topic.times import RECORD, decode_records, times_path
 from messaging.topic.topic import TOMBSTONE, Topic
 
 log = logging.getLogger(__name__)
@@ -54,8 +56,15 @@ def describe(broker: Snapshotted) -> tuple[dict[str, Any], list[tuple[Path, int]
         segments = []
         for segment in topic.segments():
             if segment.committed_size:
-                segments.append({"name": segment.path.name, "size": segment.committed_size})
+                described: dict[str, Any] = {"name": segment.path.name,
+                                             "size": segment.committed_size}
                 files.append((segment.path, segment.committed_size))
+                times = segment.times
+                if times is not None:
+                    times.ensure_loaded()
+                    described["times"] = times.committed * RECORD.size
+                    files.append((times.path, described["times"]))
+                segments.append(described)
         topics.append({"id": topic.id, "tombstone": topic.tombstone, "segments": segments,
                        "last_index": topic.committed_index})
     return {**broker.state(), "topics": topics}, files
@@ -104,10 +113,11 @@ def stage(root: Path, header: dict[str, Any], stream: IO[bytes]) -> Path:
                 name = str(segment["name"])
                 data = _read_exactly(stream, int(segment["size"]))
                 _verify_segment(int(described["id"]), name, data)
-                with (directory / name).open("wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
+                _write_synced(directory / name, data)
+                if "times" in segment:
+                    records = _read_exactly(stream, int(segment["times"]))
+                    _verify_times(int(described["id"]), name, records)
+                    _write_synced(times_path(directory / name), records)
             fsync_dir(directory)
         fsync_dir(staging)
     except BaseException:
@@ -153,6 +163,21 @@ def _verify_segment(topic_id: int, name: str, data: bytes) -> None:
     if result.count and result.first_index != first:
         raise CorruptDataError(f"snapshot: topic {topic_id} segment {name} starts at index "
                                f"{result.first_index}")
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with path.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _verify_times(topic_id: int, name: str, data: bytes) -> None:
+    """A segment's time records must all be valid and start at its first index."""
+    records, end = decode_records(data)
+    if end != len(data) or not records or records[0][0] != int(name[:20]):
+        raise CorruptDataError(f"snapshot: topic {topic_id} segment {name} has a damaged "
+                               "time index")
 
 
 def _copy(source: IO[bytes], target: IO[bytes], size: int) -> None:

@@ -20,6 +20,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from messaging.broker.broker import ApplyResult, Broker
+from messaging.clock import now_ms
 from messaging.config import FSYNC_MODES, FsyncMode
 from messaging.errors import BrokerClosedError, MessagingError
 from messaging.log.base import answer_callers
@@ -203,10 +204,12 @@ class LocalLog:
         return group
 
     def _write(self, commands: list[bytes]) -> list[ApplyResult | BaseException]:
-        """Apply a group on the writer thread: one write and one fsync, then visible."""
+        """Apply a group on the writer thread: one write and one fsync, then visible. The
+        writer forms the group, so its clock gives the group's commands their time."""
         durable = self.fsync == "always"
         results: list[ApplyResult | BaseException] = list(
-            self.broker.write_group(commands, durable=durable, notify=False))
+            self.broker.write_group(commands, durable=durable, notify=False,
+                                    times=[now_ms()] * len(commands)))
         if not durable:
             self._unsynced.add(topic for result in results if isinstance(result, ApplyResult)
                                for topic in result.topics)

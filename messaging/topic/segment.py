@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 from messaging.errors import CorruptDataError, CorruptFrameError
 from messaging.frames import HEADER_SIZE, INDEX, frame_size, scan
+from messaging.topic.times import SegmentTimes
 
 SEGMENT_SUFFIX = ".seg"
 #: The sparse index keeps the position of the first frame past every MARK_EVERY bytes.
@@ -53,6 +54,7 @@ class Segment:
     indexed: bool = False
     created: bool = False  # started in memory; its file is created by the next write
     damage: CorruptDataError | None = None  # frames from committed_size on cannot be read
+    times: SegmentTimes | None = None  # its time index (None: written before times existed)
     index_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     mark_indexes: list[int] = field(default_factory=list)
     mark_positions: list[int] = field(default_factory=list)
@@ -114,6 +116,10 @@ class Segment:
         self.committed_size = self.size
         self.committed_count = self.count
         self.committed_last_index = self.last_index
+
+    def last_time(self) -> int | None:
+        """The append time of its newest committed message (None: unknown, or none yet)."""
+        return self.times.last_committed_time() if self.times is not None else None
 
     def rollback(self) -> None:
         """Forget everything appended since the last :meth:`commit`."""

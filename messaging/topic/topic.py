@@ -1,7 +1,9 @@
 """Segmented topic storage: Segment, Topic and TopicReader.
 
-A topic lives in its own directory as ``<first index, 20 digits>.seg`` files of frames plus an
-optional ``tombstone`` (``{"first_index": N}``: everything below N was deleted by retention).
+A topic lives in its own directory as ``<first index, 20 digits>.seg`` files of frames, each
+with its time index ``<first index>.time`` (see :mod:`messaging.topic.times`; segments written
+before times existed have none), plus an optional ``tombstone`` (``{"first_index": N}``:
+everything below N was deleted by retention).
 
 Threads: one writer thread appends, writes, syncs and commits; any number of reader threads
 read. Readers see only *committed* frames (see :meth:`Topic.commit`), so a consumer never sees
@@ -52,6 +54,7 @@ from messaging.topic.segment import (
     segment_name,
 )
 from messaging.topic.tail import EMPTY_TAIL, Tail, TailBuffer, TailChunk
+from messaging.topic.times import TIMES_SUFFIX, SegmentTimes, TimeSyncError, times_path
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -138,6 +141,8 @@ class Topic:
         self._dirty = False  # bytes written through _fd since its last fsync
         self._dir_dirty = False
         self._failed: StorageFailedError | None = None
+        self._append_time: int | None = None  # the time of the frames being appended
+        self._time_writes: list[Segment] = []  # segments with time records to write
 
     # -- opening and recovery ---------------------------------------------------------------
 
@@ -162,6 +167,12 @@ class Topic:
             self._tombstone = int(read_json(tombstone)["first_index"])
         if any(name.startswith(TOMBSTONE + ".") for name in entries):
             remove_stale_temporaries(tombstone)
+        for name in sorted(n for n in entries if n.endswith(TIMES_SUFFIX)):
+            segment_file = name[: -len(TIMES_SUFFIX)] + SEGMENT_SUFFIX
+            if segment_file not in entries or int(name[: -len(TIMES_SUFFIX)]) < self._tombstone:
+                # Its segment was deleted (retention, a crash in a roll): it times nothing.
+                (self.path / name).unlink()
+                self._dir_dirty = True
         for name in sorted(n for n in entries if n.endswith(SEGMENT_SUFFIX)):
             file = self.path / name
             first = int(name[: -len(SEGMENT_SUFFIX)])
@@ -172,6 +183,8 @@ class Topic:
                 continue
             segment = Segment(file, first, size=entries[name].stat().st_size)
             segment.committed_size = segment.size
+            if name[: -len(SEGMENT_SUFFIX)] + TIMES_SUFFIX in entries:
+                segment.times = SegmentTimes(times_path(file), on_disk=True)
             self._segments.append(segment)
         while self._segments:
             last = self._segments[-1]
@@ -179,6 +192,8 @@ class Topic:
             if last.size:
                 break
             last.path.unlink()  # an empty segment: a crash right after a roll
+            if last.times is not None:
+                last.times.remove_file()
             self._dir_dirty = True
             self._segments.pop()
         self._firsts = [s.first_index for s in self._segments]
@@ -193,13 +208,31 @@ class Topic:
         with segment.path.open("rb") as f:
             data = f.read()
         error = segment.build_index(data, verify=True)
-        if error is None:
+        if error is not None:
+            cut = len(data) - segment.size
+            self.stats.add(recovered_truncated_bytes=cut)
+            log.warning("topic %d: truncated %d bytes at byte %d of %s (%s)", self.id, cut,
+                        segment.size, segment.path.name, error)
+            truncate_durably(segment.path, segment.size)
+        self._recover_times(segment)
+
+    def _recover_times(self, segment: Segment) -> None:
+        """Cut the last segment's time index back to the frames that survived.
+
+        Its records are fsynced before the frames they cover are written, so every frame
+        kept has its record; records of frames a crash took are removed.
+        """
+        times = segment.times
+        if times is None:
             return
-        cut = len(data) - segment.size
-        self.stats.add(recovered_truncated_bytes=cut)
-        log.warning("topic %d: truncated %d bytes at byte %d of %s (%s)", self.id, cut,
-                    segment.size, segment.path.name, error)
-        truncate_durably(segment.path, segment.size)
+        cut = times.recover(segment.last_index)
+        if cut:
+            log.warning("topic %d: removed %d bytes of time records past index %d from %s",
+                        self.id, cut, segment.last_index, times.path.name)
+        if segment.count and not times.committed:
+            log.warning("topic %d: %s holds no time record; the times of %s are unknown",
+                        self.id, times.path.name, segment.path.name)
+            segment.times = None
 
     # -- properties -------------------------------------------------------------------------
 
@@ -297,7 +330,7 @@ class Topic:
             raise self._failed
 
     def append(self, frames: bytes | bytearray | memoryview, offsets: array[int] | None = None,
-               first: int = 0) -> int:
+               first: int = 0, time_ms: int | None = None) -> int:
         """Stage complete frames (indexes already assigned); returns how many were staged.
 
         No I/O: :meth:`write` writes what was staged. The caller has verified the frames'
@@ -307,7 +340,13 @@ class Topic:
         With ``offsets`` (every frame's start) and ``first`` (the first frame's index, the
         others following one by one), no header is read again: only the sparse-index marks
         are looked up, by bisection.
+
+        ``time_ms`` is the frames' append time (the broker's, non-decreasing): a time record
+        is staged where it changes and at the start of every new segment (None: the frames
+        get no time, as before times existed). Frames with a time never go into a segment
+        without a time index: such a segment is rolled away from first.
         """
+        self._append_time = time_ms
         if offsets is not None and first:
             with self._write_lock, self._lock:
                 self.check_writable()
@@ -328,6 +367,7 @@ class Topic:
             if segment is not None:
                 base, next_mark, count = segment.size, segment.next_mark_position(), segment.count
                 limit = self.max_segment_size
+            timing = time_ms is not None  # the first fresh frame still needs its time
             while offset < size:
                 if size - offset < HEADER_SIZE:
                     raise CorruptFrameError(f"incomplete frame header at byte {offset}")
@@ -342,12 +382,13 @@ class Topic:
                         base = segment.size
                     continue
                 position = base + offset - run_start
-                if position >= limit:
+                if position >= limit or (timing and not self._timed(segment, index)):
                     self._stage(segment, view[run_start:offset], count, last)
                     run_start = offset
                     segment = self._roll(index)
                     base = position = count = next_mark = 0
                     limit = self.max_segment_size
+                timing = False
                 if position >= next_mark:
                     assert segment is not None
                     segment.add_mark(index, position, count)
@@ -365,7 +406,8 @@ class Topic:
         k = 0  # the next frame to place
         while k < total:
             segment = self._segments[-1] if self._segments else None
-            if segment is None or segment.size >= self.max_segment_size:
+            if (segment is None or segment.size >= self.max_segment_size
+                    or (k == 0 and not self._timed(segment, first))):
                 segment = self._roll(first + k)
             base = segment.size - offsets[k]  # segment position of a frame = base + offset
             # Frames go into this segment while they start below the size limit.
@@ -395,10 +437,30 @@ class Topic:
         segment.count = count
         segment.last_index = last
 
+    def _timed(self, segment: Segment | None, index: int) -> bool:
+        """Give the fresh frame ``index`` its time in ``segment`` (staging a record when the
+        time changes); False when the segment cannot time it (none, or one written before
+        times existed): a new segment must start there."""
+        time_ms = self._append_time
+        if time_ms is None or segment is None:
+            return time_ms is None and segment is not None
+        times = segment.times
+        if times is None:
+            return False
+        if times.last_time != time_ms:
+            times.add(index, time_ms)
+            self._time_writes.append(segment)
+        return True
+
     def _roll(self, first_index: int) -> Segment:
-        """Start a new segment in memory; its file is created by the next :meth:`write`."""
-        segment = Segment(self.path / segment_name(first_index), first_index, indexed=True,
-                          created=True)
+        """Start a new segment in memory; its file is created by the next :meth:`write`
+        (its time index before it, with a first record when frames come with a time)."""
+        path = self.path / segment_name(first_index)
+        segment = Segment(path, first_index, indexed=True, created=True)
+        if self._append_time is not None:
+            segment.times = SegmentTimes(times_path(path))
+            segment.times.add(first_index, self._append_time)
+            self._time_writes.append(segment)
         if self._segments:
             self._segments[-1].following_first = first_index
         self._segments.append(segment)
@@ -417,6 +479,7 @@ class Topic:
     def _write_locked(self) -> None:
         if not self._staged:
             return
+        self._write_times()
         try:
             for segment, _start, data in self._staged:
                 write_all(self._file_for(segment), data)
@@ -425,6 +488,30 @@ class Topic:
             raise storage_error(f"writing topic {self.id} in {self.path}", err) from err
         self._written.extend(self._staged)
         self._staged.clear()
+
+    def _write_times(self) -> None:
+        """Write and fsync the staged time records, before the frames they cover: a frame
+        never reaches the disk ahead of its time. A failed fsync stops the topic, as for
+        frames."""
+        if not self._time_writes:
+            return
+        created = False
+        try:
+            for segment in dict.fromkeys(self._time_writes):
+                if segment.times is not None and segment.times.staged:
+                    created |= segment.times.write()
+            if created:
+                fsync_dir(self.path)
+        except TimeSyncError as err:
+            self._failed = StorageFailedError(
+                f"topic {self.id} stopped accepting writes: fsync of its time index failed "
+                f"({err.strerror or err}); restart the broker to re-verify its files")
+            log.error("%s", self._failed)
+            raise self._failed from err
+        except OSError as err:
+            raise storage_error(f"writing the time index of topic {self.id} in {self.path}",
+                                err) from err
+        self._time_writes.clear()
 
     def _file_for(self, segment: Segment) -> int:
         """The open file of ``segment`` (opening it, and creating a new segment's file)."""
@@ -493,6 +580,8 @@ class Topic:
                 if segment.committed_size == segment.size:
                     break
                 segment.commit()
+                if segment.times is not None:
+                    segment.times.commit()
             self._committed_last = self._committed_index_locked()
             if written:
                 self.tail = self._new_tail(written[-1])
@@ -520,6 +609,7 @@ class Topic:
         with self._write_lock:
             self._staged.clear()
             self._written.clear()
+            self._time_writes.clear()
             with self._lock:
                 dropped: list[Segment] = []
                 while self._segments and self._segments[-1].committed_size == 0:
@@ -536,9 +626,13 @@ class Topic:
                 for segment in dropped:
                     with contextlib.suppress(FileNotFoundError):
                         segment.path.unlink()
+                    if segment.times is not None:
+                        segment.times.remove_file()
                     self._dir_dirty = True
                 if last is not None and last.path.exists():
                     os.truncate(last.path, last.committed_size)
+                if last is not None and last.times is not None:
+                    last.times.rollback()
             except OSError as err:
                 self._failed = StorageFailedError(
                     f"topic {self.id} stopped accepting writes: could not roll back a failed "
@@ -768,22 +862,90 @@ class Topic:
             return None
         return self.index_after(first, max(kept - count + 1, 1))
 
+    # -- time -------------------------------------------------------------------------------
+
+    @property
+    def last_time(self) -> int | None:
+        """The append time of the newest committed message that has one (None: none has)."""
+        for segment in reversed(self.segments()):
+            last = segment.last_time()
+            if last is not None:
+                return last
+        return None
+
+    def index_at_time(self, time_ms: int) -> int | None:
+        """The index of the first committed message appended at or after ``time_ms`` (of
+        those kept); None when there is none yet.
+
+        Times never decrease along the topic, so this bisects the segments by their newest
+        time, then one segment's records: a few small reads, never a scan. Segments written
+        before times existed count as older than any time.
+        """
+        segments = [s for s in self.segments() if s.committed_count or s.committed_size]
+        lo, hi = 0, len(segments)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            newest = segments[mid].last_time()
+            if newest is None or newest < time_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == len(segments):
+            return None
+        times = segments[lo].times
+        index = times.first_index_at(time_ms) if times is not None else None
+        return None if index is None else max(index, self.first_index)
+
+    def time_of(self, index: int) -> int | None:
+        """The append time of the message with ``index`` (None: unknown)."""
+        runs = self.times(index, index)
+        return runs[0][1] if runs else None
+
+    def times(self, start: int, stop: int) -> list[tuple[int, int | None]]:
+        """The append times of the committed messages with indexes ``start`` .. ``stop``:
+        (first index, time) runs, each holding until the next one starts; time None for
+        messages written before times existed."""
+        with self._lock:
+            segments = list(self._segments)
+            i = max(bisect_right(self._firsts, start) - 1, 0)
+            stop = min(stop, self._committed_last)
+        runs: list[tuple[int, int | None]] = []
+        for segment in segments[i:]:
+            if segment.first_index > stop:
+                break
+            low = max(start, segment.first_index)
+            found: list[tuple[int, int | None]] = (
+                [(low, None)] if segment.times is None else list(segment.times.runs(low, stop)))
+            for first, time_ms in found:
+                if not runs or runs[-1][1] != time_ms:
+                    runs.append((first, time_ms))
+        return runs
+
     # -- retention --------------------------------------------------------------------------
 
-    def truncate(self, max_size: int, floor_index: int) -> int:
-        """Delete oldest whole segments while the topic exceeds ``max_size``.
+    def truncate(self, max_size: int, floor_index: int, older_than: int | None = None) -> int:
+        """Delete oldest whole segments while the topic exceeds ``max_size``, or while the
+        oldest one's newest message was appended before ``older_than`` (ms since the epoch;
+        None: no age limit). A segment without times is left to the size limit.
 
         Keeps the active segment and every segment holding an index above ``floor_index``.
         Writes the tombstone before deleting. Returns the number of bytes deleted.
         """
-        for older in self.segments()[:-1]:
+        segments = self.segments()
+        for older in segments[:-1]:
             self.ensure_indexed(older)  # outside the lock: may read whole files
+        newest = {id(s): s.last_time() for s in segments[:-1]} if older_than is not None else {}
         with self._lock:
             doomed: list[Segment] = []
             total = sum(s.size for s in self._segments)
             for oldest, following in zip(self._segments, self._segments[1:], strict=False):
-                if total <= max_size or following.committed_size == 0:
-                    break  # small enough, or the writer is rolling into the next one now
+                if following.committed_size == 0:
+                    break  # the writer is rolling into the next one now
+                last_time = newest.get(id(oldest))
+                too_old = older_than is not None and last_time is not None \
+                    and last_time < older_than
+                if total <= max_size and not too_old:
+                    break
                 if not oldest.indexed or oldest.committed_last_index > floor_index \
                         or oldest.damage is not None:
                     break
@@ -809,6 +971,8 @@ class Topic:
         for segment in doomed:
             with contextlib.suppress(FileNotFoundError):
                 segment.path.unlink()
+            if segment.times is not None:
+                segment.times.remove_file()
             deleted += segment.size
             self.stats.add(deleted_segments=1, deleted_bytes=segment.size)
             log.info("topic %d: retention deleted %s (%d bytes); first index now %d",
@@ -831,11 +995,17 @@ class Topic:
         for later in self._segments[self._segments.index(segment) + 1:]:
             removed += later.size
             later.path.unlink()
+            if later.times is not None:
+                later.times.remove_file()
         removed += segment.size - position
         if position:
             truncate_durably(segment.path, position)
+            if segment.times is not None:
+                segment.times.cut_after(index)
         else:
             segment.path.unlink()
+            if segment.times is not None:
+                segment.times.remove_file()
         fsync_dir(self.path)
         log.warning("topic %d: removed %d bytes after index %d that were never acknowledged",
                     self.id, removed, index)

@@ -193,6 +193,9 @@ class EtcdLog:
         revision = int(checkpoint["revision"])
         self._received = self._applied = self._checkpointed = revision
         self._applied_index = self.broker.index = int(checkpoint["index"])
+        # The broker's time as of that revision: replaying from it gives every command the
+        # same append time as on every other node (0 in a checkpoint from before times).
+        self.broker.time = int(checkpoint.get("time", 0))
         self._checkpoint_at = time.monotonic()
         log.info("cluster %s: node %s replays etcd's log from revision %d (broker index %d); "
                  "etcd %s", self.cluster, self.url, revision + 1, self.broker.index,
@@ -224,7 +227,7 @@ class EtcdLog:
                     "directory; it catches up from etcd or from a peer's snapshot")
             # From now on this directory belongs to the cluster: a crash before the first
             # periodic checkpoint replays from the start.
-            self._write_checkpoint(0, 0)
+            self._write_checkpoint(0, 0, time_ms=0)
             return credentials, {"revision": 0, "index": 0}
         try:
             checkpoint: dict[str, Any] = read_json(path)
@@ -240,7 +243,7 @@ class EtcdLog:
             empty = {"format": FORMAT, "index": 0, "subscribers": {}, "topics": []}
             self.broker.install_snapshot(io.BytesIO(json.dumps(empty).encode() + b"\n"))
             checkpoint = {"revision": 0, "index": 0}
-            self._write_checkpoint(0, 0)
+            self._write_checkpoint(0, 0, time_ms=0)
         self.broker.catalog.restore(checkpoint.get("catalog"))
         return credentials, checkpoint
 
@@ -430,6 +433,7 @@ class EtcdLog:
         """Apply revisions in order as one group (writer thread)."""
         started = time.monotonic()
         commands: list[bytes] = []
+        times: list[int | None] = []
         spans: list[tuple[_Revision, bytes, int, int, int]] = []
         for item in batch:
             try:
@@ -441,8 +445,9 @@ class EtcdLog:
                 continue
             spans.append((item, entry.node, entry.seq, len(commands), len(entry.commands)))
             commands.extend(entry.commands)
+            times.extend([entry.time] * len(entry.commands))
         durable = self.fsync == "always"
-        results = (self.broker.write_group(commands, durable=durable, notify=False)
+        results = (self.broker.write_group(commands, durable=durable, notify=False, times=times)
                    if commands else [])
         local = [r for r in results if isinstance(r, (StorageError, BrokerClosedError))]
         if local:
@@ -510,11 +515,13 @@ class EtcdLog:
         self._since_checkpoint = 0
         self._checkpoint_at = time.monotonic()
 
-    def _write_checkpoint(self, revision: int, index: int, *, installing: bool = False) -> None:
+    def _write_checkpoint(self, revision: int, index: int, *, installing: bool = False,
+                          time_ms: int | None = None) -> None:
         # The catalog as of this revision: replaying the log from here must decide every
         # stream command (a retried append, a fenced producer) exactly as the first time.
         state: dict[str, Any] = {"format": FORMAT, "cluster": self.cluster,
                                  "revision": revision, "index": index,
+                                 "time": self.broker.time if time_ms is None else time_ms,
                                  "catalog": self.broker.catalog.saved()}
         if installing:
             state["installing"] = True

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import zstandard
 
 from messaging.broker.broker import ApplyResult
+from messaging.clock import now_ms
 from messaging.errors import (
     BrokerClosedError,
     ClusterNoSpaceError,
@@ -75,9 +76,13 @@ _ENTRY = struct.Struct(
     "8s"   # node id of the writer (random per process), to find its waiters
     "Q"    # the writer's batch sequence number
     "I"    # number of commands
+    "q"    # the writer's clock when it formed the entry: its commands' time (ms since epoch)
 )
-_MAGIC = b"MSG1"
-_MAGIC_ZSTD = b"MSZ1"
+_MAGIC = b"MSG2"
+_MAGIC_ZSTD = b"MSZ2"
+# Entries written before times existed: the same header without the time.
+_ENTRY_V1 = struct.Struct(">4s8sQI")
+_MAGICS_V1 = {b"MSG1": False, b"MSZ1": True}
 _LENGTH = struct.Struct(">I")
 #: Bodies shorter than this go uncompressed (a frame's header costs more than it saves).
 COMPRESS_FROM = 512
@@ -117,12 +122,16 @@ class LogEntry:
     node: bytes
     seq: int
     commands: list[bytes]
+    time: int | None = None  # when the writer formed it (None: an entry from before times)
 
 
 def encode_entry(node: bytes, seq: int, commands: Sequence[bytes], *,
-                 compress: bool = True) -> bytes:
+                 compress: bool = True, time_ms: int | None = None) -> bytes:
     """One log value holding ``commands`` (each a buffer of frames), its body compressed
-    when ``compress`` and it pays (see COMPRESS_FROM and COMPRESS_KEEP)."""
+    when ``compress`` and it pays (see COMPRESS_FROM and COMPRESS_KEEP), stamped with
+    ``time_ms`` (default: the clock now): the time every node gives its commands."""
+    if time_ms is None:
+        time_ms = now_ms()
     parts = []
     for command in commands:
         parts.append(_LENGTH.pack(len(command)))
@@ -131,17 +140,29 @@ def encode_entry(node: bytes, seq: int, commands: Sequence[bytes], *,
     if compress and len(body) >= COMPRESS_FROM:
         packed = _compressor().compress(body)
         if len(packed) <= len(body) * COMPRESS_KEEP:
-            return _ENTRY.pack(_MAGIC_ZSTD, node, seq, len(commands)) + packed
-    return _ENTRY.pack(_MAGIC, node, seq, len(commands)) + body
+            return _ENTRY.pack(_MAGIC_ZSTD, node, seq, len(commands), time_ms) + packed
+    return _ENTRY.pack(_MAGIC, node, seq, len(commands), time_ms) + body
 
 
 def decode_entry(value: bytes) -> LogEntry:
     """The commands of a log value (compressed or not); ValueError if it is not one."""
-    if len(value) < _ENTRY.size:
+    if len(value) < _ENTRY_V1.size:
         raise ValueError(f"{len(value)} bytes is too short for a log entry")
-    magic, node, seq, count = _ENTRY.unpack_from(value)
-    offset = _ENTRY.size
-    if magic == _MAGIC_ZSTD:
+    magic = bytes(value[:4])
+    time_ms: int | None = None
+    if magic in _MAGICS_V1:
+        _magic, node, seq, count = _ENTRY_V1.unpack_from(value)
+        offset = _ENTRY_V1.size
+        compressed = _MAGICS_V1[magic]
+    elif magic in (_MAGIC, _MAGIC_ZSTD):
+        if len(value) < _ENTRY.size:
+            raise ValueError(f"{len(value)} bytes is too short for a log entry")
+        _magic, node, seq, count, time_ms = _ENTRY.unpack_from(value)
+        offset = _ENTRY.size
+        compressed = magic == _MAGIC_ZSTD
+    else:
+        raise ValueError(f"unknown magic {magic!r}")
+    if compressed:
         try:
             size = zstandard.frame_content_size(memoryview(value)[offset:])
         except zstandard.ZstdError as err:
@@ -155,8 +176,6 @@ def decode_entry(value: bytes) -> LogEntry:
         except zstandard.ZstdError as err:
             raise ValueError(f"compressed log entry does not decompress: {err}") from err
         offset = 0
-    elif magic != _MAGIC:
-        raise ValueError(f"unknown magic {magic!r}")
     view = memoryview(value)
     commands = []
     for _ in range(count):
@@ -170,7 +189,7 @@ def decode_entry(value: bytes) -> LogEntry:
         offset += length
     if offset != len(value):
         raise ValueError(f"{len(value) - offset} bytes after the last command")
-    return LogEntry(node, seq, commands)
+    return LogEntry(node, seq, commands, time_ms)
 
 
 class ApplyTiming(NamedTuple):

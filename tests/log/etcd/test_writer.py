@@ -50,22 +50,37 @@ def _events(count: int) -> list[bytes]:
 @given(st.lists(st.binary(max_size=3000), max_size=8), st.booleans())
 @settings(max_examples=examples(200), deadline=None)
 def test_entries_round_trip_compressed_or_not(commands: list[bytes], compress: bool) -> None:
-    value = encode_entry(b"node0001", 3, commands, compress=compress)
+    value = encode_entry(b"node0001", 3, commands, compress=compress, time_ms=1_795_000_000_123)
     entry = decode_entry(value)
-    assert (entry.node, entry.seq, entry.commands) == (b"node0001", 3, commands)
-    assert decode_entry(encode_entry(b"node0001", 3, commands, compress=False)) == entry
+    assert (entry.node, entry.seq, entry.commands, entry.time) == (
+        b"node0001", 3, commands, 1_795_000_000_123)
+    assert decode_entry(encode_entry(b"node0001", 3, commands, compress=False,
+                                     time_ms=1_795_000_000_123)) == entry
+
+
+def test_entries_from_before_times_decode_without_a_time() -> None:
+    """A value an older node put (magic MSG1/MSZ1, no time field) still decodes: its
+    commands have no time, and the state machine gives them the broker's current one."""
+    commands = _events(3)
+    body = b"".join(len(c).to_bytes(4, "big") + c for c in commands)
+    old = b"MSG1" + b"n" * 8 + (5).to_bytes(8, "big") + (3).to_bytes(4, "big") + body
+    entry = decode_entry(old)
+    assert (entry.node, entry.seq, entry.commands, entry.time) == (b"n" * 8, 5, commands, None)
+    packed = zstandard.ZstdCompressor().compress(body)
+    old = b"MSZ1" + b"n" * 8 + (5).to_bytes(8, "big") + (3).to_bytes(4, "big") + packed
+    assert decode_entry(old).commands == commands
 
 
 def test_compression_is_used_only_when_it_pays() -> None:
     json_events = _events(200)
     plain = encode_entry(b"n" * 8, 1, json_events, compress=False)
     packed = encode_entry(b"n" * 8, 1, json_events)
-    assert packed[:4] == b"MSZ1" and plain[:4] == b"MSG1"
+    assert packed[:4] == b"MSZ2" and plain[:4] == b"MSG2"
     assert len(packed) < len(plain) / 3
     noise = [encode_batch(1, [os.urandom(4000)]) for _ in range(20)]
-    assert encode_entry(b"n" * 8, 1, noise)[:4] == b"MSG1"  # random bytes: not worth it
+    assert encode_entry(b"n" * 8, 1, noise)[:4] == b"MSG2"  # random bytes: not worth it
     small = _events(1)
-    assert encode_entry(b"n" * 8, 1, small)[:4] == b"MSG1"  # under COMPRESS_FROM
+    assert encode_entry(b"n" * 8, 1, small)[:4] == b"MSG2"  # under COMPRESS_FROM
     assert decode_entry(packed).commands == decode_entry(plain).commands == json_events
 
 
@@ -76,7 +91,7 @@ def test_damaged_or_oversized_compressed_entries_are_refused() -> None:
             decode_entry(bad)
     huge = zstandard.ZstdCompressor().compress(b"\0" * (MAX_BODY_BYTES + 1))
     with pytest.raises(ValueError, match="claims"):
-        decode_entry(packed[:24] + huge)
+        decode_entry(packed[:32] + huge)
 
 
 async def test_after_an_entry_that_did_not_compress_only_every_sixteenth_tries() -> None:
@@ -85,11 +100,11 @@ async def test_after_an_entry_that_did_not_compress_only_every_sixteenth_tries()
     writer = LogWriter(cast(EtcdClient, None), b"/log", b"n" * 8, lambda _response: None)
     noise = [encode_batch(1, [os.urandom(4000)]) for _ in range(4)]
     json_events = _events(50)
-    assert (await writer.encode_value(1, json_events))[:4] == b"MSZ1"
-    assert (await writer.encode_value(2, noise))[:4] == b"MSG1"  # a miss
+    assert (await writer.encode_value(1, json_events))[:4] == b"MSZ2"
+    assert (await writer.encode_value(2, noise))[:4] == b"MSG2"  # a miss
     magics = [(await writer.encode_value(3 + k, json_events))[:4] for k in range(COMPRESS_RETRY)]
-    assert magics == [b"MSG1"] * (COMPRESS_RETRY - 1) + [b"MSZ1"]
-    assert (await writer.encode_value(99, json_events))[:4] == b"MSZ1"  # compressing again
+    assert magics == [b"MSG2"] * (COMPRESS_RETRY - 1) + [b"MSZ2"]
+    assert (await writer.encode_value(99, json_events))[:4] == b"MSZ2"  # compressing again
 
 
 class FakeEtcd:
