@@ -178,6 +178,10 @@ class BrokerConfig:
         DEFAULT_MAX_REQUEST_SIZE, "--max-request-size",
         "largest batch publish body accepted", parse=positive_size, show=show_size,
         metavar="SIZE")
+    retention_age: float | None = _option(
+        None, "--retention-age", "retention also deletes old segments whose newest message "
+        "was appended longer ago than this (default: off; a topic may set its own)",
+        parse=positive_duration, show=show_duration, metavar="DURATION")
     truncation_interval: float = _option(
         DEFAULT_TRUNCATION_INTERVAL, "--truncation-interval", "how often retention runs",
         parse=positive_duration, show=show_duration, metavar="DURATION")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -50,9 +50,11 @@ from messaging.broker.topic_settings import (
     MAX_MESSAGE_SIZE,
     MAX_SEGMENT_SIZE,
     MAX_TOPIC_SIZE,
+    RETENTION_AGE,
     TopicEntry,
     TopicOp,
 )
+from messaging.clock import now_ms
 from messaging.config import (
     DEFAULT_MAX_SEGMENT_SIZE,
     DEFAULT_MAX_TOPIC_SIZE,
@@ -111,6 +113,7 @@ class Broker:
 
     def __init__(self, path: Path, *, max_segment_size: int = DEFAULT_MAX_SEGMENT_SIZE,
                  max_topic_size: int = DEFAULT_MAX_TOPIC_SIZE,
+                 retention_age: float | None = None,
                  subscriber_timeout: float = DEFAULT_SUBSCRIBER_TIMEOUT,
                  max_open_files: int | None = None,
                  metrics: BrokerMetrics | None = None,
@@ -118,6 +121,7 @@ class Broker:
         self.path = path
         self.max_segment_size = max_segment_size
         self.max_topic_size = max_topic_size
+        self.retention_age = retention_age  # seconds; None: off
         self.subscriber_timeout = subscriber_timeout
         self.metrics = metrics or BrokerMetrics()
         self.metrics.watch_subscribers(self._subscriber_rows)
@@ -711,9 +715,12 @@ class Broker:
         """
         return self.positions.floor(topic_id, now)
 
-    def enforce_retention(self, now: float | None = None) -> int:
+    def enforce_retention(self, now: float | None = None, wall_ms: int | None = None) -> int:
         """Delete old segments of every topic over its max-topic-size (its own setting, else
-        ``max_topic_size``); returns bytes deleted.
+        ``max_topic_size``), and those whose newest message is older than its retention-age
+        (its own, else ``retention_age``); returns bytes deleted. ``now`` (monotonic) is
+        when subscribers are judged live, ``wall_ms`` the wall clock ages are measured from
+        (defaults: the clocks now).
 
         Blocking (run it on a thread). Each topic is truncated under the retention lock,
         which the writer takes to delete topics' files and :meth:`close` to stop: a topic
@@ -729,16 +736,28 @@ class Broker:
                     break
                 if self.store.get(topic.id) is not topic:
                     continue  # deleted (or replaced by a snapshot) since the list was made
-                limit = table.committed(topic.id).settings.get(MAX_TOPIC_SIZE,
-                                                               self.max_topic_size)
-                if topic.size <= limit:
+                settings = table.committed(topic.id).settings
+                limit = settings.get(MAX_TOPIC_SIZE, self.max_topic_size)
+                older_than = self._age_limit(settings, wall_ms)
+                if topic.size <= limit and older_than is None:
                     continue
                 before = topic.stats.deleted_segments
-                freed = topic.truncate(limit, self.retention_floor(topic.id, now))
+                freed = topic.truncate(limit, self.retention_floor(topic.id, now), older_than)
             deleted += freed
             self.metrics.retention_deleted_bytes.inc(freed)
             self.metrics.retention_deleted_segments.inc(topic.stats.deleted_segments - before)
         return deleted
+
+    def _age_limit(self, settings: Mapping[str, int | None], wall_ms: int | None,
+                   ) -> int | None:
+        """The append time (ms) before which a topic's segments are old enough to delete
+        (None: no age limit). A topic's ``retention-age`` is in ms, 0 meaning off."""
+        age_ms = settings.get(RETENTION_AGE)
+        if age_ms is None and self.retention_age is not None:
+            age_ms = round(self.retention_age * 1000)
+        if not age_ms:
+            return None
+        return (now_ms() if wall_ms is None else wall_ms) - age_ms
 
     # -- snapshots (see messaging.broker.snapshot) ------------------------------------------
 

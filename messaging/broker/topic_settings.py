@@ -1,12 +1,13 @@
 """Per-topic settings and topic deletion: the request body, the command and the table.
 
-A topic may override three broker-wide limits: ``max-topic-size`` (retention),
-``max-segment-size`` (when a new segment starts) and ``max-message-size`` (the largest message
-data a publish to it may hold). ``retention-age`` is refused until messages carry append
-times. Settings and deletions are commands of the log (a broker-internal frame of type
-:data:`TOPIC_OP` whose topic field names the topic, data = JSON), applied by the broker's state
-machine, so they are replicated, journaled, in snapshots and in a cluster's checkpoint exactly
-as the catalog is (:class:`TopicTable` lives in :class:`messaging.broker.catalog.Catalog`).
+A topic may override four broker-wide limits: ``max-topic-size`` and ``retention-age``
+(retention by size and by the append time of a segment's newest message, in ms, 0 meaning
+off), ``max-segment-size`` (when a new segment starts) and ``max-message-size`` (the largest
+message data a publish to it may hold). Settings and deletions are commands of the log (a
+broker-internal frame of type :data:`TOPIC_OP` whose topic field names the topic, data =
+JSON), applied by the broker's state machine, so they are replicated, journaled, in
+snapshots and in a cluster's checkpoint exactly as the catalog is (:class:`TopicTable` lives
+in :class:`messaging.broker.catalog.Catalog`).
 
 A deletion takes a broker index of its own, as a message would, and records it
 (``deleted_at``): the topic's files, settings and subscriber positions go; a publish to the
@@ -30,6 +31,7 @@ from messaging.config import (
     DEFAULT_MAX_MESSAGE_SIZE,
     DEFAULT_MAX_SEGMENT_SIZE,
     DEFAULT_MAX_TOPIC_SIZE,
+    parse_duration,
     parse_size,
 )
 from messaging.errors import BadRequestError, CorruptFrameError
@@ -47,10 +49,11 @@ MAX_SEGMENT_SIZE = "max-segment-size"
 MAX_MESSAGE_SIZE = "max-message-size"
 RETENTION_AGE = "retention-age"
 #: The settings a topic may have, in the order they are shown.
-KEYS = (MAX_TOPIC_SIZE, MAX_SEGMENT_SIZE, MAX_MESSAGE_SIZE)
-#: Each setting's built-in default (what the broker uses without a flag).
-DEFAULTS = {MAX_TOPIC_SIZE: DEFAULT_MAX_TOPIC_SIZE, MAX_SEGMENT_SIZE: DEFAULT_MAX_SEGMENT_SIZE,
-            MAX_MESSAGE_SIZE: DEFAULT_MAX_MESSAGE_SIZE}
+KEYS = (MAX_TOPIC_SIZE, RETENTION_AGE, MAX_SEGMENT_SIZE, MAX_MESSAGE_SIZE)
+#: Each setting's built-in default (what the broker uses without a flag; None: off).
+DEFAULTS: dict[str, int | None] = {
+    MAX_TOPIC_SIZE: DEFAULT_MAX_TOPIC_SIZE, RETENTION_AGE: None,
+    MAX_SEGMENT_SIZE: DEFAULT_MAX_SEGMENT_SIZE, MAX_MESSAGE_SIZE: DEFAULT_MAX_MESSAGE_SIZE}
 #: Where an effective setting came from.
 SOURCE_TOPIC, SOURCE_BROKER, SOURCE_DEFAULT = "topic", "broker", "default"
 #: The largest size any setting takes (sizes are kept as signed 64-bit numbers elsewhere).
@@ -66,23 +69,26 @@ def parse_settings(body: Any, max_message_size: int) -> Settings:
     """The settings a ``PUT /messaging/topics/{id}`` body asks for (400 with the reason).
 
     ``body`` is the decoded JSON: an object whose keys are :data:`KEYS`, each a byte count
-    or a size text like the broker flags take (``10M``, ``1G``), or null to go back to the
-    broker's value. ``max-message-size`` may not exceed ``max_message_size``, the broker's
-    own maximum (no request could carry more).
+    or a size text like the broker flags take (``10M``, ``1G``) — for ``retention-age`` a
+    count of milliseconds or a duration text (``7d``, ``12h``; 0 turns it off for the
+    topic) — or null to go back to the broker's value. ``max-message-size`` may not exceed
+    ``max_message_size``, the broker's own maximum (no request could carry more).
     """
     if not isinstance(body, dict):
         raise BadRequestError("the body must be a JSON object of settings, e.g. "
                               '{"max-topic-size": "1G"}')
-    if RETENTION_AGE in body:
-        raise BadRequestError(f"{RETENTION_AGE} is not supported yet: it comes with message "
-                              "append times")
     unknown = sorted(set(body) - set(KEYS))
     if unknown:
         raise BadRequestError(f"unknown setting {unknown[0]!r}: expected "
                               f"{', '.join(KEYS)}")
     settings: Settings = {}
     for key, value in body.items():
-        settings[key] = None if value is None else size_value(key, value)
+        if value is None:
+            settings[key] = None
+        elif key == RETENTION_AGE:
+            settings[key] = age_value(value)
+        else:
+            settings[key] = size_value(key, value)
     limit = settings.get(MAX_MESSAGE_SIZE)
     if limit is not None and limit > max_message_size:
         raise BadRequestError(f"{MAX_MESSAGE_SIZE} {limit} is above this broker's maximum "
@@ -104,6 +110,22 @@ def size_value(key: str, value: Any) -> int:
     if not 0 < size <= _MAX_SIZE:
         raise BadRequestError(f"invalid {key} {size}: must be from 1 to {_MAX_SIZE}")
     return size
+
+
+def age_value(value: Any) -> int:
+    """``retention-age`` in ms from a JSON number of ms or a duration text (0: off)."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise BadRequestError(f"invalid {RETENTION_AGE} {value!r}: expected milliseconds or a "
+                              "duration such as 12h or 7d")
+    if isinstance(value, str):
+        try:
+            value = round(parse_duration(value) * 1000)
+        except argparse.ArgumentTypeError as err:
+            raise BadRequestError(f"invalid {RETENTION_AGE}: {err}") from err
+    if not 0 <= value <= _MAX_SIZE:
+        raise BadRequestError(f"invalid {RETENTION_AGE} {value}: must be from 0 (off) to "
+                              f"{_MAX_SIZE} ms")
+    return int(value)
 
 
 # -- the command ------------------------------------------------------------------------------
@@ -142,7 +164,8 @@ def parse_topic_command(topic: int, data: bytes) -> TopicOp:
         kind = op["op"]
         settings = op.get("settings", {})
         valid = (kind in (CONFIGURE, DELETE) and isinstance(settings, dict)
-                 and all(k in KEYS and (v is None or (isinstance(v, int) and v > 0))
+                 and all(k in KEYS and (v is None or (
+                     isinstance(v, int) and (v > 0 or (v == 0 and k == RETENTION_AGE))))
                          for k, v in settings.items()))
     except (ValueError, KeyError, TypeError) as err:
         raise CorruptFrameError(f"topic command is not valid JSON: {err}") from err
@@ -289,7 +312,8 @@ class TopicTable:
 # -- effective settings -----------------------------------------------------------------------
 
 
-def effective(entry: TopicEntry, broker: Mapping[str, int]) -> dict[str, dict[str, Any]]:
+def effective(entry: TopicEntry, broker: Mapping[str, int | None],
+              ) -> dict[str, dict[str, Any]]:
     """Each setting's value and where it came from: ``topic`` (set on the topic), ``broker``
     (a broker flag or config set it to other than the built-in default) or ``default``.
 

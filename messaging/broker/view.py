@@ -56,6 +56,10 @@ class BrokerView(Protocol):
         """The broker's max-topic-size (a topic's own setting overrides it)."""
         ...
     @property
+    def retention_age(self) -> float | None:
+        """The broker's retention-age in seconds (None: off; a topic's own overrides it)."""
+        ...
+    @property
     def max_segment_size(self) -> int:
         """The broker's max-segment-size (a topic's own setting overrides it)."""
         ...

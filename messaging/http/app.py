@@ -100,6 +100,7 @@ ROUTES = (
     Route("GET", "/messaging/ping", "messages", "ping", NODE),
     Route("POST", "/messaging/ping", "messages", "ping", NODE),
     Route("GET", "/messaging/topics", "messages", "topics", EVERY_GROUP),
+    Route("GET", "/messaging/times", "messages", "times", TOPIC_PARAM),
     # One topic: described, created or configured, deleted (messaging.http.topics).
     Route("GET", "/messaging/topics/{id}", "topics", "describe", TOPIC_PATH),
     Route("PUT", "/messaging/topics/{id}", "topics", "configure", TOPIC_PATH),

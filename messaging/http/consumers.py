@@ -10,7 +10,8 @@ same log as heartbeats, so they are applied in the group transaction, saved in
 Endpoints (routed in :mod:`messaging.http.app`):
 
 - ``GET /messaging/consumers`` (optional ``topicID``, ``name``): every consumer's position,
-  the topic's last index, lag (the messages after its position) and when it was last seen.
+  the topic's last index, lag (the messages after its position), lag_ms (how long ago the
+  first of them was appended) and when it was last seen.
 - ``PUT /messaging/consumers/{name}?topicID=T&index=I``: reset a position (also backwards);
   or the same two in a JSON body, ``{"topicID": T, "index": I}`` (read as JSON whatever its
   Content-Type when the query has no topicID), each a number or a decimal string
@@ -34,6 +35,7 @@ from aiohttp import web
 
 from messaging.broker.subscribers import DELETE, RESET, consumer_command
 from messaging.broker.view import BrokerView
+from messaging.clock import now_ms
 from messaging.errors import BadRequestError, MessagingError, NotFoundError
 from messaging.http.auth import principal_of, requires
 from messaging.http.executors import Executors
@@ -92,6 +94,7 @@ class ConsumerHandlers:
             idle = max(monotonic - record.seen, 0.0)
             rows.append({"topic": topic_id, "name": who, "index": record.index,
                          "last_index": last, "lag": max(last - record.index, 0),
+                         "lag_ms": None,
                          "last_seen": round(record.seen_at, 3),
                          "idle": round(idle, 3),
                          "live": idle <= self.broker.subscriber_timeout})
@@ -111,14 +114,23 @@ class ConsumerHandlers:
 
     def _count_lags(self, rows: Sequence[dict[str, Any]]) -> None:
         """Make each row's ``lag`` the messages after its position, not the difference of
-        broker indexes (shared by every topic, so the difference overstates it). Reads the
-        topics' indexes: on a read thread."""
+        broker indexes (shared by every topic, so the difference overstates it), and
+        ``lag_ms`` how long ago the first of them was appended (0 when caught up, null when
+        its time is unknown). Reads the topics' indexes: on a read thread."""
+        now = now_ms()
         for row in rows:
             topic = self.broker.topic(row["topic"])
             if topic is None:
                 continue
             try:
                 row["lag"] = topic.count_after(row["index"])
+                if row["lag"] == 0:
+                    row["lag_ms"] = 0
+                    continue
+                behind = topic.index_after(row["index"] + 1, 1)
+                appended = topic.time_of(behind) if behind is not None else None
+                if appended is not None:
+                    row["lag_ms"] = max(now - appended, 0)
             except MessagingError:  # damaged or deleted under us: the index difference
                 continue
 

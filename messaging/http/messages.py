@@ -25,6 +25,7 @@ from messaging import __version__ as VERSION
 from messaging.broker.catalog import stream_command
 from messaging.broker.commands import Command, heartbeat_command, validate_publish
 from messaging.broker.view import BrokerView
+from messaging.clock import parse_moment
 from messaging.config import DEFAULT_MAX_REQUEST_SIZE
 from messaging.errors import (
     BadRequestError,
@@ -172,8 +173,10 @@ class MessageHandlers:
 
     @requires("read")
     async def read(self, request: web.Request) -> web.StreamResponse:
-        """GET /messaging/messages: frames from ``index``; ``streaming=true`` keeps it open;
-        ``format=sse``: Server-Sent Events, following the topic (:mod:`messaging.http.sse`).
+        """GET /messaging/messages: frames from ``index`` (or from the first message appended
+        at or after ``since``: RFC 3339, ms since the epoch, or a duration back from now);
+        ``streaming=true`` keeps it open; ``format=sse``: Server-Sent Events, following the
+        topic (:mod:`messaging.http.sse`).
 
         ``topicID`` is a topic id or a named stream's name. A non-streaming read of a topic
         that never existed is a 404; a streaming one waits for the topic's first message.
@@ -197,13 +200,22 @@ class MessageHandlers:
                 return await self._read(request, topic_id, index, end, limit, streaming)
         return await self._read(request, topic_id, index, end, limit, streaming)
 
-    def _start(self, request: web.Request, topic_id: int, topic: TopicView | None,
-               index: int, extra: dict[str, str]) -> int:
-        """The first index a read wants: ``index``, or right after a consumer's stored
-        position (named in ``extra``)."""
+    async def _start(self, request: web.Request, topic_id: int, topic: TopicView | None,
+                     index: int, extra: dict[str, str]) -> int:
+        """The first index a read wants: ``index``, the first message appended at or after
+        ``since`` (the next one to come when none is yet), or right after a consumer's
+        stored position (named in ``extra``)."""
+        given = [name for name in ("index", "since", "consumer") if name in request.query]
+        if len(given) > 1:
+            raise BadRequestError("give one of index, since and consumer, not "
+                                  + " and ".join(given))
+        if "since" in request.query:
+            moment = parse_time(request.query["since"], "since")
+            if topic is None:
+                return 0  # every message of a topic still to come is appended after it
+            found = await self.executors.read(topic.index_at_time, moment)
+            return found if found is not None else topic.committed_index + 1
         if "consumer" in request.query:  # start right after a consumer's stored position
-            if "index" in request.query:
-                raise BadRequestError("give index or consumer, not both")
             index, position = start_index(
                 self.broker.subscribers(topic_id), check_name(request.query["consumer"]),
                 topic.first_index if topic is not None else 0)
@@ -216,7 +228,7 @@ class MessageHandlers:
         if topic is None:
             raise_if_deleted(self.broker, topic_id)
         extra: dict[str, str] = {}
-        index = self._start(request, topic_id, topic, index, extra)
+        index = await self._start(request, topic_id, topic, index, extra)
         if topic is None and not streaming:
             raise NotFoundError(f"topic {topic_id} not found")
         reader = topic.reader(index, end, limit) if topic is not None else None
@@ -271,7 +283,7 @@ class MessageHandlers:
         if last_event:
             index = _int(last_event, "Last-Event-ID") + 1
         else:
-            index = self._start(request, topic_id, topic, index, extra)
+            index = await self._start(request, topic_id, topic, index, extra)
         reader = topic.reader(index, end, limit) if topic is not None else None
         first = await self.streamer.first_chunk(reader) if reader is not None else b""
         response = web.StreamResponse(headers={
@@ -312,9 +324,31 @@ class MessageHandlers:
                             if readable(principal, self.broker, t.id)])
 
     @requires("read")
+    async def times(self, request: web.Request) -> web.Response:
+        """GET /messaging/times?topicID=T&index=I[&end=E]: when the topic's messages from
+        ``index`` (to ``end``, exclusive) were appended, as runs: ``[first index, time]``,
+        each holding until the next one starts, through ``through`` (the last index they
+        cover); a time is ms since the epoch, null for messages written before times."""
+        topic_id = topic_to_read(request, self.broker)
+        if topic_id is None:
+            raise BadRequestError("missing parameter topicID")
+        index = _optional_int(request, "index") or 0
+        end = _optional_int(request, "end")
+        topic = self.broker.topic(topic_id)
+        if topic is None:
+            raise_if_deleted(self.broker, topic_id)
+            raise NotFoundError(f"topic {topic_id} not found")
+        through = topic.committed_index if end is None else min(end - 1, topic.committed_index)
+        start = max(index, topic.first_index)
+        runs = await self.executors.read(topic.times, start, through) if start <= through else []
+        return json_answer({"topic": topic_id, "index": start, "through": through,
+                            "runs": [list(run) for run in runs]})
+
+    @requires("read")
     async def topic(self, request: web.Request) -> web.Response:
-        """GET /messaging/topics/{id}, with ``after`` and ``count`` for count-based batching, or
-        ``last``: the index of the ``last``-th message back from the end."""
+        """GET /messaging/topics/{id}, with ``after`` and ``count`` for count-based batching,
+        ``last``: the index of the ``last``-th message back from the end, or ``at``: the index
+        of the first message appended at or after that time (null: none yet)."""
         reference = topic_reference(request.match_info["id"], "topic id")
         if reference is None:
             raise BadRequestError("missing topic id")
@@ -336,6 +370,11 @@ class MessageHandlers:
             if after is not None or last < 1:
                 raise BadRequestError("last takes a count of at least 1, without after")
             info["index"] = await self.executors.read(topic.index_before_end, last)
+        if "at" in request.query:
+            if after is not None or last is not None:
+                raise BadRequestError("at takes a time, without after or last")
+            moment = parse_time(request.query["at"], "at")
+            info["index"] = await self.executors.read(topic.index_at_time, moment)
         return json_answer(info)
 
     @requires("read")
@@ -381,6 +420,14 @@ def _int(value: str, name: str) -> int:
     if number >= 2**64:
         raise BadRequestError(f"invalid {name} {value!r}: expected an unsigned integer")
     return number
+
+
+def parse_time(value: str, name: str) -> int:
+    """A moment a request names (ms since the epoch); 400 naming the accepted forms."""
+    try:
+        return parse_moment(value)
+    except ValueError as err:
+        raise BadRequestError(f"invalid {name}: {err}") from None
 
 
 def _optional_int(request: web.Request, name: str) -> int | None:

@@ -100,6 +100,7 @@ class BrokerServer:
         config = self.config
         return {"max_segment_size": config.max_segment_size,
                 "max_topic_size": config.max_topic_size,
+                "retention_age": config.retention_age,
                 "subscriber_timeout": config.subscriber_timeout}
 
     async def _start_groups(self, sock: socket.socket, tls: ssl.SSLContext | None,

@@ -19,6 +19,7 @@ from messaging.broker.topic_settings import (
     MAX_MESSAGE_SIZE,
     MAX_SEGMENT_SIZE,
     MAX_TOPIC_SIZE,
+    RETENTION_AGE,
     configure_command,
     delete_command,
     effective,
@@ -122,6 +123,8 @@ class TopicHandlers:
     def _effective(self, topic_id: int) -> dict[str, dict[str, Any]]:
         return effective(self.broker.settings(topic_id), {
             MAX_TOPIC_SIZE: self.broker.max_topic_size,
+            RETENTION_AGE: (None if self.broker.retention_age is None
+                            else round(self.broker.retention_age * 1000)),
             MAX_SEGMENT_SIZE: self.broker.max_segment_size,
             MAX_MESSAGE_SIZE: self.max_message_size})
 

@@ -404,10 +404,11 @@ def test_close_waits_for_a_retention_run(tmp_path: Path, monkeypatch: pytest.Mon
     started, release = threading.Event(), threading.Event()
     truncate = Topic.truncate
 
-    def slow_truncate(topic: Topic, max_size: int, floor: int) -> int:
+    def slow_truncate(topic: Topic, max_size: int, floor: int,
+                      older_than: int | None = None) -> int:
         started.set()
         assert release.wait(10)
-        return truncate(topic, max_size, floor)
+        return truncate(topic, max_size, floor, older_than)
 
     monkeypatch.setattr(Topic, "truncate", slow_truncate)
     retention = threading.Thread(target=broker.enforce_retention)

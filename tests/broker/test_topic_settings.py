@@ -15,6 +15,7 @@ from messaging.broker.topic_settings import (
     MAX_MESSAGE_SIZE,
     MAX_SEGMENT_SIZE,
     MAX_TOPIC_SIZE,
+    RETENTION_AGE,
     TOPIC_OP,
     TopicEntry,
     TopicTable,
@@ -46,7 +47,9 @@ def test_sizes_are_numbers_or_size_texts_and_null_resets() -> None:
 @pytest.mark.parametrize(("body", "reason"), [
     ([], "JSON object"),
     ("1G", "JSON object"),
-    ({"retention-age": "1h"}, "message append times"),
+    ({"retention-age": "soon"}, "invalid retention-age"),
+    ({"retention-age": -1}, "must be from 0"),
+    ({"retention-age": True}, "expected milliseconds or a duration"),
     ({"max-topic-sizes": 1}, "unknown setting 'max-topic-sizes'"),
     ({MAX_TOPIC_SIZE: "lots"}, "invalid max-topic-size"),
     ({MAX_TOPIC_SIZE: 0}, "must be from 1"),
@@ -147,8 +150,9 @@ def test_saved_restored_and_replayed_tables_agree(
 
 def test_effective_settings_say_where_each_came_from() -> None:
     broker = {MAX_TOPIC_SIZE: 5 << 30, MAX_SEGMENT_SIZE: DEFAULT_MAX_SEGMENT_SIZE,
-              MAX_MESSAGE_SIZE: DEFAULT_MAX_MESSAGE_SIZE}
+              MAX_MESSAGE_SIZE: DEFAULT_MAX_MESSAGE_SIZE, RETENTION_AGE: None}
     shown = effective(TopicEntry({MAX_MESSAGE_SIZE: 100}), broker)
     assert shown == {MAX_TOPIC_SIZE: {"value": 5 << 30, "source": "broker"},
+                     RETENTION_AGE: {"value": None, "source": "default"},
                      MAX_SEGMENT_SIZE: {"value": DEFAULT_MAX_SEGMENT_SIZE, "source": "default"},
                      MAX_MESSAGE_SIZE: {"value": 100, "source": "topic"}}
