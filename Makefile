@@ -12,7 +12,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 .PHONY: run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
 	bench-split bench-latency bench-fanout bench-scaling bench-groups bench-cli soak soak-cluster \
-	etcd conformance spark clean
+	etcd faketime conformance spark clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,7 +62,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy messaging tests bench examples
 
-pytest: $(STAMP) etcd conformance
+pytest: $(STAMP) etcd faketime conformance
 	$(BIN)/python -m pytest -q
 
 # Unit tests measure no disk: their files go to a RAM-backed directory when there is one.
@@ -70,6 +70,19 @@ pytest-unit: $(STAMP)
 	@tmp=$$(mktemp -d -p /dev/shm messaging-tests.XXXXXX 2>/dev/null || mktemp -d); \
 	MESSAGING_TEST_EXAMPLES=0.25 $(BIN)/python -m pytest -q -m "not e2e" --basetemp=$$tmp; \
 	status=$$?; rm -rf $$tmp; exit $$status
+
+## make faketime: the cluster time test runs one node with its clock an hour off (libfaketime)
+faketime:
+	@if ! command -v faketime >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing Debian's faketime (a cluster test runs a node with its clock an hour off)"; \
+			apt-get install -y -qq faketime >/dev/null || \
+				{ apt-get update -qq >/dev/null && apt-get install -y -qq faketime >/dev/null; }; \
+		else \
+			echo "faketime is missing: install it (Debian/Ubuntu: sudo apt-get install faketime) and run make test again" >&2; \
+			exit 1; \
+		fi; \
+	fi
 
 ## make etcd: the cluster tests need an etcd server (3.4.22+ or 3.5.6+) on PATH
 etcd:

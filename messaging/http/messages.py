@@ -427,7 +427,7 @@ def parse_time(value: str, name: str) -> int:
     try:
         return parse_moment(value)
     except ValueError as err:
-        raise BadRequestError(f"invalid {name}: {err}") from None
+        raise BadRequestError(str(err).replace("invalid time", f"invalid {name}", 1)) from None
 
 
 def _optional_int(request: web.Request, name: str) -> int | None:
