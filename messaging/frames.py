@@ -106,6 +106,13 @@ class Message(NamedTuple):
     topic: int
     data: bytes
 
+    @property
+    def time(self) -> int | None:
+        """The message's append time in ms since the Unix epoch, when it was read with its
+        times (``client.conn(topic, times=True)``, ``client.read(topic, times=True)``);
+        None otherwise, and for a message the broker stored before times existed."""
+        return None
+
 
 _new_tuple = tuple.__new__
 

@@ -28,6 +28,7 @@ from urllib.parse import quote
 from messaging.aio import cancel_and_wait
 from messaging.cli.contexts import Target, add_target_options, looks_like_urls, resolve
 from messaging.client.client import Client
+from messaging.clock import format_moment, parse_moment
 from messaging.errors import (
     ClientConfigError,
     ConnectionFailedError,
@@ -84,8 +85,9 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p = sub.add_parser(
         "tail", help="print a topic's messages",
         description="Print a topic's messages (TOPIC: a topic id or a stream name) from "
-                    "--from (default: the first kept), or the last N; --follow keeps waiting "
-                    "for new ones and rides out broker restarts and failovers.")
+                    "--from (default: the first kept), from --since a time, or the last N; "
+                    "--follow keeps waiting for new ones and rides out broker restarts and "
+                    "failovers.")
     _positionals(p, "TOPIC")
     start = p.add_mutually_exclusive_group()
     start.add_argument("--from", dest="start", type=_start, default=None,
@@ -94,6 +96,10 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                             "after the last one (latest: only new ones), or a broker index")
     start.add_argument("--last", type=_positive, metavar="N",
                        help="start at the N-th message back from the end")
+    start.add_argument("--since", type=_since, metavar="TIME",
+                       help="start at the first message appended at or after TIME: a "
+                            "duration back from now (15m, 2h, 7d), an RFC 3339 time "
+                            "(2026-11-26T10:00:00Z) or milliseconds since the Unix epoch")
     start.add_argument("--consumer", metavar="NAME",
                        help="start right after NAME's stored position and commit what is "
                             "printed as NAME's position")
@@ -103,7 +109,11 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                    help="how long to wait for a broker that is down before giving up (default "
                         f"forever with --follow, else {DEFAULT_RETRY_TIMEOUT:g})")
     p.add_argument("--format", choices=["text", "json"], default="text",
-                   help="text: index, type, data (UTF-8, else hex); json: one object a line")
+                   help="text: index, type, data (UTF-8, else hex); json: one object a line, "
+                        "with the append time (ms since the epoch; null if unknown)")
+    p.add_argument("--times", action="store_true",
+                   help="text: print each message's append time (RFC 3339, UTC) after its "
+                        "index")
     p.add_argument("--commit-every", type=_positive, default=1, metavar="N",
                    help="with --consumer: commit after every N messages printed, and at the "
                         "end (default 1)")
@@ -259,6 +269,15 @@ def _index(text: str) -> int:
     if not (text.isascii() and text.isdigit()) or int(text) >= 2**64:
         raise argparse.ArgumentTypeError(f"invalid index {text!r}: expected an unsigned integer")
     return int(text)
+
+
+def _since(text: str) -> int:
+    """A ``--since`` moment, fixed now (a retried read starts from the same moment)."""
+    try:
+        return parse_moment(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).replace("invalid time", "invalid --since",
+                                                          1)) from None
 
 
 def _start(text: str) -> str | int:
@@ -553,21 +572,24 @@ class StdinReader:
 # -- tail ------------------------------------------------------------------------------------
 
 
-def format_message(message: Message, fmt: str) -> str:
-    """One output line of ``messaging tail``."""
+def format_message(message: Message, fmt: str, *, times: bool = False) -> str:
+    """One output line of ``messaging tail`` (``times``: text lines show the append time)."""
     try:
         text, encoding = message.data.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
         text, encoding = "", "binary"
     if fmt == "json":
         record: dict[str, Any] = {"index": message.index, "topic": message.topic,
-                                  "type": message.type}
+                                  "type": message.type, "time": message.time}
         if encoding == "utf-8":
             record["data"] = text
         else:
             record["data_base64"] = base64.b64encode(message.data).decode()
         return dumps(record)  # ids and indexes of 2^53 and more as strings, as the API does
     shown = text if encoding == "utf-8" else "0x" + message.data.hex()
+    if times:
+        when = "-" if message.time is None else format_moment(message.time)
+        return f"{message.index}\t{when}\t{message.type}\t{shown}"
     return f"{message.index}\t{message.type}\t{shown}"
 
 
@@ -575,7 +597,7 @@ async def start_index(client: Client, args: argparse.Namespace) -> int | None:
     """The index ``tail`` starts at (0: the first kept), or None when there is nothing to
     print (said on standard error)."""
     if args.start in (None, "earliest") and args.last is None:
-        return 0
+        return 0  # also --since: the read itself finds where to start
     try:
         info = await client.topic(args.topic, last=args.last)
     except NotFoundError:
@@ -609,19 +631,20 @@ async def _tail(args: argparse.Namespace) -> int:
         if index is None:
             return 0
         # With --consumer, commits are explicit (heartbeat_interval 0): only what was printed.
+        timed = args.format == "json" or args.times
         conn = client.conn(args.topic, heartbeat_interval=0,
-                           consumer=args.consumer)
+                           consumer=args.consumer, times=timed)
         if args.follow:  # a long wait says so; a short read fails with one line
             conn.on_wait = lambda err: _note(
                 f"waiting for the broker ({err}); retrying "
                 + ("forever" if math.isinf(retry) else f"for {retry:g} s"))
             conn.on_resume = lambda: _note("reading again")
-        await conn.open(index=index, streaming=args.follow)
+        await conn.open(index=index, streaming=args.follow, since=args.since)
         relearn = asyncio.create_task(keep_learning(client)) if args.follow else None
         printed = 0
         try:
             async for message in conn:
-                print(format_message(message, args.format),
+                print(format_message(message, args.format, times=args.times),
                       flush=args.follow or args.consumer is not None)
                 printed += 1
                 if args.consumer is not None and printed % args.commit_every == 0:
@@ -654,15 +677,28 @@ async def _consumers(args: argparse.Namespace) -> int:
         for row in consumers:
             print(dumps(row))
         return 0
-    print(f"{'TOPIC':>8} {'INDEX':>12} {'LAST':>12} {'LAG':>10} {'IDLE':>9}  NAME")
+    print(f"{'TOPIC':>8} {'INDEX':>12} {'LAST':>12} {'LAG':>10} {'LAG TIME':>9} {'IDLE':>9}"
+          "  NAME")
     for c in consumers:
         idle = c.get("idle")
         shown = f"{idle:.1f}s" if isinstance(idle, int | float) else "?"
         if c.get("live") is False:
             shown += "*"
+        behind = _lag_time(c.get("lag_ms"))
         print(f"{c.get('topic', '?'):>8} {c.get('index', '?'):>12} {c.get('last_index', '?'):>12} "
-              f"{c.get('lag', '?'):>10} {shown:>9}  {c.get('name', '?')}")
+              f"{c.get('lag', '?'):>10} {behind:>9} {shown:>9}  {c.get('name', '?')}")
     return 0
+
+
+def _lag_time(lag_ms: Any) -> str:
+    """How long ago a consumer's first unread message was appended, short (``-``: unknown)."""
+    if not isinstance(lag_ms, int):
+        return "-"
+    seconds = lag_ms / 1000
+    for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= length:
+            return f"{seconds / length:.1f}{unit}"
+    return f"{seconds:.1f}s"
 
 
 async def _topics(args: argparse.Namespace) -> int:

@@ -13,12 +13,14 @@ import argparse
 from typing import Any
 
 from messaging.cli.client import _client, _positionals, _runner, add_connection_options
-from messaging.config import parse_size, show_size
+from messaging.config import parse_duration, parse_size, show_duration, show_size
 from messaging.errors import MessagingError, NotFoundError
 from messaging.json_ids import dumps
 
 #: The settings a topic takes, as options and as the API's keys.
-SETTINGS = ("max-topic-size", "max-segment-size", "max-message-size")
+SETTINGS = ("max-topic-size", "retention-age", "max-segment-size", "max-message-size")
+#: The one setting that is a duration (ms in the API), not a size.
+AGE = "retention-age"
 
 
 def add_topic_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,6 +36,12 @@ def add_topic_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         p = actions.add_parser(action, help=text, description=text + ".")
         _positionals(p, "TOPIC")
         for key in SETTINGS:
+            if key == AGE:
+                p.add_argument(f"--{key}", dest=key.replace("-", "_"), type=_age,
+                               metavar="DURATION", help="delete segments whose newest "
+                               "message is older: 12h, 7d, ... (0: never, whatever the "
+                               "broker's --retention-age)")
+                continue
             p.add_argument(f"--{key}", dest=key.replace("-", "_"), type=_size,
                            metavar="SIZE", help="a byte count or 10M, 1G, ...")
         p.add_argument("--reset", action="append", default=[], choices=SETTINGS,
@@ -61,6 +69,11 @@ def _size(text: str) -> int:
     if size <= 0:
         raise argparse.ArgumentTypeError(f"invalid size {text!r}: must be above zero")
     return size
+
+
+def _age(text: str) -> int:
+    """A ``--retention-age`` in ms (0: off for the topic)."""
+    return round(parse_duration(text) * 1000)
 
 
 def settings_of(args: argparse.Namespace) -> dict[str, int | None]:
@@ -121,5 +134,8 @@ def _show(answer: dict[str, Any], fmt: str) -> None:
     for key, shown in settings.items():
         if isinstance(shown, dict):
             value = shown.get("value")
-            text = show_size(value) if isinstance(value, int) else str(value)
+            if key == AGE:
+                text = "off" if not value else show_duration(value / 1000)
+            else:
+                text = show_size(value) if isinstance(value, int) else str(value)
             print(f"  {key:<18} {text:>10}  {shown.get('source', '?')}")

@@ -29,6 +29,7 @@ import aiohttp
 
 from messaging.client.conn import Conn
 from messaging.client.producer import Lanes
+from messaging.client.times import TimeRuns
 from messaging.config import DEFAULT_MAX_REQUEST_SIZE
 from messaging.errors import (
     ClientConfigError,
@@ -425,12 +426,23 @@ class Client:
         return [_integers(response, row, _TOPIC_INTEGERS) for row in result]
 
     async def topic(self, topic: int | str, after: int | None = None,
-                    count: int | None = None, last: int | None = None) -> dict[str, Any]:
+                    count: int | None = None, last: int | None = None,
+                    at: int | str | None = None) -> dict[str, Any]:
         """One topic (an id, or a stream's name); with ``after`` and ``count`` also the index
-        of the count-th message, with ``last`` that of the last-th message from the end."""
+        of the count-th message, with ``last`` that of the last-th message from the end, with
+        ``at`` (ms since the epoch, RFC 3339 text, or a duration back from now such as
+        ``"15m"``) that of the first message appended at or after then (None: none yet)."""
         response = await self.request("GET", f"/messaging/topics/{quote(str(topic), safe='')}",
-                                      params={"after": after, "count": count, "last": last})
+                                      params={"after": after, "count": count, "last": last,
+                                              "at": at})
         return _integers(response, _json_object(response), _TOPIC_INTEGERS)
+
+    async def times(self, topic: int | str, index: int = 0,
+                    end: int | None = None) -> TimeRuns:
+        """When ``topic``'s messages from ``index`` (to ``end``, exclusive) were appended."""
+        response = await self.request("GET", "/messaging/times",
+                                      params={"topicID": topic, "index": index, "end": end})
+        return TimeRuns.parse(_json_object(response))  # ids as numbers or strings alike
 
     # -- topic management (PUT, GET, DELETE /messaging/topics/{id}) ---------------------------
 
@@ -439,7 +451,9 @@ class Client:
         """Create ``topic`` (an id; or a stream's name, whose topic exists already) with
         ``settings``, or change those of a topic that exists: the same request. Settings are
         keywords: ``max_topic_size``, ``max_segment_size``, ``max_message_size``, each a byte
-        count or a size text such as ``"10M"``; None resets one to the broker's value.
+        count or a size text such as ``"10M"``, and ``retention_age`` (ms, or a duration
+        text such as ``"7d"``; 0 turns age retention off for the topic); None resets one to
+        the broker's value.
         Returns :meth:`describe_topic`'s answer."""
         return await self.configure_topic(topic, **settings)
 
@@ -471,12 +485,22 @@ class Client:
                            params={"topicID": topic, "index": index, "url": url}, write=True)
 
     async def read(self, topic: int, index: int = 0, end: int | None = None,
-                   limit: int | None = None) -> list[Message]:
+                   limit: int | None = None, *, since: int | str | None = None,
+                   times: bool = False) -> list[Message]:
         """A non-streaming read of messages ``index`` ≤ i < ``end`` (up to ``limit``).
 
-        ``index`` 0 means the first index retention kept.
+        ``index`` 0 means the first index retention kept. ``since`` (ms since the epoch,
+        RFC 3339 text, or a duration back from now such as ``"15m"``) starts at the first
+        message appended at or after then instead. ``times``: each message carries its
+        append time (:attr:`Message.time`), at the cost of one more request.
         """
-        params = {"topicID": topic, "index": index, "end": end, "limit": limit}
+        params: dict[str, Any] = {"topicID": topic, "index": index, "end": end,
+                                  "limit": limit}
+        if since is not None:
+            if index:
+                raise ValueError("give index or since, not both")
+            del params["index"]
+            params["since"] = since
         try:
             response = await self.request("GET", "/messaging/messages", params=params)
         except TopicTruncatedError as err:
@@ -489,16 +513,22 @@ class Client:
         messages, used = decode(response.body, after=max(index - 1, 0))
         if used != len(response.body):
             raise CorruptFrameError("the broker's answer ended inside a frame")
+        if times and messages:
+            runs = await self.times(topic, messages[0].index, messages[-1].index + 1)
+            return list(runs.stamp(messages))
         return messages
 
     def conn(self, topic: int, data_url: str | None = None,
-             heartbeat_interval: float = 1.0, *, consumer: str | None = None) -> Conn:
+             heartbeat_interval: float = 1.0, *, consumer: str | None = None,
+             times: bool = False) -> Conn:
         """A subscription to ``topic``; ``data_url`` names it for heartbeats.
 
         With ``consumer`` it starts right after that consumer's stored position and
         heartbeats as it; ``heartbeat_interval`` 0 leaves committing to :meth:`Conn.commit`.
+        With ``times`` every message it hands out carries its append time
+        (:attr:`Message.time`; fetched a stretch at a time, not per message).
         """
-        return Conn(self, topic, data_url, heartbeat_interval, consumer)
+        return Conn(self, topic, data_url, heartbeat_interval, consumer, times=times)
 
     # -- stored consumer positions and explicit producers (messaging.client.consumer, .journal) ---
 

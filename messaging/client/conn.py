@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from messaging.aio import wait_finished
+from messaging.client.times import TimeRuns, timed
 from messaging.errors import (
     ConnClosedError,
     ConnectionFailedError,
@@ -70,6 +71,11 @@ class BrokerClient(Protocol):
         """Report that subscriber ``url`` processed ``topic`` through ``index``."""
         ...
 
+    async def times(self, topic: int | str, index: int = 0,
+                    end: int | None = None) -> TimeRuns:
+        """The append times of ``topic``'s messages from ``index``."""
+        ...
+
 
 class _End:
     """Queued by the reader task when a non-streaming read reached the end of the topic."""
@@ -85,9 +91,14 @@ class Conn:
     """
 
     def __init__(self, client: BrokerClient, topic: int, data_url: str | None,
-                 heartbeat_interval: float, consumer: str | None = None) -> None:
+                 heartbeat_interval: float, consumer: str | None = None, *,
+                 times: bool = False) -> None:
         self.client = client
         self.topic = topic
+        #: Whether messages handed out carry their append time (:attr:`Message.time`).
+        self.times = times
+        self._runs: TimeRuns | None = None  # the times of the messages being handed out
+        self._since: int | str | None = None  # open(since=...): the first read's start
         #: A consumer name: open() starts right after its stored position, and it heartbeats
         #: as that subscriber unless ``data_url`` names another.
         self.consumer = consumer
@@ -121,14 +132,19 @@ class Conn:
         """Whether :meth:`close` was called."""
         return self._state == "closed"
 
-    async def open(self, index: int = 0, streaming: bool = True) -> None:
+    async def open(self, index: int = 0, streaming: bool = True, *,
+                   since: int | str | None = None) -> None:
         """Start reading from ``index`` (inclusive); non-streaming stops at the topic's end.
 
         ``index`` 0 starts at the first index retention kept; reading from a nonzero index
         that retention deleted raises :class:`TopicTruncatedError` while iterating. A Conn
         made with a ``consumer`` name ignores ``index``: it starts right after the position
         the broker stores for that consumer (at the first kept index for a new one).
+        ``since`` (ms since the epoch, RFC 3339 text, or a duration back from now such as
+        ``"15m"``) starts at the first message appended at or after then instead.
         """
+        if since is not None and (index or self.consumer is not None):
+            raise ConnStateError("give index, since or a consumer name, not more than one")
         if self._state == "closed":
             raise ConnClosedError("this Conn is closed; create a new one")
         if self._state == "open":
@@ -140,6 +156,8 @@ class Conn:
         if self.consumer is not None:
             self.index = self._received = 0
             self._from_first, self._by_consumer = False, True
+        if since is not None:
+            self._from_first, self._since = False, since
         self._tasks.append(asyncio.create_task(self._read_loop(), name="messaging-conn-read"))
         if self.data_url and self.heartbeat_interval > 0:
             self._tasks.append(asyncio.create_task(self._heartbeat_loop(),
@@ -185,7 +203,7 @@ class Conn:
             message = self._current[self._position]
             self._position += 1
             self.index = message.index
-            return message
+            return message if not self.times else await self._timed(message)
         made = next(self._slices, None)
         if made is None:
             batch = await self._next_batch()
@@ -198,7 +216,18 @@ class Conn:
         self._position = 1
         message = self._current[0]
         self.index = message.index
-        return message
+        return message if not self.times else await self._timed(message)
+
+    async def _timed(self, message: Message) -> Message:
+        """``message`` with its append time: from the runs fetched last, or fetched now for
+        every message received from it on (one request for a stretch of messages)."""
+        runs = self._runs
+        if runs is None or not runs.covers(message.index):
+            runs = self._runs = await self.client.times(self.topic, message.index,
+                                                        self._received + 1)
+            if not runs.covers(message.index):  # deleted under us: its time is gone too
+                return timed(message, None)
+        return timed(message, runs.time_of(message.index))
 
     async def batches(self) -> AsyncIterator[FrameBatch]:
         """Messages in batches over one buffer each (no Python object per message)."""
@@ -300,6 +329,9 @@ class Conn:
         if self._by_consumer and self.consumer is not None:
             del params["index"]
             params["consumer"] = self.consumer
+        elif self._since is not None:
+            del params["index"]
+            params["since"] = str(self._since)
         async with self.client.stream(_MESSAGES_PATH, params, FRAMES_CONTENT_TYPE) as chunks:
             self._answered = True
             if self._waiting:
@@ -311,6 +343,7 @@ class Conn:
                 for batch in decoder.feed(data):
                     self._received = batch.last
                     self._from_first = self._by_consumer = False
+                    self._since = None
                     await self._queue.put(replace(batch, topic=self.topic))
             decoder.finish()
         return not self.streaming

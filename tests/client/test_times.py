@@ -1,0 +1,100 @@
+"""Append times in the Python client: ``Message.time`` with ``times=True`` (read and Conn, a
+request per stretch of messages, not per message), ``since`` on reads and Conns, ``at`` on a
+topic, and the runs' parsing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from messaging.client.client import Client
+from messaging.client.times import TimedMessage, TimeRuns, timed
+from messaging.clock import format_moment, now_ms
+from messaging.errors import ConnStateError, MessagingError
+from messaging.frames import Message
+from messaging.http.server import BrokerServer
+
+PAUSE = 0.05  # past the broker's 10 ms time resolution
+
+
+async def bursts(client: Client) -> tuple[list[int], int]:
+    """a, b; a pause; c, d. Returns the indexes and the second burst's time."""
+    indexes = [await client.publish(1, b"a"), await client.publish(1, b"b")]
+    await asyncio.sleep(PAUSE)
+    indexes += [await client.publish(1, b"c"), await client.publish(1, b"d")]
+    runs = await client.times(1)
+    return indexes, runs.time_of(indexes[2]) or 0
+
+
+async def test_messages_read_with_times_carry_them(server: BrokerServer) -> None:
+    async with Client(server.url) as client:
+        indexes, later = await bursts(client)
+        plain = await client.read(1)
+        assert [m.time for m in plain] == [None] * 4  # not asked for: not fetched
+        messages = await client.read(1, times=True)
+        assert messages == plain  # a time does not change what a message is
+        assert all(isinstance(m, TimedMessage) for m in messages)
+        times = [m.time for m in messages]
+        assert times[2] == times[3] == later and times[0] == times[1]
+        assert later - (times[0] or 0) >= PAUSE * 1000 * 0.9
+        since = await client.read(1, since=later, times=True)
+        assert [(m.data, m.time) for m in since] == [(b"c", later), (b"d", later)]
+        assert [m.data for m in await client.read(1, since=format_moment(later))] == [b"c", b"d"]
+        assert (await client.topic(1, at=later))["index"] == indexes[2]
+        assert (await client.topic(1, at=now_ms() + 1000))["index"] is None
+        with pytest.raises(ValueError, match="index or since"):
+            await client.read(1, index=3, since=later)
+
+
+async def test_a_conn_hands_out_times_fetching_a_stretch_at_a_time(server: BrokerServer,
+                                                                   ) -> None:
+    async with Client(server.url) as client:
+        await client.publish_batch(1, [b"x%d" % i for i in range(500)])
+        calls = 0
+        fetch = client.times
+
+        async def counted(*args: object, **kwargs: object) -> TimeRuns:
+            nonlocal calls
+            calls += 1
+            return await fetch(*args, **kwargs)  # type: ignore[arg-type]
+
+        client.times = counted  # type: ignore[method-assign]
+        conn = client.conn(1, times=True)
+        await conn.open(streaming=False)
+        got = [m async for m in conn]
+        await conn.close()
+        assert len(got) == 500 and all(isinstance(m.time, int) for m in got)
+        assert calls == 1  # one batch, one request
+
+
+async def test_a_following_conn_since_a_time_starts_there_and_follows(
+        server: BrokerServer) -> None:
+    async with Client(server.url) as client:
+        _indexes, later = await bursts(client)
+        conn = client.conn(1, times=True)
+        await conn.open(since=later)
+        got = [await anext(conn), await anext(conn)]
+        await asyncio.sleep(PAUSE)
+        await client.publish(1, b"e")
+        got.append(await asyncio.wait_for(anext(conn), 10))
+        await conn.close()
+        assert [m.data for m in got] == [b"c", b"d", b"e"]
+        times = [m.time or 0 for m in got]
+        assert times[0] == later and times[2] > later
+        with pytest.raises(ConnStateError, match="not more than one"):
+            await client.conn(1).open(index=3, since=later)
+
+
+def test_runs_look_up_times_and_refuse_malformed_answers() -> None:
+    runs = TimeRuns.parse({"index": 5, "through": 20, "runs": [[5, 100], ["9", None],
+                                                                 [12, 130]]})
+    assert [runs.time_of(i) for i in (5, 8, 9, 11, 12, 20)] == [100, 100, None, None, 130, 130]
+    assert runs.covers(5) and runs.covers(20) and not runs.covers(21) and not runs.covers(4)
+    for bad in ({}, {"index": 1, "through": 2, "runs": [[1]]}, {"index": "x", "through": 1,
+                                                                 "runs": []}):
+        with pytest.raises(MessagingError, match="malformed"):
+            TimeRuns.parse(bad)
+    message = Message(7, 1, 2, b"x")
+    assert message.time is None and timed(message, 55).time == 55
+    assert timed(message, 55) == message and hash(timed(message, 55)) == hash(message)
