@@ -688,7 +688,8 @@ class Broker:
             if failure is not None:
                 info["failure"] = str(failure)
             topics.append(info)
-        return {"index": self.index, "path": str(self.path), "topics": topics,
+        return {"index": self.index, "time": self.time or None, "path": str(self.path),
+                "topics": topics,
                 "open_files": self.store.open_files,
                 "max_open_files": self.store.max_open_files}
 
