@@ -165,8 +165,8 @@ class SegmentTimes:
             try:
                 os.fdatasync(fd)
             except OSError as err:
-                raise TimeSyncError(err.errno, f"fsync of {self.path.name}: "
-                                    f"{err.strerror or err}") from err
+                raise TimeSyncError(err.errno, f"{err.strerror or err} on "
+                                    f"{self.path.name}") from err
         finally:
             os.close(fd)
         self.durable = len(self.indexes)

@@ -504,8 +504,8 @@ class Topic:
                 fsync_dir(self.path)
         except TimeSyncError as err:
             self._failed = StorageFailedError(
-                f"topic {self.id} stopped accepting writes: fsync of its time index failed "
-                f"({err.strerror or err}); restart the broker to re-verify its files")
+                f"topic {self.id} stopped accepting writes: fsync failed ({err.strerror or err});"
+                " restart the broker to re-verify its files")
             log.error("%s", self._failed)
             raise self._failed from err
         except OSError as err:
