@@ -1,5 +1,5 @@
 """The README pasted in order works: every shell snippet of its Quick start (everything before
-"## HTTP API"), "## Security" and "## Operations" sections runs, as a new user would paste it,
+"## HTTP API"), "## Time", "## Security" and "## Operations" sections runs, as a new user would paste it,
 in a fresh copy of the repository, and every command exits 0.
 
 How a user's session is reproduced, the rules the test follows (the commands themselves are
@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 #: The sections whose snippets are run, by heading; the Quick start is what precedes the first.
 FIRST_SECTION = "## HTTP API"
-SECTIONS = ("## Security", "## Operations")
+SECTIONS = ("## Time", "## Security", "## Operations")
 #: Port numbers the README's commands use for brokers (rewritten to free ports).
 README_PORT = re.compile(r"(?<=:)(80\d\d)\b")
 #: Seconds all the snippets may take together, and ``make run`` to answer.
