@@ -1,6 +1,6 @@
 """The README pasted in order works: every shell snippet of its Quick start (everything before
-"## HTTP API"), "## Time", "## Security" and "## Operations" sections runs, as a new user would paste it,
-in a fresh copy of the repository, and every command exits 0.
+"## HTTP API"), "## Time", "## Security" and "## Operations" sections runs, as a new user
+would paste it, in a fresh copy of the repository, and every command exits 0.
 
 How a user's session is reproduced, the rules the test follows (the commands themselves are
 read from the README each run, so a snippet added to those sections is covered too):
