@@ -16,6 +16,7 @@ from aiohttp import web
 
 from messaging.client.client import Client
 from messaging.client.conn import Conn
+from messaging.client.times import TimeRuns
 from messaging.config import BrokerConfig
 from messaging.errors import (
     ConnClosedError,
@@ -62,6 +63,10 @@ class FakeClient:
 
     async def heartbeat(self, topic: int, index: int, url: str) -> None:
         self.heartbeats.append((topic, index, url))
+
+    async def times(self, topic: int | str, index: int = 0,
+                    end: int | None = None) -> TimeRuns:
+        raise AssertionError("these Conns do not ask for times")
 
 
 async def test_a_fake_client_resumes_after_the_last_whole_message() -> None:

@@ -20,11 +20,9 @@ PAUSE = 0.3
 async def test_tail_since_and_times(server: BrokerServer, home: dict[str, str]) -> None:  # noqa: F811
     url = server.url
     async with Client(url) as client:
-        for data in (b"early-1", b"early-2"):
-            await client.publish(1, data)
+        await client.publish_batch(1, [b"early-1", b"early-2"])  # one request: one time
         await asyncio.sleep(PAUSE)
-        for data in (b"late-1", b"late-2"):
-            await client.publish(1, data)
+        await client.publish_batch(1, [b"late-1", b"late-2"])
         later = (await client.read(1, times=True))[2].time
     assert later is not None
 

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from messaging.clock import format_moment, now_ms
-from messaging.frames import decode
+from messaging.frames import FRAMES_CONTENT_TYPE, decode, encode_batch
 from messaging.http.server import BrokerServer
 
 Session = aiohttp.ClientSession
@@ -20,13 +20,12 @@ PAUSE = 0.05
 
 
 async def publish(http: Session, server: BrokerServer, topic: int, *datas: bytes) -> list[int]:
-    indexes = []
-    for data in datas:
-        async with http.post(f"{server.url}/messaging/messages", params={"topicID": topic},
-                             data=data) as resp:
-            assert resp.status == 200
-            indexes.append(int(resp.headers["X-Broker-Index"]))
-    return indexes
+    """One request for all of ``datas``: one command, so one append time."""
+    async with http.post(f"{server.url}/messaging/messages", data=encode_batch(topic, datas),
+                         headers={"Content-Type": FRAMES_CONTENT_TYPE}) as resp:
+        assert resp.status == 200
+        answer = await resp.json()
+    return list(range(answer["first"], answer["last"] + 1, 1))
 
 
 async def get_json(http: Session, url: str, **params: Any) -> tuple[int, Any, str]:
