@@ -60,7 +60,7 @@ async def test_topic_commands_reach_every_node_and_survive_a_restart(
         await client.configure_topic(CONFIGURED, max_message_size=None, max_topic_size="2M")
     async with Client(c) as client:
         await client.delete_topic(DELETED)
-    settings = {"max-topic-size": 2 << 20, "max-segment-size": 4096,
+    settings = {"max-topic-size": 2 << 20, "retention-age": None, "max-segment-size": 4096,
                 "max-message-size": 1 << 20}
 
     async def agree() -> bool:
@@ -83,8 +83,8 @@ async def test_topic_commands_reach_every_node_and_survive_a_restart(
     for url in nodes.urls:
         async def recreated(url: str = url) -> bool:
             return await _view(url, DELETED) == {
-                "last_index": index, "max-topic-size": 1 << 30, "max-segment-size": 10 << 20,
-                "max-message-size": 1 << 20}
+                "last_index": index, "max-topic-size": 1 << 30, "retention-age": None,
+                "max-segment-size": 10 << 20, "max-message-size": 1 << 20}
 
         await wait_until(recreated, timeout=30, what=f"{url} to hold topic {DELETED} again")
 
