@@ -8,8 +8,9 @@ Synchronous code only (it runs on the driver and in executors' Python workers)::
 
 This module holds the data source itself, which hands out the readers of
 :mod:`messaging.spark.source` and the writers of :mod:`messaging.spark.sink`; rows become
-Arrow in :mod:`messaging.spark.arrow`, options are parsed in :mod:`messaging.spark.options`
-and brokers are reached through :mod:`messaging.spark.broker_http`.
+Arrow in :mod:`messaging.spark.arrow` (their append times come from
+:mod:`messaging.spark.times`), options are parsed in :mod:`messaging.spark.options` and
+brokers are reached through :mod:`messaging.spark.broker_http`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
-from messaging.spark.arrow import SCHEMA
+from messaging.spark.arrow import SOURCE_SCHEMA
 from messaging.spark.sink import MessagingBatchWriter, MessagingStreamWriter
 from messaging.spark.source import MessagingBatchReader, MessagingStreamReader
 
@@ -33,8 +34,9 @@ class MessagingDataSource(DataSource):
         return "messaging"
 
     def schema(self) -> str:
-        """Columns: topic long, index long, type int, data binary."""
-        return SCHEMA
+        """Columns: topic long, index long, type int, data binary, timestamp timestamp (the
+        message's append time; null for messages written before the broker kept times)."""
+        return SOURCE_SCHEMA
 
     def reader(self, schema: StructType) -> MessagingBatchReader:
         """``spark.read``: a range of one or more topics."""

@@ -1,26 +1,34 @@
-"""The rows Spark sees (:data:`SCHEMA`) and their Arrow form, built from verified frames.
+"""The rows Spark sees (:data:`SOURCE_SCHEMA`) and their Arrow form, built from verified
+frames.
 
 :func:`frames_to_arrow` turns a buffer of frames into one record batch with numpy, without a
-Python object per row.
+Python object per row; the ``timestamp`` column comes from the partition's append times
+(:class:`~messaging.spark.times.AppendTimes`).
 """
 
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
 
 from messaging.frames import HEADER_SIZE
 
+#: The columns a frame holds (what the Spark benchmark's in-memory baseline produces too).
 SCHEMA = "topic long, index long, type int, data binary"
+#: The source's rows: a frame's columns and the message's append time (null when unknown).
+SOURCE_SCHEMA = SCHEMA + ", timestamp timestamp"
 #: Rows per Arrow record batch handed to Spark.
 ARROW_BATCH_ROWS = 65_536
 _HEADER_COLUMNS = np.arange(HEADER_SIZE)
 
 
-def frames_to_arrow(buffer: bytes, offsets: array[int]) -> pa.RecordBatch:
-    """Arrow columns (topic, index, type, data) from verified frames at ``offsets``."""
+def frames_to_arrow(buffer: bytes, offsets: array[int],
+                    timestamps: Callable[[np.ndarray], pa.Array]) -> pa.RecordBatch:
+    """Arrow columns (topic, index, type, data, timestamp) from verified frames at
+    ``offsets``; ``timestamps`` gives the last column from the rows' indexes."""
     raw = np.frombuffer(buffer, dtype=np.uint8)
     starts = np.frombuffer(offsets, dtype=np.int64)
     headers = raw[starts[:, None] + _HEADER_COLUMNS]  # (n, 26): every header, side by side
@@ -37,5 +45,5 @@ def frames_to_arrow(buffer: bytes, offsets: array[int]) -> pa.RecordBatch:
     data = pa.Array.from_buffers(pa.binary(), len(starts),
                                  [None, pa.py_buffer(value_offsets), pa.py_buffer(values)])
     return pa.RecordBatch.from_arrays(
-        [pa.array(topic), pa.array(index), pa.array(type_), data],
-        names=["topic", "index", "type", "data"])
+        [pa.array(topic), pa.array(index), pa.array(type_), data, timestamps(index)],
+        names=["topic", "index", "type", "data", "timestamp"])

@@ -25,6 +25,7 @@ from messaging.errors import (
 from messaging.failover import Brokers, GroupMap, Retry, RetryPolicy, refused, topic_of
 from messaging.frames import FRAMES_CONTENT_TYPE
 from messaging.headers import PRODUCER_EPOCH_HEADER, PRODUCER_ID_HEADER, PRODUCER_SEQ_HEADER
+from messaging.json_ids import parse_u64
 
 
 @functools.lru_cache(maxsize=8)
@@ -161,16 +162,34 @@ class BrokerHTTP:
             conn.close()
 
     def topic(self, topic: int, after: int | None = None, count: int | None = None,
-              ) -> dict[str, Any] | None:
-        """A topic's description, or None if it has no messages yet."""
+              at: int | None = None) -> dict[str, Any] | None:
+        """A topic's description, or None if it has no messages yet; with ``after`` and
+        ``count``, or ``at`` (ms since the epoch), its ``"index"`` answers them."""
         try:
             result: dict[str, Any] = self.json(f"/messaging/topics/{topic}",
-                                               {"after": after, "count": count})
+                                               {"after": after, "count": count, "at": at})
         except MessagingError as err:
             if err.status == 404:
                 return None
             raise
         return result
+
+    def index_at(self, topic: int, time_ms: int) -> int | None:
+        """The index of ``topic``'s first message appended at or after ``time_ms`` (ms since
+        the epoch); None when it has none (yet)."""
+        info = self.topic(topic, at=time_ms)
+        index = info.get("index") if info else None
+        return None if index is None else parse_u64(index, f"index of topic {topic}")
+
+    def times(self, topic: int, start: int, end: int) -> tuple[int, list[tuple[int, int | None]]]:
+        """When ``topic``'s messages ``start`` <= index < ``end`` were appended: the last
+        index the answer covers and ``(first index, ms or None)`` runs, each holding until the
+        next one starts (None: written before the broker kept times)."""
+        answer = self.json("/messaging/times", {"topicID": topic, "index": start, "end": end})
+        runs = [(parse_u64(first, f"index of topic {topic}"),
+                 None if time_ms is None else int(time_ms))
+                for first, time_ms in answer.get("runs") or []]
+        return int(answer["through"]), runs  # a number, or a decimal string from 2^53
 
     def broker_index(self, topic: int) -> int:
         """The last index assigned in ``topic``'s index space (any topic of a single node or

@@ -1,6 +1,10 @@
 """Writing to topics from Spark: rows (``topic``, ``data``, optional ``type``) become batch
 publishes of at most :data:`MAX_PUBLISH_BYTES`.
 
+Other columns are ignored: a DataFrame read from a topic keeps its ``index`` and ``timestamp``
+and can be written to another topic as it is; the broker gives every message it stores its own
+index and append time (a row's ``timestamp`` is not carried over).
+
 The guarantee is **exactly-once** across task retries and restarted queries: each task
 publishes as an idempotent producer whose id is a function of what it writes — the query id,
 micro-batch id and partition of a streaming write (``writeStream``), or the job and
@@ -46,8 +50,9 @@ class PublishedMessage(WriterCommitMessage):
 def publish_rows(urls: Sequence[str], rows: Iterator[Any], producer: str | None = None,
                  max_bytes: int = MAX_PUBLISH_BYTES, *, token: str | None = None,
                  ca: str | None = None) -> PublishedMessage:
-    """Publish rows with ``topic``, ``data`` and optional ``type`` in batch requests; as
-    idempotent producer ``producer`` (epoch 0, one sequence per topic) when given."""
+    """Publish rows with ``topic``, ``data`` and optional ``type`` in batch requests (other
+    columns, such as a read's ``index`` and ``timestamp``, are ignored); as idempotent
+    producer ``producer`` (epoch 0, one sequence per topic) when given."""
     broker = BrokerHTTP(urls, token=token, ca=ca)
     pending: dict[tuple[int, int], list[bytes]] = {}
     sequence: dict[int, int] = {}

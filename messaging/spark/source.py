@@ -4,7 +4,12 @@ Offsets are ``{"<topic>": <next index>}``, each index written as :mod:`messaging
 writes integers (a string from 2^53 up) and read back in either form. An input partition is
 a self-contained (topic, index range, broker URLs) chunk that an executor reads with one
 non-streaming GET, verifying every frame's CRC and index order and handing Spark Arrow
-record batches.
+record batches; the rows' append times come from one ``GET /messaging/times`` of the range.
+
+Where a read starts and ends is resolved once, on the driver (:class:`Planner`): by index
+(``startingIndex``, ``endingIndex``) or by append time (``startingTimestamp``,
+``startingOffsetsByTimestamp``, ``endingTimestamp``), as :mod:`messaging.spark.options`
+describes.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from messaging.frames import BatchDecoder, FrameBatch
 from messaging.json_ids import json_integer, parse_u64
 from messaging.spark.arrow import ARROW_BATCH_ROWS, frames_to_arrow
 from messaging.spark.broker_http import BrokerHTTP
-from messaging.spark.options import SourceOptions
+from messaging.spark.options import SourceOptions, describe
+from messaging.spark.times import AppendTimes
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +55,18 @@ class MessagingPartition(InputPartition):
     fail_on_data_loss: bool
 
 
-def read_partition(partition: MessagingPartition) -> Iterator[pa.RecordBatch]:
-    """Stream one partition's frames, verify every CRC and index order, yield Arrow batches."""
+def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """Stream one partition's frames, verify every CRC and index order, yield Arrow batches.
+
+    A plan with no partitions (an empty range) gets one of Spark's own, ``InputPartition(None)``,
+    which reads nothing."""
+    if not isinstance(partition, MessagingPartition):
+        assert partition.value is None, partition
+        return
     broker = BrokerHTTP(partition.urls, token=partition.token, ca=partition.ca)
     start = partition.start
+    # Before the read: retention that deletes from here on cannot take times of rows it reads.
+    times = AppendTimes(broker, partition.topic, start, partition.end)
     try:
         conn, response = broker.open("GET", "/messaging/messages", {
             "topicID": partition.topic, "index": start, "end": partition.end})
@@ -72,7 +86,7 @@ def read_partition(partition: MessagingPartition) -> Iterator[pa.RecordBatch]:
         while block := response.read(READ_BLOCK):
             for batch in _decoded(decoder, partition.topic, block):
                 assert batch.offsets is not None
-                yield frames_to_arrow(batch.buffer, batch.offsets)
+                yield frames_to_arrow(batch.buffer, batch.offsets, times.column)
         _decoded(decoder, partition.topic, None)
     finally:
         conn.close()
@@ -95,6 +109,37 @@ class Planner:
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self.broker = BrokerHTTP(options.urls, token=options.token, ca=options.ca)
+
+    def start(self) -> dict[str, int]:
+        """Where the read starts: by time (``startingTimestamp``, else
+        ``startingOffsetsByTimestamp``) or else by ``startingIndex``."""
+        options = self.options
+        if options.start_times is None:
+            return self.resolve(options.starting, options.topics)
+        offsets = {}
+        for topic, time_ms in options.start_times.items():
+            index = self.broker.index_at(topic, time_ms)
+            if index is None:
+                if options.strategy == "error":
+                    raise MessagingError(
+                        f"option {options.start_option}: topic {topic} has no message appended "
+                        f"at or after {describe(time_ms)}; set option "
+                        "startingOffsetsByTimestampStrategy to latest to start at its end")
+                index = self._resolve_one(topic, -1)
+            offsets[str(topic)] = index
+        return offsets
+
+    def end(self) -> dict[str, int]:
+        """Where a batch read ends (exclusive): before each topic's first message appended at
+        or after ``endingTimestamp`` (at its end when there is none), else ``endingIndex``."""
+        options = self.options
+        if options.ending_time is None:
+            return self.resolve(options.ending, options.topics)
+        offsets = {}
+        for topic in options.topics:
+            index = self.broker.index_at(topic, options.ending_time)
+            offsets[str(topic)] = self._resolve_one(topic, -1) if index is None else index
+        return offsets
 
     def resolve(self, spec: str, topic_ids: list[int]) -> dict[str, int]:
         """``earliest`` | ``latest`` | JSON ``{"<topic>": index}`` (-2 earliest, -1 latest)."""
@@ -201,12 +246,16 @@ class MessagingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def __init__(self, options: dict[str, str]) -> None:
         self.options = SourceOptions(options)
+        if self.options.ending_given:
+            raise MessagingError(f"option {self.options.ending_given[0]} is for batch reads "
+                                 "(spark.read) only: a streaming query has no end")
         self.planner = Planner(self.options)
         self.target: dict[str, int] | None = None
 
     def initialOffset(self) -> Offset:
-        """Where a query without a checkpoint starts: option ``startingIndex``."""
-        return written(self.planner.resolve(self.options.starting, self.options.topics))
+        """Where a query without a checkpoint starts: options ``startingTimestamp``,
+        ``startingOffsetsByTimestamp`` or ``startingIndex``, in that order."""
+        return written(self.planner.start())
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """At most ``maxRecordsPerTrigger`` rows per micro-batch, if given."""
@@ -234,7 +283,6 @@ class MessagingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Read one chunk (on an executor)."""
-        assert isinstance(partition, MessagingPartition)
         return read_partition(partition)
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -242,7 +290,8 @@ class MessagingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
 
 class MessagingBatchReader(DataSourceReader):
-    """Batch reads of a range: ``startingIndex`` to ``endingIndex`` (exclusive)."""
+    """Batch reads of a range: from ``startingTimestamp``, ``startingOffsetsByTimestamp`` or
+    ``startingIndex`` to ``endingTimestamp`` or ``endingIndex`` (exclusive)."""
 
     def __init__(self, options: dict[str, str]) -> None:
         self.options = SourceOptions(options)
@@ -250,12 +299,8 @@ class MessagingBatchReader(DataSourceReader):
 
     def partitions(self) -> list[MessagingPartition]:
         """The range's chunks."""
-        topics = self.options.topics
-        start = self.planner.resolve(self.options.starting, topics)
-        end = self.planner.resolve(self.options.ending, topics)
-        return self.planner.partitions(start, end)
+        return self.planner.partitions(self.planner.start(), self.planner.end())
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Read one chunk (on an executor)."""
-        assert isinstance(partition, MessagingPartition)
         return read_partition(partition)
