@@ -21,6 +21,7 @@ Segments written before times existed have no file: their messages' times are un
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import struct
 import threading
@@ -31,6 +32,8 @@ from pathlib import Path
 from crc32c import crc32c
 
 from messaging.files import truncate_durably, write_all
+
+log = logging.getLogger(__name__)
 
 TIMES_SUFFIX = ".time"
 #: A topic's append times move in steps of at least this many milliseconds.
@@ -90,6 +93,9 @@ class SegmentTimes:
         self.durable = 0  # records written and fsynced
         self.exists = on_disk  # the file has been created
         self.loaded = not on_disk  # a file on disk is read on first use
+        #: The file is damaged where frames it should time exist: the segment's times are
+        #: unknown (never guessed from the records before the damage).
+        self.damaged = False
         self._load_lock = threading.Lock()
 
     # -- loading ----------------------------------------------------------------------------
@@ -103,10 +109,13 @@ class SegmentTimes:
                 data = f.read()
         except FileNotFoundError:
             data = b""
-        records, _end = decode_records(data)
+        records, end = decode_records(data)
         with self._load_lock:
             if self.loaded:
                 return
+            if end != len(data):  # a closed segment's records are whole: damage
+                self._damage(end)
+                records = []
             self._install(records)
             self.loaded = True
 
@@ -116,7 +125,17 @@ class SegmentTimes:
         ``last_index``), are removed from the file. Returns the bytes removed."""
         with self.path.open("rb") as f:
             data = f.read()
-        records, _end = decode_records(data)
+        records, end = decode_records(data)
+        rest = data[end:]
+        if any(_BODY.unpack_from(rest, at)[0] <= last_index
+               for at in range(0, len(rest) - RECORD.size + 1, RECORD.size)):
+            # A whole record that does not check out, or one after it, for frames that exist:
+            # not a torn write (records are fsynced before their frames are written) but
+            # damage. (Zeros read as index 0: unknown times, never a guessed one.)
+            self._damage(end)
+            self._install([])
+            self.loaded = True
+            return 0
         keep = bisect_right([index for index, _ in records], last_index)
         del records[keep:]
         self._install(records)
@@ -125,6 +144,11 @@ class SegmentTimes:
         if cut:
             truncate_durably(self.path, keep * RECORD.size)
         return cut
+
+    def _damage(self, at: int) -> None:
+        self.damaged = True
+        log.error("%s is damaged at byte %d: the append times of its segment's messages are "
+                  "unknown", self.path, at)
 
     def _install(self, records: list[tuple[int, int]]) -> None:
         self.indexes = array("q", [index for index, _ in records])

@@ -230,9 +230,10 @@ class Topic:
             log.warning("topic %d: removed %d bytes of time records past index %d from %s",
                         self.id, cut, segment.last_index, times.path.name)
         if segment.count and not times.committed:
-            log.warning("topic %d: %s holds no time record; the times of %s are unknown",
-                        self.id, times.path.name, segment.path.name)
-            segment.times = None
+            if not times.damaged:
+                log.warning("topic %d: %s holds no time record; the times of %s are unknown",
+                            self.id, times.path.name, segment.path.name)
+            segment.times = None  # the next timed append starts a new segment
 
     # -- properties -------------------------------------------------------------------------
 
@@ -915,7 +916,9 @@ class Topic:
                 break
             low = max(start, segment.first_index)
             found: list[tuple[int, int | None]] = (
-                [(low, None)] if segment.times is None else list(segment.times.runs(low, stop)))
+                [] if segment.times is None else list(segment.times.runs(low, stop)))
+            if not found or found[0][0] > low:  # no time for these (from before, damaged)
+                found.insert(0, (low, None))
             for first, time_ms in found:
                 if not runs or runs[-1][1] != time_ms:
                     runs.append((first, time_ms))
