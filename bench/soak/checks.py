@@ -139,6 +139,16 @@ def check_reads(ledger: Ledger, ordered: dict[int, list[int]]) -> Check:
     return _verdict("non-streaming range reads: exactly the range", problems, detail)
 
 
+def check_times(ledger: Ledger) -> Check:
+    """Every message read with its time had one, times never went back along a topic, and
+    every read ``since=`` a time started at the first message at or after it."""
+    detail = f"{ledger.time_reads} reads of times and since= reads"
+    problems = list(ledger.time_problems)
+    if not ledger.time_reads:
+        problems.append("no read of times was made")
+    return _verdict("append times: present, non-decreasing, since= exact", problems, detail)
+
+
 def _verdict(name: str, problems: list[str], detail: str) -> Check:
     if problems:
         shown = "; ".join(problems[:_SHOWN])
@@ -206,6 +216,7 @@ def evaluate(ledger: Ledger, samples: list[dict[str, Any]], log_text: str, exit_
     """Every criterion, and the summary table's rows."""
     ordered = {topic: sorted(acked) for topic, acked in ledger.acked.items()}
     checks = [check_streams(ledger, ordered, subscriber_timeout), check_reads(ledger, ordered),
+              check_times(ledger),
               check_log(log_text, exit_code), check_client_errors(ledger, hung),
               *level_checks(samples)]
     rows = []

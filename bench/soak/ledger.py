@@ -62,6 +62,8 @@ class Ledger:
     delivered = 0
     range_messages = 0
     open_sessions = 0
+    time_reads = 0  # reads with append times, and reads since= one of them
+    time_problems: list[str] = field(default_factory=list)
     window_single: list[float] = field(default_factory=list)
     window_batch: list[float] = field(default_factory=list)
 

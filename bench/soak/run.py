@@ -377,6 +377,51 @@ async def range_reader(client: Client, ledger: Ledger, deadline: float,
         ledger.reads.append(read)
 
 
+async def time_reader(client: Client, ledger: Ledger, deadline: float,
+                      rng: random.Random) -> None:
+    """Reads of the newest messages with their append times (every one has a time, never
+    going back), then a read ``since=`` one of those times (it starts at the first message
+    appended at or after it)."""
+    loop = asyncio.get_running_loop()
+    for _ in range(100_000):
+        if loop.time() >= deadline:
+            return
+        await asyncio.sleep(rng.uniform(0.5, 1.5))
+        topic = rng.choice(TOPICS)
+        try:
+            first, last = await _bounds(client, topic)
+            if last == 0:
+                continue
+            start = max(first, last - rng.randint(1, 5000))
+            messages = await asyncio.wait_for(client.read(topic, start, limit=500, times=True),
+                                              REQUEST_TIMEOUT)
+            if not messages:
+                continue
+            times = [m.time for m in messages]
+            if None in times:
+                ledger.time_problems.append(f"topic {topic}: a message from {start} without a "
+                                            "time")
+                continue
+            known = [t for t in times if t is not None]
+            if known != sorted(known):
+                ledger.time_problems.append(f"topic {topic}: times go back from {start}")
+            pick = rng.randrange(len(messages))
+            moment = known[pick]
+            since = await asyncio.wait_for(client.read(topic, since=moment, limit=1),
+                                           REQUEST_TIMEOUT)
+        except TopicTruncatedError:
+            continue  # retention moved past the range between the two requests
+        except (MessagingError, TimeoutError) as err:
+            ledger.error("time-read", err)
+            continue
+        ledger.time_reads += 1
+        expected = next(m.index for m, t in zip(messages, known, strict=True) if t >= moment)
+        if pick and known[0] < moment and (not since or since[0].index != expected):
+            got = since[0].index if since else None
+            ledger.time_problems.append(f"topic {topic}: since={moment} started at {got}, "
+                                        f"not {expected}")
+
+
 async def topic_churner(client: Client, ledger: Ledger, deadline: float,
                         rng: random.Random) -> None:
     """Topic management through the log, all through the run: a scratch topic is given
@@ -503,6 +548,8 @@ async def run_load(urls: list[str], pids: list[int], seconds: float, interval: f
                   for _ in range(RANGE_READERS)]
         tasks.append(asyncio.create_task(topic_churner(publishers, ledger, deadline,
                                                        random.Random(rng.random()))))
+        tasks.append(asyncio.create_task(time_reader(observer, ledger, deadline,
+                                                     random.Random(rng.random()))))
         done, pending = await asyncio.wait(tasks, timeout=seconds + 4 * REQUEST_TIMEOUT)
         for task in pending:
             task.cancel()
