@@ -383,7 +383,8 @@ class TimesMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(),
           damage=st.sampled_from(["seg garbage", "seg partial frame", "time garbage",
-                                  "time partial record", "time and frames of a lost group",
+                                  "time partial record", "both garbage",
+                                  "time and frames of a lost group",
                                   "lost roll, time only", "lost roll, partial frame"]))
     def torn_tail(self, data: st.DataObject, damage: str) -> None:
         """What a crash in the middle of a group leaves, or a damaged tail: after a restart
@@ -408,6 +409,9 @@ class TimesMachine(RuleBasedStateMachine):
         elif damage == "seg partial frame":
             _append(last_seg, frame[:cut])
         elif damage == "time garbage":
+            _append(last_time, garbage)
+        elif damage == "both garbage":
+            _append(last_seg, garbage)
             _append(last_time, garbage)
         elif damage == "time partial record":
             _append(last_time, record[:data.draw(st.integers(1, RECORD.size - 1))])
