@@ -91,6 +91,7 @@ class SegmentTimes:
         self.times: array[int] = array("q")
         self.committed = 0  # records readers may use
         self.durable = 0  # records written and fsynced
+        self._touched = False  # a write since the last commit (it may have left bytes)
         self.exists = on_disk  # the file has been created
         self.loaded = not on_disk  # a file on disk is read on first use
         #: The file is damaged where frames it should time exist: the segment's times are
@@ -184,7 +185,7 @@ class SegmentTimes:
         created = not self.exists
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            self.exists = True
+            self.exists = self._touched = True
             write_all(fd, data)
             try:
                 os.fdatasync(fd)
@@ -199,15 +200,16 @@ class SegmentTimes:
     def commit(self) -> None:
         """Readers may use every record written so far."""
         self.committed = self.durable = len(self.indexes)
+        self._touched = False
 
     def rollback(self) -> None:
         """Forget the records since the last commit, in memory and in the file (OSError if
         the file cannot be cut back)."""
-        written = self.durable
+        touched, self._touched = self._touched, False
         del self.indexes[self.committed:]
         del self.times[self.committed:]
         self.durable = self.committed
-        if written > self.committed and self.exists:
+        if touched and self.exists:  # a failed write may have left part of a record
             os.truncate(self.path, self.committed * RECORD.size)
 
     def remove_file(self) -> None:

@@ -255,13 +255,10 @@ def _is_segment_file(path: str) -> bool:
 
 
 #: Faults a group may meet in one topic's folder, on the first matching call (tests/faults.py).
-#: A short write of a time index is left out while abort does not cut it back: see
-#: tests/broker/test_times_faults.py::test_a_short_time_index_write_is_cut_back, which fails
-#: in a second, where this model, failing at every run, would spend minutes shrinking. Add
-#: ``"time write is short": Faults(root, match=_is_time_file, write_budget=7)`` once it passes.
 FAULTS: dict[str, Callable[[Path], Faults]] = {
     "time write fails": lambda root: Faults(root, match=_is_time_file, write_budget=0,
                                             write_errno=errno.EIO),
+    "time write is short": lambda root: Faults(root, match=_is_time_file, write_budget=7),
     "time fsync fails": lambda root: Faults(root, match=_is_time_file, sync_failures=1),
     "frames write is short": lambda root: Faults(root, match=_is_segment_file,
                                                  write_budget=30),
