@@ -30,7 +30,7 @@ $(CORE_STAMP): pyproject.toml | $(BIN)/python
 
 # Everything: the Spark extra, test and benchmark tools.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[spark,dev,bench]'
+	$(BIN)/pip install --quiet -e '.[spark,dev,bench,s3]'
 	touch $(STAMP) $(CORE_STAMP)
 
 ## make run [PORT=8086] [DATA=./data]: set up .venv (core package only), start a single-node broker
