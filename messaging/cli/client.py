@@ -677,7 +677,7 @@ async def _consumers(args: argparse.Namespace) -> int:
         for row in consumers:
             print(dumps(row))
         return 0
-    print(f"{'TOPIC':>8} {'INDEX':>12} {'LAST':>12} {'LAG':>10} {'LAG TIME':>9} {'IDLE':>9}"
+    print(f"{'TOPIC':>8} {'INDEX':>12} {'LAST':>12} {'LAG':>10} {'LAG-TIME':>9} {'IDLE':>9}"
           "  NAME")
     for c in consumers:
         idle = c.get("idle")

@@ -54,7 +54,7 @@ async def test_bad_requests_get_clear_errors(broker_process, tmp_path: Path) -> 
     async with aiohttp.ClientSession() as http:
         url = f"{broker.url}/messaging"
         for method, path, wanted in [
-                ("GET", "/messages?topicID=1&consumer=a&index=3", "index or consumer"),
+                ("GET", "/messages?topicID=1&consumer=a&index=3", "not index and consumer"),
                 ("GET", "/messages?topicID=1&consumer=", "missing consumer name"),
                 ("PUT", "/consumers/a?topicID=1", "missing parameter index"),
                 ("PUT", "/consumers/a?topicID=x&index=1", "invalid topicID"),
@@ -82,7 +82,7 @@ async def test_cli_tail_by_consumer_commits_what_it_prints(broker_process,
     listed = cli("consumers", url)
     assert listed.returncode == 0, listed.stderr
     header, row = listed.stdout.splitlines()
-    assert header.split() == ["TOPIC", "INDEX", "LAST", "LAG", "IDLE", "NAME"]
+    assert header.split() == ["TOPIC", "INDEX", "LAST", "LAG", "LAG-TIME", "IDLE", "NAME"]
     assert row.split()[:4] == ["1", "6", "6", "0"] and row.split()[-1] == "printer"
 
     assert cli("consumers", url, "1", "--reset", "printer", "--to", "4").returncode == 0

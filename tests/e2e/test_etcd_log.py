@@ -845,7 +845,7 @@ async def test_compressed_and_plain_entries_replay_identically(
             else:
                 value = encode_entry(os.urandom(8), 1, [encode_batch(TOPIC, batch)],
                                      compress=False)
-                assert value[:4] == b"MSG1"
+                assert value[:4] == b"MSG2"
                 async with grpc.aio.insecure_channel(
                         etcd.members[0].client_url.removeprefix("http://")) as channel:
                     await rpc.KVStub(channel).Put(rpc.PutRequest(key=key, value=value),
