@@ -13,6 +13,7 @@ import pytest
 from messaging.clock import format_moment, now_ms
 from messaging.frames import FRAMES_CONTENT_TYPE, decode, encode_batch
 from messaging.http.server import BrokerServer
+from tests.conftest import StartServer
 
 Session = aiohttp.ClientSession
 #: Longer than the broker's time resolution (10 ms), so two bursts get two times.
@@ -176,3 +177,42 @@ async def test_consumers_show_how_long_ago_their_first_unread_message_was_append
     lag = by_name["behind"]["lag_ms"]
     assert by_name["behind"]["lag"] == 2
     assert 0 <= now_ms() - later - lag <= 5_000  # measured from the first unread, b1
+
+
+@pytest.mark.e2e
+async def test_retention_by_age_waits_for_a_heartbeated_subscriber(
+        start_server: StartServer, http: Session) -> None:
+    """Through the API: segments older than --retention-age go when retention runs, never
+    past a live subscriber's heartbeat, and a read below them is 410."""
+    server = await start_server(max_segment_size=200, retention_age=0.5)
+    old = await publish(http, server, 1, *[b"old-%02d" % n * 5 for n in range(12)])
+    async with http.get(f"{server.url}/messaging/topics/1") as resp:
+        segments = (await resp.json())["segments"]
+    assert segments >= 3
+    held = old[5]  # the subscriber got this far: it is inside an old segment, not the first
+    async with http.post(f"{server.url}/messaging/heartbeat",
+                         params={"topicID": "1", "index": str(held), "url": "sub"}) as resp:
+        assert resp.status == 200
+    await asyncio.sleep(0.7)  # the old messages are older than the age now
+    new = await publish(http, server, 1, b"new")
+
+    async def retention() -> int:
+        async with http.post(f"{server.url}/messaging/retention") as resp:
+            assert resp.status == 200
+            deleted: int = (await resp.json())["deleted_bytes"]
+            return deleted
+
+    assert await retention() > 0
+    _status, info, _ = await get_json(http, f"{server.url}/messaging/topics/1")
+    assert old[0] < info["first_index"] <= held  # only whole segments below the heartbeat
+    async with http.get(f"{server.url}/messaging/messages",
+                        params={"topicID": "1", "index": str(old[0])}) as resp:
+        assert resp.status == 410
+        assert int(resp.headers["X-Broker-First-Index"]) == info["first_index"]
+    async with http.post(f"{server.url}/messaging/heartbeat",
+                         params={"topicID": "1", "index": str(new[0]), "url": "sub"}) as resp:
+        assert resp.status == 200
+    assert await retention() > 0
+    _status, info, _ = await get_json(http, f"{server.url}/messaging/topics/1")
+    assert info["first_index"] == new[0] and info["segments"] == 1  # the active one stays
+    assert await read_data(http, server, topicID=1, index=new[0]) == [b"new"]
