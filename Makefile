@@ -115,6 +115,8 @@ bench: bench-storage bench-http bench-client bench-cluster bench-spark bench-str
 	bench-durable-streams bench-peers bench-split bench-latency bench-fanout bench-scaling \
 	bench-groups bench-cli
 
+## make bench-storage: appends (each beside the same appends without append times: the time
+## index's cost, interleaved rounds), decoding, seeks, recovery and start-up; about 3 minutes
 bench-storage: $(STAMP)
 	$(BIN)/python bench/storage/run.py
 
@@ -139,10 +141,16 @@ bench-streams: $(STAMP)
 bench-durable-streams: $(STAMP) conformance
 	$(BIN)/python bench/durable_streams/run.py
 
-## make bench-peers: our broker against Redis, NATS JetStream, the Durable Streams reference
-## server and bare aiohttp (installs redis-server, redis-tools and wrk with apt when missing;
-## the reference server needs node 20+); under 15 minutes, --quick in about one
-bench-peers: $(STAMP) conformance
+## make bench-peers: first our broker before and after append times (--ab: the commit before
+## them, from a git worktree, against this checkout; single and batch publish rates and latency,
+## about 2 minutes), then our broker against Redis, NATS JetStream, the Durable Streams
+## reference server and bare aiohttp (installs redis-server, redis-tools and wrk with apt when
+## missing; the reference server needs node 20+ and is skipped without it); under 17 minutes
+## in all, each part with --quick in about one
+bench-peers: $(STAMP)
+	$(BIN)/python bench/peers/run.py --ab
+	@$(MAKE) --no-print-directory conformance || \
+		echo "conformance/ is not installed: the peer run skips the reference server" >&2
 	$(BIN)/python bench/peers/run.py
 
 ## make bench-split: single POSTs to bare aiohttp, the broker, and the broker split into HTTP

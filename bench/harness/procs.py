@@ -67,16 +67,18 @@ class Proc:
     """A child process that prints ``ready`` (a line containing it) once it serves, and is
     stopped (by its PID) when the benchmark ends.
 
-    Its stderr goes to ``log`` (appended) when given, else nowhere.
+    Its stderr goes to ``log`` (appended) when given, else nowhere. ``env`` and ``cwd``
+    replace :func:`child_env` and this process's working directory.
     """
 
     def __init__(self, args: list[str], ready: str, timeout: float = 30.0,
-                 log: Path | None = None) -> None:
+                 log: Path | None = None, *, env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> None:
         self.args = args
         err: IO[bytes] | int = log.open("ab") if log is not None else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, text=True,
-                                         env=child_env())
+                                         env=env if env is not None else child_env(), cwd=cwd)
         finally:
             if not isinstance(err, int):
                 err.close()  # the child keeps its own copy of the descriptor
@@ -103,13 +105,16 @@ class Proc:
 
 
 def broker(data: Path, *args: str, port: int = 0, log: Path | None = None,
-           launcher: list[str] | None = None, log_level: str = "WARNING") -> tuple[Proc, str]:
+           launcher: list[str] | None = None, log_level: str = "WARNING",
+           env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[Proc, str]:
     """A ``messaging broker`` process and its URL; ``launcher`` replaces the command that
-    takes the ``broker ...`` arguments (``python -m messaging.cli``)."""
+    takes the ``broker ...`` arguments (``python -m messaging.cli``); ``env`` and ``cwd`` as
+    for :class:`Proc` (another checkout's code: its directory first on ``PYTHONPATH``, and
+    as the working directory, which ``python -m`` puts before ``PYTHONPATH``)."""
     command = launcher or [sys.executable, "-m", "messaging.cli"]
     proc = Proc([*command, "broker", "--data", str(data),
                  "--bind", f"127.0.0.1:{port}", "--log-level", log_level, *args],
-                "listening on", log=log)
+                "listening on", log=log, env=env, cwd=cwd)
     match = re.search(r"listening on (http://\S+)", proc.line)
     assert match
     return proc, match.group(1)

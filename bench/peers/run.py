@@ -10,6 +10,10 @@ subscribers; 6. the Durable Streams surface (/v1/stream) against the reference s
 Every server runs in its own process on 127.0.0.1 on a free port, its data in a temporary
 directory, and is stopped by its PID. Rounds run the servers in A B … B A order; figures are
 medians of the rounds. A peer that cannot be installed or started is skipped with a note.
+
+``--ab`` runs only our broker, before and after a change (by default the commit before append
+times against this checkout), single and batch publish rates and latency in interleaved
+rounds: see bench/peers/ab.py.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -33,6 +38,15 @@ from bench.harness.loops import freeze_startup_objects, run_loop
 from bench.harness.procs import raise_nofile
 from bench.harness.results import add_to_json, command_line, report, results_under
 from bench.harness.sampling import cpu_seconds, generator_cpu
+from bench.peers.ab import (
+    BEFORE_REV,
+    ABSettings,
+    ab_notes,
+    ab_rows,
+    run_ab,
+    summaries,
+    temporary_parent,
+)
 from bench.peers.cases import SERVERS, Case, Servers, Settings, cases
 from bench.peers.report import WORKLOADS, plots, rows_and_notes
 
@@ -127,6 +141,14 @@ def parse_args() -> tuple[Settings, argparse.Namespace]:
                         "minutes")
     p.add_argument("--only", default=",".join(SERVERS),
                    help=f"servers to run, comma-separated, of {','.join(SERVERS)}")
+    p.add_argument("--ab", action="store_true",
+                   help="only our broker, before (--ab-before) and after (--ab-after): single "
+                        "and batch publish rates and latency, interleaved rounds")
+    p.add_argument("--ab-before", default=BEFORE_REV, metavar="REV",
+                   help=f"the commit whose broker is 'before' (default {BEFORE_REV}, the code "
+                        "before append times)")
+    p.add_argument("--ab-after", default="", metavar="REV",
+                   help="the commit whose broker is 'after' (default: this checkout as it is)")
     p.add_argument("--messages", type=int,
                    help="stored messages consumed in workload 3 (default 1,000,000; "
                         "--quick 10,000)")
@@ -141,8 +163,45 @@ def parse_args() -> tuple[Settings, argparse.Namespace]:
     return settings.with_rounds(s, args), args
 
 
+def ab_settings(args: argparse.Namespace) -> ABSettings:
+    """The ``--ab`` run's settings from the command line."""
+    s = ABSettings(before=args.ab_before, after=args.ab_after)
+    if args.quick:
+        s.rounds, s.seconds, s.latency_seconds = 1, 1.0, 1.0
+    if args.rounds:
+        s.rounds = max(1, args.rounds)
+    return s
+
+
+def main_ab(args: argparse.Namespace) -> None:
+    """``--ab``: our broker before and after (see bench/peers/ab.py), nothing else."""
+    s = ab_settings(args)
+    raise_nofile()
+    freeze_startup_objects()
+    started = time.perf_counter()
+    tmp = temporary_parent()
+    try:
+        run_result = run_loop(run_ab(tmp, s))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    runtime = time.perf_counter() - started
+    where = results_under(args.out, quick=args.quick, bench="peers_ab")
+    code = run_result["code"]
+    rows = ab_rows(run_result["results"], f"before: {code['before']['rev']}")
+    report("peers_ab", "Our broker before and after append times (A/B, same run)", rows,
+           command_line(), notes=ab_notes(run_result, s, runtime))
+    add_to_json("peers_ab", {"settings": asdict(s), "code": code,
+                             "time_files": run_result["time_files"],
+                             "workloads": summaries(run_result["results"]),
+                             "notes": run_result["notes"], "runtime_seconds": runtime})
+    print(f"runtime {runtime:.0f} s; results in {where}")
+
+
 def main() -> None:
     s, args = parse_args()
+    if args.ab:
+        main_ab(args)
+        return
     raise_nofile()
     freeze_startup_objects()
     started = time.perf_counter()

@@ -1,7 +1,9 @@
 """Storage engine benchmark: durable appends, decoding, seeking, recovery and start-up.
 
 Every figure is printed beside a baseline measured in the same run: raw os.write + fdatasync
-of the same bytes, raw reads of the same bytes, start-up with one topic of the same bytes.
+of the same bytes, raw reads of the same bytes, start-up with one topic of the same bytes; and
+durable appends with append times beside the same appends without them (the time index's
+cost: interleaved rounds, medians, see bench/storage/append_ab.py).
 """
 
 from __future__ import annotations
@@ -13,56 +15,103 @@ import statistics
 import sys
 import tempfile
 import time
-from array import array
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.harness import settings
 from bench.harness.figures import Row, percentile
 from bench.harness.loops import rate
-from bench.harness.results import command_line, report
+from bench.harness.results import add_to_json, command_line, report, results_under, source_state
+from bench.harness.sampling import load_average
+from bench.storage.append_ab import ARM_NAMES, ARMS, append_ab
 from messaging.broker.broker import Broker
-from messaging.frames import HEADER_SIZE, Message, decode, encode_batch, encode_many, scan
+from messaging.frames import Message, decode, encode_batch, encode_many, scan
 from messaging.topic.segment import segment_name
+from messaging.topic.times import TIME_RESOLUTION_MS
 from messaging.topic.topic import Topic
 
+#: Per (message size, batch): the most ops one arm's round may take (it stops after
+#: ``APPEND_SECONDS`` of op time first, when sooner); bounds the bytes a round writes.
+MAX_OPS = {(100, 1): 5000, (100, 100): 3000, (100, 1000): 1000,
+           (10240, 1): 5000, (10240, 100): 300, (10240, 1000): 20}
+APPEND_SECONDS = 0.4
+AB_ROUNDS = 9
+#: The time index may cost at most this share of batch throughput, and this much of a single
+#: append's p50 (s).
+BATCH_COST, P50_COST = 0.05, 50e-6
 
-def bench_append(tmp: Path, size: int, batch: int) -> tuple[float, float]:
-    """(messages/s through Topic.append + sync, messages/s of raw write + fdatasync)."""
-    max_rounds = {1: 400, 100: 200, 1000: 40 if size < 1024 else 8}[batch]
-    repeats = 3
-    payload = os.urandom(size)
-    # Every round appends fresh indexes, so every buffer is prepared before timing starts,
-    # with the frame offsets a validated publish carries (message.Command).
-    frame = HEADER_SIZE + size
-    offsets = array("q", range(0, batch * frame, frame))
-    buffers = iter([
-        (encode_many(Message(1 + k * batch + i, 1, 1, payload) for i in range(batch)),
-         1 + k * batch)
-        for k in range(max_rounds * repeats)
-    ])
-    topic = Topic.open(tmp / f"topic-{size}-{batch}", 1)
 
-    def append_round() -> int:
-        frames, first = next(buffers)
-        topic.append(frames, offsets, first)
-        topic.sync()
-        topic.commit()
-        return batch
+def size_label(size: int) -> str:
+    return f"{size} B" if size < 1024 else f"{size // 1024} KiB"
 
-    ours = rate(append_round, min_time=0.6, max_rounds=max_rounds, repeats=repeats)
-    topic.close()
-    fd = os.open(tmp / f"raw-{size}-{batch}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    blob = encode_many(Message(1 + i, 1, 1, payload) for i in range(batch))
 
-    def raw_round() -> int:
-        os.write(fd, blob)
-        os.fdatasync(fd)
-        return batch
+def bench_appends(tmp: Path, rounds: int, seconds: float) -> tuple[list[Row], dict[str, Any]]:
+    """Durable appends before and after append times (and raw writes), interleaved: the rows
+    and every round's figures."""
+    rows: list[Row] = []
+    ab_rows: list[Row] = []
+    latency: list[Row] = []
+    record: dict[str, Any] = {}
+    for size in (100, 10 * 1024):
+        for batch in (1, 100, 1000):
+            label = f"{size_label(size)} × batch {batch}"
+            print(f"durable append, {label}: {rounds} rounds of before/after/raw", flush=True)
+            directory = tmp / f"append-{size}-{batch}"
+            measured = append_ab(directory, size, batch, rounds=rounds, seconds=seconds,
+                                 max_ops=MAX_OPS[size, batch])
+            shutil.rmtree(directory, ignore_errors=True)
+            before, after, raw = (measured[k].median() for k in ARMS)
+            print(f"  before {before:,.0f}, after {after:,.0f} ({after / before:.3f}x), "
+                  f"raw {raw:,.0f} msg/s", flush=True)
+            record[label] = {k: asdict(m) for k, m in measured.items()}
+            target, met = "", None
+            if size == 100 and batch == 1000:
+                target, met = "≥ 70% of raw", after >= 0.7 * raw
+            rows.append(Row(f"durable append, {label}", after, "msg/s", ARM_NAMES["raw"], raw,
+                            target, met))
+            target, met = "", None
+            if batch > 1:
+                target, met = f"≥ {1 - BATCH_COST:.2f}x before", after >= (1 - BATCH_COST) * before
+            ab_rows.append(Row(f"time index A/B: durable append, {label}, with times",
+                               after, "msg/s", ARM_NAMES["before"], before, target, met))
+            if size == 100 and batch == 1:
+                p50b, p50a = measured["before"].median("p50"), measured["after"].median("p50")
+                p99b, p99a = measured["before"].median("p99"), measured["after"].median("p99")
+                print(f"  single append p50 before {p50b * 1e3:.3f} ms, after "
+                      f"{p50a * 1e3:.3f} ms; p99 {p99b * 1e3:.3f} / {p99a * 1e3:.3f} ms",
+                      flush=True)
+                latency = [
+                    Row("time index A/B: single durable append (100 B) latency p50, with "
+                        "times", p50a * 1e3, "ms", ARM_NAMES["before"], p50b * 1e3,
+                        f"≤ before + {P50_COST * 1e6:.0f} µs", p50a <= p50b + P50_COST),
+                    Row("time index A/B: single durable append (100 B) latency p99, with "
+                        "times", p99a * 1e3, "ms", ARM_NAMES["before"], p99b * 1e3,
+                        "", None),
+                ]
+    return ab_rows + latency + rows, record
 
-    raw = rate(raw_round, min_time=0.6, max_rounds=max_rounds, repeats=repeats)
-    os.close(fd)
-    return ours, raw
+
+def ab_notes(record: dict[str, Any]) -> str:
+    """Each A/B case's rounds, and the median of the rounds' after/before ratios (each round
+    runs the two arms back to back), for the notes."""
+    parts = []
+    for label, arms in record.items():
+        before, after = arms["before"]["rates"], arms["after"]["rates"]
+        paired = statistics.median(a / b for a, b in zip(after, before, strict=True))
+        timed = arms["after"]
+        share = sum(timed["timed_ops"]) / sum(timed["ops"])
+        cost = ""
+        if timed["record_cost"]:
+            extra = statistics.median(timed["record_cost"]) * 1e3
+            cost = (f"; {share:.0%} of the appends with times wrote a time record, each "
+                    f"{extra:.2f} ms more than the others at the median")
+        parts.append(f"{label}: before " + ", ".join(f"{v:,.0f}" for v in before)
+                     + "; after " + ", ".join(f"{v:,.0f}" for v in after)
+                     + f" (median of the rounds' ratios {paired:.2f}x{cost})")
+    return "; ".join(parts)
 
 
 def bench_decode() -> list[Row]:
@@ -211,33 +260,53 @@ def bench_many_topics(tmp: Path, topics: int = 20_000) -> list[Row]:
 
 
 def main() -> None:
+    p = settings.parser(__doc__, "one A/B round of 0.2 s, a 64 MiB topic, 2,000 topics")
+    args = p.parse_args()
+    rounds, seconds = (1, 0.2) if args.quick else (AB_ROUNDS, APPEND_SECONDS)
+    rounds = max(1, args.rounds) if args.rounds else rounds
     total = int(float(os.environ.get("BENCH_TOPIC_GIB", "1")) * 2**30)
+    topics = 20_000
+    if args.quick:
+        total, topics = 64 << 20, 2000
+    results_under(args.out, quick=args.quick, bench="storage")
     tmp = Path(tempfile.mkdtemp(prefix="bench-storage-", dir=os.environ.get("BENCH_DIR")))
-    rows: list[Row] = []
+    started = time.perf_counter()
+    load_before = load_average()
     try:
-        for size in (100, 10 * 1024):
-            for batch in (1, 100, 1000):
-                ours, raw = bench_append(tmp, size, batch)
-                target, met = "", None
-                if size == 100 and batch == 1000:
-                    target, met = "≥ 70% of raw", ours >= 0.7 * raw
-                label = f"{size if size < 1024 else size // 1024}{' B' if size < 1024 else ' KiB'}"
-                rows.append(Row(f"durable append, {label} × batch {batch}", ours, "msg/s",
-                                "os.write + fdatasync", raw, target, met))
-                shutil.rmtree(tmp / f"topic-{size}-{batch}", ignore_errors=True)
+        rows, record = bench_appends(tmp, rounds, seconds)
+        load_after = load_average()
         rows.extend(bench_decode())
         rows.extend(bench_big_topic(tmp, total))
-        rows.extend(bench_many_topics(tmp))
+        rows.extend(bench_many_topics(tmp, topics))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    runtime = time.perf_counter() - started
     report("storage", "Storage engine", rows, command_line(), notes=(
         "Append figures include `Topic.append` given the frame offsets a validated publish "
         "carries (stale check, sparse-index marks found by bisection, no header read), one "
-        "`fdatasync` per batch and the reader-visibility commit. Seek figures read one frame "
+        "`fdatasync` per batch and the reader-visibility commit; each append is timed alone. "
+        "**Time index A/B** (before and after append times, same run): three arms into files "
+        "of their own, run interleaved round by round (before, after, raw; then raw, after, "
+        f"before; ...), {rounds} rounds of {seconds:g} s of appends each (bounded in count), "
+        "medians of the rounds. *Before*: `Topic.append(..., time_ms=None)`, which writes no "
+        "time index: the path of the code before append times. *After*: each append given a "
+        "time as the broker gives it (a ms clock read per append that moves only in steps of "
+        f"at least {TIME_RESOLUTION_MS} ms, as `Broker.advance_time`), so the topic writes and "
+        "fsyncs a time record before the frames it covers once per step, and a time index "
+        "file per segment. Targets: batch throughput after ≥ "
+        f"{1 - BATCH_COST:.2f}x before; a single append's p50 after ≤ before + "
+        f"{P50_COST * 1e6:.0f} µs. Rounds (msg/s): {ab_notes(record)}. "
+        f"Load average before the A/B: {load_before}; after it: {load_after} (other work on "
+        f"this shared machine makes rounds noisy; the arms alternate so that both see it). "
+        f"{source_state()}. Runtime {runtime:.0f} s.\n\n"
+        "Seek figures read one frame "
         "through a fresh `TopicReader`. Older segments are indexed lazily on first touch, so "
         "opening a topic reads only its last segment. Start-up figures are the median of 3 "
         "`Broker.open` calls on a warm page cache; each topic's directory is listed and its "
         "last segment read and verified, and no file stays open afterwards."))
+    add_to_json("storage", {"time_index_ab": {"rounds": rounds, "seconds": seconds,
+                                              "cases": record},
+                            "runtime_seconds": runtime})
 
 
 if __name__ == "__main__":

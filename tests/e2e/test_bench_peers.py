@@ -1,13 +1,15 @@
 """bench/peers/run.py --quick against our broker alone: it runs every workload, exits 0 and
-writes a JSON figure for each (figures are not checked: no timed assertions)."""
+writes a JSON figure for each (figures are not checked: no timed assertions); and its --ab
+mode, our broker before and after append times."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from pathlib import Path
 
-from tests.e2e.bench_run import run_quick
+from tests.e2e.bench_run import ROOT, run_quick
 
 WORKLOADS = {
     "single": ["ours"],
@@ -30,6 +32,33 @@ def test_quick_run_of_ours(tmp_path: Path) -> None:
             assert case["median"] is not None and case["median"] > 0, (workload, key)
     assert (tmp_path / "RESULTS.md").read_text().count("<!-- peers:start -->") == 1
     assert (tmp_path / "results" / "peers-consume.png").stat().st_size > 0
+
+
+def test_quick_ab_run_starts_the_old_code_and_this_checkout(tmp_path: Path) -> None:
+    """--ab: the broker of the commit before append times (a git worktree, removed again)
+    against this checkout; each imported its own messaging, only the new one wrote time
+    indexes, and every workload has a figure for both."""
+    done = run_quick("peers/run.py", tmp_path, "--ab")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    payload = json.loads((tmp_path / "results" / "peers_ab.json").read_text())
+    assert "tree-1b2e5e1" in payload["code"]["before"]["imported"]
+    assert payload["code"]["after"]["imported"] == str(ROOT / "messaging" / "__init__.py")
+    assert payload["time_files"]["before"] == 0 < payload["time_files"]["after"]
+    for workload in ("single", "batch", "latency"):
+        for arm in ("before", "after"):
+            median = payload["workloads"][workload][arm]["median"]
+            assert median is not None and median > 0, (workload, arm)
+    assert len(payload["rows"]) == 6
+    assert (tmp_path / "RESULTS.md").read_text().count("<!-- peers_ab:start -->") == 1
+    tree = Path(payload["code"]["before"]["imported"]).parents[1]
+    assert str(tree) not in worktree_list() and not tree.exists()  # removed again
+
+
+def worktree_list() -> set[str]:
+    """The repository's worktrees (paths), other sessions' included."""
+    out = subprocess.run(["git", "-C", str(ROOT), "worktree", "list", "--porcelain"],
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    return {line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("worktree ")}
 
 
 async def test_concurrent_loops_count_every_item() -> None:
