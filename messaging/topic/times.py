@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 TIMES_SUFFIX = ".time"
 #: A topic's append times move in steps of at least this many milliseconds.
-TIME_RESOLUTION_MS = 10
+TIME_RESOLUTION_MS = 100
 #: One record: first index (u64), time in ms (i64), CRC-32C of the 16 bytes before it.
 RECORD = struct.Struct(">QqI")
 _BODY = struct.Struct(">Qq")

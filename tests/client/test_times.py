@@ -15,7 +15,7 @@ from messaging.errors import ConnStateError, MessagingError
 from messaging.frames import Message
 from messaging.http.server import BrokerServer
 
-PAUSE = 0.05  # past the broker's 10 ms time resolution
+PAUSE = 0.15  # past the broker's 100 ms time resolution
 
 
 async def bursts(client: Client) -> tuple[list[int], int]:

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from tests.conftest import BrokerProcess
 from tests.e2e.test_spark import publish
 
-PAUSE = 0.1  # between bursts: their append times differ by at least this much
+PAUSE = 0.15  # between bursts: their append times differ by at least this much
 
 Row = tuple[int, int, bytes, int | None]  # topic, index, data, timestamp in ms
 

@@ -16,8 +16,8 @@ from messaging.http.server import BrokerServer
 from tests.conftest import StartServer
 
 Session = aiohttp.ClientSession
-#: Longer than the broker's time resolution (10 ms), so two bursts get two times.
-PAUSE = 0.05
+#: Longer than the broker's time resolution (100 ms), so two bursts get two times.
+PAUSE = 0.15
 
 
 async def publish(http: Session, server: BrokerServer, topic: int, *datas: bytes) -> list[int]:

@@ -189,9 +189,10 @@ def test_a_last_segment_whose_time_index_holds_no_record_is_unknown(tmp_path: Pa
     broker = Broker.open(tmp_path)
     topic = broker.topic(1)
     assert topic.times(0, 10) == [(1, None)]
-    broker.write_group([encode_batch(1, [b"c"])], durable=True, times=[BASE_MS + 50])
+    broker.write_group([encode_batch(1, [b"c"])], durable=True,
+                       times=[BASE_MS + 5 * TIME_RESOLUTION_MS])
     assert [s.first_index for s in topic.segments()] == [1, 3]
-    assert topic.times(0, 10) == [(1, None), (3, BASE_MS + 50)]
+    assert topic.times(0, 10) == [(1, None), (3, BASE_MS + 5 * TIME_RESOLUTION_MS)]
     assert topic.index_at_time(BASE_MS) == 3
     broker.close()
 
