@@ -62,6 +62,8 @@ def describe(broker: Snapshotted) -> tuple[dict[str, Any], list[tuple[Path, int]
                 times = segment.times
                 if times is not None:
                     times.ensure_loaded()
+                if times is not None and times.committed and not times.damaged:
+                    # (Unknown times go as none: the copy's times are unknown too.)
                     described["times"] = times.committed * RECORD.size
                     files.append((times.path, described["times"]))
                 segments.append(described)

@@ -27,9 +27,9 @@ from urllib.parse import quote
 
 import aiohttp
 
-from messaging.client.conn import Conn
+from messaging.client.conn import TIMES_ATTEMPTS, TIMES_RETRY_DELAY, Conn
 from messaging.client.producer import Lanes
-from messaging.client.times import TimeRuns
+from messaging.client.times import TimeRuns, timed
 from messaging.config import DEFAULT_MAX_REQUEST_SIZE
 from messaging.errors import (
     ClientConfigError,
@@ -506,6 +506,7 @@ class Client:
         except TopicTruncatedError as err:
             if index != 0 or err.first_index <= 0:
                 raise
+            params.pop("since", None)  # retention passed the time's message: from the first
             index = params["index"] = err.first_index
             response = await self.request("GET", "/messaging/messages", params=params)
         _check_content_type(response.url, response.headers.get("Content-Type", ""),
@@ -514,9 +515,30 @@ class Client:
         if used != len(response.body):
             raise CorruptFrameError("the broker's answer ended inside a frame")
         if times and messages:
-            runs = await self.times(topic, messages[0].index, messages[-1].index + 1)
-            return list(runs.stamp(messages))
+            return await self._stamp_times(topic, messages)
         return messages
+
+    async def _stamp_times(self, topic: int, messages: list[Message]) -> list[Message]:
+        """``messages`` (in index order) with their append times, asking again while the
+        node that answers is behind the one that served them (a cluster)."""
+        stamped: list[Message] = []
+        for attempt in range(TIMES_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(TIMES_RETRY_DELAY * attempt)
+            runs = await self.times(topic, messages[len(stamped)].index,
+                                    messages[-1].index + 1)
+            while len(stamped) < len(messages):
+                message = messages[len(stamped)]
+                if message.index < runs.index:  # retention took it since: its time too
+                    stamped.append(timed(message, None))
+                elif runs.covers(message.index):
+                    stamped.append(timed(message, runs.time_of(message.index)))
+                else:
+                    break
+            if len(stamped) == len(messages):
+                return stamped
+        raise MessagingError(f"topic {topic}: no broker answered the append times of "
+                             f"messages from index {messages[len(stamped)].index}")
 
     def conn(self, topic: int, data_url: str | None = None,
              heartbeat_interval: float = 1.0, *, consumer: str | None = None,

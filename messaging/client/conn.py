@@ -20,12 +20,14 @@ from typing import Protocol
 
 from messaging.aio import wait_finished
 from messaging.client.times import TimeRuns, timed
+from messaging.clock import parse_moment
 from messaging.errors import (
     ConnClosedError,
     ConnectionFailedError,
     ConnStateError,
     CorruptFrameError,
     MessagingError,
+    NotFoundError,
     TopicTruncatedError,
 )
 from messaging.failover import Retry, RetryPolicy
@@ -47,6 +49,10 @@ _QUEUE_CHUNKS = 16
 #: iteration time.
 _SLICE = 64
 _MESSAGES_PATH = "/messaging/messages"
+#: How often a Conn with times asks for a message's time before giving up (None), and the
+#: pause between (growing).
+TIMES_ATTEMPTS = 5
+TIMES_RETRY_DELAY = 0.05
 
 
 class BrokerClient(Protocol):
@@ -157,7 +163,9 @@ class Conn:
             self.index = self._received = 0
             self._from_first, self._by_consumer = False, True
         if since is not None:
-            self._from_first, self._since = False, since
+            # A duration counts back from now, once: a read resumed later starts there too.
+            self._from_first = False
+            self._since = parse_moment(since) if isinstance(since, str) else since
         self._tasks.append(asyncio.create_task(self._read_loop(), name="messaging-conn-read"))
         if self.data_url and self.heartbeat_interval > 0:
             self._tasks.append(asyncio.create_task(self._heartbeat_loop(),
@@ -220,14 +228,25 @@ class Conn:
 
     async def _timed(self, message: Message) -> Message:
         """``message`` with its append time: from the runs fetched last, or fetched now for
-        every message received from it on (one request for a stretch of messages)."""
+        every message received from it on (one request for a stretch of messages).
+
+        A node behind the one streaming (a cluster, after a failover) may not have the
+        message yet: it is asked again a few times; a topic deleted meanwhile, or a broker
+        without times, gives None."""
         runs = self._runs
-        if runs is None or not runs.covers(message.index):
-            runs = self._runs = await self.client.times(self.topic, message.index,
-                                                        self._received + 1)
-            if not runs.covers(message.index):  # deleted under us: its time is gone too
-                return timed(message, None)
-        return timed(message, runs.time_of(message.index))
+        for attempt in range(TIMES_ATTEMPTS):
+            if runs is not None and runs.covers(message.index):
+                return timed(message, runs.time_of(message.index))
+            if runs is not None and message.index < runs.index:
+                return timed(message, None)  # retention took it since: its time too
+            if attempt:
+                await asyncio.sleep(TIMES_RETRY_DELAY * attempt)
+            try:
+                runs = self._runs = await self.client.times(self.topic, message.index,
+                                                            self._received + 1)
+            except (NotFoundError, TopicTruncatedError):
+                return timed(message, None)  # gone, or a broker from before times
+        return timed(message, None)
 
     async def batches(self) -> AsyncIterator[FrameBatch]:
         """Messages in batches over one buffer each (no Python object per message)."""

@@ -23,7 +23,7 @@ class TimedMessage(Message):
     @property
     def time(self) -> int | None:
         """The append time in ms since the Unix epoch (None: stored before times existed)."""
-        value: int | None = self.__dict__["time"]
+        value: int | None = self.__dict__.get("time")  # (a copy made by _replace has none)
         return value
 
 

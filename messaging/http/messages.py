@@ -67,6 +67,8 @@ _FIRST_FRAME = array("q", [0])  # the offsets of a single-frame command
 #: 100 B frames); bigger ones on a validation thread.
 VALIDATE_ON_LOOP = 256 << 10
 _MAX_U64_DIGITS = len(str(2**64 - 1))
+#: The most runs one ``GET /messaging/times`` answers (``through`` then says where they end).
+MAX_TIME_RUNS = 10_000
 
 
 class MessageHandlers:
@@ -213,8 +215,11 @@ class MessageHandlers:
             moment = parse_time(request.query["since"], "since")
             if topic is None:
                 return 0  # every message of a topic still to come is appended after it
+            # The end as it was before the lookup: a message committed while it ran (on a
+            # thread) is read, not skipped.
+            end_before = topic.committed_index
             found = await self.executors.read(topic.index_at_time, moment)
-            return found if found is not None else topic.committed_index + 1
+            return found if found is not None else end_before + 1
         if "consumer" in request.query:  # start right after a consumer's stored position
             index, position = start_index(
                 self.broker.subscribers(topic_id), check_name(request.query["consumer"]),
@@ -341,6 +346,9 @@ class MessageHandlers:
         through = topic.committed_index if end is None else min(end - 1, topic.committed_index)
         start = max(index, topic.first_index)
         runs = await self.executors.read(topic.times, start, through) if start <= through else []
+        if len(runs) > MAX_TIME_RUNS:  # a bounded answer: the client asks again from there
+            through = runs[MAX_TIME_RUNS][0] - 1
+            del runs[MAX_TIME_RUNS:]
         return json_answer({"topic": topic_id, "index": start, "through": through,
                             "runs": [list(run) for run in runs]})
 

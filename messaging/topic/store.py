@@ -18,7 +18,7 @@ import os
 import resource
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -210,6 +210,7 @@ class TopicStore:
         """
         budget = self.max_open_files
         self._make_room(topic_ids)
+        self.write_times(topic_ids)  # time records first, all topics' fsyncs at once
         if len(topic_ids) <= budget:
             for topic_id in topic_ids:
                 self._topics[topic_id].write()
@@ -239,13 +240,27 @@ class TopicStore:
         write and a deferred fsync) has nothing left to make durable.
         """
         topics = [topic for topic in map(self.get, topic_ids) if topic is not None]
-        if len(topics) == 1:
-            topics[0].sync()
-        elif topics:
+        self._side_by_side([topic.sync for topic in topics])
+
+    def write_times(self, topic_ids: Iterable[int]) -> None:
+        """Write and fsync the time records the given topics staged, side by side (each
+        topic's before its frames, as :meth:`Topic.write` would one after another); raises
+        the first failure after trying every topic."""
+        topics = [topic for topic in map(self.get, topic_ids)
+                  if topic is not None and topic.times_staged]
+        if len(topics) > 1:
+            self._side_by_side([topic.write_times for topic in topics])
+
+    def _side_by_side(self, calls: list[Callable[[], None]]) -> None:
+        """Run blocking calls on the fsync threads (one alone on this thread); raises the
+        first failure once every call has ended."""
+        if len(calls) == 1:
+            calls[0]()
+        elif calls:
             if self._syncers is None:
                 self._syncers = ThreadPoolExecutor(max_workers=SYNC_THREADS,
                                                    thread_name_prefix="messaging-fsync")
-            outcomes = [self._syncers.submit(topic.sync) for topic in topics]
+            outcomes = [self._syncers.submit(call) for call in calls]
             wait(outcomes)
             for outcome in outcomes:
                 outcome.result()  # the first failure, once every fsync has ended

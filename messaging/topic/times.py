@@ -41,6 +41,7 @@ TIME_RESOLUTION_MS = 100
 #: One record: first index (u64), time in ms (i64), CRC-32C of the 16 bytes before it.
 RECORD = struct.Struct(">QqI")
 _BODY = struct.Struct(">Qq")
+_ZERO_RECORD = bytes(RECORD.size)
 
 
 def encode_record(index: int, time_ms: int) -> bytes:
@@ -129,10 +130,12 @@ class SegmentTimes:
         records, end = decode_records(data)
         rest = data[end:]
         if any(_BODY.unpack_from(rest, at)[0] <= last_index
+               and rest[at:at + RECORD.size] != _ZERO_RECORD
                for at in range(0, len(rest) - RECORD.size + 1, RECORD.size)):
             # A whole record that does not check out, or one after it, for frames that exist:
             # not a torn write (records are fsynced before their frames are written) but
-            # damage. (Zeros read as index 0: unknown times, never a guessed one.)
+            # damage. All zeros is never a valid record (their CRC is not 0): what some file
+            # systems show of a write a crash interrupted, so torn, and cut.
             self._damage(end)
             self._install([])
             self.loaded = True
@@ -210,7 +213,8 @@ class SegmentTimes:
         del self.times[self.committed:]
         self.durable = self.committed
         if touched and self.exists:  # a failed write may have left part of a record
-            os.truncate(self.path, self.committed * RECORD.size)
+            # Durably: a record that was fsynced must not come back after a power loss.
+            truncate_durably(self.path, self.committed * RECORD.size)
 
     def remove_file(self) -> None:
         """Delete the file (its segment went away); a missing file is fine."""

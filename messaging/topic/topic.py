@@ -229,11 +229,10 @@ class Topic:
         if cut:
             log.warning("topic %d: removed %d bytes of time records past index %d from %s",
                         self.id, cut, segment.last_index, times.path.name)
-        if segment.count and not times.committed:
-            if not times.damaged:
-                log.warning("topic %d: %s holds no time record; the times of %s are unknown",
-                            self.id, times.path.name, segment.path.name)
-            segment.times = None  # the next timed append starts a new segment
+        if segment.count and not times.committed and not times.damaged:
+            log.warning("topic %d: %s holds no time record; the times of %s are unknown",
+                        self.id, times.path.name, segment.path.name)
+            segment.times = None  # as before times existed: the next append starts a segment
 
     # -- properties -------------------------------------------------------------------------
 
@@ -446,7 +445,7 @@ class Topic:
         if time_ms is None or segment is None:
             return time_ms is None and segment is not None
         times = segment.times
-        if times is None:
+        if times is None or times.damaged:
             return False
         if times.last_time != time_ms:
             times.add(index, time_ms)
@@ -489,6 +488,17 @@ class Topic:
             raise storage_error(f"writing topic {self.id} in {self.path}", err) from err
         self._written.extend(self._staged)
         self._staged.clear()
+
+    @property
+    def times_staged(self) -> bool:
+        """Whether time records wait to be written (writer thread)."""
+        return bool(self._time_writes)
+
+    def write_times(self) -> None:
+        """Write and fsync the staged time records now (see :meth:`_write_times`); the
+        frames they cover are written by :meth:`write` after."""
+        with self._write_lock:
+            self._write_times()
 
     def _write_times(self) -> None:
         """Write and fsync the staged time records, before the frames they cover: a frame
@@ -874,28 +884,58 @@ class Topic:
                 return last
         return None
 
+    def _timed_view(self) -> list[tuple[Segment, int | None]]:
+        """Each segment holding committed frames with the time of its newest committed
+        message (None: unknown), all as of one commit: a commit that crosses a roll changes
+        several segments, and a reader must not see half of it. Time files are read (once)
+        before the lock is taken; under it only memory is looked at."""
+        for segment in self.segments():
+            if segment.times is not None:
+                segment.times.ensure_loaded()
+        with self._lock:
+            return [(s, s.times.last_committed_time() if s.times is not None else None)
+                    for s in self._segments if s.committed_size]
+
     def index_at_time(self, time_ms: int) -> int | None:
         """The index of the first committed message appended at or after ``time_ms`` (of
         those kept); None when there is none yet.
 
         Times never decrease along the topic, so this bisects the segments by their newest
-        time, then one segment's records: a few small reads, never a scan. Segments written
-        before times existed count as older than any time.
+        time, then one segment's records: a few small reads, never a scan of the frames. A
+        segment whose times are unknown takes the time of the nearest known one before it.
+        Segments written before times existed count as older than any time; but when the
+        answer lies just after segments whose time index is damaged, the read starts at the
+        first of them, so that nothing appended at or after ``time_ms`` is skipped (their
+        messages may be older: damage is never taken for "too old").
         """
-        segments = [s for s in self.segments() if s.committed_count or s.committed_size]
-        lo, hi = 0, len(segments)
+        view = self._timed_view()
+
+        def known_before(i: int) -> int | None:  # the newest known time up to segment i
+            for j in range(i, -1, -1):
+                if view[j][1] is not None:
+                    return view[j][1]
+            return None
+
+        lo, hi = 0, len(view)
         while lo < hi:
             mid = (lo + hi) // 2
-            newest = segments[mid].last_time()
+            newest = known_before(mid)
             if newest is None or newest < time_ms:
                 lo = mid + 1
             else:
                 hi = mid
-        if lo == len(segments):
+        if lo == len(view):
             return None
-        times = segments[lo].times
-        index = times.first_index_at(time_ms) if times is not None else None
-        return None if index is None else max(index, self.first_index)
+        times = view[lo][0].times
+        found = times.first_index_at(time_ms) if times is not None else None
+        start = lo
+        if found is None or found <= view[lo][0].first_index:
+            # The answer is where this segment starts: damaged ones just before it may hold
+            # messages as recent (not when it starts with an older message).
+            while start > 0 and _damaged(view[start - 1][0]):
+                start -= 1
+        index = view[start][0].first_index if start < lo or found is None else found
+        return max(index, self.first_index)
 
     def time_of(self, index: int) -> int | None:
         """The append time of the message with ``index`` (None: unknown)."""
@@ -911,6 +951,8 @@ class Topic:
             i = max(bisect_right(self._firsts, start) - 1, 0)
             stop = min(stop, self._committed_last)
         runs: list[tuple[int, int | None]] = []
+        if start > stop:
+            return runs
         for segment in segments[i:]:
             if segment.first_index > stop:
                 break
@@ -927,27 +969,43 @@ class Topic:
     # -- retention --------------------------------------------------------------------------
 
     def truncate(self, max_size: int, floor_index: int, older_than: int | None = None) -> int:
-        """Delete oldest whole segments while the topic exceeds ``max_size``, or while the
-        oldest one's newest message was appended before ``older_than`` (ms since the epoch;
-        None: no age limit). A segment without times is left to the size limit.
+        """Delete oldest whole segments while the topic exceeds ``max_size``, and every
+        segment up to the last one whose newest message was appended before ``older_than``
+        (ms since the epoch; None: no age limit). Times never decrease along a topic, so
+        the segments before that one are older still, also those whose times are unknown; a
+        segment of unknown times with no old-enough one after it is left to the size limit.
 
         Keeps the active segment and every segment holding an index above ``floor_index``.
-        Writes the tombstone before deleting. Returns the number of bytes deleted.
+        Writes the tombstone before deleting. Returns the number of bytes deleted. Only the
+        segments that may go are indexed (read), not every closed one.
         """
         segments = self.segments()
-        for older in segments[:-1]:
+        closed = segments[:-1]
+        aged = 0  # how many of the oldest segments are old enough
+        if older_than is not None:
+            for k, segment in enumerate(closed):
+                newest = segment.last_time()
+                if newest is not None:
+                    if newest >= older_than:
+                        break
+                    aged = k + 1
+        total = sum(s.size for s in segments)
+        candidates = 0
+        for k, segment in enumerate(closed):
+            if total <= max_size and k >= aged:
+                break
+            candidates = k + 1
+            total -= segment.size
+        for older in closed[:candidates]:
             self.ensure_indexed(older)  # outside the lock: may read whole files
-        newest = {id(s): s.last_time() for s in segments[:-1]} if older_than is not None else {}
+        too_old = {id(s) for s in closed[:aged]}
         with self._lock:
             doomed: list[Segment] = []
             total = sum(s.size for s in self._segments)
             for oldest, following in zip(self._segments, self._segments[1:], strict=False):
                 if following.committed_size == 0:
                     break  # the writer is rolling into the next one now
-                last_time = newest.get(id(oldest))
-                too_old = older_than is not None and last_time is not None \
-                    and last_time < older_than
-                if total <= max_size and not too_old:
+                if total <= max_size and id(oldest) not in too_old:
                     break
                 if not oldest.indexed or oldest.committed_last_index > floor_index \
                         or oldest.damage is not None:
@@ -1037,3 +1095,8 @@ class Topic:
             with self._lock:
                 self._closed = True
             self._notifier.notify()
+
+
+def _damaged(segment: Segment) -> bool:
+    """Whether a segment has a time index that is damaged (its times are unknown)."""
+    return segment.times is not None and segment.times.damaged

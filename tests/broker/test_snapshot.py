@@ -82,3 +82,28 @@ def test_a_snapshot_carries_the_time_indexes_and_refuses_a_damaged_one(tmp_path:
     assert damaged.topics() == []
     damaged.close()
     source.close()
+
+
+def test_a_snapshot_of_a_segment_with_unknown_times_installs(tmp_path: Path) -> None:
+    """A segment whose time index is damaged goes without one: the copy's times are unknown
+    too, and the snapshot is not refused."""
+    source = Broker.open(tmp_path / "a", max_segment_size=100)
+    for i in range(12):
+        source.write_group([encode(1, 1, b"message %02d" % i)], durable=True,
+                           times=[1_795_000_000_000 + i * 1000])
+    first = source.topic(1).segments()[0]
+    source.close()
+    path = first.path.with_suffix(".time")
+    raw = bytearray(path.read_bytes())
+    raw[12] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    source = Broker.open(tmp_path / "a", max_segment_size=100)
+    snapshot = io.BytesIO()
+    snapshot_format.write(source, snapshot)
+    target = Broker.open(tmp_path / "b", max_segment_size=100)
+    snapshot.seek(0)
+    target.install_snapshot(snapshot)
+    assert target.topic(1).times(0, 2**63) == source.topic(1).times(0, 2**63)
+    assert target.topic(1).time_of(first.first_index) is None
+    target.close()
+    source.close()

@@ -99,3 +99,38 @@ def test_runs_look_up_times_and_refuse_malformed_answers() -> None:
     message = Message(7, 1, 2, b"x")
     assert message.time is None and timed(message, 55).time == 55
     assert timed(message, 55) == message and hash(timed(message, 55)) == hash(message)
+
+
+def test_a_timed_message_copied_by_replace_has_no_time() -> None:
+    message = timed(Message(7, 1, 2, b"x"), 55)
+    copy = message._replace(data=b"y")
+    assert copy.data == b"y" and copy.time is None
+
+
+async def test_times_are_asked_again_while_the_answering_node_is_behind(
+        server: BrokerServer) -> None:
+    """A node behind the one that served the messages answers runs that stop short: the
+    client asks again rather than give the rest no time (or the last run's)."""
+    async with Client(server.url) as client:
+        indexes = list(await client.publish_batch(1, [b"a", b"b", b"c"]))
+        fetch = client.times
+        calls = 0
+
+        async def lagging(topic: int | str, index: int = 0, end: int | None = None,
+                          ) -> TimeRuns:
+            nonlocal calls
+            calls += 1
+            runs = await fetch(topic, index, end)
+            if calls == 1:  # the first answer covers only the first message
+                runs.through = indexes[0]
+            return runs
+
+        client.times = lagging  # type: ignore[method-assign]
+        messages = await client.read(1, times=True)
+        assert calls == 2 and all(isinstance(m.time, int) for m in messages)
+        calls = 0
+        conn = client.conn(1, times=True)
+        await conn.open(streaming=False)
+        got = [m async for m in conn]
+        await conn.close()
+        assert calls == 2 and all(isinstance(m.time, int) for m in got)

@@ -128,8 +128,10 @@ async def test_cli_commands(server: BrokerServer) -> None:
                                           "4\t1\t0xff0062696e617279"]
     result = await run(cli, "tail", url, "7", "--from", "3", "--format", "json")
     lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert isinstance(lines[0].pop("time"), int)  # the append time, ms since the epoch
     assert lines[0] == {"index": 3, "topic": 7, "type": 1, "data": "line two"}
     assert lines[1]["data_base64"] == "/wBiaW5hcnk="
+    assert lines[1]["time"] >= 0
     result = await run(cli, "topics", url)
     assert result.returncode == 0 and "SUBSCRIBERS" in result.stdout
     assert result.stdout.splitlines()[1].split()[:3] == ["7", "1", "4"]

@@ -47,7 +47,11 @@ def test_an_older_segments_damaged_time_index_makes_its_times_unknown(
     assert runs[0] == (1, None)  # unknown, not the first record's time for all of them
     assert runs[1:] == [r for r in before if r[0] >= 7]  # the last segment is intact
     assert reopened.time_of(3) is None and reopened.time_of(8) == T0 + 300
-    assert reopened.index_at_time(T0) == 7  # the damaged one counts as older than any time
+    # Its messages may be at or after any time: a seek that ends just after it starts at it,
+    # rather than skip them.
+    assert reopened.index_at_time(T0) == 1
+    assert reopened.index_at_time(T0 + 300) == 1
+    assert reopened.index_at_time(T0 + 400) == 9
     reopened.close()
 
 
@@ -77,4 +81,34 @@ def test_a_torn_record_of_frames_that_never_came_is_cut(tmp_path: Path) -> None:
     reopened = Topic.open(tmp_path / "1", 1, max_segment_size=300)
     assert times_path(last.path).stat().st_size == 3 * RECORD.size
     assert reopened.time_of(12) == T0 + 500
+    reopened.close()
+
+
+def test_a_zero_filled_record_is_a_torn_write_and_is_cut(tmp_path: Path) -> None:
+    """Some file systems show a write a crash interrupted as zeros: never a valid record
+    (the CRC of zeros is not 0), so it is cut like a torn one, not taken for damage."""
+    topic = timed_topic(tmp_path / "1")
+    last = topic.segments()[-1]
+    topic.close()
+    with times_path(last.path).open("ab") as f:
+        f.write(bytes(RECORD.size))
+    reopened = Topic.open(tmp_path / "1", 1, max_segment_size=300)
+    assert times_path(last.path).stat().st_size == 3 * RECORD.size
+    assert reopened.time_of(12) == T0 + 500 and reopened.time_of(7) == T0 + 300
+    reopened.close()
+
+
+def test_a_seek_just_after_damaged_segments_starts_at_them(tmp_path: Path) -> None:
+    """A damaged segment between two intact ones: a seek whose answer is where the next one
+    starts reads the damaged one too (its messages may be as recent), never skips it."""
+    topic = Topic.open(tmp_path / "1", 1, max_segment_size=150)
+    for index in range(1, 10):  # three segments of three 50-byte frames, one time each
+        topic.append(encode(1, 1, b"x" * 24, index=index), time_ms=T0 + (index - 1) // 3 * 100)
+        topic.sync()
+        topic.commit()
+    middle = topic.segments()[1]
+    topic.close()
+    flip(times_path(middle.path), 12)
+    reopened = Topic.open(tmp_path / "1", 1, max_segment_size=150)
+    assert [reopened.index_at_time(T0 + k) for k in (0, 1, 100, 200, 201)] == [1, 4, 4, 4, None]
     reopened.close()
