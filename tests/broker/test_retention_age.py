@@ -88,18 +88,34 @@ def test_a_topic_setting_overrides_the_broker_and_zero_turns_it_off(tmp_path: Pa
     reopened.close()
 
 
-def test_segments_without_times_are_left_to_size_retention(tmp_path: Path) -> None:
+def test_segments_without_times_go_by_age_only_behind_an_old_enough_one(
+        tmp_path: Path) -> None:
     broker = Broker.open(tmp_path, max_segment_size=150, retention_age=60)
     fill(broker, 1, 6, None)  # as written before times existed: no time index
     fill(broker, 1, 6, T0)
+    fill(broker, 1, 3, T0 + HOUR)
     topic = broker.topic(1)
     assert topic is not None
     untimed = [s for s in topic.segments() if s.times is None]
-    assert len(untimed) == 2
-    broker.enforce_retention(wall_ms=T0 + HOUR)
-    assert topic.segments()[0] is untimed[0]  # the oldest has no time: age stops there
+    assert len(untimed) == 2 and topic.segment_count == 5
     assert topic.index_at_time(0) == topic.segments()[2].first_index  # older than any time
+    broker.enforce_retention(wall_ms=T0 + 30_000)  # nothing timed is old enough yet
+    assert topic.segments()[0] is untimed[0]  # and no age is invented for them
+    broker.enforce_retention(wall_ms=T0 + HOUR + 30_000)
+    # The T0 segments are too old, so the untimed ones before them are older still.
+    assert [s.last_time() for s in topic.segments()] == [T0 + HOUR]
+    broker.close()
+
+
+def test_untimed_segments_are_left_to_size_retention(tmp_path: Path) -> None:
+    broker = Broker.open(tmp_path, max_segment_size=150, retention_age=60)
+    fill(broker, 1, 6, None)
+    fill(broker, 1, 3, T0)
+    topic = broker.topic(1)
+    assert topic is not None and topic.segment_count == 3
+    broker.enforce_retention(wall_ms=T0 + HOUR)  # only the active segment is timed
+    assert topic.segment_count == 3
     broker.max_topic_size = 0
-    broker.enforce_retention(wall_ms=T0 + HOUR)  # size retention takes them
+    broker.enforce_retention(wall_ms=T0)  # size retention takes them
     assert topic.segment_count == 1
     broker.close()

@@ -155,23 +155,25 @@ def test_a_legacy_segment_has_unknown_times_and_seek_skips_it(tmp_path: Path) ->
     broker.close()
 
 
-def test_age_retention_leaves_a_legacy_segment_to_size_retention(tmp_path: Path) -> None:
+def test_age_retention_takes_a_legacy_segment_only_behind_an_old_enough_one(
+        tmp_path: Path) -> None:
     broker = legacy_broker(tmp_path, max_segment_size=100)
     topic = broker.topic(1)
-    for k in range(4):  # timed segments after it, all old
+    for k in range(4):  # timed segments after it
         broker.write_group([encode_batch(1, [b"x" * 90])], durable=True,
                            times=[BASE_MS + 1000 * k])
     assert len(topic.segments()) >= 3
     broker.retention_age = 1.0
     segments = len(topic.segments())
-    # Everything timed is far older than the age limit, but the oldest segment has no time:
-    # age retention stops there (it deletes oldest first) rather than invent its age.
-    assert broker.enforce_retention(wall_ms=BASE_MS + 10**9) == 0
+    # No timed segment is old enough: the oldest has no time, and age retention does not
+    # invent one for it.
+    assert broker.enforce_retention(wall_ms=BASE_MS + 500) == 0
     assert len(topic.segments()) == segments
-    broker.retention_age = None
-    broker.max_topic_size = topic.size - 1  # the size limit deletes it
-    assert broker.enforce_retention(wall_ms=BASE_MS) > 0
-    assert topic.segments()[0].times is not None
+    # A timed segment after it is too old: the legacy one, appended before it, is older
+    # still, and goes with it (times never decrease along a topic).
+    assert broker.enforce_retention(wall_ms=BASE_MS + 10**9) > 0
+    assert all(s.times is not None for s in topic.segments())
+    assert len(topic.segments()) == 1  # the active one stays
     broker.close()
 
 
