@@ -178,7 +178,7 @@ class SegmentTimes:
 
     def write(self) -> bool:
         """Append the staged records to the file and fdatasync it; returns whether the file
-        was created (its directory entry then needs an fsync before the frames are written).
+        was created (its directory entry then needs the directory's fsync).
 
         Called before the frames the records cover are written, so no frame reaches the disk
         before its time does. Raises OSError; :meth:`rollback` then cuts the file back.

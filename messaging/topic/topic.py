@@ -512,7 +512,11 @@ class Topic:
                 if segment.times is not None and segment.times.staged:
                     created |= segment.times.write()
             if created:
-                fsync_dir(self.path)
+                # A new time file's name becomes durable with its segment's, in the one
+                # directory fsync of sync(), before the group is answered. A crash before
+                # that may keep the segment's file without it: times unknown for frames
+                # never acknowledged, never wrong ones.
+                self._dir_dirty = True
         except TimeSyncError as err:
             self._failed = StorageFailedError(
                 f"topic {self.id} stopped accepting writes: fsync failed ({err.strerror or err});"
