@@ -49,6 +49,12 @@ MAX_SUBSCRIBER_ID = 256
 #: Uploads slower than this (bytes per second, after UPLOAD_GRACE seconds) are cut (408).
 DEFAULT_MIN_UPLOAD_RATE = 1024
 UPLOAD_GRACE = 10.0
+#: Bytes of object chunks a broker keeps in memory for reads from its object store.
+DEFAULT_OBJECT_CACHE_SIZE = 256 << 20
+#: Segments uploaded to the object store at once.
+DEFAULT_OBJECT_UPLOADS = 4
+#: Seconds an object no manifest will ever record is left before the sweep deletes it.
+DEFAULT_OBJECT_SWEEP_GRACE = 600.0
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
 
@@ -182,6 +188,33 @@ class BrokerConfig:
         None, "--retention-age", "retention also deletes old segments whose newest message "
         "was appended longer ago than this (default: off; a topic may set its own)",
         parse=positive_duration, show=show_duration, metavar="DURATION")
+    object_store: str | None = _option(
+        None, "--object-store", "keep rolled segments in an object store as well as, then "
+        "instead of, the local disk: s3://BUCKET/PREFIX (credentials and region the AWS way: "
+        "environment, ~/.aws files) or file:///PATH (default: off)", metavar="URL")
+    s3_endpoint: str | None = _option(
+        None, "--s3-endpoint", "the endpoint of an S3-compatible store (SeaweedFS, MinIO, "
+        "...) for an s3:// --object-store; TLS is verified for https", metavar="URL")
+    local_retention_size: int | None = _option(
+        None, "--local-retention-size", "with --object-store: delete the oldest local "
+        "copies of segments already in the store while a topic's local files are above "
+        "this (default: --max-topic-size)", parse=parse_size, show=show_size,
+        metavar="SIZE")
+    local_retention_age: float | None = _option(
+        None, "--local-retention-age", "with --object-store: also delete local copies of "
+        "segments in the store whose newest message is older than this (default: off)",
+        parse=positive_duration, show=show_duration, metavar="DURATION")
+    object_cache_size: int = _option(
+        DEFAULT_OBJECT_CACHE_SIZE, "--object-cache-size", "memory kept for chunks read from "
+        "the object store", parse=parse_size, show=show_size, metavar="SIZE")
+    object_uploads: int = _option(
+        DEFAULT_OBJECT_UPLOADS, "--object-uploads", "segments uploaded to the object store "
+        "at once", parse=positive_int, metavar="N")
+    object_sweep_grace: float = _option(
+        DEFAULT_OBJECT_SWEEP_GRACE, "--object-sweep-grace", "how long an object in the store "
+        "that no manifest records or ever will (an interrupted upload or deletion) is left "
+        "before it is deleted", parse=positive_duration, show=show_duration,
+        metavar="DURATION")
     truncation_interval: float = _option(
         DEFAULT_TRUNCATION_INTERVAL, "--truncation-interval", "how often retention runs",
         parse=positive_duration, show=show_duration, metavar="DURATION")
@@ -281,6 +314,16 @@ class BrokerConfig:
                               choices=LOG_FORMATS)
     log_level: str = _option("INFO", "--log-level", "DEBUG, INFO, WARNING or ERROR (any case)",
                              parse=str.upper, choices=LOG_LEVELS)
+
+    def check_object_store(self) -> None:
+        """Refuse object store options without ``--object-store``."""
+        if self.object_store is None:
+            given = [flag for flag, value in (
+                ("--s3-endpoint", self.s3_endpoint),
+                ("--local-retention-size", self.local_retention_size),
+                ("--local-retention-age", self.local_retention_age)) if value is not None]
+            if given:
+                raise BadRequestError(f"{', '.join(given)} need --object-store")
 
     def etcd_settings(self) -> EtcdSettings | None:
         """How to reach etcd (None for a single node); checks the cluster options."""

@@ -47,9 +47,11 @@ from messaging.broker.subscribers import (
 )
 from messaging.broker.topic_settings import (
     CONFIGURE,
+    EXPIRE,
     MAX_MESSAGE_SIZE,
     MAX_SEGMENT_SIZE,
     MAX_TOPIC_SIZE,
+    OFFLOAD,
     RETENTION_AGE,
     TopicEntry,
     TopicOp,
@@ -77,6 +79,8 @@ from messaging.files import (
 from messaging.frames import decode_one, frame_size
 from messaging.placement import NAMED_TOPIC_BASE
 from messaging.quiet_log import QuietLog
+from messaging.tiered.manifest import Manifest
+from messaging.tiered.view import Tiered, TieredTopic
 from messaging.topic.store import TopicStore
 from messaging.topic.times import TIME_RESOLUTION_MS
 from messaging.topic.topic import Topic
@@ -114,6 +118,8 @@ class Broker:
     def __init__(self, path: Path, *, max_segment_size: int = DEFAULT_MAX_SEGMENT_SIZE,
                  max_topic_size: int = DEFAULT_MAX_TOPIC_SIZE,
                  retention_age: float | None = None,
+                 local_retention_size: int | None = None,
+                 local_retention_age: float | None = None,
                  subscriber_timeout: float = DEFAULT_SUBSCRIBER_TIMEOUT,
                  max_open_files: int | None = None,
                  metrics: BrokerMetrics | None = None,
@@ -122,6 +128,10 @@ class Broker:
         self.max_segment_size = max_segment_size
         self.max_topic_size = max_topic_size
         self.retention_age = retention_age  # seconds; None: off
+        #: With an object store: how much of what is in it stays on the disk too (None: as
+        #: much as the total retention keeps; seconds for the age).
+        self.local_retention_size = local_retention_size
+        self.local_retention_age = local_retention_age
         self.subscriber_timeout = subscriber_timeout
         self.metrics = metrics or BrokerMetrics()
         self.metrics.watch_subscribers(self._subscriber_rows)
@@ -146,6 +156,11 @@ class Broker:
         self._deleting: list[int] = []  # topics whose files the group being applied deletes
         self._configured: list[int] = []  # topics whose settings it changes
         self._failures = QuietLog(log, _FAILURE_LOG_INTERVAL)
+        #: With an object store: reads below the local segments go to it (set by the
+        #: server, :mod:`messaging.offload`); None: every read is local.
+        self.tiered: Tiered | None = None
+        #: What diagnostics show of the object store (set with ``tiered``).
+        self.offload_status: Callable[[], dict[str, Any]] | None = None
 
     # -- opening and closing ----------------------------------------------------------------
 
@@ -517,6 +532,9 @@ class Broker:
         """
         table = self.catalog.topic_settings
         topic = self.store.get(op.topic)
+        if op.kind in (OFFLOAD, EXPIRE):
+            self._stage_manifest(op)
+            return False
         if op.kind == CONFIGURE:
             if op.topic >= NAMED_TOPIC_BASE and self.catalog.name_of(op.topic) is None:
                 raise NotFoundError(f"topic {op.topic} is not a stream's topic id")
@@ -538,6 +556,22 @@ class Broker:
         if topic is not None and topic.last_index <= self.index:
             self._deleting.append(op.topic)
         return False
+
+    def _stage_manifest(self, op: TopicOp) -> None:
+        """Record an uploaded segment in a topic's manifest, or drop its data up to an index
+        (total retention). A record that no longer fits (recorded already, raced by another,
+        below a deletion) changes nothing: the sweep deletes its object."""
+        table = self.catalog.topic_settings
+        entry = table.get(op.topic)
+        if op.kind == OFFLOAD:
+            assert op.object is not None
+            if entry.deleted_at is not None and op.object.first <= entry.deleted_at:
+                return
+            manifest = entry.manifest.offload(op.object, op.after)
+        else:
+            manifest = entry.manifest.expire(op.through)
+        if manifest is not None:
+            table.stage(op.topic, entry.with_manifest(manifest))
 
     def _commit_topic_ops(self) -> None:
         """Carry out the topic commands of a group that committed."""
@@ -631,19 +665,27 @@ class Broker:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def topic(self, topic_id: int) -> Topic | None:
-        """The topic, or None if nothing was ever published to it."""
-        return self.store.get(topic_id)
+    def topic(self, topic_id: int) -> Topic | TieredTopic | None:
+        """The topic as readers see it (with an object store, over the store and the disk),
+        or None if nothing was ever published to it."""
+        topic = self.store.get(topic_id)
+        if topic is None or self.tiered is None:
+            return topic
+        return self.tiered.view(topic)
+
+    def manifest(self, topic_id: int) -> Manifest:
+        """Which of a topic's segments are in the object store (committed state)."""
+        return self.catalog.topic_settings.committed(topic_id).manifest
 
     def topics(self) -> list[Topic]:
         """Every topic, by id."""
         return self.store.all()
 
-    async def wait_for_topic(self, topic_id: int) -> Topic | None:
+    async def wait_for_topic(self, topic_id: int) -> Topic | TieredTopic | None:
         """The topic, waiting for its first message if needed; None if the broker closed."""
         await self._new_topics.wait_until(
             lambda: topic_id in self.store or self.store.closed)
-        return self.store.get(topic_id)
+        return self.topic(topic_id)
 
     def settings(self, topic_id: int) -> TopicEntry:
         """What the log decided about a topic: its own settings and its last deletion."""
@@ -667,7 +709,7 @@ class Broker:
         name = self.catalog.name_of(topic.id)
         if name is not None:
             info["name"] = name
-        return info | {
+        info |= {
             "id": topic.id,
             "first_index": topic.first_index,
             "last_index": topic.committed_index,
@@ -675,6 +717,16 @@ class Broker:
             "segments": topic.segment_count,
             "subscribers": self.subscribers(topic.id),
         }
+        if self.tiered is not None:
+            manifest = self.manifest(topic.id)
+            local = topic.local if isinstance(topic, TieredTopic) else self.store.get(topic.id)
+            if local is not None:
+                info["first_index"] = self.tiered.view(local).first_index
+                info["local_first_index"] = local.first_index
+            info["offloaded_size"] = manifest.size
+            info["offloaded_segments"] = len(manifest.objects)
+            info["offloaded_through"] = manifest.offloaded
+        return info
 
     def diagnostics(self) -> dict[str, Any]:
         """Broker index, topics and counters (the log adds role, leader and peers)."""
@@ -688,10 +740,13 @@ class Broker:
             if failure is not None:
                 info["failure"] = str(failure)
             topics.append(info)
-        return {"index": self.index, "time": self.time or None, "path": str(self.path),
-                "topics": topics,
-                "open_files": self.store.open_files,
-                "max_open_files": self.store.max_open_files}
+        described: dict[str, Any] = {
+            "index": self.index, "time": self.time or None, "path": str(self.path),
+            "topics": topics, "open_files": self.store.open_files,
+            "max_open_files": self.store.max_open_files}
+        if self.offload_status is not None:
+            described["object_store"] = self.offload_status()
+        return described
 
     def _topic_rows(self) -> list[TopicRow]:
         """Every topic's figures and health, for the metrics."""
@@ -740,14 +795,78 @@ class Broker:
                 settings = table.committed(topic.id).settings
                 limit = settings.get(MAX_TOPIC_SIZE, self.max_topic_size)
                 older_than = self._age_limit(settings, wall_ms)
-                if topic.size <= limit and older_than is None:
-                    continue
                 before = topic.stats.deleted_segments
-                freed = topic.truncate(limit, self.retention_floor(topic.id, now), older_than)
+                if self.tiered is not None:
+                    freed = self._truncate_local(topic, limit, older_than, wall_ms)
+                elif topic.size <= limit and older_than is None:
+                    continue
+                else:
+                    freed = topic.truncate(limit, self.retention_floor(topic.id, now),
+                                           older_than)
             deleted += freed
             self.metrics.retention_deleted_bytes.inc(freed)
             self.metrics.retention_deleted_segments.inc(topic.stats.deleted_segments - before)
         return deleted
+
+    def _truncate_local(self, topic: Topic, limit: int, older_than: int | None,
+                        wall_ms: int | None) -> int:
+        """Retention of a topic's local copies with an object store: whatever total
+        retention expired goes, and of the segments in the store (recorded in the manifest,
+        so verified there) the oldest go while the disk holds more than the local limits.
+        A segment not in the store never goes here, whatever the limits say: when the store
+        fails, the disk fills instead (see :meth:`expiry` for total retention)."""
+        manifest = self.manifest(topic.id)
+        freed = topic.truncate(0, manifest.expired) if manifest.expired else 0
+        if not manifest.offloaded:
+            return freed
+        size = limit if self.local_retention_size is None else self.local_retention_size
+        local_older = older_than
+        if self.local_retention_age is not None:
+            local_older = ((now_ms() if wall_ms is None else wall_ms)
+                           - round(self.local_retention_age * 1000))
+        return freed + topic.truncate(size, manifest.covered, local_older)
+
+    def expiry(self, topic_id: int, now: float | None = None, wall_ms: int | None = None,
+               ) -> int:
+        """With an object store: the index through which total retention drops a topic
+        (its objects first, then local segments not in the store), or 0 for nothing new.
+
+        Total size is the store's objects plus the local segments above them; the oldest
+        go while it is above max-topic-size, and everything up to the last piece whose
+        newest message is older than retention-age; never past what a live subscriber or a
+        stored consumer position still needs. The offloading node turns it into a command
+        through the log, so every node and the manifest agree. Blocking (a thread)."""
+        topic = self.store.get(topic_id)
+        if topic is None:
+            return 0
+        manifest = self.manifest(topic_id)
+        settings = self.catalog.topic_settings.committed(topic_id).settings
+        limit = settings.get(MAX_TOPIC_SIZE, self.max_topic_size)
+        older_than = self._age_limit(settings, wall_ms)
+        floor = self.retention_floor(topic_id, now)
+        pieces = [(o.last, o.size, o.last_time) for o in manifest.objects]
+        segments = topic.segments()
+        for segment in segments[:-1]:
+            topic.ensure_indexed(segment)
+            if segment.committed_last_index > manifest.covered and segment.committed_count:
+                pieces.append((segment.committed_last_index, segment.size,
+                               segment.last_time()))
+        total = sum(size for _last, size, _time in pieces) + (
+            segments[-1].size if segments else 0)
+        aged = 0
+        if older_than is not None:
+            for k, (_last, _size, newest) in enumerate(pieces):
+                if newest is not None:
+                    if newest >= older_than:
+                        break
+                    aged = k + 1
+        through = 0
+        for k, (last, size, _newest) in enumerate(pieces):
+            if (total <= limit and k >= aged) or last > floor:
+                break
+            through = last
+            total -= size
+        return through if through > manifest.expired else 0
 
     def _age_limit(self, settings: Mapping[str, int | None], wall_ms: int | None,
                    ) -> int | None:

@@ -16,6 +16,11 @@ same id later creates it again with indexes above ``deleted_at``, and reads of i
 resuming right after the old topic's last message, so nothing deleted is ever served again
 and nothing new is served as its continuation.
 
+With an object store, a topic's entry also holds its manifest (which closed segments are in
+the store, :mod:`messaging.tiered.manifest`), changed by two more topic commands: ``offload``
+records one uploaded and verified segment, ``expire`` drops everything up to an index (total
+retention). Like settings they go through the log, so every node and snapshot agree.
+
 Pure: no I/O.
 """
 
@@ -36,13 +41,18 @@ from messaging.config import (
 )
 from messaging.errors import BadRequestError, CorruptFrameError
 from messaging.frames import INTERNAL_TYPE, encode
+from messaging.objects.errors import ObjectNameError
+from messaging.tiered.manifest import Manifest, SegmentObject
 
 #: Internal command: JSON ``{"op": "configure", "settings": {KEY: size or null}, "create":
-#: bool}`` or ``{"op": "delete"}``; the frame's topic field names the topic. Always a command
-#: of its own (one frame).
+#: bool}``, ``{"op": "delete"}``, ``{"op": "offload", "object": [...], "after": index}`` or
+#: ``{"op": "expire", "through": index}``; the frame's topic field names the topic. Always a
+#: command of its own (one frame).
 TOPIC_OP = INTERNAL_TYPE | 4
 CONFIGURE = "configure"
 DELETE = "delete"
+OFFLOAD = "offload"
+EXPIRE = "expire"
 
 MAX_TOPIC_SIZE = "max-topic-size"
 MAX_SEGMENT_SIZE = "max-segment-size"
@@ -136,9 +146,12 @@ class TopicOp:
     """One topic command as the state machine reads it."""
 
     topic: int
-    kind: str  # CONFIGURE or DELETE
+    kind: str  # CONFIGURE, DELETE, OFFLOAD or EXPIRE
     settings: Mapping[str, int | None] = field(default_factory=dict)
     create: bool = False
+    object: SegmentObject | None = None  # OFFLOAD: the segment uploaded
+    after: int = 0  # OFFLOAD: the manifest's ``offloaded`` its uploader saw
+    through: int = 0  # EXPIRE: everything up to this index goes
 
 
 def configure_command(topic: int, settings: Mapping[str, int | None], *,
@@ -153,6 +166,18 @@ def delete_command(topic: int) -> bytes:
     return _command(topic, {"op": DELETE})
 
 
+def offload_command(topic: int, obj: SegmentObject, after: int) -> bytes:
+    """The command that records ``obj`` (uploaded and verified) in a topic's manifest, as the
+    segment right after index ``after`` (the manifest's ``offloaded`` when it was chosen)."""
+    return _command(topic, {"op": OFFLOAD, "object": obj.saved(), "after": after})
+
+
+def expire_command(topic: int, through: int) -> bytes:
+    """The command that drops a topic's data up to ``through`` (total retention), in the
+    store as locally."""
+    return _command(topic, {"op": EXPIRE, "through": through})
+
+
 def _command(topic: int, op: dict[str, Any]) -> bytes:
     return encode(TOPIC_OP, topic, json.dumps(op, separators=(",", ":")).encode())
 
@@ -162,12 +187,20 @@ def parse_topic_command(topic: int, data: bytes) -> TopicOp:
     try:
         op = json.loads(data)
         kind = op["op"]
+        if kind == OFFLOAD:
+            return TopicOp(topic, kind, object=SegmentObject.restore(op["object"]),
+                           after=int(op["after"]))
+        if kind == EXPIRE:
+            through = int(op["through"])
+            if through <= 0:
+                raise ValueError(f"expire through {through}")
+            return TopicOp(topic, kind, through=through)
         settings = op.get("settings", {})
         valid = (kind in (CONFIGURE, DELETE) and isinstance(settings, dict)
                  and all(k in KEYS and (v is None or (
                      isinstance(v, int) and (v > 0 or (v == 0 and k == RETENTION_AGE))))
                          for k, v in settings.items()))
-    except (ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError, ObjectNameError) as err:
         raise CorruptFrameError(f"topic command is not valid JSON: {err}") from err
     if not valid:
         raise CorruptFrameError(f"invalid topic command {op!r}")
@@ -184,6 +217,8 @@ class TopicEntry:
 
     settings: Mapping[str, int] = field(default_factory=dict)
     deleted_at: int | None = None
+    #: Its segments in the object store (empty without one).
+    manifest: Manifest = field(default_factory=Manifest)
 
     def configured(self, change: Mapping[str, int | None]) -> TopicEntry:
         """This entry with ``change`` applied (None removes a key)."""
@@ -193,7 +228,11 @@ class TopicEntry:
                 settings.pop(key, None)
             else:
                 settings[key] = value
-        return TopicEntry(settings, self.deleted_at)
+        return TopicEntry(settings, self.deleted_at, self.manifest)
+
+    def with_manifest(self, manifest: Manifest) -> TopicEntry:
+        """This entry with another manifest."""
+        return TopicEntry(self.settings, self.deleted_at, manifest)
 
     def saved(self) -> dict[str, Any]:
         """The JSON form (empty parts left out)."""
@@ -202,6 +241,8 @@ class TopicEntry:
             saved["settings"] = dict(self.settings)
         if self.deleted_at is not None:
             saved["deleted_at"] = self.deleted_at
+        if not self.manifest.empty:
+            saved["manifest"] = self.manifest.saved()
         return saved
 
     @classmethod
@@ -209,12 +250,13 @@ class TopicEntry:
         """The entry from :meth:`saved`."""
         deleted_at = data.get("deleted_at")
         return cls({str(k): int(v) for k, v in data.get("settings", {}).items()},
-                   None if deleted_at is None else int(deleted_at))
+                   None if deleted_at is None else int(deleted_at),
+                   Manifest.restore(data.get("manifest")))
 
     @property
     def empty(self) -> bool:
         """Whether the entry says nothing (it need not be kept)."""
-        return not self.settings and self.deleted_at is None
+        return not self.settings and self.deleted_at is None and self.manifest.empty
 
 
 _MISSING = object()

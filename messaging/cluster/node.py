@@ -42,6 +42,8 @@ from messaging.files import DELETING, lock_exclusive, read_json, remove_director
 from messaging.log.etcd.client import EtcdClient, describe, load_credentials, unavailable
 from messaging.log.etcd.log import CHECKPOINT, EtcdLog
 from messaging.log.etcd.membership import Membership, nodes_prefix, read_nodes
+from messaging.offload.service import ObjectStorage
+from messaging.offload.uploader import Offloader
 from messaging.placement import check_groups, first_named_topic, holders, log_name
 from messaging.quiet_log import RECURRING_LOG_INTERVAL, QuietLog
 
@@ -108,14 +110,18 @@ class GroupStack:
     group: int
     broker: Broker
     log: EtcdLog
+    offloader: Offloader | None = None
 
 
 class GroupNode:
     """The groups this node holds, kept in line with the members etcd lists."""
 
     def __init__(self, config: BrokerConfig, url: str, settings: EtcdSettings,
-                 broker_options: dict[str, Any]) -> None:
+                 broker_options: dict[str, Any], storage: ObjectStorage | None = None,
+                 ) -> None:
         self.config = config
+        #: With --object-store: the store each held group's broker uses.
+        self.storage = storage
         self.url = url
         self.settings = settings
         self.cluster = settings.cluster
@@ -332,13 +338,18 @@ class GroupNode:
                                 peer_token=self.config.peer_token,
                                 peer_ca=str(self.config.peer_ca) if self.config.peer_ca else None)
             await group_log.start()
+            offloader = None
+            if self.storage is not None:
+                offloader = self.storage.attach(broker, group_log.apply,
+                                                lambda: self.holders(group)[:1] == [self.url])
+                await offloader.start()
         except (MessagingError, OSError, grpc.aio.AioRpcError) as err:
             if broker is not None:
                 await loop.run_in_executor(None, broker.close)
             self._quiet.log(f"start {group}", logging.WARNING,
                             "cannot start group %d yet: %s", group, describe(err))
             return
-        self.stacks[group] = GroupStack(group, broker, group_log)
+        self.stacks[group] = GroupStack(group, broker, group_log, offloader)
         self.retired.pop(group, None)
         log.info("group %d: this node holds it now (data %s)", group, path)
 
@@ -346,6 +357,8 @@ class GroupNode:
         stack = self.stacks.pop(group)
         for stopped in self.on_stopped:
             await stopped(group)
+        if stack.offloader is not None:
+            await stack.offloader.close()
         await stack.log.close()
         await asyncio.get_running_loop().run_in_executor(None, stack.broker.close)
 

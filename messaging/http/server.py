@@ -25,6 +25,8 @@ from messaging.http.snapshot import SnapshotSource
 from messaging.http.token_watch import TokensWatch
 from messaging.log.base import Log
 from messaging.log.local import LocalLog
+from messaging.offload.service import ObjectStorage, first_of
+from messaging.offload.uploader import Offloader
 
 if TYPE_CHECKING:
     from messaging.cluster.node import GroupNode
@@ -52,6 +54,8 @@ class BrokerServer:
         self._listener: asyncio.Server | None = None
         self.connections: ConnectionLimits | None = None
         self._retention: asyncio.Task[None] | None = None
+        #: With --object-store: the uploader of the one broker (groups have their own).
+        self.offloader: Offloader | None = None
         self.port = config.port
         self.tokens: Tokens | None = None
         self._tokens_watch: TokensWatch | None = None
@@ -70,16 +74,21 @@ class BrokerServer:
         tls = await loop.run_in_executor(None, tls_context, config)
         if config.tokens is not None:
             self.tokens = await loop.run_in_executor(None, Tokens, config.tokens)
+        storage = await ObjectStorage.open(config)
         sock = _bind(config.host, config.port)
         self.port = sock.getsockname()[1]
         etcd = config.etcd_settings()
         if etcd is not None and config.groups > 1:
-            await self._start_groups(sock, tls, etcd)
+            await self._start_groups(sock, tls, etcd, storage)
             return
         try:
             self.broker = await loop.run_in_executor(None, lambda: Broker.open(
                 config.data, **self._broker_options()))
             self.log = await self._start_log(self.broker)
+            if storage is not None:
+                self.offloader = storage.attach(self.broker, self.log.apply,
+                                                first_of(self.log.urls, self.url))
+                await self.offloader.start()
         except BaseException:
             sock.close()
             if self.broker is not None:
@@ -101,15 +110,17 @@ class BrokerServer:
         return {"max_segment_size": config.max_segment_size,
                 "max_topic_size": config.max_topic_size,
                 "retention_age": config.retention_age,
+                "local_retention_size": config.local_retention_size,
+                "local_retention_age": config.local_retention_age,
                 "subscriber_timeout": config.subscriber_timeout}
 
     async def _start_groups(self, sock: socket.socket, tls: ssl.SSLContext | None,
-                            etcd: EtcdSettings) -> None:
+                            etcd: EtcdSettings, storage: ObjectStorage | None) -> None:
         """A node of a cluster of topic groups: the groups it holds, then serve."""
         from messaging.cluster.node import GroupNode  # grpc: only in cluster mode
         from messaging.http.groups import make_group_app
 
-        node = GroupNode(self.config, self.url, etcd, self._broker_options())
+        node = GroupNode(self.config, self.url, etcd, self._broker_options(), storage)
         try:
             await node.start()
         except BaseException:
@@ -158,6 +169,8 @@ class BrokerServer:
             parts.append(f"tokens {config.tokens}")
         if config.tls_cert is not None:
             parts.append("tls")
+        if config.object_store is not None:
+            parts.append(f"object store {config.object_store}")
         return f"messaging broker listening on {self.url} ({', '.join(parts)})"
 
     async def _start_log(self, broker: Broker) -> Log:
@@ -196,7 +209,10 @@ class BrokerServer:
         broker, self.broker = self.broker, None
         node, self.node = self.node, None
         runner, self._runner = self._runner, None
+        offloader, self.offloader = self.offloader, None
         await cancel_and_wait(retention)
+        if offloader is not None:
+            await offloader.close()
         if tokens_watch is not None:
             await tokens_watch.close()
         if listener is not None:
