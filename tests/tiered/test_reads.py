@@ -61,7 +61,7 @@ def local_only(broker: Broker) -> None:
 
 
 def drain(reader: Any, size: int = 1000) -> list[tuple[int, bytes]]:
-    out = []
+    out: list[tuple[int, bytes]] = []
     for _ in range(10_000):
         chunk = reader.read(size)
         if not chunk:
