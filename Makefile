@@ -11,8 +11,8 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 
 .PHONY: run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
-	bench-split bench-latency bench-fanout bench-scaling bench-groups bench-cli soak soak-cluster \
-	etcd faketime conformance spark clean
+	bench-split bench-latency bench-fanout bench-scaling bench-groups bench-cli bench-tiering \
+	soak soak-cluster etcd faketime conformance spark clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -183,6 +183,12 @@ bench-groups: $(STAMP) etcd
 ## about a minute
 bench-cli: $(STAMP)
 	$(BIN)/python bench/cli/run.py
+
+## make bench-tiering: against SeaweedFS on 127.0.0.1: segment upload MB/s beside reading the
+## same files, catch-up reads from the object store (cold, then through the read cache) beside
+## the same reads from local disk, through Conn and Spark; about 3 minutes
+bench-tiering: $(STAMP)
+	$(BIN)/python bench/tiering/run.py
 
 ## make soak: one broker under a mixed load for 5 minutes; checks data, log, RSS/fds/p99
 soak: $(STAMP)

@@ -1,0 +1,1 @@
+"""Tiering benchmark: uploads to an object store and reads back from it."""
