@@ -785,28 +785,47 @@ class Broker:
         topic's truncation.
         """
         deleted = 0
-        table = self.catalog.topic_settings
         for topic in self.topics():
-            with self._retention_lock:
-                if self._closing:
-                    break
-                if self.store.get(topic.id) is not topic:
-                    continue  # deleted (or replaced by a snapshot) since the list was made
-                settings = table.committed(topic.id).settings
-                limit = settings.get(MAX_TOPIC_SIZE, self.max_topic_size)
-                older_than = self._age_limit(settings, wall_ms)
-                before = topic.stats.deleted_segments
-                if self.tiered is not None:
-                    freed = self._truncate_local(topic, limit, older_than, wall_ms)
-                elif topic.size <= limit and older_than is None:
-                    continue
-                else:
-                    freed = topic.truncate(limit, self.retention_floor(topic.id, now),
-                                           older_than)
+            freed = self._retain(topic, now, wall_ms)
+            if freed is None:
+                break
             deleted += freed
-            self.metrics.retention_deleted_bytes.inc(freed)
-            self.metrics.retention_deleted_segments.inc(topic.stats.deleted_segments - before)
         return deleted
+
+    def trim_local(self, topic_ids: Iterable[int]) -> int:
+        """Run retention now on the given topics (with an object store: those whose
+        manifest just grew, so local copies go as soon as they are in the store rather than
+        at the next timed run); bytes deleted. Blocking (a thread)."""
+        deleted = 0
+        for topic_id in topic_ids:
+            topic = self.store.get(topic_id)
+            freed = self._retain(topic, None, None) if topic is not None else 0
+            if freed is None:
+                break
+            deleted += freed
+        return deleted
+
+    def _retain(self, topic: Topic, now: float | None, wall_ms: int | None) -> int | None:
+        """Retention of one topic under the retention lock; bytes deleted (None: closing)."""
+        table = self.catalog.topic_settings
+        with self._retention_lock:
+            if self._closing:
+                return None
+            if self.store.get(topic.id) is not topic:
+                return 0  # deleted (or replaced by a snapshot) since the list was made
+            settings = table.committed(topic.id).settings
+            limit = settings.get(MAX_TOPIC_SIZE, self.max_topic_size)
+            older_than = self._age_limit(settings, wall_ms)
+            before = topic.stats.deleted_segments
+            if self.tiered is not None:
+                freed = self._truncate_local(topic, limit, older_than, wall_ms)
+            elif topic.size <= limit and older_than is None:
+                return 0
+            else:
+                freed = topic.truncate(limit, self.retention_floor(topic.id, now), older_than)
+        self.metrics.retention_deleted_bytes.inc(freed)
+        self.metrics.retention_deleted_segments.inc(topic.stats.deleted_segments - before)
+        return freed
 
     def _truncate_local(self, topic: Topic, limit: int, older_than: int | None,
                         wall_ms: int | None) -> int:

@@ -84,6 +84,7 @@ class Offloader:
         self._task: asyncio.Task[None] | None = None
         self._quiet = QuietLog(log, _LOG_INTERVAL)
         self.backlog: list[Candidate] = []
+        self._trimmed: dict[int, int] = {}  # topic → what its manifest covered at the last trim
         self.last_error: str | None = None
         self.last_error_at: float | None = None  # wall clock, seconds
 
@@ -126,7 +127,18 @@ class Offloader:
                 self._failed("list", err)
 
     def _find_backlog(self) -> list[list[Candidate]]:
-        """Every topic's segments waiting for upload (a thread: may index segments)."""
+        """Every topic's segments waiting for upload (a thread: may index segments); first,
+        local retention on the topics whose manifest grew since the last pass (on every
+        node: each learns of new objects through the log), so local copies go as soon as
+        their objects are recorded."""
+        grown = []
+        for topic in self.broker.topics():
+            covered = self.broker.manifest(topic.id).covered
+            if covered > self._trimmed.get(topic.id, 0):
+                self._trimmed[topic.id] = covered
+                grown.append(topic.id)
+        if grown:
+            self.broker.trim_local(grown)
         found = []
         for topic in self.broker.topics():
             try:
