@@ -41,8 +41,15 @@ class SegmentObjectReader:
         return obj.name(self.topic).name
 
     def corrupt(self, obj: SegmentObject, detail: str) -> ObjectCorruptError:
-        """The error for an object that does not hold what the manifest says."""
-        return ObjectCorruptError(self.cache.store.url, self.name(obj), detail)
+        """The error for an object that does not hold what the manifest says. Its cached
+        chunks are dropped first: bytes found bad are fetched again by the next read (the
+        object put right, or a bad answer of the store), never kept as the object's."""
+        name = self.name(obj)
+        self.cache.forget(name)
+        times = obj.times_name(self.topic)
+        if times is not None:
+            self.cache.forget(times.name)
+        return ObjectCorruptError(self.cache.store.url, name, detail)
 
     def frames(self, obj: SegmentObject, position: int, after: int, want: int, *,
                skip_below: int = 0, stop_index: int | None = None,
@@ -70,12 +77,17 @@ class SegmentObjectReader:
                     break
                 position += length
         start = position
+        # The index sits outside a frame's CRC: only its place tells a damaged one, so every
+        # index delivered must follow the one before and lie within the object's range.
+        after = max(after, obj.first - 1)
         while position < obj.size:
             window = self.cache.read(name, obj.size, position, position + want)
-            found = scan(window, after=after or None, stop_index=stop_index,
-                         max_count=max_count)
+            found = scan(window, after=after, stop_index=stop_index, max_count=max_count)
             if found.error is not None:
                 raise self.corrupt(obj, f"at byte {position + found.end}: {found.error}")
+            if found.count and found.last_index > obj.last:
+                raise self.corrupt(obj, f"a frame before byte {position + found.end} has an "
+                                   f"index above its last, {obj.last}")
             if found.count or found.stopped:
                 return start, Frames(window[:found.end], found.count, found.last_index,
                                      position + found.end)
