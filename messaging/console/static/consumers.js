@@ -56,7 +56,7 @@ export function mount(root, { caps }) {
       try {
         await call(`/messaging/consumers/${encodeURIComponent(row.name)}`, { method, params });
         status(line, done, "ok");
-        poll();
+        poll(true);
       } catch (err) {
         status(line, `${method === "PUT" ? "Reset" : "Delete"} failed: ${err.message}`, "error");
       }
@@ -92,14 +92,14 @@ export function mount(root, { caps }) {
     if (!rows.length) status(line, "No consumers: a consumer appears with its first heartbeat.", "info");
   }
 
-  async function poll() {
+  async function poll(force = false) {
     if (timer) clearTimeout(timer);
     timer = null;
     try {
       rows = await json("/messaging/consumers");
       if (stopped) return;
       // Keep an admin's half-typed position: redraw only when nothing has the focus there.
-      if (!body.contains(document.activeElement)) draw();
+      if (force || !body.contains(document.activeElement)) draw();
     } catch (err) {
       if (!stopped) status(line, `Cannot list consumers: ${err.message}`, "error");
     }

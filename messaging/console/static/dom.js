@@ -1,4 +1,4 @@
-// Building the page: every text goes in as a text node (never innerHTML), so message data,
+// Building the page: every text goes in as a text node (never parsed as HTML), so message data,
 // topic names and error messages can hold any characters and run nothing.
 
 /** An element: attrs.class, attrs.text (its text), on* listeners, other attributes. */

@@ -3,7 +3,7 @@
 // first, keeping at most MAX_ROWS rows, so a thousand messages a second leave the page
 // responsive. Pausing ends the stream; resuming reads on from the last index shown.
 
-import { ApiError, big, json, readSse, topicParam } from "./api.js";
+import { big, readSse, topicParam } from "./api.js";
 import { clear, h, status } from "./dom.js";
 import { fromBase64, render, time, utf8, rate } from "./format.js";
 
@@ -22,6 +22,7 @@ export function mount(root, { params }) {
   let controller = null;
   let topic = null;
   let next = null;       // BigInt: the index to read from after a pause
+  let pausedAt = 0;
   let queue = [];
   let frame = null;
   let received = 0;
@@ -77,14 +78,14 @@ export function mount(root, { params }) {
     if (frame === null) frame = requestAnimationFrame(draw);
   }
 
-  async function follow(from) {
+  async function follow(from, described) {
     controller = new AbortController();
     const mine = controller;
     pauseButton.disabled = false;
     pauseButton.textContent = "Pause";
-    status(line, `Following ${topic} from index ${from}.`, "ok");
+    status(line, `Following ${topic} from ${described}.`, "ok");
     try {
-      await readSse("/messaging/messages", { topicID: topic, format: "sse", index: from },
+      await readSse("/messaging/messages", { topicID: topic, format: "sse", ...from },
                     mine.signal, receive);
       if (controller === mine) status(line, "The stream ended.", "info");
     } catch (err) {
@@ -95,34 +96,30 @@ export function mount(root, { params }) {
     }
   }
 
-  async function start() {
+  function start() {
     stop();
     clear(body);
     rows = received = 0;
+    next = null;
     topic = topicParam(topicInput.value);
     if (!topic) return status(line, "Give a topic id or a stream name.", "error");
-    try {
-      const info = await json(`/messaging/topics/${encodeURIComponent(topic)}`);
-      next = big(info.last_index) + 1n;
-    } catch (err) {
-      if (!(err instanceof ApiError && err.status === 404)) {
-        return status(line, `Cannot tail ${topic}: ${err.message}`, "error");
-      }
-      next = 0n;  // no message yet: the stream waits for the first
-    }
-    follow(next);
+    // From now by the broker's clock (a topic with no message yet waits for its first).
+    follow({ since: "0ms" }, "now");
   }
 
   function pause() {
     const running = controller;
     controller = null;
     if (running) running.abort();
+    pausedAt = performance.now();
     pauseButton.textContent = "Resume";
-    status(line, `Paused at index ${next}.`, "info");
+    status(line, next === null ? "Paused." : `Paused before index ${next}.`, "info");
   }
 
   function resume() {
-    if (topic !== null && next !== null) follow(next);
+    if (topic === null) return;
+    if (next !== null) follow({ index: next }, `index ${next}`);
+    else follow({ since: `${Math.ceil(performance.now() - pausedAt) + 1000}ms` }, "the pause");
   }
 
   function stop() {
