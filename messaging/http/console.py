@@ -8,6 +8,8 @@ parameter, so nothing outside the listed files can be named. Every answer carrie
 Content-Security-Policy (scripts and styles from this origin only, no inline script, no
 framing) and ``X-Content-Type-Options: nosniff``.
 
+- ``GET /console/config.json`` (open): whether the broker takes tokens, so the page asks for
+  one before calling anything.
 - ``GET /messaging/whoami`` (read): the calling token's name and scopes, so the console shows
   only what they allow (``"auth": false`` when the broker takes no tokens).
 - ``GET /messaging/disk`` (read): total, used and free bytes of the file system holding the
@@ -85,6 +87,13 @@ class ConsoleHandlers:
         """``GET /console``: to ``/console/`` (the page's relative links start there)."""
         raise web.HTTPFound(PREFIX + "/", headers=SECURITY_HEADERS)
 
+    @requires(OPEN)
+    async def config(self, request: web.Request) -> web.Response:
+        """``GET /console/config.json``: whether the page must ask for a token (anyone can
+        tell that from a 401; this saves the page a refused request)."""
+        return json_answer({"auth": request.app.get(AUTH_ON, False)},
+                           headers=SECURITY_HEADERS)
+
     @requires("read")
     async def whoami(self, request: web.Request) -> web.Response:
         """``GET /messaging/whoami``: the token's name and scopes."""
@@ -110,6 +119,7 @@ def add_console_routes(app: web.Application, data: Path, *, auth: bool) -> None:
     app[AUTH_ON] = auth
     app.router.add_get(PREFIX, console.redirect)
     app.router.add_get(PREFIX + "/", console.serve("index.html"))
+    app.router.add_get(PREFIX + "/config.json", console.config)
     for name in STATIC:
         app.router.add_get(f"{PREFIX}/{name}", console.serve(name))
     app.router.add_get("/messaging/whoami", console.whoami)

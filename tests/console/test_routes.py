@@ -49,6 +49,9 @@ async def test_files_are_open_and_carry_the_security_headers(
         assert "default-src 'self'" in CONTENT_SECURITY_POLICY
         assert "frame-ancestors 'none'" in CONTENT_SECURITY_POLICY
         assert "unsafe-inline" not in CONTENT_SECURITY_POLICY
+        async with http.get(f"{server.url}/console/config.json") as resp:
+            assert await resp.json() == {"auth": True}
+            assert resp.headers["Content-Security-Policy"] == CONTENT_SECURITY_POLICY
         async with http.get(f"{server.url}/console/../messaging/topics") as resp:
             assert resp.status == 401  # not a file: the API, which needs a token
         async with http.get(f"{server.url}/console/nothing.js") as resp:
@@ -85,5 +88,7 @@ async def test_whoami_without_tokens_and_disk(start_server: StartServer) -> None
                                          "scopes": ["admin"]}
         async with http.get(f"{server.url}/messaging/disk") as resp:
             disk = await resp.json()
+        async with http.get(f"{server.url}/console/config.json") as resp:
+            assert await resp.json() == {"auth": False}
     assert disk["total"] > 0 and 0 <= disk["free"] <= disk["total"]
     assert 0 <= disk["used"] <= disk["total"]

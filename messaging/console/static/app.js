@@ -83,6 +83,13 @@ async function start() {
   caps = null;
   let who;
   try {
+    if (!token()) {  // ask for a token before a request the broker would refuse
+      const config = await (await fetch("config.json", { cache: "no-store" })).json();
+      if (config.auth) {
+        loginForm("");
+        return;
+      }
+    }
     who = await json("/messaging/whoami");
   } catch (err) {
     const had = Boolean(token());
