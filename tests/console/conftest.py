@@ -108,13 +108,13 @@ async def console(browser: Browser) -> AsyncIterator[ConsolePage]:
 
 def request(url: str, path: str, *, method: str = "GET", data: bytes | None = None,
             params: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
-            ) -> tuple[int, dict[str, str], bytes]:
+            timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
     """One plain HTTP request (status, headers, body); errors are answers too."""
     query = f"?{urllib.parse.urlencode(params)}" if params else ""
     req = urllib.request.Request(url + path + query, data=data, method=method,
                                  headers=headers or {})
     try:
-        with urllib.request.urlopen(req, timeout=30) as answer:
+        with urllib.request.urlopen(req, timeout=timeout) as answer:
             return answer.status, dict(answer.headers), answer.read()
     except urllib.error.HTTPError as err:
         return err.code, dict(err.headers), err.read()
