@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import aiohttp
 import pytest
-from playwright.async_api import expect
+from playwright.async_api import FilePayload, expect
 
 from tests.conftest import BrokerProcess
 from tests.console.conftest import (
@@ -289,8 +289,9 @@ async def test_publish_form_publishes_text_and_json(console: ConsolePage,
     await expect(page.locator("#publish-status")).to_contain_text("Appended to stream chat")
     await page.select_option("#publish-kind", "file")
     await page.fill("#publish-topic", "31")
-    await page.set_input_files("#publish-file", files=[{
-        "name": "blob.bin", "mimeType": "application/octet-stream", "buffer": b"\x00\x01file"}])
+    blob: FilePayload = {"name": "blob.bin", "mimeType": "application/octet-stream",
+                         "buffer": b"\x00\x01file"}
+    await page.set_input_files("#publish-file", files=[blob])
     await page.click("#publish-send")
     await expect(page.locator("#publish-status")).to_contain_text("Published to topic 31")
     status, _h, body = request(seeded.url, "/messaging/messages", params={"topicID": 31})
@@ -315,7 +316,7 @@ async def test_consumers_sorted_by_lag_reset_and_deleted(console: ConsolePage,
     await doomed.locator("button.danger").click()
     await doomed.locator("button.danger", has_text="Confirm delete").click()
     await expect(page.locator("#consumer-rows tr[data-consumer='to-delete']")).to_have_count(0)
-    status, _h, body = request(seeded.url, "/messaging/consumers", params={"name": "reporter"})
+    _status, _h, body = request(seeded.url, "/messaging/consumers", params={"name": "reporter"})
     assert f'"index": {seeded.timed[4][0]}' in body.decode()
 
 

@@ -65,8 +65,8 @@ async def test_twenty_thousand_topics_render_fast_and_stay_responsive(
                           "document.querySelector(\"button.sort[data-key='id']\").click(); }")
     await expect(page.locator("#topic-list .vrow").first).to_have_attribute("data-topic", "20000")
     started = time.monotonic()
-    await page.fill("#topic-filter", "1999")
-    await expect(page.locator("#topic-count")).to_have_text("12 of 20,000")  # 1999, 11999, 19990-19999
+    await page.fill("#topic-filter", "1999")  # 1999, 11999 and 19990 to 19999
+    await expect(page.locator("#topic-count")).to_have_text("12 of 20,000")
     filter_ms = (time.monotonic() - started) * 1000
     print(f"\n20,000 topics: list answered {marks['listed']:.0f} ms after navigation, rendered "
           f"{render_ms:.0f} ms after it arrived ({marks['shown']:.0f} ms from navigation); "
