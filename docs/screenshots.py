@@ -18,8 +18,8 @@ from playwright.sync_api import sync_playwright
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.conftest import BrokerProcess  # noqa: E402
-from tests.console.conftest import (  # noqa: E402
+from tests.conftest import BrokerProcess
+from tests.console.conftest import (
     CHROMIUM,
     create_stream,
     heartbeat,
