@@ -12,7 +12,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 .PHONY: run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
 	bench-split bench-latency bench-fanout bench-scaling bench-groups bench-cli bench-tiering \
-	soak soak-cluster etcd faketime conformance spark clean
+	soak soak-cluster etcd faketime chromium conformance spark clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,7 +62,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy messaging tests bench examples
 
-pytest: $(STAMP) etcd faketime conformance
+pytest: $(STAMP) etcd faketime chromium conformance
 	$(BIN)/python -m pytest -q
 
 # Unit tests measure no disk: their files go to a RAM-backed directory when there is one.
@@ -80,6 +80,20 @@ faketime:
 				{ apt-get update -qq >/dev/null && apt-get install -y -qq faketime >/dev/null; }; \
 		else \
 			echo "faketime is missing: install it (Debian/Ubuntu: sudo apt-get install faketime) and run make test again" >&2; \
+			exit 1; \
+		fi; \
+	fi
+
+## make chromium: the console's tests drive Debian's chromium through playwright (never a
+## browser download: playwright install is not used)
+chromium:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing Debian's chromium (the console's tests run in a real browser)"; \
+			apt-get install -y -qq chromium >/dev/null || \
+				{ apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null; }; \
+		else \
+			echo "chromium is missing: install it (Debian/Ubuntu: sudo apt-get install chromium) and run make test again" >&2; \
 			exit 1; \
 		fi; \
 	fi

@@ -25,6 +25,7 @@ from messaging.config import BrokerConfig
 from messaging.errors import ForbiddenError, MessagingError, UndeclaredScopeError
 from messaging.http.auth import OPEN, PRINCIPAL, Tokens, declared_scope
 from messaging.http.connections import report_rejection
+from messaging.http.console import add_console_routes
 from messaging.http.consumers import ConsumerHandlers
 from messaging.http.executors import EXECUTORS, Executors
 from messaging.http.health import HealthHandlers
@@ -136,11 +137,14 @@ def limits_of(config: BrokerConfig) -> Limits:
 
 
 def new_app(config: BrokerConfig, tokens: Tokens | None) -> web.Application:
-    """An application with the error (and, with ``tokens``, authentication) middlewares."""
+    """An application with the error (and, with ``tokens``, authentication) middlewares, and
+    the web console (:mod:`messaging.http.console`), which every node serves alike."""
     # Without tokens every request is allowed: no authentication step at all.
     middlewares = [errors_middleware] + ([auth_middleware(tokens)] if tokens is not None else [])
-    return web.Application(middlewares=middlewares, client_max_size=max(
+    app = web.Application(middlewares=middlewares, client_max_size=max(
         config.max_request_size, config.max_message_size + 1024))
+    add_console_routes(app, config.data, auth=tokens is not None)
+    return app
 
 
 def make_app(broker: BrokerView, log_: Log, config: BrokerConfig | None = None, *,
