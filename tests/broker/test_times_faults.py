@@ -203,7 +203,7 @@ def test_a_short_time_index_write_is_cut_back(tmp_path: Path, monkeypatch: pytes
     assert broker.index == index and broker.time == time_ms
     # Else the next record is appended after the torn bytes, and a restart, which reads the
     # records up to the first bad one, gives that acknowledged message an older time.
-    topic = broker.topic(1)
+    topic = broker.store.get(1)
     assert topic is not None
     check_files(topic)
     after = fixture.publish(1, [b"acknowledged after the full disk"], T0 + 200)

@@ -512,7 +512,7 @@ class TimesMachine(RuleBasedStateMachine):
         assert broker.time == model.time
         for topic_id in TOPICS:
             kept = model.kept.get(topic_id, [])
-            topic = broker.topic(topic_id)
+            topic = broker.store.get(topic_id)
             if topic is None:
                 assert not kept
                 continue
