@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from messaging.tiered.manifest import Manifest
+from messaging.tiered.manifest import MARK_STRIDE, Manifest, Mark
 from messaging.topic.segment import Segment
 from messaging.topic.topic import Topic
 
@@ -22,6 +22,10 @@ class Candidate:
     path: Path
     times_path: Path | None
     last_time: int | None
+    marks: tuple[Mark, ...]
+    #: The last index of the segment before it in the manifest's eyes: the manifest's
+    #: ``offloaded`` for the first waiting one, the one before's last for the others.
+    after: int
 
 
 def closed_segments(topic: Topic) -> list[Segment]:
@@ -37,7 +41,7 @@ def closed_segments(topic: Topic) -> list[Segment]:
 def candidates(topic: Topic, manifest: Manifest) -> list[Candidate]:
     """The closed segments above what the manifest covers, oldest first (blocking: a segment
     recovery did not read is indexed here)."""
-    found = []
+    found: list[Candidate] = []
     for segment in closed_segments(topic):
         topic.ensure_indexed(segment)
         if segment.damage is not None:
@@ -50,5 +54,21 @@ def candidates(topic: Topic, manifest: Manifest) -> list[Candidate]:
             segment.committed_count, segment.committed_size, segment.path,
             times.path if times is not None and not times.damaged and times.path.exists()
             else None,
-            segment.last_time()))
+            segment.last_time(), object_marks(segment),
+            found[-1].last if found else manifest.offloaded))
     return found
+
+
+def object_marks(segment: Segment) -> tuple[Mark, ...]:
+    """The segment's sparse index thinned to one mark per :data:`MARK_STRIDE` bytes (those
+    of its committed frames, none at byte 0), for its object's manifest entry."""
+    marks: list[Mark] = []
+    next_at = MARK_STRIDE
+    for index, position, ordinal in zip(segment.mark_indexes, segment.mark_positions,
+                                        segment.mark_ordinals, strict=True):
+        if position >= segment.committed_size:
+            break
+        if position >= next_at:
+            marks.append((index, position, ordinal))
+            next_at = position + MARK_STRIDE
+    return tuple(marks)

@@ -77,6 +77,7 @@ class Offloader:
         self.interval = interval
         self.sweep = Sweep(broker, store, metrics, sweep_grace)
         self.sweep_interval = sweep_interval
+        self.concurrency = concurrency
         self._slots = asyncio.Semaphore(concurrency)
         self._retry_at: dict[int, float] = {}  # topic → monotonic time of its next try
         self._failures: dict[int, int] = {}  # topic → failed tries in a row
@@ -160,28 +161,39 @@ class Offloader:
     # -- uploads ------------------------------------------------------------------------
 
     async def _offload_topic(self, group: list[Candidate]) -> None:
-        """Upload a topic's waiting segments in order, each recorded before the next."""
-        topic = group[0].topic
-        for candidate in group:
-            try:
-                recorded = await self._offload(candidate)
-            except (ObjectStoreError, OSError) as err:
-                self._back_off(topic, err)
+        """Upload a topic's waiting segments ``concurrency`` at a time, recording each batch
+        in order, each as the segment right after the one before it."""
+        for start in range(0, len(group), self.concurrency):
+            if not await self._offload_batch(group[start:start + self.concurrency]):
                 return
+
+    async def _offload_batch(self, batch: list[Candidate]) -> bool:
+        """Upload segments of one topic at once, then record them in order; whether all
+        were recorded."""
+        topic = batch[0].topic
+        uploaded = await asyncio.gather(*(self._upload(c) for c in batch),
+                                        return_exceptions=True)
+        for candidate, result in zip(batch, uploaded, strict=True):
+            if isinstance(result, ObjectStoreError | OSError):
+                self._back_off(topic, result)
+                return False
+            if isinstance(result, BaseException):
+                raise result
+            try:
+                recorded = await self._record(candidate, result)
             except MessagingError as err:  # the log did not take the record: next pass
                 self._quiet.log(f"record {topic}", logging.WARNING, "topic %d: could not "
                                 "record segment %d-%d in the manifest: %s", topic,
                                 candidate.first, candidate.last, err)
-                return
+                return False
             if not recorded:
-                return  # the manifest moved on meanwhile: the next pass looks again
+                return False  # the manifest moved on meanwhile: the next pass looks again
             self._failures.pop(topic, None)
             self._retry_at.pop(topic, None)
+        return True
 
-    async def _offload(self, candidate: Candidate) -> bool:
-        """Upload and verify one segment (and its time index), then record it; whether the
-        manifest holds it now."""
-        after = self.broker.manifest(candidate.topic).offloaded
+    async def _upload(self, candidate: Candidate) -> SegmentObject:
+        """Upload and verify one segment and its time index; their manifest entry."""
         async with self._slots:
             await asyncio.to_thread(_fsync_file, candidate.path)
             named, digest = await name_segment_object(candidate.topic, candidate.first,
@@ -198,15 +210,20 @@ class Offloader:
                 await self.store.put_if_absent(times_named.name, candidate.times_path,
                                                sha256=times_digest.sha256)
                 times_sha256, times_size = times_digest.sha256, times_digest.size
-        obj = SegmentObject(candidate.first, candidate.last, digest.size, candidate.count,
-                            digest.sha256, times_sha256, times_size, candidate.last_time)
-        await self.apply(offload_command(candidate.topic, obj, after))
+        return SegmentObject(candidate.first, candidate.last, digest.size, candidate.count,
+                             digest.sha256, times_sha256, times_size, candidate.last_time,
+                             candidate.marks)
+
+    async def _record(self, candidate: Candidate, obj: SegmentObject) -> bool:
+        """Record an uploaded segment through the log; whether the manifest holds it now."""
+        await self.apply(offload_command(candidate.topic, obj, candidate.after))
         recorded = obj in self.broker.manifest(candidate.topic).objects
         if recorded:
             self.metrics.uploaded_segments.inc()
-            self.metrics.uploaded_bytes.inc(digest.size + times_size)
+            self.metrics.uploaded_bytes.inc(obj.size + obj.times_size)
             log.info("topic %d: segment %d-%d (%d bytes) is in %s as %s", candidate.topic,
-                     candidate.first, candidate.last, digest.size, self.store.url, named.name)
+                     candidate.first, candidate.last, obj.size, self.store.url,
+                     obj.name(candidate.topic).name)
         return recorded
 
     def _back_off(self, topic: int, error: Exception) -> None:

@@ -23,6 +23,13 @@ from typing import Any
 
 from messaging.objects.naming import SEGMENT_KIND, TIMES_KIND, SegmentObjectName
 
+#: An object's entry keeps a mark (index, byte position, ordinal) for the first frame at or
+#: past every this many bytes, so a read, a count or a seek inside it starts near its place
+#: instead of at the object's first byte.
+MARK_STRIDE = 1 << 20
+
+Mark = tuple[int, int, int]  # index, byte position, ordinal (messages before it)
+
 
 @dataclass(frozen=True, slots=True)
 class SegmentObject:
@@ -36,6 +43,22 @@ class SegmentObject:
     times_sha256: str | None = None
     times_size: int = 0
     last_time: int | None = None  # the newest append time it holds (ms), None: unknown
+    marks: tuple[Mark, ...] = ()  # see MARK_STRIDE (sorted; none at byte 0)
+
+    def mark_at_index(self, index: int) -> Mark:
+        """The last mark at or below ``index`` (the object's start when none is)."""
+        k = bisect_right(self.marks, (index, 1 << 64, 0))
+        return self.marks[k - 1] if k else (self.first, 0, 0)
+
+    def mark_at_ordinal(self, ordinal: int) -> Mark:
+        """The last mark whose ordinal is at most ``ordinal`` (the object's start when none
+        is)."""
+        best: Mark = (self.first, 0, 0)
+        for mark in self.marks:
+            if mark[2] > ordinal:
+                break
+            best = mark
+        return best
 
     def name(self, topic: int) -> SegmentObjectName:
         """The name of its frames' object."""
@@ -50,20 +73,24 @@ class SegmentObject:
     def saved(self) -> list[Any]:
         """The compact JSON form (a list)."""
         return [self.first, self.last, self.size, self.count, self.sha256, self.times_sha256,
-                self.times_size, self.last_time]
+                self.times_size, self.last_time, [list(m) for m in self.marks]]
 
     @classmethod
     def restore(cls, data: Sequence[Any]) -> SegmentObject:
         """The object from :meth:`saved` (ValueError/TypeError if malformed)."""
-        first, last, size, count, sha256, times_sha256, times_size, last_time = data
+        first, last, size, count, sha256, times_sha256, times_size, last_time, marks = data
         made = cls(int(first), int(last), int(size), int(count), str(sha256),
                    None if times_sha256 is None else str(times_sha256), int(times_size),
-                   None if last_time is None else int(last_time))
+                   None if last_time is None else int(last_time),
+                   tuple((int(i), int(p), int(o)) for i, p, o in marks))
         made.name(0)  # checks indexes and checksum
         if made.times_sha256 is not None:
             made.times_name(0)
         if made.size <= 0 or made.count <= 0 or made.times_size < 0:
             raise ValueError(f"object {data!r} has an invalid size")
+        if any(not (made.first < i <= made.last and 0 < p < made.size and 0 < o < made.count)
+               for i, p, o in made.marks) or list(made.marks) != sorted(set(made.marks)):
+            raise ValueError(f"object {data!r} has invalid marks")
         return made
 
 

@@ -60,6 +60,8 @@ class SegmentObjectReader:
         is the index before the first one read (order check). Returns where the delivered
         frames start and them (an empty :class:`Frames` at the object's end)."""
         name = self.name(obj)
+        if skip_below and position == 0:  # start at the mark nearest below, not at byte 0
+            position = obj.mark_at_index(skip_below)[1]
         while position < obj.size and skip_below:
             window = self.cache.read(name, obj.size, position,
                                      position + max(want, self.cache.chunk))
@@ -104,7 +106,7 @@ class SegmentObjectReader:
         if through < obj.first:
             return 0
         name = self.name(obj)
-        position = counted = 0
+        _index, position, counted = obj.mark_at_index(through)
         while position < obj.size:
             window = self.cache.read(name, obj.size, position, position + self.cache.chunk)
             found = scan(window, verify=False, stop_index=through + 1)
@@ -126,7 +128,8 @@ class SegmentObjectReader:
 
     def index_at_ordinal(self, obj: SegmentObject, ordinal: int) -> int:
         """The index of ``obj``'s ``ordinal``-th message (from 0)."""
-        position, last, left = 0, 0, ordinal + 1
+        index, position, before = obj.mark_at_ordinal(ordinal)
+        last, left = index - 1, ordinal - before + 1
         while left > 0:
             _start, read = self.frames(obj, position, last, self.cache.chunk, max_count=left)
             if not read.count:

@@ -91,17 +91,24 @@ def test_an_entry_keeps_its_manifest_through_settings_and_saves_it() -> None:
 
 
 def test_the_commands_round_trip() -> None:
-    command = decode_one(offload_command(3, obj(5, 9, last_time=7), after=4))
+    marked = SegmentObject(5, 9, 100, 5, SHA, SHA, 40, 7, ((7, 50, 2), (8, 70, 3)))
+    command = decode_one(offload_command(3, marked, after=4))
     op = parse_topic_command(3, bytes(command.data))
-    assert op.kind == OFFLOAD and op.object == obj(5, 9, last_time=7) and op.after == 4
+    assert op.kind == OFFLOAD and op.object == marked and op.after == 4
+    assert marked.mark_at_index(6) == (5, 0, 0) and marked.mark_at_index(7) == (7, 50, 2)
+    assert marked.mark_at_index(100) == (8, 70, 3) and marked.mark_at_ordinal(2) == (7, 50, 2)
     op = parse_topic_command(3, bytes(decode_one(expire_command(3, 42)).data))
     assert op.kind == EXPIRE and op.through == 42
 
 
 @pytest.mark.parametrize("data", [
-    {"op": "offload", "object": [5, 4, 100, 1, SHA, None, 0, None], "after": 0},  # last < first
-    {"op": "offload", "object": [1, 4, 100, 1, "xyz", None, 0, None], "after": 0},  # checksum
-    {"op": "offload", "object": [1, 4, 0, 1, SHA, None, 0, None], "after": 0},  # empty
+    {"op": "offload", "object": [5, 4, 100, 1, SHA, None, 0, None, []], "after": 0},  # last<first
+    {"op": "offload", "object": [1, 4, 100, 1, "xyz", None, 0, None, []], "after": 0},  # checksum
+    {"op": "offload", "object": [1, 4, 0, 1, SHA, None, 0, None, []], "after": 0},  # empty
+    {"op": "offload", "object": [1, 4, 100, 4, SHA, None, 0, None, [[9, 50, 2]]],
+     "after": 0},  # a mark outside the object
+    {"op": "offload", "object": [1, 4, 100, 4, SHA, None, 0, None, [[3, 60, 2], [2, 50, 1]]],
+     "after": 0},  # marks out of order
     {"op": "offload", "object": [1, 4, 100], "after": 0},
     {"op": "expire", "through": 0},
     {"op": "expire"},

@@ -22,13 +22,13 @@ from tests.conftest import StartServer, wait_until
 TOPIC = 3
 
 
-async def fill(start_server: StartServer, tmp_path: Path, count: int = 400,
-               ) -> tuple[Any, Broker, Path]:
+async def fill(start_server: StartServer, tmp_path: Path, count: int = 400, *,
+               segment: int = 2048, repeat: int = 10) -> tuple[Any, Broker, Path]:
     """A broker with a file:// store whose topic's closed segments are all in the store and
     still on the disk (local retention above the topic's size)."""
     store = tmp_path / "store"
     store.mkdir()
-    server = await start_server(object_store=f"file://{store}", max_segment_size=2048,
+    server = await start_server(object_store=f"file://{store}", max_segment_size=segment,
                                 local_retention_size=1 << 30, truncation_interval=3600)
     async with aiohttp.ClientSession() as http:
         for k in range(count):
@@ -36,7 +36,7 @@ async def fill(start_server: StartServer, tmp_path: Path, count: int = 400,
                 await asyncio.sleep(0.15)  # a new append time now and then
             async with http.post(f"{server.url}/messaging/messages",
                                  params={"topicID": str(TOPIC)},
-                                 data=f"m{k:04d}".encode() * 10) as resp:
+                                 data=f"m{k:04d}".encode() * repeat) as resp:
                 assert resp.status == 200
             if k % 7 == 0:  # another topic takes indexes in between
                 async with http.post(f"{server.url}/messaging/messages",
@@ -91,9 +91,19 @@ def answers(topic: Any, indexes: list[int]) -> dict[str, Any]:
     return got
 
 
-async def test_reads_over_the_store_answer_as_the_disk_did(start_server: StartServer,
-                                                            tmp_path: Path) -> None:
-    _server, broker, _store = await fill(start_server, tmp_path)
+@pytest.mark.parametrize("marked", [False, True], ids=["from-byte-0", "from-marks"])
+async def test_reads_over_the_store_answer_as_the_disk_did(
+        start_server: StartServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        marked: bool) -> None:
+    """Small objects are read from their first byte; with marks (a smaller stride than
+    the real 1 MiB, and larger segments) a read, count or seek starts at a mark."""
+    if marked:
+        monkeypatch.setattr("messaging.offload.candidates.MARK_STRIDE", 8192)
+        _server, broker, _store = await fill(start_server, tmp_path, segment=64 << 10,
+                                             repeat=200)
+        assert all(len(o.marks) >= 5 for o in broker.manifest(TOPIC).objects)
+    else:
+        _server, broker, _store = await fill(start_server, tmp_path)
     local = broker.store.get(TOPIC)
     assert isinstance(local, Topic)
     indexes = [i for i, _d in await asyncio.to_thread(drain, local.reader(0))]
