@@ -677,6 +677,11 @@ class Broker:
         """Which of a topic's segments are in the object store (committed state)."""
         return self.catalog.topic_settings.committed(topic_id).manifest
 
+    @property
+    def object_store_url(self) -> str | None:
+        """The object store's URL (None: this broker has none)."""
+        return self.tiered.store.url if self.tiered is not None else None
+
     def topics(self) -> list[Topic]:
         """Every topic, by id."""
         return self.store.all()

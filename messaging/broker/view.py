@@ -16,6 +16,7 @@ from messaging.broker.catalog import Catalog
 from messaging.broker.metrics import BrokerMetrics
 from messaging.broker.subscribers import Subscribers
 from messaging.broker.topic_settings import TopicEntry
+from messaging.tiered.manifest import Manifest
 from messaging.topic.view import TopicView
 
 
@@ -65,6 +66,13 @@ class BrokerView(Protocol):
         ...
     def settings(self, topic_id: int) -> TopicEntry:
         """A topic's own settings and its last deletion."""
+        ...
+    def manifest(self, topic_id: int) -> Manifest:
+        """Which of a topic's segments are in the object store."""
+        ...
+    @property
+    def object_store_url(self) -> str | None:
+        """The object store's URL (None: the broker has none)."""
         ...
     def deleted_at(self, topic_id: int) -> int | None:
         """The broker index a topic was last deleted at (None: never)."""

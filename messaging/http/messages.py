@@ -356,7 +356,9 @@ class MessageHandlers:
     async def topic(self, request: web.Request) -> web.Response:
         """GET /messaging/topics/{id}, with ``after`` and ``count`` for count-based batching,
         ``last``: the index of the ``last``-th message back from the end, or ``at``: the index
-        of the first message appended at or after that time (null: none yet)."""
+        of the first message appended at or after that time (null: none yet); with
+        ``objects=true``, the object store's URL and the topic's objects in it (name, index
+        range, size, count, marks)."""
         reference = topic_reference(request.match_info["id"], "topic id")
         if reference is None:
             raise BadRequestError("missing topic id")
@@ -383,6 +385,12 @@ class MessageHandlers:
                 raise BadRequestError("at takes a time, without after or last")
             moment = parse_time(request.query["at"], "at")
             info["index"] = await self.executors.read(topic.index_at_time, moment)
+        if _bool(request, "objects"):  # for readers of the store itself (Spark executors)
+            info["object_store"] = self.broker.object_store_url
+            info["objects"] = [
+                {"name": o.name(topic_id).name, "first": o.first, "last": o.last,
+                 "size": o.size, "count": o.count, "marks": [list(m) for m in o.marks]}
+                for o in self.broker.manifest(topic_id).objects]
         return json_answer(info)
 
     @requires("read")

@@ -19,6 +19,7 @@ import logging
 from datetime import UTC, datetime
 
 from messaging.errors import MessagingError
+from messaging.spark.store_reads import StoreAccess
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class SourceOptions:
             raise MessagingError(f"option failOnDataLoss {flag!r}: expected true or false")
         self.fail_on_data_loss = flag == "true"
         self.strategy = starting_strategy(options)
+        #: ``objectStore``: executors read offloaded ranges straight from the store.
+        self.store = store_access(options)
         #: ``endingIndex`` or ``endingTimestamp`` was given (a streaming query refuses both).
         self.ending_given = [name for name in ("endingIndex", "endingTimestamp")
                              if name.lower() in options]
@@ -65,6 +68,26 @@ class SourceOptions:
                     raise MessagingError(
                         f"option {self.start_option}: topic {topic} starts at {describe(start)}, "
                         f"after option endingTimestamp {describe(self.ending_time)}")
+
+
+def store_access(options: dict[str, str]) -> StoreAccess | None:
+    """``objectStore`` (the broker's ``--object-store`` URL), ``s3Endpoint`` and the
+    optional ``s3AccessKeyId``/``s3SecretAccessKey``/``s3Region`` (else the executors'
+    environment), or None: everything through the broker."""
+    url = options.get("objectstore") or None
+    extra = [name for name in ("s3Endpoint", "s3AccessKeyId", "s3SecretAccessKey", "s3Region")
+             if name.lower() in options]
+    if url is None:
+        if extra:
+            raise MessagingError(f"option {extra[0]} needs option objectStore")
+        return None
+    if not url.startswith(("s3://", "file:///")):
+        raise MessagingError(f"option objectStore {url!r}: expected s3://BUCKET/PREFIX or "
+                             "file:///PATH, as the broker's --object-store")
+    key, secret = options.get("s3accesskeyid"), options.get("s3secretaccesskey")
+    if (key is None) != (secret is None):
+        raise MessagingError("options s3AccessKeyId and s3SecretAccessKey go together")
+    return StoreAccess(url, options.get("s3endpoint"), key, secret, options.get("s3region"))
 
 
 def starting_times(options: dict[str, str], topics: list[int],

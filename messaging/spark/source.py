@@ -35,6 +35,7 @@ from messaging.json_ids import json_integer, parse_u64
 from messaging.spark.arrow import ARROW_BATCH_ROWS, frames_to_arrow
 from messaging.spark.broker_http import BrokerHTTP
 from messaging.spark.options import SourceOptions, describe
+from messaging.spark.store_reads import StoreAccess, read_stored, stored_ranges
 from messaging.spark.times import AppendTimes
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ class MessagingPartition(InputPartition):
     start: int
     end: int
     fail_on_data_loss: bool
+    #: With ``objectStore``: read what the store holds from it, not through the broker.
+    store: StoreAccess | None = None
 
 
 def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -67,6 +70,17 @@ def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     start = partition.start
     # Before the read: retention that deletes from here on cannot take times of rows it reads.
     times = AppendTimes(broker, partition.topic, start, partition.end)
+    decoder = BatchDecoder(after=max(start - 1, 0), max_count=ARROW_BATCH_ROWS, offsets=True)
+    if partition.store is not None:
+        for run in _from_store(broker, partition):
+            for batch in _decoded(decoder, partition.topic, run):
+                assert batch.offsets is not None
+                yield frames_to_arrow(batch.buffer, batch.offsets, times.column)
+        last = decoder.last_index
+        start = max(start, (last or 0) + 1)
+        if start >= partition.end:
+            _decoded(decoder, partition.topic, None)
+            return
     try:
         conn, response = broker.open("GET", "/messaging/messages", {
             "topicID": partition.topic, "index": start, "end": partition.end})
@@ -79,9 +93,9 @@ def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if err.first_index >= partition.end:
             return
         start = err.first_index
+        decoder = BatchDecoder(after=start - 1, max_count=ARROW_BATCH_ROWS, offsets=True)
         conn, response = broker.open("GET", "/messaging/messages", {
             "topicID": partition.topic, "index": start, "end": partition.end})
-    decoder = BatchDecoder(after=max(start - 1, 0), max_count=ARROW_BATCH_ROWS, offsets=True)
     try:
         while block := response.read(READ_BLOCK):
             for batch in _decoded(decoder, partition.topic, block):
@@ -90,6 +104,23 @@ def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
         _decoded(decoder, partition.topic, None)
     finally:
         conn.close()
+
+
+def _from_store(broker: BrokerHTTP, partition: MessagingPartition) -> Iterator[bytes]:
+    """The runs of frames of the partition the object store holds below the broker's
+    local segments (nothing when the read starts below the topic's first index: the broker
+    read then says what retention took)."""
+    assert partition.store is not None
+    info = broker.json(f"/messaging/topics/{partition.topic}", {"objects": "true"})
+    first = parse_u64(info.get("first_index") or 0, f"topic {partition.topic}")
+    if partition.start < first:
+        return
+    ranges = stored_ranges(info, partition.topic, partition.start, partition.end)
+    if not ranges:
+        return
+    store = partition.store.open()
+    for run, _last in read_stored(store, ranges, partition.start, partition.end):
+        yield run
 
 
 def _decoded(decoder: BatchDecoder, topic: int, block: bytes | None) -> list[FrameBatch]:
@@ -208,7 +239,8 @@ class Planner:
                 bound = stop if nth is None else min(int(nth) + 1, stop)
                 parts.append(MessagingPartition(self.options.urls, self.options.token,
                                                 self.options.ca, topic, begin, bound,
-                                                self.options.fail_on_data_loss))
+                                                self.options.fail_on_data_loss,
+                                                self.options.store))
                 begin = bound
         return parts
 

@@ -232,3 +232,30 @@ def test_objects_are_named_by_what_they_hold(tiered_broker: Any, seaweedfs: Seaw
     seg = [o.name for o in names if o.name.endswith(".seg")]
     assert all(n.startswith(f"{TOPIC}/") for n in seg)
     assert any(o.name.endswith(".time") for o in names)
+
+
+def store_read_bytes(url: str) -> float:
+    """The broker's own reads from the store so far (its metric)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("messaging_object_store_read_bytes_total"))
+
+
+def test_spark_executors_read_the_store_themselves(spark: Any, tiered_broker: Any,
+                                                   seaweedfs: SeaweedFS,  # noqa: F811
+                                                   published: dict[str, Any]) -> None:
+    """Given the store and its credentials, executors read the offloaded part straight from
+    it: the broker's own store reads do not move, and the rows are the same."""
+    process, prefix = tiered_broker
+    before = store_read_bytes(process.url)
+    df = (spark.read.format("messaging").option("url", process.url)
+          .option("topics", str(TOPIC)).option("partitionSize", "700")
+          .option("objectStore", f"s3://{BUCKET}/{prefix}")
+          .option("s3Endpoint", seaweedfs.endpoint).option("s3AccessKeyId", ACCESS_KEY)
+          .option("s3SecretAccessKey", SECRET_KEY).option("s3Region", "us-east-1").load())
+    rows = sorted(df.select("index", "data").collect())
+    assert [bytes(r["data"]) for r in rows] == expected()
+    assert store_read_bytes(process.url) == before
