@@ -23,7 +23,6 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from messaging.aio import cancel_and_wait
@@ -31,6 +30,7 @@ from messaging.broker.broker import ApplyResult, Broker
 from messaging.broker.topic_settings import expire_command, offload_command
 from messaging.clock import now_ms
 from messaging.errors import MessagingError
+from messaging.frames import scan
 from messaging.objects.errors import ObjectStoreError
 from messaging.objects.naming import TIMES_KIND, name_segment_object
 from messaging.objects.store import ObjectStore
@@ -53,12 +53,36 @@ _LOG_INTERVAL = 30.0
 Apply = Callable[[bytes], Awaitable[ApplyResult]]
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+class DamagedSegmentError(MessagingError):
+    """A segment's frames are not what its index says (a CRC or an index out of place): it
+    is never uploaded, so its local copy is never deleted for an object of bad bytes."""
+
+
+def _check_segment(candidate: Candidate) -> None:
+    """fsync the segment file and verify every frame of it (CRC, indexes in order within
+    its range, the count committed): the store must get what readers got, never a disk's
+    damage made durable (a recorded object lets every node delete its own copy)."""
+    fd = os.open(candidate.path, os.O_RDONLY)
     try:
         os.fsync(fd)
+        data = os.pread(fd, candidate.size + 1, 0)
     finally:
         os.close(fd)
+    found = scan(data, after=candidate.first - 1)
+    problem = None
+    if found.error is not None:
+        problem = str(found.error)
+    elif len(data) != candidate.size or found.end != candidate.size:
+        problem = (f"{len(data)} bytes on disk, {found.end} of whole frames, "
+                   f"{candidate.size} committed")
+    elif found.count != candidate.count or found.first_index != candidate.first \
+            or found.last_index != candidate.last:
+        problem = (f"{found.count} frames {found.first_index}-{found.last_index}, not "
+                   f"{candidate.count} frames {candidate.first}-{candidate.last}")
+    if problem is not None:
+        raise DamagedSegmentError(f"topic {candidate.topic}: segment {candidate.path.name} is "
+                                  f"damaged ({problem}): not uploaded; its topic's later "
+                                  "segments wait, and its local copy stays")
 
 
 class Offloader:
@@ -76,7 +100,8 @@ class Offloader:
         self.is_uploader = is_uploader
         self.interval = interval
         self.sweep = Sweep(broker, store, metrics, sweep_grace)
-        self.sweep_interval = sweep_interval
+        #: The sweep runs this often (more often when its grace is shorter).
+        self.sweep_interval = min(sweep_interval, max(sweep_grace / 2, INTERVAL))
         self.concurrency = concurrency
         self._slots = asyncio.Semaphore(concurrency)
         self._retry_at: dict[int, float] = {}  # topic → monotonic time of its next try
@@ -174,7 +199,7 @@ class Offloader:
         uploaded = await asyncio.gather(*(self._upload(c) for c in batch),
                                         return_exceptions=True)
         for candidate, result in zip(batch, uploaded, strict=True):
-            if isinstance(result, ObjectStoreError | OSError):
+            if isinstance(result, ObjectStoreError | OSError | DamagedSegmentError):
                 self._back_off(topic, result)
                 return False
             if isinstance(result, BaseException):
@@ -195,7 +220,7 @@ class Offloader:
     async def _upload(self, candidate: Candidate) -> SegmentObject:
         """Upload and verify one segment and its time index; their manifest entry."""
         async with self._slots:
-            await asyncio.to_thread(_fsync_file, candidate.path)
+            await asyncio.to_thread(_check_segment, candidate)
             named, digest = await name_segment_object(candidate.topic, candidate.first,
                                                       candidate.last, candidate.path)
             if digest.size != candidate.size:
@@ -236,19 +261,28 @@ class Offloader:
                      f"in {delay:.1f} s)")
 
     def _failed(self, operation: str, error: Exception, what: str = "") -> None:
-        kind = error_kind(error)
+        damaged = isinstance(error, DamagedSegmentError)
+        kind = "damaged_segment" if damaged else error_kind(error)
         self.metrics.error(operation, kind)
         self.last_error = f"{what + ': ' if what else ''}{error}"
         self.last_error_at = time.time()
-        self._quiet.log(f"{operation} {kind}", logging.WARNING, "%s", self.last_error)
+        self._quiet.log(f"{operation} {kind}", logging.ERROR if damaged else logging.WARNING,
+                        "%s", self.last_error)
 
     # -- total retention in the store ---------------------------------------------------
 
     async def _expire(self) -> None:
-        """Drop, through the log, what total retention deletes of topics with objects, then
-        delete the objects it dropped."""
+        """Drop, through the log, what total retention deletes of topics with objects. The
+        objects it dropped stay in the store until the sweep's grace has passed: a reader
+        in the middle of one (here, or on a node that has not applied the command yet)
+        finishes it rather than finding it gone."""
         for topic in self.broker.topics():
-            through = await asyncio.to_thread(self.broker.expiry, topic.id)
+            try:
+                through = await asyncio.to_thread(self.broker.expiry, topic.id)
+            except (MessagingError, OSError) as err:  # deleted or damaged meanwhile
+                self._quiet.log(f"expiry {topic.id}", logging.WARNING, "topic %d: total "
+                                "retention skipped this pass: %s", topic.id, err)
+                continue
             if not through:
                 continue
             before = self.broker.manifest(topic.id)
@@ -260,20 +294,8 @@ class Offloader:
                 continue
             dropped = before.dropped(self.broker.manifest(topic.id))
             log.info("topic %d: total retention dropped everything through index %d (%d "
-                     "objects)", topic.id, through, len(dropped))
-            for obj in dropped:
-                names = [obj.name(topic.id).name]
-                times = obj.times_name(topic.id)
-                if times is not None:
-                    names.append(times.name)
-                for name in names:
-                    try:
-                        await self.store.delete(name)
-                    except ObjectStoreError as err:  # the sweep deletes it later
-                        self._failed("delete", err)
-                        continue
-                    self.cache.forget(name)
-                    self.metrics.deleted_objects.inc()
+                     "objects, deleted from the store by the sweep after %g s)", topic.id,
+                     through, len(dropped), self.sweep.grace)
 
     # -- diagnostics --------------------------------------------------------------------
 

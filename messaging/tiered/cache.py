@@ -87,9 +87,11 @@ class ObjectCache:
             else:
                 self.metrics.cache_hits.inc()  # a prefetch (or another reader) asked first
         try:
-            return future.result(self.timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
+            # The fetch gives up by itself after ``timeout`` (see _fetch); the wait here only
+            # guards against a loop that no longer runs. The future is shared with other
+            # readers and prefetches: never cancelled from here.
+            return future.result(self.timeout + 5)
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             error = StoreUnreachableError(self.store.url, name,
                                           f"no answer in {self.timeout:g} s")
             self.metrics.error("read", error_kind(error))
@@ -103,8 +105,13 @@ class ObjectCache:
         name, number = key
         start = number * self.chunk
         try:
-            data = await self.store.get_range(name, start, min(object_size,
-                                                                start + self.chunk))
+            try:
+                data = await asyncio.wait_for(
+                    self.store.get_range(name, start, min(object_size, start + self.chunk)),
+                    self.timeout)
+            except TimeoutError:
+                raise StoreUnreachableError(self.store.url, name,
+                                            f"no answer in {self.timeout:g} s") from None
         except BaseException as err:
             with self._lock:
                 self._pending.pop(key, None)

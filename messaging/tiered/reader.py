@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from messaging.errors import TopicTruncatedError
+from messaging.objects.errors import ObjectNotFoundError
 from messaging.tiered.manifest import SegmentObject
 from messaging.topic.reader import READ_CHUNK
 from messaging.topic.segment import Segment
@@ -152,10 +153,16 @@ class TieredReader:
 
     def _read_object(self, obj: SegmentObject, max_bytes: int) -> bytes:
         objects = self._topic.objects
-        _start, frames = objects.frames(
-            obj, self._position, self._last_index, max_bytes,
-            skip_below=self.next_index if self._skip else 0, stop_index=self._end,
-            max_count=self._remaining)
+        try:
+            _start, frames = objects.frames(
+                obj, self._position, self._last_index, max_bytes,
+                skip_below=self.next_index if self._skip else 0, stop_index=self._end,
+                max_count=self._remaining)
+        except ObjectNotFoundError:
+            if obj in self._topic.manifest().objects:
+                raise  # recorded and gone: an error, never skipped
+            # Total retention dropped it since (and the sweep deleted it): what was deleted.
+            raise TopicTruncatedError(self._topic.id, self._topic.first_index) from None
         self._skip = False
         self._position = frames.end
         if frames.count:

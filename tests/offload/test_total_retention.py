@@ -23,7 +23,8 @@ async def test_total_retention_reaches_into_the_store(start_server: StartServer,
     store.mkdir()
     server = await start_server(object_store=f"file://{store}", max_segment_size=2048,
                                 local_retention_size=4096, max_topic_size=LIMIT,
-                                subscriber_timeout=3.0, truncation_interval=0.2)
+                                subscriber_timeout=3.0, truncation_interval=0.2,
+                                object_sweep_grace=1.0)
     broker = server.broker
     assert broker is not None
     async with aiohttp.ClientSession() as http:
