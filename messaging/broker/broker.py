@@ -155,6 +155,13 @@ class Broker:
         self._heartbeats: list[PositionChange] = []  # recorded by the group being applied
         self._deleting: list[int] = []  # topics whose files the group being applied deletes
         self._configured: list[int] = []  # topics whose settings it changes
+        #: The group being applied changes a manifest; the state journal holds such a
+        #: change that broker.json does not hold durably yet. A manifest change is always
+        #: made durable, whatever --fsync says: local copies are deleted once it is
+        #: committed, and a power loss that took the record but kept a deletion would leave
+        #: data in the store that nobody knows of.
+        self._manifest_staged = False
+        self._manifest_in_journal = False
         self._failures = QuietLog(log, _FAILURE_LOG_INTERVAL)
         #: With an object store: reads below the local segments go to it (set by the
         #: server, :mod:`messaging.offload`); None: every read is local.
@@ -387,7 +394,8 @@ class Broker:
             results = self._stage_group(commands, times, touched)
             self.store.sync_new_dirs()
             # The state first, then the frames: see messaging.broker.state_log for why.
-            journaled = self._journal(touched, before + 1, durable=durable)
+            journaled = self._journal(touched, before + 1,
+                                      durable=durable or self._manifest_staged)
             debug = log.isEnabledFor(logging.DEBUG)
             written = time.perf_counter() if debug else 0.0
             rounds = self.store.write(list(touched), durable=durable)
@@ -409,6 +417,9 @@ class Broker:
             self._log_failure(len(commands), error)
             return [error] * len(commands)
         self._commit_positions()
+        if self._manifest_staged and journaled:
+            self._manifest_in_journal = True
+        self._manifest_staged = False
         # The catalog first: a stream reader that sees a new tail before its topic's frames
         # finds nothing yet and waits for the topic's commit, which is still to come. The
         # other order would show it the frames under an old tail, caught up, and it would
@@ -423,7 +434,9 @@ class Broker:
             self.streams_changed.notify()
         if journaled and self._catalog_log.due:
             try:
-                self.save_state(durable=durable)  # fold the journal into broker.json
+                # fold the journal into broker.json (durably when it holds a manifest change)
+                self.save_state(durable=durable or self._manifest_in_journal)
+                self._manifest_in_journal = False
             except OSError as err:  # the journal still holds everything: fold next time
                 log.warning("could not fold %s into broker.json: %s", self._catalog_log.path,
                             err.strerror or err)
@@ -572,6 +585,7 @@ class Broker:
             manifest = entry.manifest.expire(op.through)
         if manifest is not None:
             table.stage(op.topic, entry.with_manifest(manifest))
+            self._manifest_staged = True
 
     def _commit_topic_ops(self) -> None:
         """Carry out the topic commands of a group that committed."""
@@ -601,6 +615,7 @@ class Broker:
         self._heartbeats.clear()
         self._deleting.clear()
         self._configured.clear()
+        self._manifest_staged = False
         self.catalog.rollback()
         self.index = index
 

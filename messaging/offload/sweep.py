@@ -43,12 +43,23 @@ class Sweep:
         entries = self.broker.catalog.topic_settings.entries
         return sorted({t.id for t in self.broker.topics()} | set(entries))
 
+    def _never_recorded(self, topic: int, last: int) -> bool:
+        """Whether an object of ``topic`` ending at ``last`` that no manifest records never
+        will be, so it may go: at or below what its manifest covers, of a deleted topic, or
+        of a stream's topic this catalog gave out and freed since (deleted, expired: its id
+        never comes back). An object of a topic this broker never knew is left alone (of
+        another group of the cluster, or of something else that shares the prefix)."""
+        catalog = self.broker.catalog
+        if catalog.first_topic <= topic < catalog.next_topic and catalog.name_of(topic) is None:
+            return True
+        entry = self.broker.settings(topic)
+        if entry.deleted_at is not None and last <= entry.deleted_at:
+            return True
+        return last <= entry.manifest.covered
+
     async def run(self, *, delete: bool) -> list[str]:
         """One sweep; returns the orphans it deleted."""
-        listed: dict[str, int] = {}
-        for topic in self._topics():
-            for info in await self.store.list(str(topic)):
-                listed[info.name] = info.size
+        listed = {info.name: info.size for info in await self.store.list("")}
         expected: set[str] = set()
         for topic in self._topics():  # after the listing: a record made meanwhile counts
             for obj in self.broker.manifest(topic).objects:
@@ -69,10 +80,8 @@ class Sweep:
                 parsed = parse_object_name(name)
             except ObjectNameError:
                 continue  # not ours: left alone
-            entry = self.broker.settings(parsed.topic)
-            deleted = entry.deleted_at is not None and parsed.last_index <= entry.deleted_at
-            if parsed.last_index > entry.manifest.covered and not deleted:
-                continue  # may still be recorded: the uploader's next try does it
+            if not self._never_recorded(parsed.topic, parsed.last_index):
+                continue  # may still be recorded (the uploader's next try), or not ours
             first_seen = self.seen.setdefault(name, now)
             if delete and now - first_seen >= self.grace:
                 doomed.append(name)

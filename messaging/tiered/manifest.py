@@ -78,7 +78,10 @@ class SegmentObject:
     @classmethod
     def restore(cls, data: Sequence[Any]) -> SegmentObject:
         """The object from :meth:`saved` (ValueError/TypeError if malformed)."""
-        first, last, size, count, sha256, times_sha256, times_size, last_time, marks = data
+        first, last, size, count, sha256, times_sha256, times_size, last_time, *rest = data
+        if len(rest) > 1:
+            raise ValueError(f"object {data!r} has too many fields")
+        marks = rest[0] if rest else []  # entries written before objects had marks
         made = cls(int(first), int(last), int(size), int(count), str(sha256),
                    None if times_sha256 is None else str(times_sha256), int(times_size),
                    None if last_time is None else int(last_time),
