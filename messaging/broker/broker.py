@@ -55,6 +55,7 @@ from messaging.broker.topic_settings import (
     RETENTION_AGE,
     TopicEntry,
     TopicOp,
+    manifest_change,
 )
 from messaging.clock import now_ms
 from messaging.config import (
@@ -584,7 +585,7 @@ class Broker:
         else:
             manifest = entry.manifest.expire(op.through)
         if manifest is not None:
-            table.stage(op.topic, entry.with_manifest(manifest))
+            table.stage(op.topic, entry.with_manifest(manifest), manifest_change(op))
             self._manifest_staged = True
 
     def _commit_topic_ops(self) -> None:

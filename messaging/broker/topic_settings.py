@@ -273,7 +273,11 @@ class TopicTable:
     def __init__(self) -> None:
         self.entries: dict[int, TopicEntry] = {}
         self._pending: dict[int, TopicEntry] = {}
-        self._undo: list[tuple[int, Any]] = []
+        #: For a topic whose only changes in the group being applied are to its manifest:
+        #: those changes (the journal records them, not the whole entry, which holds every
+        #: object of the topic); None once anything else changed.
+        self._manifest_changes: dict[int, list[dict[str, Any]] | None] = {}
+        self._undo: list[tuple[int, Any, Any]] = []
 
     def get(self, topic: int) -> TopicEntry:
         """A topic's entry as the group being applied sees it."""
@@ -286,10 +290,20 @@ class TopicTable:
         """A topic's committed entry (any thread)."""
         return self.entries.get(topic) or TopicEntry()
 
-    def stage(self, topic: int, entry: TopicEntry) -> None:
-        """Stage ``entry`` for ``topic`` in the group being applied."""
-        self._undo.append((topic, self._pending.get(topic, _MISSING)))
+    def stage(self, topic: int, entry: TopicEntry,
+              manifest_change: dict[str, Any] | None = None) -> None:
+        """Stage ``entry`` for ``topic`` in the group being applied; ``manifest_change``:
+        it differs from the entry before only by that change to its manifest (see
+        :func:`apply_manifest_change`)."""
+        changes = self._manifest_changes.get(topic, _MISSING)
+        self._undo.append((topic, self._pending.get(topic, _MISSING),
+                           list(changes) if isinstance(changes, list) else changes))
         self._pending[topic] = entry
+        if manifest_change is not None and (changes is _MISSING or isinstance(changes, list)):
+            self._manifest_changes[topic] = [*(changes if isinstance(changes, list) else []),
+                                             manifest_change]
+        else:
+            self._manifest_changes[topic] = None
 
     def mark(self) -> int:
         """A savepoint for :meth:`rollback`."""
@@ -298,11 +312,15 @@ class TopicTable:
     def rollback(self, mark: int = 0) -> None:
         """Undo every change since ``mark`` (0: since the last :meth:`commit`)."""
         while len(self._undo) > mark:
-            topic, before = self._undo.pop()
+            topic, before, changes = self._undo.pop()
             if before is _MISSING:
                 self._pending.pop(topic, None)
             else:
                 self._pending[topic] = before
+            if changes is _MISSING:
+                self._manifest_changes.pop(topic, None)
+            else:
+                self._manifest_changes[topic] = changes
 
     @property
     def pending(self) -> bool:
@@ -317,6 +335,7 @@ class TopicTable:
             else:
                 self.entries[topic] = entry
         self._pending.clear()
+        self._manifest_changes.clear()
         self._undo.clear()
 
     def forget(self, topics: set[int]) -> None:
@@ -332,23 +351,58 @@ class TopicTable:
         return {str(t): e.saved() for t, e in sorted(entries.items()) if not e.empty}
 
     def changes(self) -> dict[str, Any]:
-        """The entries the group being applied changed (for the state journal)."""
-        return {str(t): e.saved() for t, e in self._pending.items()}
+        """The entries the group being applied changed (for the state journal): whole, or
+        only their manifest changes when nothing else changed."""
+        changed: dict[str, Any] = {}
+        for topic, entry in self._pending.items():
+            manifest_changes = self._manifest_changes.get(topic)
+            changed[str(topic)] = (entry.saved() if manifest_changes is None
+                                   else {MANIFEST_CHANGES: manifest_changes})
+        return changed
 
     def restore(self, data: Mapping[str, Any] | None) -> None:
         """Replace everything with :meth:`saved` output (None: empty)."""
         self.entries = {int(t): TopicEntry.restore(e) for t, e in (data or {}).items()}
         self._pending.clear()
+        self._manifest_changes.clear()
         self._undo.clear()
 
     def replay(self, changes: Mapping[str, Any]) -> None:
         """Apply a journal line's :meth:`changes` (at start-up)."""
         for topic, saved in changes.items():
-            entry = TopicEntry.restore(saved)
+            if MANIFEST_CHANGES in saved:
+                entry = self.entries.get(int(topic)) or TopicEntry()
+                for change in saved[MANIFEST_CHANGES]:
+                    entry = apply_manifest_change(entry, change)
+            else:
+                entry = TopicEntry.restore(saved)
             if entry.empty:
                 self.entries.pop(int(topic), None)
             else:
                 self.entries[int(topic)] = entry
+
+
+#: A journal line's key for a topic whose manifest alone changed: the list of changes.
+MANIFEST_CHANGES = "manifest_changes"
+
+
+def manifest_change(op: TopicOp) -> dict[str, Any]:
+    """The journal's form of an offload or expire command."""
+    if op.kind == OFFLOAD:
+        assert op.object is not None
+        return {"offload": op.object.saved(), "after": op.after}
+    return {"expire": op.through}
+
+
+def apply_manifest_change(entry: TopicEntry, change: dict[str, Any]) -> TopicEntry:
+    """``entry`` after a change :func:`manifest_change` wrote (replaying the journal: the
+    same result as when it was applied)."""
+    if "offload" in change:
+        manifest = entry.manifest.offload(SegmentObject.restore(change["offload"]),
+                                          int(change["after"]))
+    else:
+        manifest = entry.manifest.expire(int(change["expire"]))
+    return entry if manifest is None else entry.with_manifest(manifest)
 
 
 # -- effective settings -----------------------------------------------------------------------
