@@ -12,7 +12,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 .PHONY: run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
 	bench-split bench-latency bench-fanout bench-scaling bench-groups bench-cli bench-tiering \
-	soak soak-cluster etcd faketime chromium conformance spark clean
+	soak soak-cluster soak-tiered etcd faketime chromium conformance spark clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -211,6 +211,11 @@ soak: $(STAMP)
 ## make soak-cluster: the same load against 3 broker nodes on a 3-member etcd cluster
 soak-cluster: $(STAMP) etcd
 	$(BIN)/python bench/soak/run.py --cluster
+
+## make soak-tiered: the same load against one broker with a file:// object store (the disk
+## keeps a quarter of each topic; older reads come from the store)
+soak-tiered: $(STAMP)
+	$(BIN)/python bench/soak/run.py --tiered
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

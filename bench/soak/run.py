@@ -99,10 +99,21 @@ def parse_tag(message: Message) -> int:
 # -- the broker process -------------------------------------------------------------------
 
 
-def start_broker(directory: Path) -> tuple[Proc, str]:
+#: With --tiered: closed segments go to a file:// object store in the run's directory and
+#: the disk keeps a quarter of what total retention keeps, so range readers and laggards
+#: read the store.
+TIERED_OPTIONS = ["--local-retention-size", "1M", "--object-sweep-grace", "30s"]
+
+
+def start_broker(directory: Path, tiered: bool = False) -> tuple[Proc, str]:
     """``messaging broker`` with the soak's options as a child process, its log (INFO and up)
     in ``directory/broker.log``; stopped by its PID."""
-    return broker(directory / "data", *BROKER_OPTIONS, log=directory / "broker.log",
+    extra: list[str] = []
+    if tiered:
+        store = directory / "store"
+        store.mkdir()
+        extra = ["--object-store", f"file://{store}", *TIERED_OPTIONS]
+    return broker(directory / "data", *BROKER_OPTIONS, *extra, log=directory / "broker.log",
                   log_level="INFO")
 
 
@@ -574,6 +585,9 @@ def main() -> int:
     parser.add_argument("--cluster", action="store_true",
                         help="run the load against 3 broker nodes on a 3-member etcd cluster "
                         "(needs etcd on PATH)")
+    parser.add_argument("--tiered", action="store_true",
+                        help="one broker with a file:// object store: rolled segments are "
+                        "offloaded and the disk keeps a quarter of the topic")
     parser.add_argument("--groups", type=int, default=1,
                         help="with --cluster: the cluster's topic groups (two holders each)")
     args = parser.parse_args()
@@ -583,7 +597,7 @@ def main() -> int:
             members, nodes = start_cluster(Path(tmp), args.groups)
             logs = [Path(tmp) / f"node{i}.log" for i in range(3)]
         else:
-            nodes = [start_broker(Path(tmp))]
+            nodes = [start_broker(Path(tmp), args.tiered)]
             logs = [Path(tmp) / "broker.log"]
         procs, urls = [proc for proc, _ in nodes], [url for _, url in nodes]
         if args.cluster:
