@@ -102,7 +102,8 @@ def parse_tag(message: Message) -> int:
 #: With --tiered: closed segments go to a file:// object store in the run's directory and
 #: the disk keeps a quarter of what total retention keeps, so range readers and laggards
 #: read the store.
-TIERED_OPTIONS = ["--local-retention-size", "1M", "--object-sweep-grace", "30s"]
+TIERED_OPTIONS = ["--local-retention-size", "1M", "--object-sweep-grace", "30s",
+                  "--object-cache-size", "8M"]
 
 
 def start_broker(directory: Path, tiered: bool = False) -> tuple[Proc, str]:
