@@ -31,8 +31,9 @@ from messaging.broker.topic_settings import expire_command, offload_command
 from messaging.clock import now_ms
 from messaging.errors import MessagingError
 from messaging.frames import scan
+from messaging.objects.checksum import Digest, digest_bytes
 from messaging.objects.errors import ObjectStoreError
-from messaging.objects.naming import TIMES_KIND, name_segment_object
+from messaging.objects.naming import TIMES_KIND, SegmentObjectName, name_segment_object
 from messaging.objects.store import ObjectStore
 from messaging.offload.candidates import Candidate, candidates
 from messaging.offload.sweep import Sweep
@@ -58,10 +59,11 @@ class DamagedSegmentError(MessagingError):
     is never uploaded, so its local copy is never deleted for an object of bad bytes."""
 
 
-def _check_segment(candidate: Candidate) -> None:
+def _check_segment(candidate: Candidate) -> Digest:
     """fsync the segment file and verify every frame of it (CRC, indexes in order within
     its range, the count committed): the store must get what readers got, never a disk's
-    damage made durable (a recorded object lets every node delete its own copy)."""
+    damage made durable (a recorded object lets every node delete its own copy). Returns
+    the digest of the bytes checked (the file read once for both)."""
     fd = os.open(candidate.path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -83,6 +85,7 @@ def _check_segment(candidate: Candidate) -> None:
         raise DamagedSegmentError(f"topic {candidate.topic}: segment {candidate.path.name} is "
                                   f"damaged ({problem}): not uploaded; its topic's later "
                                   "segments wait, and its local copy stays")
+    return digest_bytes(data)
 
 
 class Offloader:
@@ -220,12 +223,9 @@ class Offloader:
     async def _upload(self, candidate: Candidate) -> SegmentObject:
         """Upload and verify one segment and its time index; their manifest entry."""
         async with self._slots:
-            await asyncio.to_thread(_check_segment, candidate)
-            named, digest = await name_segment_object(candidate.topic, candidate.first,
-                                                      candidate.last, candidate.path)
-            if digest.size != candidate.size:
-                raise OSError(f"{candidate.path} holds {digest.size} bytes, not the "
-                              f"{candidate.size} committed")
+            digest = await asyncio.to_thread(_check_segment, candidate)
+            named = SegmentObjectName(candidate.topic, candidate.first, candidate.last,
+                                      digest.sha256)
             await self.store.put_if_absent(named.name, candidate.path, sha256=digest.sha256)
             times_sha256, times_size = None, 0
             if candidate.times_path is not None:

@@ -62,22 +62,8 @@ class SegmentObjectReader:
         name = self.name(obj)
         if skip_below and position == 0:  # start at the mark nearest below, not at byte 0
             position = obj.mark_at_index(skip_below)[1]
-        while position < obj.size and skip_below:
-            window = self.cache.read(name, obj.size, position,
-                                     position + max(want, self.cache.chunk))
-            skipped = scan(window, verify=False, stop_index=skip_below)
-            if skipped.error is not None:
-                raise self.corrupt(obj, f"at byte {position + skipped.end}: {skipped.error}")
-            position += skipped.end
-            if skipped.stopped:
-                break
-            if not skipped.count:  # one frame larger than the window
-                length = frame_size(window)
-                if length is None:
-                    raise self.corrupt(obj, f"a frame is cut off at byte {position}")
-                if INDEX.unpack_from(window)[0] >= skip_below:
-                    break
-                position += length
+        if skip_below:
+            position, _passed = self._pass_over(obj, position, skip_below, want)
         start = position
         # The index sits outside a frame's CRC: only its place tells a damaged one, so every
         # index delivered must follow the one before and lie within the object's range.
@@ -99,20 +85,20 @@ class SegmentObjectReader:
             want = length  # one frame larger than ``want``: read it whole
         return start, Frames(b"", 0, after, position)
 
-    def count(self, obj: SegmentObject, through: int) -> int:
-        """How many of ``obj``'s messages have an index at most ``through``."""
-        if through >= obj.last:
-            return obj.count
-        if through < obj.first:
-            return 0
+    def _pass_over(self, obj: SegmentObject, position: int, stop_index: int,
+                   want: int) -> tuple[int, int]:
+        """Read headers only from byte ``position`` up to the first frame whose index is
+        ``stop_index`` or more: where that frame starts (the object's end when none is) and
+        how many frames were passed over."""
         name = self.name(obj)
-        _index, position, counted = obj.mark_at_index(through)
+        passed = 0
         while position < obj.size:
-            window = self.cache.read(name, obj.size, position, position + self.cache.chunk)
-            found = scan(window, verify=False, stop_index=through + 1)
+            window = self.cache.read(name, obj.size, position,
+                                     position + max(want, self.cache.chunk))
+            found = scan(window, verify=False, stop_index=stop_index)
             if found.error is not None:
                 raise self.corrupt(obj, f"at byte {position + found.end}: {found.error}")
-            counted += found.count
+            passed += found.count
             position += found.end
             if found.stopped:
                 break
@@ -120,11 +106,21 @@ class SegmentObjectReader:
                 length = frame_size(window)
                 if length is None:
                     raise self.corrupt(obj, f"a frame is cut off at byte {position}")
-                if INDEX.unpack_from(window)[0] > through:
+                if INDEX.unpack_from(window)[0] >= stop_index:
                     break
                 position += length
-                counted += 1
-        return counted
+                passed += 1
+        return position, passed
+
+    def count(self, obj: SegmentObject, through: int) -> int:
+        """How many of ``obj``'s messages have an index at most ``through``."""
+        if through >= obj.last:
+            return obj.count
+        if through < obj.first:
+            return 0
+        _index, position, before = obj.mark_at_index(through)
+        _position, passed = self._pass_over(obj, position, through + 1, self.cache.chunk)
+        return before + passed
 
     def index_at_ordinal(self, obj: SegmentObject, ordinal: int) -> int:
         """The index of ``obj``'s ``ordinal``-th message (from 0)."""

@@ -19,7 +19,7 @@ from messaging.tiered.metrics import StoreMetrics
 from messaging.tiered.objects import SegmentObjectReader
 from messaging.tiered.reader import TieredReader
 from messaging.topic.tail import Tail
-from messaging.topic.topic import Topic
+from messaging.topic.topic import Topic, index_before_end
 
 
 class Tiered:
@@ -162,13 +162,7 @@ class TieredTopic:
     def index_before_end(self, count: int) -> int | None:
         """The index of the ``count``-th message counting back from the last one (the first
         kept when fewer are kept); None when none is kept."""
-        if count < 1:
-            raise ValueError("count must be at least 1")
-        first = self.first_index
-        kept = self.count_after(first - 1)
-        if kept == 0:
-            return None
-        return self.index_after(first, max(kept - count + 1, 1))
+        return index_before_end(self, count)
 
     def index_at_time(self, time_ms: int) -> int | None:
         """The index of the first committed message appended at or after ``time_ms``."""

@@ -55,6 +55,7 @@ from messaging.topic.segment import (
 )
 from messaging.topic.tail import EMPTY_TAIL, Tail, TailBuffer, TailChunk
 from messaging.topic.times import TIMES_SUFFIX, SegmentTimes, TimeSyncError, times_path
+from messaging.topic.view import TopicView
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -869,13 +870,7 @@ class Topic:
     def index_before_end(self, count: int) -> int | None:
         """The index of the ``count``-th committed message counting back from the last one
         (the first kept when fewer are kept); None when the topic holds none."""
-        if count < 1:
-            raise ValueError("count must be at least 1")
-        first = self.first_index
-        kept = self.count_after(first - 1)
-        if kept == 0:
-            return None
-        return self.index_after(first, max(kept - count + 1, 1))
+        return index_before_end(self, count)
 
     # -- time -------------------------------------------------------------------------------
 
@@ -1104,3 +1099,16 @@ class Topic:
 def _damaged(segment: Segment) -> bool:
     """Whether a segment has a time index that is damaged (its times are unknown)."""
     return segment.times is not None and segment.times.damaged
+
+
+def index_before_end(topic: TopicView, count: int) -> int | None:
+    """The index of ``topic``'s ``count``-th committed message counting back from the last
+    one (the first kept when fewer are kept); None when it holds none. From its counts, so
+    any view that counts (a topic over an object store too) answers it alike."""
+    if count < 1:
+        raise ValueError("count must be at least 1")
+    first = topic.first_index
+    kept = topic.count_after(first - 1)
+    if kept == 0:
+        return None
+    return topic.index_after(first, max(kept - count + 1, 1))
