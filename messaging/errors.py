@@ -422,6 +422,11 @@ def error_for_status(status: int, headers: Mapping[str, str], url: str = "") -> 
         return TopicDeletedError(numbers[TOPIC_HEADER] or 0, deleted_at, first_index or 0)
     if status == 410 and first_index is not None:
         return TopicTruncatedError(numbers[TOPIC_HEADER], first_index)
+    expected = found.get(PRODUCER_EXPECTED_SEQ_HEADER.lower(), ("", None))[1]
+    received = found.get(PRODUCER_RECEIVED_SEQ_HEADER.lower(), ("", None))[1]
+    if (status == 409 and expected is not None and received is not None
+            and is_unsigned(expected) and is_unsigned(received)):
+        return ProducerSequenceGapError(message.strip(), int(expected), int(received))
     cls = _BY_STATUS.get(status, MessagingError)
     error = cls(message.strip() or f"HTTP {status}")
     error.status = status

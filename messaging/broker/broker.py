@@ -394,6 +394,8 @@ class Broker:
         try:
             results = self._stage_group(commands, times, touched)
             self.store.sync_new_dirs()
+            for topic_id in self.catalog.removed:  # a freed stream's positions go with it
+                self._forget_positions(topic_id)
             # The state first, then the frames: see messaging.broker.state_log for why.
             journaled = self._journal(touched, before + 1,
                                       durable=durable or self._manifest_staged)
@@ -565,11 +567,19 @@ class Broker:
                                   f"/v1/stream/{name or '{name}'}")
         self.index += 1  # the deletion's own index (see above); undone with the command
         table.stage(op.topic, TopicEntry(deleted_at=self.index))
-        for name in self.positions.positions(op.topic):
-            self._heartbeats.append(PositionChange(op.topic, 0, name, DELETE))
+        self.catalog.forget_producers(op.topic)
+        self._forget_positions(op.topic)
         if topic is not None and topic.last_index <= self.index:
             self._deleting.append(op.topic)
         return False
+
+    def _forget_positions(self, topic_id: int) -> None:
+        """Stage forgetting every subscriber and consumer position in a deleted topic: the
+        committed ones and those the group itself records before the deletion."""
+        names = set(self.positions.positions(topic_id))
+        names.update(c.name for c in self._heartbeats if c.topic == topic_id)
+        for name in sorted(names):
+            self._heartbeats.append(PositionChange(topic_id, 0, name, DELETE))
 
     def _stage_manifest(self, op: TopicOp) -> None:
         """Record an uploaded segment in a topic's manifest, or drop its data up to an index

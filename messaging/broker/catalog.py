@@ -254,8 +254,11 @@ class Catalog:
                 self.streams[name] = stream
                 self.by_topic[stream.topic] = name
         for topic, producers in changes.get("native", {}).items():
-            self.native[int(topic)] = {pid: Producer(**state)
-                                       for pid, state in producers.items()}
+            if producers:
+                self.native[int(topic)] = {pid: Producer(**state)
+                                           for pid, state in producers.items()}
+            else:  # forgotten with its topic's deletion
+                self.native.pop(int(topic), None)
         self.topic_settings.replay(changes.get("topics", {}))
 
     # -- transactions -----------------------------------------------------------------------
@@ -303,7 +306,11 @@ class Catalog:
                 self.streams.pop(name, None)
             if old is not None and (stream is None or old.topic != stream.topic):
                 self.by_topic.pop(old.topic, None)
-        self.native.update(self._native_pending)
+        for topic, producers in self._native_pending.items():
+            if producers:
+                self.native[topic] = producers
+            else:  # forgotten with its topic's deletion
+                self.native.pop(topic, None)
         self.topic_settings.commit()
         self.topic_settings.forget(set(self.removed))  # a deleted stream's settings go with it
         self._pending.clear()
@@ -319,6 +326,17 @@ class Catalog:
         if name in self._pending:
             return self._pending[name]
         return self.streams.get(name)
+
+    def forget_producers(self, topic: int) -> None:
+        """Forget a numeric topic's idempotent producers, in the group being applied (its
+        deletion): a producer re-sending a request the deleted topic had taken then starts
+        again instead of being answered as a duplicate of data that is gone."""
+        if self._native_pending.get(topic, self.native.get(topic)):
+            self._set_native(topic, {})
+
+    def producers(self, topic: int) -> dict[str, Producer]:
+        """A numeric topic's committed idempotent producers (a copy)."""
+        return dict(self.native.get(topic, {}))
 
     def _set_native(self, topic: int, producers: dict[str, Producer]) -> None:
         self._undo.append((topic, self._native_pending.get(topic, _MISSING)))

@@ -40,6 +40,7 @@ from messaging.errors import (
     MessagingError,
     NoLeaderError,
     NotABrokerError,
+    ProducerSequenceGapError,
     PublishOutcomeUnknownError,
     TopicTruncatedError,
     error_for_status,
@@ -360,20 +361,43 @@ class Client:
         Idempotent (unless the client was made with ``idempotent=False``): retried until the
         broker answers, and stored once however often it was sent.
         """
-        lane = self.producers.take(topic) if self.producers is not None else None
-        try:
-            response = await self.request(
-                "POST", "/messaging/messages", params={"topicID": topic, "type": type},
-                data=data, headers={"Content-Type": "application/octet-stream",
-                                    **(lane.headers() if lane is not None else {})},
-                write=True, idempotent=lane is not None)
-        except BaseException as err:
-            if lane is not None and self.producers is not None:
-                self.producers.give_back(lane, err)
-            raise
-        if lane is not None and self.producers is not None:
-            self.producers.give_back(lane)
+        response = await self._publish(topic, {"topicID": topic, "type": type}, data,
+                                       "application/octet-stream")
         return _broker_index(response)
+
+    async def _publish(self, topic: int, params: dict[str, Any], data: bytes,
+                       content_type: str) -> Response:
+        """POST one publish request, on a producer lane of ``topic`` when idempotent.
+
+        A broker that answers a lane's request with "new here, start at seq 0" has forgotten
+        the producer (its topic was deleted, or the producer went unused for a week): nothing
+        of the request is stored, so it is sent once more as a new epoch from seq 0 (the
+        old epoch fenced, should a copy of an earlier attempt still arrive).
+        """
+        lanes = self.producers
+        lane = lanes.take(topic) if lanes is not None else None
+        for attempt in range(2):
+            try:
+                response = await self.request(
+                    "POST", "/messaging/messages", params=params, data=data,
+                    headers={"Content-Type": content_type,
+                             **(lane.headers() if lane is not None else {})},
+                    write=True, idempotent=lane is not None)
+            except ProducerSequenceGapError as err:
+                if lane is not None and attempt == 0 and err.expected == 0 and lane.seq > 0:
+                    lane.epoch, lane.seq = lane.epoch + 1, 0
+                    continue
+                if lane is not None and lanes is not None:
+                    lanes.give_back(lane, err)
+                raise
+            except BaseException as err:
+                if lane is not None and lanes is not None:
+                    lanes.give_back(lane, err)
+                raise
+            break
+        if lane is not None and lanes is not None:
+            lanes.give_back(lane)
+        return response
 
     async def publish_batch(self, topic: int, datas: Sequence[bytes],
                             type: int = 1) -> tuple[int, int]:
@@ -385,22 +409,10 @@ class Client:
         if not datas:
             raise MessagingError("publish_batch needs at least one message")
         first = last = 0
-        lanes = self.producers
         for chunk in _split(datas, self.max_request_size):
-            lane = lanes.take(topic) if lanes is not None else None
-            try:
-                response = await self.request(
-                    "POST", "/messaging/messages", params={"topicID": topic},
-                    data=encode_batch(topic, chunk, type),
-                    headers={"Content-Type": FRAMES_CONTENT_TYPE,
-                             **(lane.headers() if lane is not None else {})},
-                    write=True, idempotent=lane is not None)
-            except BaseException as err:
-                if lane is not None and lanes is not None:
-                    lanes.give_back(lane, err)
-                raise
-            if lane is not None and lanes is not None:
-                lanes.give_back(lane)
+            response = await self._publish(topic, {"topicID": topic},
+                                           encode_batch(topic, chunk, type),
+                                           FRAMES_CONTENT_TYPE)
             result = _json_object(response)
             first = first or _index_field(response, result, "first")
             last = _index_field(response, result, "last")

@@ -14,6 +14,7 @@ import pytest
 
 from messaging.broker import snapshot as snapshot_format
 from messaging.broker.broker import Broker
+from messaging.broker.catalog import stream_command
 from messaging.broker.commands import heartbeat_command
 from messaging.broker.subscribers import RESET, consumer_command
 from messaging.broker.topic_settings import (
@@ -23,7 +24,12 @@ from messaging.broker.topic_settings import (
     configure_command,
     delete_command,
 )
-from messaging.errors import BadRequestError, MessageTooLargeError, TopicDeletedError
+from messaging.errors import (
+    BadRequestError,
+    MessageTooLargeError,
+    ProducerSequenceGapError,
+    TopicDeletedError,
+)
 from messaging.files import DELETING, write_json_atomic
 from messaging.frames import encode, encode_batch
 from messaging.topic.topic import TOMBSTONE
@@ -316,3 +322,105 @@ def test_replaying_the_commands_from_a_checkpoint_ends_in_the_same_state(tmp_pat
         commit_all(broker)
         assert state_of(broker) == expected, start
     broker.close()
+
+
+# -- a deletion forgets the topic's idempotent producers ------------------------------------------
+
+_NOW = 1_700_000_000.0
+
+
+def produce(topic: int, producer: tuple[str, int, int], data: bytes) -> bytes:
+    """A native publish with producer headers, as the HTTP layer builds it."""
+    return stream_command({"op": "produce", "topic": topic, "producer": list(producer),
+                           "now": _NOW}, encode(1, topic, data))
+
+
+def test_a_deleted_topic_forgets_its_producers(tmp_path: Path) -> None:
+    broker = Broker.open(tmp_path)
+    for seq in range(3):
+        assert apply(broker, produce(1, ("p", 2, seq), b"old %d" % seq)).last == seq + 1
+    assert apply(broker, produce(1, ("p", 2, 2), b"old 2")).stream.duplicate
+    apply(broker, delete_command(1))
+    assert broker.catalog.producers(1) == {}
+    # The same request again is not a duplicate of data that is gone: a producer that is new
+    # here must start at seq 0 (409), and one that does is stored, at an epoch of its choice.
+    with pytest.raises(ProducerSequenceGapError, match="new here"):
+        apply(broker, produce(1, ("p", 2, 2), b"old 2"))
+    stored = apply(broker, produce(1, ("p", 1, 0), b"new"))
+    assert stored.stream is not None and not stored.stream.duplicate
+    assert stored.first == stored.last == 5  # after the deletion's own index, 4
+    commit_all(broker)
+    assert contents(broker)[1] == [(5, b"new")]
+    broker.close()
+    for fold in (False, True):  # replayed from the state journal, then from broker.json
+        reopened = Broker.open(tmp_path)
+        assert reopened.catalog.producers(1)["p"].epoch == 1
+        assert apply(reopened, produce(1, ("p", 1, 0), b"new")).stream.duplicate
+        if fold:
+            reopened.save_state()
+        reopened.close()
+
+
+def test_a_deletion_in_the_journal_forgets_producers_on_replay(tmp_path: Path) -> None:
+    broker = Broker.open(tmp_path)
+    apply(broker, produce(1, ("p", 0, 0), b"a"))
+    broker.save_state()  # broker.json knows the producer; the journal holds the deletion
+    apply(broker, delete_command(1))
+    broker.close()
+    reopened = Broker.open(tmp_path)
+    assert reopened.catalog.producers(1) == {}
+    result = apply(reopened, produce(1, ("p", 0, 0), b"a"))
+    assert result.stream is not None and not result.stream.duplicate and result.first == 3
+    reopened.close()
+
+
+def test_a_snapshot_between_delete_and_recreate_has_no_producers(tmp_path: Path) -> None:
+    source = Broker.open(tmp_path / "a")
+    apply(source, produce(1, ("p", 0, 0), b"a"))
+    apply(source, produce(2, ("p", 0, 0), b"kept"))
+    apply(source, delete_command(1))
+    commit_all(source)
+    stream = io.BytesIO()
+    snapshot_format.write(source, stream)
+    stream.seek(0)
+    target = Broker.open(tmp_path / "b")
+    target.install_snapshot(stream)
+    assert target.catalog.producers(1) == {} and "p" in target.catalog.producers(2)
+    assert "1" not in target.catalog.saved()["native"]
+    for broker in (source, target):  # both recreate the topic the same way
+        result = apply(broker, produce(1, ("p", 0, 0), b"a"))
+        assert result.stream is not None and not result.stream.duplicate
+        assert apply(broker, produce(2, ("p", 0, 0), b"kept")).stream.duplicate
+        commit_all(broker)
+    assert contents(target) == contents(source)
+    source.close()
+    target.close()
+
+
+def test_a_deleted_topic_forgets_positions_its_group_recorded(tmp_path: Path) -> None:
+    broker = Broker.open(tmp_path)
+    apply(broker, encode_batch(1, [b"a", b"b"]))
+    results = broker.write_group([heartbeat_command(1, 1, "late"),
+                                  consumer_command(RESET, 1, "app", 2), delete_command(1)],
+                                 durable=False)
+    assert not any(isinstance(r, Exception) for r in results)
+    assert broker.subscribers(1) == {}
+    broker.close()
+    assert Broker.open(tmp_path).subscribers(1) == {}
+
+
+def test_a_freed_streams_positions_go_with_it(tmp_path: Path) -> None:
+    broker = Broker.open(tmp_path)
+    created = broker.write_group([stream_command({"op": "create", "name": "s", "now": _NOW,
+                                                  "content_type": "text/plain"})],
+                                 durable=False)[0]
+    assert not isinstance(created, Exception)
+    topic = broker.catalog.streams["s"].topic
+    apply(broker, heartbeat_command(topic, 0, "reader"))
+    assert broker.subscribers(topic) == {"reader": 0}
+    apply(broker, stream_command({"op": "delete", "name": "s", "now": _NOW}))
+    assert broker.subscribers(topic) == {}
+    broker.close()
+    reopened = Broker.open(tmp_path)
+    assert reopened.subscribers(topic) == {}
+    reopened.close()

@@ -52,12 +52,16 @@ async def test_topic_commands_reach_every_node_and_survive_a_restart(
             assert err.status == 413 and "max-message-size of 100" in str(err)
         else:
             raise AssertionError("a message over the topic's max-message-size was taken")
-    async with Client(b) as client:
+    kept = Client(b)  # idempotent: its producer lane on DELETED outlives the deletion
+    async with kept as client:
         for n in range(3):
             await client.publish(CONFIGURED, b"m%d" % n)
             await client.publish(DELETED, b"d%d" % n)
         await client.heartbeat(DELETED, 2, "reader")
         await client.configure_topic(CONFIGURED, max_message_size=None, max_topic_size="2M")
+        for seq in range(2):
+            await client.publish_as(DELETED, [b"j%d" % seq], ("journal", 2, seq))
+        assert (await client.publish_as(DELETED, [b"j1"], ("journal", 2, 1))).duplicate
     async with Client(c) as client:
         await client.delete_topic(DELETED)
     settings = {"max-topic-size": 2 << 20, "retention-age": None, "max-segment-size": 4096,
@@ -80,6 +84,22 @@ async def test_topic_commands_reach_every_node_and_survive_a_restart(
     async with Client(nodes.url(2)) as client:
         index = await client.publish(DELETED, b"again")  # created again, on every node
         assert [m.data for m in await client.read(DELETED)] == [b"again"]
+        # The deletion took the topic's producers with it, on every node and in the
+        # restarted node's replay: the request taken before it is not a duplicate now, and
+        # an older epoch than the forgotten one is not fenced.
+        try:
+            await client.publish_as(DELETED, [b"j1"], ("journal", 2, 1))
+        except MessagingError as err:
+            assert err.status == 409 and "new here" in str(err)
+        else:
+            raise AssertionError("a producer of the deleted topic was still known")
+        restarted = await client.publish_as(DELETED, [b"j0"], ("journal", 1, 0))
+        assert not restarted.duplicate and restarted.first > index
+    async with kept as client:  # its lane was forgotten: it starts a new epoch by itself
+        again = await client.publish(DELETED, b"kept")
+    async with Client(nodes.url(0)) as client:
+        assert [m.data for m in await client.read(DELETED)] == [b"again", b"j0", b"kept"]
+        index = again
     for url in nodes.urls:
         async def recreated(url: str = url) -> bool:
             return await _view(url, DELETED) == {

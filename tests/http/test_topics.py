@@ -130,6 +130,33 @@ async def test_delete_then_410_then_a_publish_creates_it_again(server: BrokerSer
     assert (await call(http, "DELETE", topic_url(server, 6)))[0] == 404
 
 
+async def test_a_deleted_topic_forgets_its_producers(server: BrokerServer, http: Session,
+                                                     ) -> None:
+    """A publish re-sent with the producer headers of a request the deleted topic had taken is
+    never answered as a duplicate pointing into deleted data (issue: it was 200, Duplicate)."""
+    url = f"{server.url}/messaging/messages?topicID=23"
+
+    async def publish(epoch: int, seq: int, data: bytes) -> tuple[int, dict[str, str]]:
+        headers = {"Producer-Id": "p", "Producer-Epoch": str(epoch), "Producer-Seq": str(seq)}
+        async with http.post(url, data=data, headers=headers) as resp:
+            return resp.status, dict(resp.headers)
+
+    for seq in range(3):
+        assert (await publish(2, seq, b"old"))[0] == 200
+    status, headers = await publish(2, 2, b"old")
+    assert status == 200 and headers["X-Broker-Duplicate"] == "true"
+    assert (await call(http, "DELETE", topic_url(server, 23)))[0] == 200
+    status, headers = await publish(2, 2, b"old")
+    assert status == 409 and "X-Broker-Duplicate" not in headers
+    assert "new here and must start at seq 0" in headers["X-Broker-Error"]
+    assert headers["Producer-Expected-Seq"] == "0"
+    status, headers = await publish(1, 0, b"new")  # an older epoch than before: not fenced
+    assert status == 200 and "X-Broker-Duplicate" not in headers
+    assert int(headers["X-Broker-Index"]) == 5  # after the deletion's own index, 4
+    async with http.get(f"{server.url}/messaging/messages?topicID=23&index=5") as resp:
+        assert resp.status == 200 and b"new" in await resp.read()
+
+
 async def test_a_streams_topic_takes_settings_by_name_and_is_deleted_as_a_stream(
         server: BrokerServer, http: Session) -> None:
     async with http.put(f"{server.url}/v1/stream/orders") as resp:
