@@ -25,7 +25,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -34,9 +33,14 @@ from messaging.broker import snapshot
 from messaging.broker.catalog import (
     STREAM_OP,
     Catalog,
-    StreamOutcome,
 )
-from messaging.broker.commands import Run, is_topic_command, largest_message, stamp
+from messaging.broker.commands import (
+    ApplyResult,
+    Run,
+    is_topic_command,
+    largest_message,
+    stamp,
+)
 from messaging.broker.metrics import BrokerMetrics, TopicRow
 from messaging.broker.snapshot import FORMAT
 from messaging.broker.state_log import CatalogLog, incomplete
@@ -91,22 +95,6 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two log lines about failed writes (the rest are counted, not logged).
 _FAILURE_LOG_INTERVAL = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class ApplyResult:
-    """What one applied command did: its index range and the topics it touched."""
-
-    first: int
-    last: int
-    topics: frozenset[int]
-    stream: StreamOutcome | None = None
-    created: bool = False  # a topic command created its (empty) topic
-
-    @property
-    def count(self) -> int:
-        """How many messages the command held."""
-        return self.last - self.first + 1 if self.last else 0
 
 
 class Broker:

@@ -54,6 +54,22 @@ _CRC = struct.Struct(">" + _FIELD_CODE["crc"])
 _LENGTH = header_unpacker("length")
 _TYPE = header_unpacker("type")
 
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """What one applied command did: its index range and the topics it touched."""
+
+    first: int
+    last: int
+    topics: frozenset[int]
+    stream: StreamOutcome | None = None
+    created: bool = False  # a topic command created its (empty) topic
+
+    @property
+    def count(self) -> int:
+        """How many messages the command held."""
+        return self.last - self.first + 1 if self.last else 0
+
+
 #: Internal command: data = u64 index + subscriber URL (UTF-8); the frame's topic field names
 #: the topic.
 SET_TOPIC_MAX_INDEX = INTERNAL_TYPE | 1

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from messaging.broker.broker import ApplyResult
+from messaging.broker.commands import ApplyResult
 
 
 class Log(Protocol):

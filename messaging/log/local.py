@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from typing import Any
 
-from messaging.broker.broker import ApplyResult, Broker
+from messaging.broker.broker import Broker
+from messaging.broker.commands import ApplyResult
 from messaging.clock import now_ms
 from messaging.config import FSYNC_MODES, FsyncMode
 from messaging.errors import BrokerClosedError, MessagingError

@@ -26,7 +26,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from messaging.aio import cancel_and_wait
-from messaging.broker.broker import ApplyResult, Broker
+from messaging.broker.broker import Broker
+from messaging.broker.commands import ApplyResult
 from messaging.broker.topic_settings import expire_command, offload_command
 from messaging.clock import now_ms
 from messaging.errors import MessagingError

@@ -39,7 +39,8 @@ from typing import Any
 import grpc
 
 from messaging.aio import cancel_and_wait
-from messaging.broker.broker import ApplyResult, Broker
+from messaging.broker.broker import Broker
+from messaging.broker.commands import ApplyResult
 from messaging.broker.snapshot import FORMAT, SnapshotStream
 from messaging.config import FSYNC_MODES, EtcdSettings, FsyncMode
 from messaging.errors import (

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import zstandard
 
-from messaging.broker.broker import ApplyResult
+from messaging.broker.commands import ApplyResult
 from messaging.clock import now_ms
 from messaging.errors import (
     BrokerClosedError,
