@@ -17,6 +17,12 @@ error never sees its messages, and nothing on disk is left that the in-memory st
 account for. A crash between the journal and the frames is undone at start-up (the line is
 dropped, the frames that made it are cut back), so frames and the state recorded with them
 always agree.
+
+Who owns what: the writer side is this class (files, the state journal, fsyncs and carrying
+out a group's effects) over :class:`~messaging.broker.machine.StateMachine` (what each
+command decides, no I/O); readers read :class:`~messaging.broker.state.CommittedState`
+(``broker.committed``) and the topics' committed views; retention is a service of its own
+(:class:`~messaging.broker.retention.Retention`, ``broker.retention``).
 """
 
 from __future__ import annotations
@@ -24,55 +30,30 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from messaging.aio import Notifier
 from messaging.broker import snapshot
-from messaging.broker.catalog import (
-    STREAM_OP,
-    Catalog,
-)
-from messaging.broker.commands import (
-    ApplyResult,
-    Run,
-    is_topic_command,
-    largest_message,
-    stamp,
-)
+from messaging.broker.catalog import STREAM_OP, Catalog
+from messaging.broker.commands import ApplyResult, Run, is_topic_command
+from messaging.broker.machine import StateMachine
 from messaging.broker.metrics import BrokerMetrics, TopicRow
+from messaging.broker.retention import Retention, RetentionLimits
 from messaging.broker.snapshot import FORMAT
+from messaging.broker.state import CommittedState
 from messaging.broker.state_log import CatalogLog, incomplete
-from messaging.broker.subscribers import (
-    DELETE,
-    PositionChange,
-    Subscribers,
-)
-from messaging.broker.topic_settings import (
-    CONFIGURE,
-    EXPIRE,
-    MAX_MESSAGE_SIZE,
-    MAX_SEGMENT_SIZE,
-    MAX_TOPIC_SIZE,
-    OFFLOAD,
-    RETENTION_AGE,
-    TopicEntry,
-    TopicOp,
-    manifest_change,
-)
-from messaging.clock import now_ms
+from messaging.broker.subscribers import PositionChange, Subscribers
+from messaging.broker.topic_settings import MAX_SEGMENT_SIZE, TopicEntry
 from messaging.config import (
     DEFAULT_MAX_SEGMENT_SIZE,
     DEFAULT_MAX_TOPIC_SIZE,
     DEFAULT_SUBSCRIBER_TIMEOUT,
 )
 from messaging.errors import (
-    BadRequestError,
     DataDirectoryError,
-    MessageTooLargeError,
     MessagingError,
-    NotFoundError,
     StorageFailedError,
 )
 from messaging.files import (
@@ -87,9 +68,14 @@ from messaging.quiet_log import QuietLog
 from messaging.tiered.manifest import Manifest
 from messaging.tiered.view import Tiered, TieredTopic
 from messaging.topic.store import TopicStore
-from messaging.topic.times import TIME_RESOLUTION_MS
 from messaging.topic.topic import Topic
 from messaging.topic.view import TopicView
+
+#: Makes a broker's object reads, given the committed manifest of each topic (with an
+#: object store: :meth:`messaging.offload.service.ObjectStorage.for_broker`).
+ObjectReads = Callable[[Callable[[int], Manifest]], Tiered]
+
+__all__ = ["ApplyResult", "Broker", "ObjectReads"]
 
 log = logging.getLogger(__name__)
 
@@ -112,51 +98,95 @@ class Broker:
                  subscriber_timeout: float = DEFAULT_SUBSCRIBER_TIMEOUT,
                  max_open_files: int | None = None,
                  metrics: BrokerMetrics | None = None,
-                 first_named_topic: int = NAMED_TOPIC_BASE) -> None:
+                 first_named_topic: int = NAMED_TOPIC_BASE,
+                 object_reads: ObjectReads | None = None) -> None:
         self.path = path
         self.max_segment_size = max_segment_size
-        self.max_topic_size = max_topic_size
-        self.retention_age = retention_age  # seconds; None: off
-        #: With an object store: how much of what is in it stays on the disk too (None: as
-        #: much as the total retention keeps; seconds for the age).
-        self.local_retention_size = local_retention_size
-        self.local_retention_age = local_retention_age
         self.subscriber_timeout = subscriber_timeout
         self.metrics = metrics or BrokerMetrics()
         self.metrics.watch_subscribers(self._subscriber_rows)
         self.metrics.watch_topics(self._topic_rows)
-        self.index = 0
-        #: The append time of the messages applied now (ms since the epoch; 0: none yet): see
-        #: :meth:`advance_time`. Part of the state, like the index.
-        self.time = 0
         #: The topics' files: directories, the lock, the open-file budget, fsyncs.
         self.store = TopicStore(path, max_segment_size, max_open_files)
         self.positions = Subscribers(subscriber_timeout)
-        #: Named topics (streams): changed only by commands, in the group transaction.
-        self.catalog = Catalog(first_named_topic)
+        #: Index, time and the catalog (named streams, producers, per-topic settings and
+        #: manifests): changed only by commands, in the group transaction.
+        self.machine = StateMachine(Catalog(first_named_topic))
+        #: The read model: what readers on any thread see (the last committed group).
+        self.committed = CommittedState(self.machine.catalog, self.positions)
+        #: With an object store: reads below the local segments go to it; None: every read
+        #: is local.
+        self.tiered: Tiered | None = (object_reads(self.committed.manifest)
+                                      if object_reads is not None else None)
+        self.retention = Retention(
+            self.store, self.committed,
+            RetentionLimits(max_topic_size, retention_age, local_retention_size,
+                            local_retention_age),
+            self.metrics, tiered=self.tiered is not None)
         #: Woken after every group that changed the catalog (closure, deletion, creation).
         self.streams_changed = Notifier()
         self._catalog_log = CatalogLog(path)
         self._new_topics = Notifier()
         self._save_lock = threading.Lock()  # one broker.json writer at a time
-        self._retention_lock = threading.Lock()  # held by a retention run, and by close()
-        self._closing = False
-        self._heartbeats: list[PositionChange] = []  # recorded by the group being applied
-        self._deleting: list[int] = []  # topics whose files the group being applied deletes
-        self._configured: list[int] = []  # topics whose settings it changes
-        #: The group being applied changes a manifest; the state journal holds such a
-        #: change that broker.json does not hold durably yet. A manifest change is always
-        #: made durable, whatever --fsync says: local copies are deleted once it is
-        #: committed, and a power loss that took the record but kept a deletion would leave
-        #: data in the store that nobody knows of.
-        self._manifest_staged = False
+        #: The state journal holds a manifest change that broker.json does not hold durably
+        #: yet. A manifest change is always made durable, whatever --fsync says: local
+        #: copies are deleted once it is committed, and a power loss that took the record
+        #: but kept a deletion would leave data in the store that nobody knows of.
         self._manifest_in_journal = False
         self._failures = QuietLog(log, _FAILURE_LOG_INTERVAL)
-        #: With an object store: reads below the local segments go to it (set by the
-        #: server, :mod:`messaging.offload`); None: every read is local.
-        self.tiered: Tiered | None = None
-        #: What diagnostics show of the object store (set with ``tiered``).
-        self.offload_status: Callable[[], dict[str, Any]] | None = None
+
+    # -- the state machine's figures, as the log and tests see them ---------------------------
+
+    @property
+    def catalog(self) -> Catalog:
+        """The writer's catalog (the log's apply path restores and checkpoints it)."""
+        return self.machine.catalog
+
+    @property
+    def index(self) -> int:
+        """The broker index: the last index a committed (or the group's staged) command
+        took."""
+        return self.machine.index
+
+    @index.setter
+    def index(self, value: int) -> None:
+        self.machine.index = value
+
+    @property
+    def max_topic_size(self) -> int:
+        """The broker's max-topic-size (a topic's own setting overrides it)."""
+        return self.retention.limits.max_topic_size
+
+    @max_topic_size.setter
+    def max_topic_size(self, value: int) -> None:
+        self.retention.limits.max_topic_size = value
+
+    @property
+    def retention_age(self) -> float | None:
+        """The broker's retention-age in seconds (None: off; a topic's own overrides it)."""
+        return self.retention.limits.retention_age
+
+    @retention_age.setter
+    def retention_age(self, value: float | None) -> None:
+        self.retention.limits.retention_age = value
+
+    @property
+    def local_retention_size(self) -> int | None:
+        """With an object store: the bytes of what is in it that stay on the disk too."""
+        return self.retention.limits.local_retention_size
+
+    @local_retention_size.setter
+    def local_retention_size(self, value: int | None) -> None:
+        self.retention.limits.local_retention_size = value
+
+    @property
+    def time(self) -> int:
+        """The append time of the messages applied now (ms since the epoch; 0: none yet)."""
+        return self.machine.time
+
+    @time.setter
+    def time(self, value: int) -> None:
+        self.machine.time = value
 
     # -- opening and closing ----------------------------------------------------------------
 
@@ -303,8 +333,7 @@ class Broker:
 
     def close(self) -> None:
         """Wait for a running retention, sync and close every topic, save the state, unlock."""
-        with self._retention_lock:
-            self._closing = True
+        self.retention.close()
         self.store.close()
         if not self.store.closed:
             try:
@@ -319,15 +348,9 @@ class Broker:
     # -- the state machine ------------------------------------------------------------------
 
     def advance_time(self, time_ms: int | None) -> int | None:
-        """The append time of a command formed at ``time_ms`` (None: a command that carries
-        no time, such as one written before times existed): the broker's time moves to it
-        when it is at least :data:`TIME_RESOLUTION_MS` ahead, and never back, so time order
-        is index order even when a clock steps back, and a topic's time index gets a record
-        at most once per step. Deterministic: every node applying the same commands from
-        the same state derives the same times. None while no command has carried a time."""
-        if time_ms is not None and time_ms >= self.time + TIME_RESOLUTION_MS:
-            self.time = time_ms
-        return self.time or None
+        """The append time of a command formed at ``time_ms`` (see
+        :meth:`StateMachine.advance_time`)."""
+        return self.machine.advance_time(time_ms)
 
     def write_group(self, commands: Sequence[bytes | bytearray], *, durable: bool,
                     notify: bool = True, times: Sequence[int | None] | None = None,
@@ -368,25 +391,26 @@ class Broker:
                      notify: bool) -> list[ApplyResult | MessagingError]:
         """One transaction of :meth:`write_group`.
 
-        Stamps indexes, stages the frames in their topics, writes the group's state changes
-        to the state journal (fsynced when ``durable``), writes each topic once, fsyncs them
-        (when ``durable``), and only then makes the group visible. A command that cannot
-        apply (malformed, or for a topic that stopped taking writes) gets its own error and
-        the others apply; a failed write, fsync or save undoes the whole group and every
-        command gets that error. ``notify=False`` leaves waking the topics' followers to the
-        caller (:meth:`notify`), so that it can answer the publishers first.
+        Stages every command in the state machine and its frames in their topics, writes
+        the group's state changes to the state journal (fsynced when ``durable``), writes
+        each topic once, fsyncs them (when ``durable``), and only then makes the group
+        visible. A command that cannot apply (malformed, or for a topic that stopped taking
+        writes) gets its own error and the others apply; a failed write, fsync or save
+        undoes the whole group and every command gets that error. ``notify=False`` leaves
+        waking the topics' followers to the caller (:meth:`notify`), so that it can answer
+        the publishers first.
         """
-        before, before_time = self.index, self.time
+        machine = self.machine
+        before, before_time = machine.index, machine.time
         touched: set[int] = set()
-        journaled = False
+        journaled = manifest = False
         try:
             results = self._stage_group(commands, times, touched)
             self.store.sync_new_dirs()
-            for topic_id in self.catalog.removed:  # a freed stream's positions go with it
-                self._forget_positions(topic_id)
+            machine.seal(self)
+            manifest = machine.manifest_staged
             # The state first, then the frames: see messaging.broker.state_log for why.
-            journaled = self._journal(touched, before + 1,
-                                      durable=durable or self._manifest_staged)
+            journaled = self._journal(touched, before + 1, durable=durable or manifest)
             debug = log.isEnabledFor(logging.DEBUG)
             written = time.perf_counter() if debug else 0.0
             rounds = self.store.write(list(touched), durable=durable)
@@ -395,7 +419,7 @@ class Broker:
             if debug:
                 log.debug("group commit: %d commands, %d bytes, %d messages in %d topics, "
                           "written%s in %.3f ms", len(commands), sum(map(len, commands)),
-                          self.index - before, len(touched),
+                          machine.index - before, len(touched),
                           f" and fsynced ({rounds} rounds)" if rounds else "",
                           (time.perf_counter() - written) * 1000)
         except (MessagingError, OSError) as err:
@@ -403,25 +427,28 @@ class Broker:
                 f"writing to {self.path}", err)
             if journaled:
                 self._catalog_log.undo(durable=durable)
-            self._abort(touched, before)
-            self.time = before_time
+            for topic_id in touched:
+                self.store[topic_id].abort()
+            machine.abort(before, before_time)
             self._log_failure(len(commands), error)
             return [error] * len(commands)
-        self._commit_positions()
-        if self._manifest_staged and journaled:
+        if manifest and journaled:
             self._manifest_in_journal = True
-        self._manifest_staged = False
-        # The catalog first: a stream reader that sees a new tail before its topic's frames
-        # finds nothing yet and waits for the topic's commit, which is still to come. The
-        # other order would show it the frames under an old tail, caught up, and it would
-        # wait for a commit that has already happened.
-        removed, changed = self.catalog.commit()
+        # The catalog first (in the machine's commit): a stream reader that sees a new tail
+        # before its topic's frames finds nothing yet and waits for the topic's commit,
+        # which is still to come. The other order would show it the frames under an old
+        # tail, caught up, and it would wait for a commit that has already happened.
+        effects = machine.commit()
+        self._record_positions(effects.positions)
         for topic_id in touched:
             self.store[topic_id].commit(notify=notify)
-        self._remove_topics(removed)
-        self._commit_topic_ops()
-        self.store.release_idle(t for t in touched if t not in removed)
-        if changed or removed:
+        self._remove_topics(effects.removed)
+        self._remove_topics(effects.deleting)
+        for topic_id in effects.deleting:
+            log.info("topic %d deleted at index %d", topic_id, machine.index)
+        self._configure(t for t in map(self.store.get, effects.configured) if t is not None)
+        self.store.release_idle(t for t in touched if t not in effects.removed)
+        if effects.changed or effects.removed:
             self.streams_changed.notify()
         if journaled and self._catalog_log.due:
             try:
@@ -458,38 +485,24 @@ class Broker:
 
     def _stage_group(self, commands: Sequence[bytes | bytearray], times: Sequence[int | None],
                      touched: set[int]) -> list[ApplyResult | MessagingError]:
-        """Stamp every command and stage its frames in their topics (no I/O but new topics)."""
+        """Stage every command in the state machine and its frames in their topics (no I/O
+        but the empty topics a configure creates)."""
+        machine = self.machine
         runs: dict[int, list[tuple[Run, int | None]]] = {}
         results: list[ApplyResult | MessagingError] = []
         for command, command_time in zip(commands, times, strict=True):
-            before, before_time = self.index, self.time
-            mark = self.catalog.mark()
-            created = False
+            mark = machine.mark()
             try:
-                append_time = self.advance_time(command_time)
-                stamped = stamp(command, self.index, self.catalog)
-                self.index = stamped.index
-                first, command_runs = stamped.first, stamped.runs
-                heartbeats, outcome = stamped.heartbeats, stamped.stream
-                for topic_id, run in command_runs:
-                    topic = self.store.get(topic_id)
-                    if topic is not None:
-                        topic.check_writable()
-                    self._check_message_size(topic_id, run)
-                if stamped.topic_op is not None:
-                    created = self._stage_topic_op(stamped.topic_op)
+                staged = machine.stage(command, command_time, self)
             except MessagingError as err:
-                self.index, self.time = before, before_time
-                self.catalog.rollback(mark)
+                machine.rollback(mark)
                 results.append(err)
                 continue
-            topics = []
-            for topic_id, run in command_runs:
-                runs.setdefault(topic_id, []).append((run, append_time))
-                topics.append(topic_id)
-            self._heartbeats.extend(heartbeats)
-            results.append(ApplyResult(first, self.index if first else 0, frozenset(topics),
-                                       outcome, created))
+            for topic_id in staged.creates:
+                self._topic_for_write(topic_id)  # empty; its entry fsynced with the group
+            for topic_id, run in staged.runs:
+                runs.setdefault(topic_id, []).append((run, staged.append_time))
+            results.append(staged.result)
         messages = size = 0
         for topic_id, parts in runs.items():
             topic = self._topic_for_write(topic_id)
@@ -508,92 +521,24 @@ class Broker:
             self.metrics.bytes_published.inc(size)
         return results
 
-    def _check_message_size(self, topic_id: int, run: Run) -> None:
-        """A topic's own max-message-size (413 for a command with a larger message)."""
-        limit = self.catalog.topic_settings.get(topic_id).settings.get(MAX_MESSAGE_SIZE)
-        if limit is not None:
-            largest = largest_message(run)
-            if largest > limit:
-                name = self.catalog.name_of(topic_id)
-                whose = f"stream {name!r}" if name is not None else f"topic {topic_id}"
-                raise MessageTooLargeError(f"message of {largest} bytes exceeds the "
-                                           f"max-message-size of {limit} set on {whose}")
+    # -- what the state machine reads of the files (messaging.broker.machine.TopicFacts) -----
 
-    def _stage_topic_op(self, op: TopicOp) -> bool:
-        """Stage a topic's new settings, or its deletion; returns whether a configure
-        created the topic.
+    def last_index(self, topic_id: int) -> int | None:
+        """The last index a topic's files hold (None: it has no files)."""
+        topic = self.store.get(topic_id)
+        return topic.last_index if topic is not None else None
 
-        A deletion takes a broker index of its own and records it (``deleted_at``), forgets
-        the topic's settings and its subscribers' positions, and deletes its files when the
-        group commits, unless they hold frames from after that index (a command replayed
-        after a restart, when the topic was created again since): deleting them is then
-        already done. Its own index puts every message of a later incarnation strictly
-        after ``deleted_at``, while every read that could have begun before the deletion
-        starts at or below it (the old topic's last index + 1 included): a reader resuming
-        right after the last message it saw is fenced (410), not fed the new topic's first
-        message as a continuation. Being a command's effect on the index, it is the same on
-        every node and after every replay.
-        """
-        table = self.catalog.topic_settings
-        topic = self.store.get(op.topic)
-        if op.kind in (OFFLOAD, EXPIRE):
-            self._stage_manifest(op)
-            return False
-        if op.kind == CONFIGURE:
-            if op.topic >= NAMED_TOPIC_BASE and self.catalog.name_of(op.topic) is None:
-                raise NotFoundError(f"topic {op.topic} is not a stream's topic id")
-            table.stage(op.topic, table.get(op.topic).configured(op.settings))
-            self._configured.append(op.topic)
-            if op.create and topic is None and op.topic < NAMED_TOPIC_BASE:
-                self._topic_for_write(op.topic)  # empty; its entry fsynced with the group
-                return True
-            return False
-        if op.topic >= NAMED_TOPIC_BASE:
-            name = self.catalog.name_of(op.topic)
-            held = f"holds the stream {name!r}" if name is not None else "is a stream's"
-            raise BadRequestError(f"topic {op.topic} {held}: delete it with DELETE "
-                                  f"/v1/stream/{name or '{name}'}")
-        self.index += 1  # the deletion's own index (see above); undone with the command
-        table.stage(op.topic, TopicEntry(deleted_at=self.index))
-        self.catalog.forget_producers(op.topic)
-        self._forget_positions(op.topic)
-        if topic is not None and topic.last_index <= self.index:
-            self._deleting.append(op.topic)
-        return False
+    def positions_in(self, topic_id: int) -> list[str]:
+        """The subscribers with a committed position in a topic."""
+        return list(self.positions.positions(topic_id))
 
-    def _forget_positions(self, topic_id: int) -> None:
-        """Stage forgetting every subscriber and consumer position in a deleted topic: the
-        committed ones and those the group itself records before the deletion."""
-        names = set(self.positions.positions(topic_id))
-        names.update(c.name for c in self._heartbeats if c.topic == topic_id)
-        for name in sorted(names):
-            self._heartbeats.append(PositionChange(topic_id, 0, name, DELETE))
+    def check_writable(self, topic_id: int) -> None:
+        """Raise when a topic's files stopped taking writes."""
+        topic = self.store.get(topic_id)
+        if topic is not None:
+            topic.check_writable()
 
-    def _stage_manifest(self, op: TopicOp) -> None:
-        """Record an uploaded segment in a topic's manifest, or drop its data up to an index
-        (total retention). A record that no longer fits (recorded already, raced by another,
-        below a deletion) changes nothing: the sweep deletes its object."""
-        table = self.catalog.topic_settings
-        entry = table.get(op.topic)
-        if op.kind == OFFLOAD:
-            assert op.object is not None
-            if entry.deleted_at is not None and op.object.first <= entry.deleted_at:
-                return
-            manifest = entry.manifest.offload(op.object, op.after)
-        else:
-            manifest = entry.manifest.expire(op.through)
-        if manifest is not None:
-            table.stage(op.topic, entry.with_manifest(manifest), manifest_change(op))
-            self._manifest_staged = True
-
-    def _commit_topic_ops(self) -> None:
-        """Carry out the topic commands of a group that committed."""
-        deleting, self._deleting = self._deleting, []
-        self._remove_topics(deleting)
-        for topic_id in deleting:
-            log.info("topic %d deleted at index %d", topic_id, self.index)
-        configured, self._configured = self._configured, []
-        self._configure(t for t in map(self.store.get, configured) if t is not None)
+    # -- carrying out a committed group ------------------------------------------------------
 
     def _remove_topics(self, topic_ids: Sequence[int]) -> None:
         """Delete topics' files (deleted topics, freed stream topics), never while retention
@@ -603,20 +548,9 @@ class Broker:
         truncation at most."""
         if not topic_ids:
             return
-        with self._retention_lock:
+        with self.retention.exclusive():
             for topic_id in topic_ids:
                 self.store.remove(topic_id)
-
-    def _abort(self, touched: Iterable[int], index: int) -> None:
-        """Undo a failed group: topics cut back to what was committed, index restored."""
-        for topic_id in touched:
-            self.store[topic_id].abort()
-        self._heartbeats.clear()
-        self._deleting.clear()
-        self._configured.clear()
-        self._manifest_staged = False
-        self.catalog.rollback()
-        self.index = index
 
     def _log_failure(self, commands: int, error: MessagingError) -> None:
         """One line per failed group at most once a second (a full disk fails every group)."""
@@ -630,28 +564,17 @@ class Broker:
     def _journal(self, touched: set[int], first: int, *, durable: bool) -> bool:
         """Write the group's state changes (catalog, positions) and the frames it stages to
         the state journal, before the frames; returns whether there was anything to write."""
-        if not self._heartbeats and not self.catalog.pending:
+        entry = self.machine.journal_entry(first, touched, lambda t: self.store[t].last_index)
+        if entry is None:
             return False
-        entry: dict[str, Any] = {"index": self.index}
-        if self.catalog.pending:
-            entry["changes"] = self.catalog.changes()
-        if self._heartbeats:
-            entry["positions"] = [[c.topic, c.index, c.name, c.kind] for c in self._heartbeats]
-        # A topic the group also frees (a stream written and deleted in one group) is gone
-        # after it commits: its frames prove nothing, and a restart must not miss them.
-        covered = touched.difference(self.catalog.removed)
-        if covered:
-            entry["group"] = {"first": first,
-                              "last": {str(t): self.store[t].last_index for t in covered}}
         self._catalog_log.append(entry, durable=durable)
         return True
 
-    def _commit_positions(self) -> None:
+    def _record_positions(self, changes: list[PositionChange]) -> None:
         """Apply the heartbeats and position changes of a group that is durable."""
-        heartbeats, self._heartbeats = self._heartbeats, []
-        if not heartbeats:
+        if not changes:
             return
-        before = self.positions.record_all(heartbeats)
+        before = self.positions.record_all(changes)
         for (topic_id, subscriber_id), previous in before.items():
             if previous is None:
                 log.info("topic %d: new subscriber %r", topic_id, subscriber_id)
@@ -689,7 +612,7 @@ class Broker:
 
     def manifest(self, topic_id: int) -> Manifest:
         """Which of a topic's segments are in the object store (committed state)."""
-        return self.catalog.topic_settings.committed(topic_id).manifest
+        return self.committed.manifest(topic_id)
 
     @property
     def object_store_url(self) -> str | None:
@@ -708,24 +631,24 @@ class Broker:
 
     def settings(self, topic_id: int) -> TopicEntry:
         """What the log decided about a topic: its own settings and its last deletion."""
-        return self.catalog.topic_settings.committed(topic_id)
+        return self.committed.settings(topic_id)
 
     def deleted_at(self, topic_id: int) -> int | None:
         """The broker index a topic was last deleted at (None: never)."""
-        return self.catalog.topic_settings.committed(topic_id).deleted_at
+        return self.committed.deleted_at(topic_id)
 
     def subscribers(self, topic_id: int) -> dict[str, int]:
         """Subscriber URL → heartbeated index for one topic."""
-        return self.positions.positions(topic_id)
+        return self.committed.subscribers(topic_id)
 
     def stream_name(self, topic_id: int) -> str | None:
         """The name of a named topic (a Durable Streams stream), None for a numeric one."""
-        return self.catalog.name_of(topic_id)
+        return self.committed.stream_name(topic_id)
 
     def topic_info(self, topic: TopicView) -> dict[str, Any]:
         """The JSON description of a topic used by the HTTP API (with its stream's name)."""
         info: dict[str, Any] = {}
-        name = self.catalog.name_of(topic.id)
+        name = self.committed.stream_name(topic.id)
         if name is not None:
             info["name"] = name
         info |= {
@@ -763,8 +686,6 @@ class Broker:
             "index": self.index, "time": self.time or None, "path": str(self.path),
             "topics": topics, "open_files": self.store.open_files,
             "max_open_files": self.store.max_open_files}
-        if self.offload_status is not None:
-            described["object_store"] = self.offload_status()
         return described
 
     def _topic_rows(self) -> list[TopicRow]:
@@ -781,141 +702,27 @@ class Broker:
             rows.append((topic_id, subscriber_id, index, max(last - index, 0)))
         return rows
 
-    # -- retention --------------------------------------------------------------------------
+    # -- retention (messaging.broker.retention) ---------------------------------------------
 
     def retention_floor(self, topic_id: int, now: float | None = None) -> int:
-        """The highest index retention may delete through for ``topic_id``.
-
-        The smallest index a live subscriber heartbeated; unlimited with no live subscriber.
-        """
-        return self.positions.floor(topic_id, now)
+        """The highest index retention may delete through for ``topic_id`` (see
+        :meth:`Retention.floor`)."""
+        return self.retention.floor(topic_id, now)
 
     def enforce_retention(self, now: float | None = None, wall_ms: int | None = None) -> int:
-        """Delete old segments of every topic over its max-topic-size (its own setting, else
-        ``max_topic_size``), and those whose newest message is older than its retention-age
-        (its own, else ``retention_age``); returns bytes deleted. ``now`` (monotonic) is
-        when subscribers are judged live, ``wall_ms`` the wall clock ages are measured from
-        (defaults: the clocks now).
-
-        Blocking (run it on a thread). Each topic is truncated under the retention lock,
-        which the writer takes to delete topics' files and :meth:`close` to stop: a topic
-        is never truncated while its directory is being deleted, or after it was (its
-        :class:`Topic` is then no longer the store's), and neither waits for more than one
-        topic's truncation.
-        """
-        deleted = 0
-        for topic in self.topics():
-            freed = self._retain(topic, now, wall_ms)
-            if freed is None:
-                break
-            deleted += freed
-        return deleted
+        """Run retention on every topic now (see :meth:`Retention.run`); bytes deleted.
+        Blocking."""
+        return self.retention.run(now, wall_ms)
 
     def trim_local(self, topic_ids: Iterable[int]) -> int:
-        """Run retention now on the given topics (with an object store: those whose
-        manifest just grew, so local copies go as soon as they are in the store rather than
-        at the next timed run); bytes deleted. Blocking (a thread)."""
-        deleted = 0
-        for topic_id in topic_ids:
-            topic = self.store.get(topic_id)
-            freed = self._retain(topic, None, None) if topic is not None else 0
-            if freed is None:
-                break
-            deleted += freed
-        return deleted
-
-    def _retain(self, topic: Topic, now: float | None, wall_ms: int | None) -> int | None:
-        """Retention of one topic under the retention lock; bytes deleted (None: closing)."""
-        table = self.catalog.topic_settings
-        with self._retention_lock:
-            if self._closing:
-                return None
-            if self.store.get(topic.id) is not topic:
-                return 0  # deleted (or replaced by a snapshot) since the list was made
-            settings = table.committed(topic.id).settings
-            limit = settings.get(MAX_TOPIC_SIZE, self.max_topic_size)
-            older_than = self._age_limit(settings, wall_ms)
-            before = topic.stats.deleted_segments
-            if self.tiered is not None:
-                freed = self._truncate_local(topic, limit, older_than, wall_ms)
-            elif topic.size <= limit and older_than is None:
-                return 0
-            else:
-                freed = topic.truncate(limit, self.retention_floor(topic.id, now), older_than)
-        self.metrics.retention_deleted_bytes.inc(freed)
-        self.metrics.retention_deleted_segments.inc(topic.stats.deleted_segments - before)
-        return freed
-
-    def _truncate_local(self, topic: Topic, limit: int, older_than: int | None,
-                        wall_ms: int | None) -> int:
-        """Retention of a topic's local copies with an object store: whatever total
-        retention expired goes, and of the segments in the store (recorded in the manifest,
-        so verified there) the oldest go while the disk holds more than the local limits.
-        A segment not in the store never goes here, whatever the limits say: when the store
-        fails, the disk fills instead (see :meth:`expiry` for total retention)."""
-        manifest = self.manifest(topic.id)
-        freed = topic.truncate(0, manifest.expired) if manifest.expired else 0
-        if not manifest.offloaded:
-            return freed
-        size = limit if self.local_retention_size is None else self.local_retention_size
-        local_older = older_than
-        if self.local_retention_age is not None:
-            local_older = ((now_ms() if wall_ms is None else wall_ms)
-                           - round(self.local_retention_age * 1000))
-        return freed + topic.truncate(size, manifest.covered, local_older)
+        """Run retention now on the given topics (see :meth:`Retention.trim`). Blocking."""
+        return self.retention.trim(topic_ids)
 
     def expiry(self, topic_id: int, now: float | None = None, wall_ms: int | None = None,
                ) -> int:
         """With an object store: the index through which total retention drops a topic
-        (its objects first, then local segments not in the store), or 0 for nothing new.
-
-        Total size is the store's objects plus the local segments above them; the oldest
-        go while it is above max-topic-size, and everything up to the last piece whose
-        newest message is older than retention-age; never past what a live subscriber or a
-        stored consumer position still needs. The offloading node turns it into a command
-        through the log, so every node and the manifest agree. Blocking (a thread)."""
-        topic = self.store.get(topic_id)
-        if topic is None:
-            return 0
-        manifest = self.manifest(topic_id)
-        settings = self.catalog.topic_settings.committed(topic_id).settings
-        limit = settings.get(MAX_TOPIC_SIZE, self.max_topic_size)
-        older_than = self._age_limit(settings, wall_ms)
-        floor = self.retention_floor(topic_id, now)
-        pieces = [(o.last, o.size, o.last_time) for o in manifest.objects]
-        segments = topic.segments()
-        for segment in segments[:-1]:
-            topic.ensure_indexed(segment)
-            if segment.committed_last_index > manifest.covered and segment.committed_count:
-                pieces.append((segment.committed_last_index, segment.size,
-                               segment.last_time()))
-        total = sum(size for _last, size, _time in pieces) + (
-            segments[-1].size if segments else 0)
-        aged = 0
-        if older_than is not None:
-            for k, (_last, _size, newest) in enumerate(pieces):
-                if newest is not None:
-                    if newest >= older_than:
-                        break
-                    aged = k + 1
-        through = 0
-        for k, (last, size, _newest) in enumerate(pieces):
-            if (total <= limit and k >= aged) or last > floor:
-                break
-            through = last
-            total -= size
-        return through if through > manifest.expired else 0
-
-    def _age_limit(self, settings: Mapping[str, int | None], wall_ms: int | None,
-                   ) -> int | None:
-        """The append time (ms) before which a topic's segments are old enough to delete
-        (None: no age limit). A topic's ``retention-age`` is in ms, 0 meaning off."""
-        age_ms = settings.get(RETENTION_AGE)
-        if age_ms is None and self.retention_age is not None:
-            age_ms = round(self.retention_age * 1000)
-        if not age_ms:
-            return None
-        return (now_ms() if wall_ms is None else wall_ms) - age_ms
+        (see :meth:`Retention.expiry`). Blocking."""
+        return self.retention.expiry(topic_id, now, wall_ms)
 
     # -- snapshots (see messaging.broker.snapshot) ------------------------------------------
 
@@ -933,7 +740,7 @@ class Broker:
         if accept is not None:
             accept(header)
         staging = snapshot.stage(self.path, header, stream)
-        with self._retention_lock:  # no truncation in the directories being swapped
+        with self.retention.exclusive():  # no truncation in the directories being swapped
             self.store.close_all()
             snapshot.swap(self.path, staging)
             opened = {}

@@ -361,6 +361,11 @@ class Catalog:
 
     # -- reading ----------------------------------------------------------------------------
 
+    @property
+    def committed_next_topic(self) -> int:
+        """The id the next stream gets, as of the last committed group."""
+        return self._committed_next
+
     def get(self, name: str) -> Stream | None:
         """The stream of that name (soft-deleted ones too), or None."""
         return self.streams.get(name)

@@ -23,14 +23,13 @@ import logging
 import os
 import shutil
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from messaging.aio import cancel_and_wait
-from messaging.broker.broker import Broker
 from messaging.config import BrokerConfig, EtcdSettings
 from messaging.errors import (
     ClusterUnavailableError,
@@ -43,9 +42,9 @@ from messaging.log.etcd.client import EtcdClient, describe, load_credentials, un
 from messaging.log.etcd.log import CHECKPOINT, EtcdLog
 from messaging.log.etcd.membership import Membership, nodes_prefix, read_nodes
 from messaging.offload.service import ObjectStorage
-from messaging.offload.uploader import Offloader
 from messaging.placement import check_groups, first_named_topic, holders, log_name
 from messaging.quiet_log import RECURRING_LOG_INTERVAL, QuietLog
+from messaging.stack.assemble import Stack, etcd_log, open_stack
 
 log = logging.getLogger(__name__)
 
@@ -103,22 +102,16 @@ async def check_single_group(settings: EtcdSettings) -> None:
         await client.close()
 
 
-@dataclass
-class GroupStack:
-    """One held group: its broker (state machine and files) and its command log."""
-
-    group: int
-    broker: Broker
-    log: EtcdLog
-    offloader: Offloader | None = None
+#: One held group: its broker (state machine and files), its command log (an
+#: :class:`EtcdLog`) and uploader, assembled by :func:`messaging.stack.assemble.open_stack`.
+GroupStack = Stack[EtcdLog]
 
 
 class GroupNode:
     """The groups this node holds, kept in line with the members etcd lists."""
 
     def __init__(self, config: BrokerConfig, url: str, settings: EtcdSettings,
-                 broker_options: dict[str, Any], storage: ObjectStorage | None = None,
-                 ) -> None:
+                 storage: ObjectStorage | None = None) -> None:
         self.config = config
         #: With --object-store: the store each held group's broker uses.
         self.storage = storage
@@ -128,7 +121,6 @@ class GroupNode:
         self.groups = check_groups(config.groups)
         self.replicas = config.replicas
         self._endpoints = config.group_endpoints()
-        self._broker_options = broker_options
         self._client = EtcdClient(settings)
         self._credentials: grpc.ChannelCredentials | None = None
         self._clients: dict[tuple[str, ...], EtcdClient] = {}
@@ -290,11 +282,11 @@ class GroupNode:
             self._lock_fd = None
 
     async def enforce_retention(self) -> int:
-        """Run retention in every held group; the bytes deleted."""
-        loop = asyncio.get_running_loop()
+        """Run retention in every held group (each on its broker's retention thread); the
+        bytes deleted."""
         deleted = 0
         for stack in list(self.stacks.values()):
-            deleted += await loop.run_in_executor(None, stack.broker.enforce_retention)
+            deleted += await stack.retention.run_now()
         return deleted
 
     # -- keeping in line --------------------------------------------------------------------
@@ -328,28 +320,18 @@ class GroupNode:
             await self._start(group)
 
     async def _start(self, group: int) -> None:
-        loop = asyncio.get_running_loop()
         path = self.path(group)
-        broker: Broker | None = None
         try:
-            broker = await loop.run_in_executor(None, lambda: Broker.open(
-                path, first_named_topic=first_named_topic(group), **self._broker_options))
-            group_log = EtcdLog(broker, self.url, self.group_settings(group), self.config.fsync,
-                                peer_token=self.config.peer_token,
-                                peer_ca=str(self.config.peer_ca) if self.config.peer_ca else None)
-            await group_log.start()
-            offloader = None
-            if self.storage is not None:
-                offloader = self.storage.attach(broker, group_log.apply,
-                                                lambda: self.holders(group)[:1] == [self.url])
-                await offloader.start()
+            stack = await open_stack(
+                self.config, self.url, etcd_log(self.config, self.url,
+                                                self.group_settings(group)),
+                path=path, storage=self.storage, first_named_topic=first_named_topic(group),
+                is_uploader=lambda: self.holders(group)[:1] == [self.url], group=group)
         except (MessagingError, OSError, grpc.aio.AioRpcError) as err:
-            if broker is not None:
-                await loop.run_in_executor(None, broker.close)
             self._quiet.log(f"start {group}", logging.WARNING,
                             "cannot start group %d yet: %s", group, describe(err))
             return
-        self.stacks[group] = GroupStack(group, broker, group_log, offloader)
+        self.stacks[group] = stack
         self.retired.pop(group, None)
         log.info("group %d: this node holds it now (data %s)", group, path)
 
@@ -357,10 +339,7 @@ class GroupNode:
         stack = self.stacks.pop(group)
         for stopped in self.on_stopped:
             await stopped(group)
-        if stack.offloader is not None:
-            await stack.offloader.close()
-        await stack.log.close()
-        await asyncio.get_running_loop().run_in_executor(None, stack.broker.close)
+        await stack.close()
 
     def _client_for(self, group: int) -> EtcdClient:
         settings = self.group_settings(group)

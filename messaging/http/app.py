@@ -15,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import ContentEncodingError
@@ -36,7 +37,7 @@ from messaging.http.snapshot import SnapshotHandlers, SnapshotSource
 from messaging.http.streams import PREFIX as STREAMS_PREFIX
 from messaging.http.streams import StreamHandlers
 from messaging.http.topics import TopicHandlers
-from messaging.log.base import Log
+from messaging.stack.assemble import Stack
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +55,16 @@ class Handlers:
     topics: TopicHandlers
 
 
-def make_handlers(broker: BrokerView, log_: Log, config: BrokerConfig, executors: Executors,
+def make_handlers(stack: Stack[Any], config: BrokerConfig, executors: Executors,
                   limits: Limits) -> Handlers:
-    """The handlers of one broker and its log (a node of a cluster of topic groups has one
-    set per group it holds)."""
+    """The handlers of one broker stack (a node of a cluster of topic groups has one set
+    per group it holds): reads through the broker's view, writes through its log."""
+    broker: BrokerView = stack.broker
+    log_ = stack.log
     messages = MessageHandlers(broker, log_, executors, config.max_message_size,
-                               config.max_request_size, limits)
+                               config.max_request_size, limits,
+                               retention=stack.retention.run_now,
+                               object_status=stack.object_status)
     return Handlers(
         messages=messages,
         consumers=ConsumerHandlers(broker, log_, executors),
@@ -147,17 +152,17 @@ def new_app(config: BrokerConfig, tokens: Tokens | None) -> web.Application:
     return app
 
 
-def make_app(broker: BrokerView, log_: Log, config: BrokerConfig | None = None, *,
+def make_app(stack: Stack[Any], config: BrokerConfig | None = None, *,
              tokens: Tokens | None = None,
              snapshots: SnapshotSource | None = None) -> web.Application:
-    """The application of one broker and its log: every route a node serves.
+    """The application of one broker stack: every route a node serves.
 
     ``config`` gives the limits (the defaults without it); ``tokens``: authenticate every
     request; ``snapshots``: serve the snapshot cluster peers catch up from.
     """
     config = config or BrokerConfig()
     executors = Executors()
-    handlers = make_handlers(broker, log_, config, executors, limits_of(config))
+    handlers = make_handlers(stack, config, executors, limits_of(config))
     app = new_app(config, tokens)
     app.on_startup.append(executors.start)
     app.on_startup.append(handlers.streams.start)

@@ -115,8 +115,7 @@ class GroupRouter:
             return None
         entry = self._handlers.get(group)
         if entry is None or entry[0] is not stack:
-            handlers = make_handlers(stack.broker, stack.log, self.config, self.executors,
-                                     self.limits)
+            handlers = make_handlers(stack, self.config, self.executors, self.limits)
             await handlers.streams.start(web.Application())
             self._handlers[group] = (stack, handlers)
             return handlers

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from array import array
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -76,9 +76,15 @@ class MessageHandlers:
 
     def __init__(self, broker: BrokerView, log: Log, executors: Executors,
                  max_message_size: int, max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, *,
+                 retention: Callable[[], Awaitable[int]] | None = None,
+                 object_status: Callable[[], dict[str, Any] | None] | None = None) -> None:
         self.broker = broker
         self.log = log
+        #: Runs retention now (the broker's retention service); None: not served here.
+        self.run_retention = retention
+        #: What diagnostics show of the object store (the uploader's status).
+        self.object_status = object_status
         self.executors = executors
         self.max_message_size = max_message_size
         self.max_request_size = max_request_size
@@ -168,8 +174,9 @@ class MessageHandlers:
     @requires("admin")
     async def retention(self, request: web.Request) -> web.Response:
         """POST /messaging/retention: run retention now (it also runs on a timer)."""
-        deleted = await self.executors.maintain(self.broker.enforce_retention)
-        return json_answer({"deleted_bytes": deleted})
+        if self.run_retention is None:
+            raise NotFoundError("this node runs no retention of its own")
+        return json_answer({"deleted_bytes": await self.run_retention()})
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -400,6 +407,9 @@ class MessageHandlers:
         window = float(_optional_int(request, "window") or 60)
         report = {"version": VERSION, **self.broker.diagnostics(),
                   **self.log.diagnostics(window=window)}
+        status = self.object_status() if self.object_status is not None else None
+        if status is not None:
+            report["object_store"] = status
         if not principal_of(request).can("admin"):
             report = _without_paths(report)
         return json_answer(report)

@@ -8,7 +8,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -20,13 +20,12 @@ from messaging.http.access_log import ACCESS_LOGGER, AccessLogger, DebugAccessLo
 from messaging.http.app import make_app
 from messaging.http.auth import Tokens
 from messaging.http.connections import ConnectionLimits, connection_factory
-from messaging.http.executors import EXECUTORS
 from messaging.http.snapshot import SnapshotSource
 from messaging.http.token_watch import TokensWatch
 from messaging.log.base import Log
-from messaging.log.local import LocalLog
-from messaging.offload.service import ObjectStorage, first_of
+from messaging.offload.service import ObjectStorage
 from messaging.offload.uploader import Offloader
+from messaging.stack.assemble import Stack, etcd_log, local_log, open_stack
 
 if TYPE_CHECKING:
     from messaging.cluster.node import GroupNode
@@ -46,19 +45,32 @@ class BrokerServer:
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.broker: Broker | None = None
-        self.log: Log | None = None
+        #: The one broker stack of a single node (or of a one-group cluster node).
+        self.stack: Stack[Log] | None = None
         #: With --groups above 1: the groups this node holds (``broker`` and ``log`` stay None).
         self.node: GroupNode | None = None
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
         self.connections: ConnectionLimits | None = None
         self._retention: asyncio.Task[None] | None = None
-        #: With --object-store: the uploader of the one broker (groups have their own).
-        self.offloader: Offloader | None = None
         self.port = config.port
         self.tokens: Tokens | None = None
         self._tokens_watch: TokensWatch | None = None
+
+    @property
+    def broker(self) -> Broker | None:
+        """The broker of a single node (None with --groups above 1, or when stopped)."""
+        return self.stack.broker if self.stack is not None else None
+
+    @property
+    def log(self) -> Log | None:
+        """The command log of a single node's broker."""
+        return self.stack.log if self.stack is not None else None
+
+    @property
+    def offloader(self) -> Offloader | None:
+        """With --object-store: the uploader of a single node's broker."""
+        return self.stack.offloader if self.stack is not None else None
 
     @property
     def url(self) -> str:
@@ -82,37 +94,24 @@ class BrokerServer:
             await self._start_groups(sock, tls, etcd, storage)
             return
         try:
-            self.broker = await loop.run_in_executor(None, lambda: Broker.open(
-                config.data, **self._broker_options()))
-            self.log = await self._start_log(self.broker)
-            if storage is not None:
-                self.offloader = storage.attach(self.broker, self.log.apply,
-                                                first_of(self.log.urls, self.url))
-                await self.offloader.start()
+            if etcd is not None:
+                from messaging.cluster.node import check_single_group
+
+                await check_single_group(etcd)
+            start_log = (etcd_log(config, self.url, etcd) if etcd is not None
+                         else local_log(config, self.url))
+            self.stack = await open_stack(config, self.url, start_log, storage=storage)
         except BaseException:
             sock.close()
-            if self.broker is not None:
-                await loop.run_in_executor(None, self.broker.close)
             raise
         snapshots: SnapshotSource | None = None
-        if config.etcd_settings() is not None:
+        if etcd is not None:
             from messaging.log.etcd.log import EtcdLog
 
-            assert isinstance(self.log, EtcdLog)
-            snapshots = self.log  # peers catch up from this node's data
-        app = make_app(self.broker, self.log, config, tokens=self.tokens, snapshots=snapshots)
-        broker = self.broker
-        await self._serve(app, sock, tls, lambda: app[EXECUTORS].maintain(
-            broker.enforce_retention))
-
-    def _broker_options(self) -> dict[str, Any]:
-        config = self.config
-        return {"max_segment_size": config.max_segment_size,
-                "max_topic_size": config.max_topic_size,
-                "retention_age": config.retention_age,
-                "local_retention_size": config.local_retention_size,
-                "local_retention_age": config.local_retention_age,
-                "subscriber_timeout": config.subscriber_timeout}
+            assert isinstance(self.stack.log, EtcdLog)
+            snapshots = self.stack.log  # peers catch up from this node's data
+        app = make_app(self.stack, config, tokens=self.tokens, snapshots=snapshots)
+        await self._serve(app, sock, tls, self.stack.retention.run_now)
 
     async def _start_groups(self, sock: socket.socket, tls: ssl.SSLContext | None,
                             etcd: EtcdSettings, storage: ObjectStorage | None) -> None:
@@ -120,7 +119,7 @@ class BrokerServer:
         from messaging.cluster.node import GroupNode  # grpc: only in cluster mode
         from messaging.http.groups import make_group_app
 
-        node = GroupNode(self.config, self.url, etcd, self._broker_options(), storage)
+        node = GroupNode(self.config, self.url, etcd, storage)
         try:
             await node.start()
         except BaseException:
@@ -173,24 +172,6 @@ class BrokerServer:
             parts.append(f"object store {config.object_store}")
         return f"messaging broker listening on {self.url} ({', '.join(parts)})"
 
-    async def _start_log(self, broker: Broker) -> Log:
-        config = self.config
-        etcd = config.etcd_settings()
-        if etcd is not None:
-            from messaging.cluster.node import check_single_group
-            from messaging.log.etcd.log import EtcdLog  # grpc: only in cluster mode
-
-            await check_single_group(etcd)
-
-            cluster = EtcdLog(broker, self.url, etcd, config.fsync,
-                              peer_token=config.peer_token,
-                              peer_ca=str(config.peer_ca) if config.peer_ca else None)
-            await cluster.start()
-            return cluster
-        local = LocalLog(broker, self.url, config.fsync)
-        await local.start()
-        return local
-
     async def _retention_loop(self, retention: Callable[[], Awaitable[int]]) -> None:
         while True:
             await asyncio.sleep(self.config.truncation_interval)
@@ -201,34 +182,26 @@ class BrokerServer:
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight publishes, fsync, end streams, close."""
-        loop = asyncio.get_running_loop()
         retention, self._retention = self._retention, None
         tokens_watch, self._tokens_watch = self._tokens_watch, None
         listener, self._listener = self._listener, None
-        log_, self.log = self.log, None
-        broker, self.broker = self.broker, None
+        stack, self.stack = self.stack, None
         node, self.node = self.node, None
         runner, self._runner = self._runner, None
-        offloader, self.offloader = self.offloader, None
         await cancel_and_wait(retention)
-        if offloader is not None:
-            await offloader.close()
         if tokens_watch is not None:
             await tokens_watch.close()
         if listener is not None:
             listener.close()
-        if log_ is not None:
-            await log_.close()
+        if stack is not None:
+            await stack.close()  # the broker waits for a retention run still going
         if node is not None:
             await node.close()
-        if broker is not None:
-            # Waits for a retention run still going on a thread.
-            await loop.run_in_executor(None, broker.close)
         if runner is not None:
             await runner.cleanup()
         if self.connections is not None:
             self.connections.close()
-        if broker is not None or node is not None:
+        if stack is not None or node is not None:
             log.info("broker stopped")
 
     async def __aenter__(self) -> BrokerServer:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from messaging.broker.broker import Broker
+from messaging.broker.metrics import BrokerMetrics
 from messaging.config import BrokerConfig
 from messaging.objects.store import ObjectStore
 from messaging.objects.url import parse_store_url
 from messaging.offload.uploader import Apply, Offloader
 from messaging.tiered.cache import ObjectCache
+from messaging.tiered.manifest import Manifest
 from messaging.tiered.metrics import StoreMetrics
 from messaging.tiered.view import Tiered
 
@@ -42,20 +45,34 @@ class ObjectStorage:
             None, lambda: parse_store_url(url, config.s3_endpoint))
         return cls(config, store)
 
-    def attach(self, broker: Broker, apply: Apply,
-               is_uploader: Callable[[], bool]) -> Offloader:
-        """Give ``broker`` the store (reads, local retention) and make its uploader (not
-        started). Call on the event loop."""
-        config = self.config
-        metrics = StoreMetrics(broker.metrics.registry)
-        cache = ObjectCache(self.store, asyncio.get_running_loop(), config.object_cache_size,
-                            metrics)
-        offloader = Offloader(broker, apply, self.store, cache, metrics, is_uploader,
-                              concurrency=config.object_uploads,
-                              sweep_grace=config.object_sweep_grace)
-        broker.tiered = Tiered(self.store, cache, broker.manifest, metrics)
-        broker.offload_status = offloader.describe
-        return offloader
+    def for_broker(self, metrics: BrokerMetrics) -> BrokerObjects:
+        """What one broker (not opened yet) uses of the store: a read cache and figures
+        registered with its metrics. Call on the event loop."""
+        store_metrics = StoreMetrics(metrics.registry)
+        cache = ObjectCache(self.store, asyncio.get_running_loop(),
+                            self.config.object_cache_size, store_metrics)
+        return BrokerObjects(self, cache, store_metrics)
+
+
+@dataclass(frozen=True)
+class BrokerObjects:
+    """One broker's use of the process's object store: its read cache and figures."""
+
+    storage: ObjectStorage
+    cache: ObjectCache
+    metrics: StoreMetrics
+
+    def reads(self, manifest_of: Callable[[int], Manifest]) -> Tiered:
+        """The broker's reads below its local segments (given its committed manifests)."""
+        return Tiered(self.storage.store, self.cache, manifest_of, self.metrics)
+
+    def offloader(self, broker: Broker, apply: Apply,
+                  is_uploader: Callable[[], bool]) -> Offloader:
+        """The broker's uploader (not started)."""
+        config = self.storage.config
+        return Offloader(broker, apply, self.storage.store, self.cache, self.metrics,
+                         is_uploader, concurrency=config.object_uploads,
+                         sweep_grace=config.object_sweep_grace)
 
 
 def first_of(urls: Callable[[], list[str]], url: str) -> Callable[[], bool]:

@@ -40,8 +40,8 @@ class Sweep:
 
     def _topics(self) -> list[int]:
         """The topics this broker knows: on disk, or in its table (deleted ones too)."""
-        entries = self.broker.catalog.topic_settings.entries
-        return sorted({t.id for t in self.broker.topics()} | set(entries))
+        known = self.broker.committed.known_topics()
+        return sorted({t.id for t in self.broker.topics()} | set(known))
 
     def _never_recorded(self, topic: int, last: int) -> bool:
         """Whether an object of ``topic`` ending at ``last`` that no manifest records never
@@ -49,8 +49,7 @@ class Sweep:
         of a stream's topic this catalog gave out and freed since (deleted, expired: its id
         never comes back). An object of a topic this broker never knew is left alone (of
         another group of the cluster, or of something else that shares the prefix)."""
-        catalog = self.broker.catalog
-        if catalog.first_topic <= topic < catalog.next_topic and catalog.name_of(topic) is None:
+        if self.broker.committed.freed_stream_topic(topic):
             return True
         entry = self.broker.settings(topic)
         if entry.deleted_at is not None and last <= entry.deleted_at:

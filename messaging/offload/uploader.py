@@ -168,7 +168,7 @@ class Offloader:
                 self._trimmed[topic.id] = covered
                 grown.append(topic.id)
         if grown:
-            self.broker.trim_local(grown)
+            self.broker.retention.trim(grown)
         found = []
         for topic in self.broker.topics():
             try:
@@ -279,7 +279,7 @@ class Offloader:
         finishes it rather than finding it gone."""
         for topic in self.broker.topics():
             try:
-                through = await asyncio.to_thread(self.broker.expiry, topic.id)
+                through = await asyncio.to_thread(self.broker.retention.expiry, topic.id)
             except (MessagingError, OSError) as err:  # deleted or damaged meanwhile
                 self._quiet.log(f"expiry {topic.id}", logging.WARNING, "topic %d: total "
                                 "retention skipped this pass: %s", topic.id, err)

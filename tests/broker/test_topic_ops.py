@@ -205,7 +205,7 @@ def test_a_deletion_waits_for_a_retention_run_on_its_topic(
         write_json_atomic(path, value, **options)
 
     monkeypatch.setattr("messaging.topic.topic.write_json_atomic", paused_write)
-    broker._retention_lock = _WatchedLock(progressed)  # type: ignore[assignment]
+    broker.retention.lock = _WatchedLock(progressed)  # type: ignore[assignment]
     retention = threading.Thread(target=broker.enforce_retention)
     retention.start()
     assert at_tombstone.wait(10)

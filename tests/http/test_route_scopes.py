@@ -37,6 +37,7 @@ from messaging.http.auth import (
     token_line,
 )
 from messaging.log.local import LocalLog
+from messaging.stack.assemble import Stack
 
 #: A sample value for each path parameter of the routes.
 SAMPLES = {"id": "1", "name": "s1"}
@@ -92,7 +93,8 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
     broker = await loop.run_in_executor(None, Broker.open, config.data)
     log = LocalLog(broker, "http://127.0.0.1:0")
     await log.start()
-    app = make_app(broker, log, config, tokens=await loop.run_in_executor(None, Tokens, path),
+    tokens_file = await loop.run_in_executor(None, Tokens, path)
+    app = make_app(Stack(broker, log), config, tokens=tokens_file,
                    snapshots=FakeSnapshots(broker))
     runner = web.AppRunner(app)
     await runner.setup()
@@ -246,7 +248,7 @@ async def test_a_route_without_a_declaration_is_refused(tmp_path: Path,
     broker = await loop.run_in_executor(None, Broker.open, tmp_path / "data")
     log = LocalLog(broker, "http://127.0.0.1:0")
     await log.start()
-    app = make_app(broker, log, tokens=await loop.run_in_executor(None, Tokens, path))
+    app = make_app(Stack(broker, log), tokens=await loop.run_in_executor(None, Tokens, path))
     ran = []
 
     async def forgotten(request: web.Request) -> web.Response:
