@@ -35,6 +35,21 @@ DELETED_AT_HEADER = "X-Broker-Deleted-At"
 #: Durable Streams: a closed stream, and the offset to read from next.
 STREAM_CLOSED_HEADER = "Stream-Closed"
 STREAM_NEXT_OFFSET_HEADER = "Stream-Next-Offset"
+#: Durable Streams: a read's cursor (for caches to collapse readers) and whether it reached
+#: the tail; an append's writer sequence; a create's expiry (seconds to live, or a time) and
+#: fork (the source stream, its offset and a sub-offset inside one append); how SSE data of a
+#: binary stream is encoded.
+STREAM_CURSOR_HEADER = "Stream-Cursor"
+STREAM_UP_TO_DATE_HEADER = "Stream-Up-To-Date"
+STREAM_SEQ_HEADER = "Stream-Seq"
+STREAM_TTL_HEADER = "Stream-TTL"
+STREAM_EXPIRES_AT_HEADER = "Stream-Expires-At"
+STREAM_FORKED_FROM_HEADER = "Stream-Forked-From"
+STREAM_FORK_OFFSET_HEADER = "Stream-Fork-Offset"
+STREAM_FORK_SUB_OFFSET_HEADER = "Stream-Fork-Sub-Offset"
+STREAM_SSE_DATA_ENCODING_HEADER = "Stream-SSE-Data-Encoding"
+#: A read's entity tag, spelled as the Durable Streams protocol spells it.
+ETAG_HEADER = "ETag"
 
 #: A cluster node's snapshot: the etcd revision it reflects.
 REVISION_HEADER = "X-Messaging-Revision"

@@ -1,8 +1,20 @@
-"""Commands of the log as the state machine reads them: validating a publish body into a
-:class:`Command`, stamping (assigning broker indexes to a command's messages and finding the
-topics, heartbeats and stream operation it holds), and the internal heartbeat command. Pure:
-no I/O, so a model of the broker can drive it in memory. The frame codec itself, shared with
-the clients, is :mod:`messaging.frames`.
+"""The command vocabulary of the log: every command it carries is built by one function here,
+and read back (stamped, decided) in one place.
+
+- Publishes: a validated body (:class:`Command`, :func:`validate_publish`), or
+  :func:`produce` for a publish with producer headers.
+- Subscriber progress: :func:`heartbeat_command`; stored consumer positions:
+  :func:`reset_consumer`, :func:`delete_consumer`.
+- Named streams (Durable Streams): :func:`create_stream`, :func:`append_stream` (an append
+  and/or a close), :func:`delete_stream`, :func:`expire_stream`; :func:`append_frames` lays
+  out the messages of one append.
+- Topics: :func:`configure_command`, :func:`delete_command`; the object store's manifest:
+  :func:`offload_command`, :func:`expire_command`.
+
+:func:`stamp` assigns a command's messages their broker indexes and finds the topics,
+heartbeats and stream or topic operation it holds; :class:`ApplyResult` is what an applied
+command answers. Pure: no I/O, so a model of the broker drives it in memory. The frame codec
+itself, shared with the clients, is :mod:`messaging.frames`.
 """
 
 from __future__ import annotations
@@ -12,17 +24,38 @@ import struct
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from crc32c import crc32c
 
 from messaging.broker.catalog import (
+    APPEND_END,
+    CONTINUED,
     STREAM_OP,
     Catalog,
     Decision,
+    Position,
     StreamOutcome,
+    stream_command,
 )
-from messaging.broker.subscribers import CONSUMER_OP, PositionChange, parse_consumer_command
-from messaging.broker.topic_settings import TOPIC_OP, TopicOp, parse_topic_command
+from messaging.broker.subscribers import (
+    CONSUMER_OP,
+    DELETE,
+    RESET,
+    PositionChange,
+    consumer_command,
+    parse_consumer_command,
+)
+from messaging.broker.topic_settings import (
+    TOPIC_OP,
+    TopicOp,
+    configure_command,
+    delete_command,
+    expire_command,
+    offload_command,
+    parse_settings,
+    parse_topic_command,
+)
 from messaging.errors import (
     BadRequestError,
     ChecksumError,
@@ -79,9 +112,99 @@ _NAMED_RANGE = (f"topic ids from {NAMED_TOPIC_BASE} up belong to named streams: 
                 "through /v1/stream/{name}")
 
 
+__all__ = ["ApplyResult", "Command", "configure_command", "delete_command", "expire_command",
+           "offload_command", "parse_settings", "validate_publish"]
+
+
 def heartbeat_command(topic: int, index: int, subscriber_id: str) -> bytes:
     """The internal frame that records a subscriber's progress."""
     return encode(SET_TOPIC_MAX_INDEX, topic, _U64.pack(index) + subscriber_id.encode())
+
+
+def reset_consumer(topic: int, name: str, index: int) -> bytes:
+    """The command that sets a stored consumer position in a topic to ``index`` (any way)."""
+    return consumer_command(RESET, topic, name, index)
+
+
+def delete_consumer(topic: int | None, name: str) -> bytes:
+    """The command that forgets a consumer's position in ``topic`` (None: in every topic)."""
+    return consumer_command(DELETE, topic, name)
+
+
+# -- named streams and idempotent publishes (decided by messaging.broker.catalog) ---------------
+
+
+@dataclass(frozen=True, slots=True)
+class ForkSpec:
+    """Where a new stream forks off: its source, the position it inherits through, and the
+    request's own words for that position (compared when the create is repeated)."""
+
+    source: str
+    at: Position
+    offset: str | None
+    sub: int = 0
+
+
+def append_frames(messages: Sequence[bytes]) -> bytes:
+    """The frames of one append: every message but the last is CONTINUED (the stream's
+    topic is set when the command is applied)."""
+    last = len(messages) - 1
+    return b"".join(encode(APPEND_END if i == last else CONTINUED, 0, m)
+                    for i, m in enumerate(messages))
+
+
+def create_stream(name: str, *, content_type: str | None, now: float,
+                  ttl: int | None = None, expires_at: str | None = None,
+                  expires: float | None = None, closed: bool = False,
+                  fork: ForkSpec | None = None, replaces: int | None = None,
+                  messages: Sequence[bytes] = ()) -> bytes:
+    """The command that creates a stream (or a fork), with its first messages; repeated
+    alike it changes nothing. ``replaces``: the topic of an expired stream of that name it
+    takes the place of."""
+    op: dict[str, Any] = {"op": "create", "name": name, "content_type": content_type,
+                          "ttl": ttl, "expires_at": expires_at, "expires": expires,
+                          "closed": closed, "now": now}
+    if fork is not None:
+        op["fork"] = {"source": fork.source, "at": list(fork.at), "offset": fork.offset,
+                      "sub": fork.sub}
+    if replaces is not None:
+        op["replaces"] = replaces
+    return stream_command(op, append_frames(messages))
+
+
+def append_stream(name: str, *, now: float, messages: Sequence[bytes] = (),
+                  content_type: str | None = None, close: bool = False,
+                  seq: str | None = None, producer: tuple[str, int, int] | None = None,
+                  ) -> bytes:
+    """The command that appends one request's messages to a stream and/or closes it
+    (``seq``: its ``Stream-Seq``; ``producer``: ``(id, epoch, seq)`` of an idempotent
+    producer)."""
+    op: dict[str, Any] = {"op": "append", "name": name, "close": close,
+                          "count": len(messages), "now": now}
+    if content_type is not None:
+        op["content_type"] = content_type
+    if seq is not None:
+        op["seq"] = seq
+    if producer is not None:
+        op["producer"] = list(producer)
+    return stream_command(op, append_frames(messages))
+
+
+def delete_stream(name: str) -> bytes:
+    """The command that deletes a stream (soft-deleted while forks read it)."""
+    return stream_command({"op": "delete", "name": name})
+
+
+def expire_stream(name: str, topic: int) -> bytes:
+    """The command that deletes a stream found expired (nothing if its name holds another
+    topic by then)."""
+    return stream_command({"op": "expire", "name": name, "topic": topic})
+
+
+def produce(topic: int, producer: tuple[str, int, int], now: float, frames: bytes) -> bytes:
+    """A native publish with producer headers: stored once however often it is sent."""
+    return stream_command({"op": "produce", "topic": topic, "producer": list(producer),
+                           "now": now}, frames)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,11 +17,38 @@ I/O.
 
 from __future__ import annotations
 
-from messaging.broker.catalog import Catalog, Position, Stream
+from messaging.broker.catalog import (
+    Catalog,
+    Position,
+    Stream,
+    media_type,
+    parse_token,
+    token,
+)
 from messaging.broker.producers import Producer
 from messaging.broker.subscribers import Subscriber, Subscribers
-from messaging.broker.topic_settings import TopicEntry
+from messaging.broker.topic_settings import (
+    KEYS,
+    MAX_MESSAGE_SIZE,
+    MAX_SEGMENT_SIZE,
+    MAX_TOPIC_SIZE,
+    RETENTION_AGE,
+    TopicEntry,
+    effective,
+)
 from messaging.tiered.manifest import Manifest
+
+#: What readers use of the state's own types and words (streams and their offsets, topic
+#: settings as shown), so that no reader imports the writer's modules.
+__all__ = ["KEYS", "MAX_MESSAGE_SIZE", "MAX_SEGMENT_SIZE", "MAX_TOPIC_SIZE", "RETENTION_AGE",
+           "CommittedState", "Position", "Stream", "TopicEntry", "effective", "expired",
+           "media_type", "parse_token", "token"]
+
+
+def expired(stream: Stream, now: float, last_used: float) -> bool:
+    """Whether ``stream`` has expired at ``now`` (``last_used``: its last read or write on
+    this node, for a sliding TTL)."""
+    return Catalog.expired(stream, now, last_used)
 
 
 class CommittedState:

@@ -1,8 +1,10 @@
 """Reading a named stream: its messages after a position, through its fork lineage.
 
-A stream's content is the pieces :meth:`messaging.broker.catalog.Catalog.lineage` names: for a fork,
-its source's messages up to the fork point (a position inside one append takes only that many
-bytes of it), then its own. Everything here is blocking file I/O: call it on a thread.
+A stream's content is the pieces its lineage names (:meth:`CommittedState.lineage
+<messaging.broker.state.CommittedState.lineage>`): for a fork, its source's messages up to
+the fork point (a position inside one append takes only that many bytes of it), then its
+own. Part of the read model: it reads committed state and committed frames only. Everything
+here is blocking file I/O: call it on a thread.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import json
 from itertools import accumulate, repeat
 from typing import NamedTuple, Protocol
 
-from messaging.broker.catalog import APPEND_END, Catalog, Position, Stream
+from messaging.broker.catalog import APPEND_END, Position, Stream
 from messaging.errors import BadRequestError
 from messaging.frames import HEADER, HEADER_SIZE, frame_columns
 from messaging.topic.reader import READ_CHUNK
@@ -25,6 +27,12 @@ class TopicSource(Protocol):
     """Where readers find topics."""
 
     def topic(self, topic_id: int) -> TopicView | None: ...
+
+
+class Lineages(Protocol):
+    """Where readers find a stream's pieces (the read model, or the catalog itself)."""
+
+    def lineage(self, stream: Stream) -> list[tuple[int, Position | None, Position]]: ...
 
 
 class Item(NamedTuple):
@@ -56,7 +64,7 @@ def _whole(chunk: bytes, size: int, limit: int) -> tuple[list[Item], int]:
     return items, size + sum(map(len, datas))
 
 
-def read(topics: TopicSource, catalog: Catalog, stream: Stream, after: Position,
+def read(topics: TopicSource, catalog: Lineages, stream: Stream, after: Position,
          limit: int = READ_LIMIT) -> list[Item]:
     """The stream's messages after position ``after``, up to about ``limit`` bytes of data."""
     items: list[Item] = []
@@ -115,7 +123,7 @@ def read(topics: TopicSource, catalog: Catalog, stream: Stream, after: Position,
     return items
 
 
-def next_append(topics: TopicSource, catalog: Catalog, stream: Stream, after: Position,
+def next_append(topics: TopicSource, catalog: Lineages, stream: Stream, after: Position,
                 ) -> list[Item]:
     """The messages of the one append that follows position ``after`` (for sub-offsets)."""
     found: list[Item] = []
@@ -131,7 +139,7 @@ def next_append(topics: TopicSource, catalog: Catalog, stream: Stream, after: Po
         position = items[-1].position
 
 
-def resolve_sub_offset(topics: TopicSource, catalog: Catalog, source: Stream,
+def resolve_sub_offset(topics: TopicSource, catalog: Lineages, source: Stream,
                        anchor: Position, sub: int) -> Position:
     """The fork point ``sub`` messages (JSON) or bytes (others) past ``anchor``.
 

@@ -2,8 +2,10 @@
 
 :class:`~messaging.broker.broker.Broker` satisfies it; the HTTP handlers (native API, consumers,
 Durable Streams, readiness) depend on :class:`BrokerView` alone, so tests pass fakes through
-it. Writes never go through here: they are commands through the log
-(:class:`messaging.log.base.Log`).
+it. It hands out only committed state: the read model
+(:class:`~messaging.broker.state.CommittedState`), the topics' committed views, figures and
+snapshots. Writes never go through here: they are commands through the log
+(:class:`messaging.log.base.Log`), built by :mod:`messaging.broker.commands`.
 """
 
 from __future__ import annotations
@@ -12,12 +14,16 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from messaging.aio import Notifier
-from messaging.broker.catalog import Catalog
 from messaging.broker.metrics import BrokerMetrics
-from messaging.broker.subscribers import Subscribers
+from messaging.broker.snapshot import SNAPSHOT_CONTENT_TYPE, SNAPSHOT_PATH, SnapshotStream
+from messaging.broker.state import CommittedState
 from messaging.broker.topic_settings import TopicEntry
 from messaging.tiered.manifest import Manifest
 from messaging.topic.view import TopicView
+
+#: Figures and snapshots are read too: their types, for the rooms above.
+__all__ = ["SNAPSHOT_CONTENT_TYPE", "SNAPSHOT_PATH", "BrokerMetrics", "BrokerView",
+           "SnapshotStream"]
 
 
 class BrokerView(Protocol):
@@ -26,16 +32,12 @@ class BrokerView(Protocol):
     @property
     def metrics(self) -> BrokerMetrics: ...
     @property
-    def positions(self) -> Subscribers:
-        """Every subscriber's (consumer's) stored position, with when it was last seen."""
+    def committed(self) -> CommittedState:
+        """The read model: streams, topic settings and manifests, subscriber positions."""
         ...
     @property
     def subscriber_timeout(self) -> float:
         """Seconds a silent subscriber still holds retention back."""
-        ...
-    @property
-    def catalog(self) -> Catalog:
-        """The named streams (Durable Streams)."""
         ...
     @property
     def streams_changed(self) -> Notifier:
@@ -81,6 +83,3 @@ class BrokerView(Protocol):
         """A topic's subscribers and the index each has heartbeated."""
         ...
     def diagnostics(self) -> dict[str, Any]: ...
-    def enforce_retention(self, now: float | None = None) -> int:
-        """Run retention now (blocking: call it on a thread); the bytes deleted."""
-        ...

@@ -20,8 +20,7 @@ from typing import Any
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import ContentEncodingError
 
-from messaging.broker.snapshot import SNAPSHOT_PATH
-from messaging.broker.view import BrokerView
+from messaging.broker.view import SNAPSHOT_PATH, BrokerView
 from messaging.config import BrokerConfig
 from messaging.errors import ForbiddenError, MessagingError, UndeclaredScopeError
 from messaging.http.auth import OPEN, PRINCIPAL, Tokens, declared_scope

@@ -33,7 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
-from messaging.broker.subscribers import DELETE, RESET, consumer_command
+from messaging.broker.commands import delete_consumer, reset_consumer
 from messaging.broker.view import BrokerView
 from messaging.clock import now_ms
 from messaging.errors import BadRequestError, MessagingError, NotFoundError
@@ -86,7 +86,7 @@ class ConsumerHandlers:
         """
         monotonic = time.monotonic()
         rows = []
-        for topic_id, who, record in self.broker.positions.subscribers():
+        for topic_id, who, record in self.broker.committed.subscriber_records():
             if (topic is not None and topic_id != topic) or (name is not None and who != name):
                 continue
             found = self.broker.topic(topic_id)
@@ -156,7 +156,7 @@ class ConsumerHandlers:
             position = parse_u64(index, "index")
         except ValueError as err:
             raise BadRequestError(str(err)) from err
-        await self.log.apply(consumer_command(RESET, topic, name, position))
+        await self.log.apply(reset_consumer(topic, name, position))
         return json_answer({"topic": topic, "name": name, "index": position})
 
     @requires("admin")
@@ -169,7 +169,7 @@ class ConsumerHandlers:
         if not known:
             where = f" in topic {topic}" if topic is not None else ""
             raise NotFoundError(f"no consumer {name!r}{where}")
-        await self.log.apply(consumer_command(DELETE, topic, name))
+        await self.log.apply(delete_consumer(topic, name))
         return json_answer({"name": name, "topics": known})
 
 

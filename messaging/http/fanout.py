@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from messaging.broker.metrics import BrokerMetrics
+from messaging.broker.view import BrokerMetrics
 from messaging.topic.segment import Segment
 from messaging.topic.tail import Tail, TailChunk
 from messaging.topic.view import ReaderView, TopicView

@@ -23,7 +23,7 @@ import asyncio
 
 from aiohttp import web
 
-from messaging.broker.metrics import BrokerMetrics
+from messaging.broker.view import BrokerMetrics
 from messaging.http.executors import Executors
 from messaging.http.fanout import FanOuts
 from messaging.topic.view import ReaderView

@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 from aiohttp import hdrs, web
 
-from messaging.broker.snapshot import SNAPSHOT_PATH
+from messaging.broker.view import SNAPSHOT_PATH
 from messaging.cluster.node import GroupNode, GroupStack
 from messaging.config import BrokerConfig
 from messaging.errors import (
@@ -33,7 +33,12 @@ from messaging.errors import (
     NotFoundError,
     StreamConflictError,
 )
-from messaging.headers import ERROR_HEADER, FORWARDED_HEADER, NODE_HEADER
+from messaging.headers import (
+    ERROR_HEADER,
+    FORWARDED_HEADER,
+    NODE_HEADER,
+    STREAM_FORKED_FROM_HEADER,
+)
 from messaging.http.app import (
     EVERY_GROUP,
     NODE,
@@ -196,7 +201,7 @@ class GroupRouter:
     def _check_fork(self, request: web.Request, group: int) -> None:
         """A fork is made in its source's group (it shares the source's data there): a name
         in another group is refused with the group it would need."""
-        source = request.headers.get("Stream-Forked-From", "").strip()
+        source = request.headers.get(STREAM_FORKED_FROM_HEADER, "").strip()
         if request.method != "PUT" or not source:
             return
         source = source.removeprefix(STREAMS_PREFIX).lstrip("/")

@@ -22,8 +22,7 @@ from typing import Any
 from aiohttp import HttpVersion11, web
 
 from messaging import __version__ as VERSION
-from messaging.broker.catalog import stream_command
-from messaging.broker.commands import Command, heartbeat_command, validate_publish
+from messaging.broker.commands import Command, heartbeat_command, produce, validate_publish
 from messaging.broker.view import BrokerView
 from messaging.clock import parse_moment
 from messaging.config import DEFAULT_MAX_REQUEST_SIZE
@@ -134,9 +133,7 @@ class MessageHandlers:
             if command.topic is None:
                 raise BadRequestError("a publish with producer headers goes to one topic: "
                                       "give topicID")
-            payload: bytes = stream_command({"op": "produce", "topic": command.topic,
-                                             "producer": list(producer), "now": time.time()},
-                                            command)
+            payload: bytes = produce(command.topic, producer, time.time(), command)
         else:
             payload = command
         result = await self.log.apply(payload)

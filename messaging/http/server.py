@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from messaging.aio import cancel_and_wait
-from messaging.broker.broker import Broker
 from messaging.config import BrokerConfig, EtcdSettings
 from messaging.errors import BindError, ConfigError
 from messaging.http.access_log import ACCESS_LOGGER, AccessLogger, DebugAccessLogger
@@ -25,7 +24,7 @@ from messaging.http.token_watch import TokensWatch
 from messaging.log.base import Log
 from messaging.offload.service import ObjectStorage
 from messaging.offload.uploader import Offloader
-from messaging.stack.assemble import Stack, etcd_log, local_log, open_stack
+from messaging.stack.assemble import Broker, Stack, etcd_log, local_log, open_stack
 
 if TYPE_CHECKING:
     from messaging.cluster.node import GroupNode

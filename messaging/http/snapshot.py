@@ -12,7 +12,7 @@ from typing import Protocol
 
 from aiohttp import web
 
-from messaging.broker.snapshot import SNAPSHOT_CONTENT_TYPE, SnapshotStream
+from messaging.broker.view import SNAPSHOT_CONTENT_TYPE, SnapshotStream
 from messaging.errors import BadRequestError
 from messaging.headers import REVISION_HEADER
 from messaging.http.auth import requires

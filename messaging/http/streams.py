@@ -26,22 +26,26 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from messaging.aio import cancel_and_wait
 from messaging.broker import stream_reads
-from messaging.broker.catalog import (
-    APPEND_END,
-    CONTINUED,
-    Catalog,
+from messaging.broker.commands import (
+    ForkSpec,
+    append_stream,
+    create_stream,
+    delete_stream,
+    expire_stream,
+)
+from messaging.broker.state import (
+    MAX_MESSAGE_SIZE,
     Position,
     Stream,
+    expired,
     media_type,
     parse_token,
-    stream_command,
     token,
 )
-from messaging.broker.topic_settings import MAX_MESSAGE_SIZE
 from messaging.broker.view import BrokerView
 from messaging.config import DEFAULT_LONG_POLL_TIMEOUT, DEFAULT_MAX_REQUEST_SIZE
 from messaging.errors import (
@@ -51,12 +55,24 @@ from messaging.errors import (
     StreamGoneError,
     StreamNotFoundError,
 )
-from messaging.frames import encode
 from messaging.headers import (
+    ETAG_HEADER,
     PRODUCER_EPOCH_HEADER,
+    PRODUCER_EXPECTED_SEQ_HEADER,
+    PRODUCER_ID_HEADER,
+    PRODUCER_RECEIVED_SEQ_HEADER,
     PRODUCER_SEQ_HEADER,
     STREAM_CLOSED_HEADER,
+    STREAM_CURSOR_HEADER,
+    STREAM_EXPIRES_AT_HEADER,
+    STREAM_FORK_OFFSET_HEADER,
+    STREAM_FORK_SUB_OFFSET_HEADER,
+    STREAM_FORKED_FROM_HEADER,
     STREAM_NEXT_OFFSET_HEADER,
+    STREAM_SEQ_HEADER,
+    STREAM_SSE_DATA_ENCODING_HEADER,
+    STREAM_TTL_HEADER,
+    STREAM_UP_TO_DATE_HEADER,
 )
 from messaging.http import sse
 from messaging.http.auth import OPEN, principal_of, requires
@@ -81,14 +97,16 @@ _MEDIA_TYPE = re.compile(r"[\w-]+/[\w-]+")
 CORS_HEADERS = {
     "Access-Control-Allow-Origin": "*",
     "Access-Control-Allow-Methods": "GET, POST, PUT, DELETE, HEAD, OPTIONS",
-    "Access-Control-Allow-Headers": (
-        "content-type, authorization, Stream-Seq, Stream-TTL, Stream-Expires-At, "
-        "Stream-Closed, Producer-Id, Producer-Epoch, Producer-Seq, Stream-Forked-From, "
-        "Stream-Fork-Offset, Stream-Fork-Sub-Offset, If-None-Match"),
-    "Access-Control-Expose-Headers": (
-        "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, "
-        "Producer-Epoch, Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq, "
-        "Stream-SSE-Data-Encoding, ETag, Content-Type, Location"),
+    "Access-Control-Allow-Headers": ", ".join((
+        "content-type", "authorization", STREAM_SEQ_HEADER, STREAM_TTL_HEADER,
+        STREAM_EXPIRES_AT_HEADER, STREAM_CLOSED_HEADER, PRODUCER_ID_HEADER,
+        PRODUCER_EPOCH_HEADER, PRODUCER_SEQ_HEADER, STREAM_FORKED_FROM_HEADER,
+        STREAM_FORK_OFFSET_HEADER, STREAM_FORK_SUB_OFFSET_HEADER, hdrs.IF_NONE_MATCH)),
+    "Access-Control-Expose-Headers": ", ".join((
+        STREAM_NEXT_OFFSET_HEADER, STREAM_CURSOR_HEADER, STREAM_UP_TO_DATE_HEADER,
+        STREAM_CLOSED_HEADER, PRODUCER_EPOCH_HEADER, PRODUCER_SEQ_HEADER,
+        PRODUCER_EXPECTED_SEQ_HEADER, PRODUCER_RECEIVED_SEQ_HEADER,
+        STREAM_SSE_DATA_ENCODING_HEADER, ETAG_HEADER, hdrs.CONTENT_TYPE, hdrs.LOCATION)),
     "X-Content-Type-Options": "nosniff",
     "Cross-Origin-Resource-Policy": "cross-origin",
 }
@@ -171,7 +189,7 @@ class StreamHandlers:
         while True:
             await asyncio.sleep(EXPIRY_SWEEP_INTERVAL)
             now = time.time()
-            for stream in list(self.broker.catalog.streams.values()):
+            for stream in self.broker.committed.streams():
                 if not stream.deleted and self._expired(stream, now):
                     try:
                         await self._expire(stream)
@@ -198,19 +216,18 @@ class StreamHandlers:
 
     def _expired(self, stream: Stream, now: float) -> bool:
         used = self._used.get(stream.name, max(stream.created, self._started))
-        return Catalog.expired(stream, now, used)
+        return expired(stream, now, used)
 
     async def _expire(self, stream: Stream) -> None:
-        await self.log.apply(stream_command({"op": "expire", "name": stream.name,
-                                             "topic": stream.topic}))
+        await self.log.apply(expire_stream(stream.name, stream.topic))
         self._used.pop(stream.name, None)
 
     async def _lookup(self, name: str, *, gone_ok: bool = False) -> Stream:
         """The live stream (404 if missing or expired, 410 if soft-deleted)."""
-        stream = self.broker.catalog.streams.get(name)
+        stream = self.broker.committed.stream(name)
         if stream is not None and not stream.deleted and self._expired(stream, time.time()):
             await self._expire(stream)
-            stream = self.broker.catalog.streams.get(name)
+            stream = self.broker.committed.stream(name)
         if stream is None:
             raise StreamNotFoundError(f"stream {name!r} not found")
         if stream.deleted and not gone_ok:
@@ -225,7 +242,7 @@ class StreamHandlers:
     async def create(self, request: web.Request, name: str) -> web.StreamResponse:
         """PUT: create a stream (or a fork); 201, or 200 when it exists alike, 409 if not."""
         headers = request.headers
-        fork_from = headers.get("Stream-Forked-From")
+        fork_from = headers.get(STREAM_FORKED_FROM_HEADER)
         source_name = ""
         if fork_from:
             source_name = fork_from.strip()
@@ -236,8 +253,8 @@ class StreamHandlers:
         content_type = headers.get("Content-Type")
         if content_type is None or not _MEDIA_TYPE.match(content_type.strip()):
             content_type = None if fork_from else "application/octet-stream"
-        ttl_text = headers.get("Stream-TTL")
-        expires_text = headers.get("Stream-Expires-At")
+        ttl_text = headers.get(STREAM_TTL_HEADER)
+        expires_text = headers.get(STREAM_EXPIRES_AT_HEADER)
         if ttl_text is not None and expires_text is not None:
             raise BadRequestError("give Stream-TTL or Stream-Expires-At, not both")
         ttl: int | None = None
@@ -247,12 +264,9 @@ class StreamHandlers:
                                       "integer without sign or leading zeros")
             ttl = int(ttl_text)
         expires = _expires(expires_text) if expires_text is not None else None
-        op: dict[str, Any] = {"op": "create", "name": name, "content_type": content_type,
-                              "ttl": ttl, "expires_at": expires_text, "expires": expires,
-                              "closed": _is_true(headers.get(STREAM_CLOSED_HEADER)),
-                              "now": time.time()}
-        sub_text = headers.get("Stream-Fork-Sub-Offset")
-        offset_text = headers.get("Stream-Fork-Offset")
+        fork: ForkSpec | None = None
+        sub_text = headers.get(STREAM_FORK_SUB_OFFSET_HEADER)
+        offset_text = headers.get(STREAM_FORK_OFFSET_HEADER)
         if not fork_from and (sub_text is not None or offset_text is not None):
             raise BadRequestError("Stream-Fork-Offset and Stream-Fork-Sub-Offset need "
                                   "Stream-Forked-From")
@@ -278,16 +292,16 @@ class StreamHandlers:
                 raise BadRequestError("Stream-Fork-Offset is beyond the source stream's tail")
             if sub:
                 at = await self.executors.read(stream_reads.resolve_sub_offset, self.broker,
-                                               self.broker.catalog, source, at, sub)
-            op["fork"] = {"source": source_name, "at": list(at), "offset": offset_text,
-                          "sub": sub}
+                                               self.broker.committed, source, at, sub)
+            fork = ForkSpec(source_name, at, offset_text, sub)
             if content_type is None:
                 json_mode = source.json
             self._touch(source_name)
-        existing = self.broker.catalog.streams.get(name)
+        existing = self.broker.committed.stream(name)
+        replaces: int | None = None
         if existing is not None and not existing.deleted and self._expired(existing,
                                                                             time.time()):
-            op["replaces"] = existing.topic
+            replaces = existing.topic
         body = await self.limits.read_body(request, self.max_request_size)
         if json_mode:
             messages = stream_reads.json_messages(body, allow_empty=True) if body else []
@@ -295,9 +309,13 @@ class StreamHandlers:
             # Frames of a repeated create go to the stream that exists (or are skipped);
             # otherwise to a new topic, which has no settings of its own yet.
             kept = (existing if existing is not None and not existing.deleted
-                    and "replaces" not in op else None)
+                    and replaces is None else None)
             messages = self._pieces(body, kept.topic if kept is not None else None)
-        result = await self.log.apply(stream_command(op, self._frames(messages)))
+        result = await self.log.apply(create_stream(
+            name, content_type=content_type, now=time.time(), ttl=ttl,
+            expires_at=expires_text, expires=expires,
+            closed=_is_true(headers.get(STREAM_CLOSED_HEADER)), fork=fork, replaces=replaces,
+            messages=messages))
         outcome = result.stream
         assert outcome is not None
         self._touch(name)
@@ -308,7 +326,7 @@ class StreamHandlers:
         if outcome.created:
             answer["Location"] = str(request.url.with_query(None))
             return web.Response(status=201, headers=answer)
-        stream = self.broker.catalog.streams.get(name)
+        stream = self.broker.committed.stream(name)
         if stream is not None:
             answer["Content-Type"] = stream.content_type
             answer[STREAM_NEXT_OFFSET_HEADER] = token(stream.tail)
@@ -324,13 +342,6 @@ class StreamHandlers:
             size = min(size, self.broker.settings(topic).settings.get(MAX_MESSAGE_SIZE, size))
         return [body[i:i + size] for i in range(0, len(body), size)]
 
-    @staticmethod
-    def _frames(messages: list[bytes]) -> bytes:
-        """The frames of one append: every message but the last is CONTINUED."""
-        last = len(messages) - 1
-        return b"".join(encode(APPEND_END if i == last else CONTINUED, 0, m)
-                        for i, m in enumerate(messages))
-
 
     # -- append and close -------------------------------------------------------------------
 
@@ -339,7 +350,7 @@ class StreamHandlers:
         headers = request.headers
         close = _is_true(headers.get(STREAM_CLOSED_HEADER))
         producer = parse_producer(headers)
-        seq = headers.get("Stream-Seq")
+        seq = headers.get(STREAM_SEQ_HEADER)
         self.limits.admit_append(f"stream {name!r}")
         body = await self.limits.read_body(request, self.max_request_size)
         if not body and not close:
@@ -355,15 +366,10 @@ class StreamHandlers:
                 messages = stream_reads.json_messages(body, allow_empty=False)
             else:
                 messages = self._pieces(body, stream.topic)
-        op: dict[str, Any] = {"op": "append", "name": name, "close": close,
-                              "count": len(messages), "now": time.time()}
-        if body:
-            op["content_type"] = content_type
-        if seq is not None:
-            op["seq"] = seq
-        if producer is not None:
-            op["producer"] = list(producer)
-        result = await self.log.apply(stream_command(op, self._frames(messages)))
+        result = await self.log.apply(append_stream(
+            name, now=time.time(), messages=messages,
+            content_type=content_type if body else None, close=close, seq=seq,
+            producer=producer))
         outcome = result.stream
         assert outcome is not None
         self._touch(name)
@@ -385,7 +391,7 @@ class StreamHandlers:
     async def delete(self, request: web.Request, name: str) -> web.StreamResponse:
         """DELETE: remove the stream (soft-deleted while forks read it)."""
         await self._lookup(name)
-        await self.log.apply(stream_command({"op": "delete", "name": name}))
+        await self.log.apply(delete_stream(name))
         self._used.pop(name, None)
         return web.Response(status=204)
 
@@ -393,14 +399,14 @@ class StreamHandlers:
         """HEAD: the stream's metadata (not cacheable; does not extend a sliding TTL)."""
         stream = await self._lookup(name)
         answer = {"Content-Type": stream.content_type,
-                  STREAM_NEXT_OFFSET_HEADER: token(stream.tail), "Cache-Control": "no-store",
-                  "ETag": self._etag(stream, "-1", token(stream.tail), stream.closed)}
+                  STREAM_NEXT_OFFSET_HEADER: token(stream.tail), hdrs.CACHE_CONTROL: "no-store",
+                  ETAG_HEADER: self._etag(stream, "-1", token(stream.tail), stream.closed)}
         if stream.closed:
             answer[STREAM_CLOSED_HEADER] = "true"
         if stream.ttl is not None:
-            answer["Stream-TTL"] = str(stream.ttl)
+            answer[STREAM_TTL_HEADER] = str(stream.ttl)
         if stream.expires_at is not None:
-            answer["Stream-Expires-At"] = stream.expires_at
+            answer[STREAM_EXPIRES_AT_HEADER] = stream.expires_at
         return web.Response(status=200, headers=answer)
 
     @staticmethod
@@ -442,8 +448,8 @@ class StreamHandlers:
                 return await self._sse(request, stream, position, client_cursor)
         if start_text == "now" and live is None:
             answer = {"Content-Type": stream.content_type,
-                      STREAM_NEXT_OFFSET_HEADER: token(stream.tail), "Stream-Up-To-Date": "true",
-                      "Cache-Control": "no-store"}
+                      STREAM_NEXT_OFFSET_HEADER: token(stream.tail),
+                      STREAM_UP_TO_DATE_HEADER: "true", hdrs.CACHE_CONTROL: "no-store"}
             if stream.closed:
                 answer[STREAM_CLOSED_HEADER] = "true"
             return web.Response(status=200, headers=answer,
@@ -459,38 +465,38 @@ class StreamHandlers:
             if not items:
                 return self._no_content(stream, position, client_cursor,
                                         closed=stream.closed and position >= stream.tail)
-        stream = self.broker.catalog.streams.get(name, stream)
+        stream = (self.broker.committed.stream(name) or stream)
         end = items[-1].position if items else max(position, stream.tail) if (
             start_text == "now") else position
         up_to_date = end >= stream.tail
         closed = stream.closed and up_to_date
         answer = {"Content-Type": stream.content_type, STREAM_NEXT_OFFSET_HEADER: token(end),
-                  "ETag": self._etag(stream, start_text, token(end), closed)}
+                  ETAG_HEADER: self._etag(stream, start_text, token(end), closed)}
         if live == "long-poll":
-            answer["Stream-Cursor"] = cursor(client_cursor)
+            answer[STREAM_CURSOR_HEADER] = cursor(client_cursor)
         else:
-            answer["Cache-Control"] = "public, max-age=60, stale-while-revalidate=300"
+            answer[hdrs.CACHE_CONTROL] = "public, max-age=60, stale-while-revalidate=300"
         if up_to_date:
-            answer["Stream-Up-To-Date"] = "true"
+            answer[STREAM_UP_TO_DATE_HEADER] = "true"
         if closed:
             answer[STREAM_CLOSED_HEADER] = "true"
-        if request.headers.get("If-None-Match") == answer["ETag"]:
-            return web.Response(status=304, headers={"ETag": answer["ETag"]})
+        if request.headers.get(hdrs.IF_NONE_MATCH) == answer[ETAG_HEADER]:
+            return web.Response(status=304, headers={ETAG_HEADER: answer[ETAG_HEADER]})
         return web.Response(status=200, headers=answer, body=stream_reads.body(stream, items))
 
     def _no_content(self, stream: Stream, position: Position, client_cursor: str | None, *,
                     closed: bool) -> web.Response:
         answer = {STREAM_NEXT_OFFSET_HEADER: token(max(position, stream.tail) if closed
                                               else position),
-                  "Stream-Up-To-Date": "true"}
+                  STREAM_UP_TO_DATE_HEADER: "true"}
         if closed:
             answer[STREAM_CLOSED_HEADER] = "true"
         else:
-            answer["Stream-Cursor"] = cursor(client_cursor)
+            answer[STREAM_CURSOR_HEADER] = cursor(client_cursor)
         return web.Response(status=204, headers=answer)
 
     async def _read_items(self, stream: Stream, position: Position) -> list[stream_reads.Item]:
-        return await self.executors.read(stream_reads.read, self.broker, self.broker.catalog,
+        return await self.executors.read(stream_reads.read, self.broker, self.broker.committed,
                                          stream, position)
 
     async def _wait(self, name: str, stream: Stream, position: Position, timeout: float,
@@ -499,7 +505,7 @@ class StreamHandlers:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            current = self.broker.catalog.streams.get(name)
+            current = self.broker.committed.stream(name)
             if current is None or current.deleted:
                 raise StreamNotFoundError(f"stream {name!r} was deleted")
             stream = current
@@ -555,16 +561,16 @@ class StreamHandlers:
                    client_cursor: str | None) -> web.StreamResponse:
         """``live=sse``: data and control events until closed, or for ``sse_lifetime``."""
         binary = not (media_type(stream.content_type).startswith("text/") or stream.json)
-        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        headers = {"Content-Type": "text/event-stream", hdrs.CACHE_CONTROL: "no-cache"}
         if binary:
-            headers["Stream-SSE-Data-Encoding"] = "base64"
+            headers[STREAM_SSE_DATA_ENCODING_HEADER] = "base64"
         response = web.StreamResponse(status=200, headers=headers)
         await response.prepare(request)
         loop = asyncio.get_running_loop()
         ends = loop.time() + self.sse_lifetime
         name = stream.name
         while True:
-            current = self.broker.catalog.streams.get(name)
+            current = self.broker.committed.stream(name)
             if current is None or current.deleted:
                 break
             stream = current
@@ -577,7 +583,7 @@ class StreamHandlers:
                                                   closed=False))
             if items:
                 position = items[-1].position
-            stream = self.broker.catalog.streams.get(name, stream)
+            stream = (self.broker.committed.stream(name) or stream)
             up_to_date = position >= stream.tail
             closed = stream.closed and up_to_date
             out.append(_control_event(position, client_cursor, up_to_date=up_to_date,

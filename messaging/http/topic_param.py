@@ -55,7 +55,7 @@ def resolve(broker: BrokerView, reference: int | str, param: str = "topicID") ->
     no stream has, 410 for a deleted stream)."""
     if isinstance(reference, int):
         return reference
-    stream = broker.catalog.get(reference)
+    stream = broker.committed.stream(reference)
     if stream is None:
         raise NotFoundError(f"invalid {param} {reference!r}: not a topic id, and no stream has "
                             "that name")
@@ -79,7 +79,7 @@ def readable_reference(principal: Principal, broker: BrokerView, reference: int 
     """The topic id of ``reference`` once ``principal`` may read it, by id or by name; a name
     it may not read is refused (403) before anyone learns whether a stream has it."""
     if isinstance(reference, str) and not principal.can("read", reference):
-        stream = broker.catalog.get(reference)
+        stream = broker.committed.stream(reference)
         if stream is None or not principal.can("read", str(stream.topic)):
             principal.require("read", reference, f"stream {reference!r}")
     topic_id = resolve(broker, reference, param)

@@ -1,7 +1,7 @@
 """Topic management at ``/messaging/topics/{id}``: describe (GET), create or configure (PUT)
 and delete (DELETE) one topic, named by its id or, for a named stream, by its name.
 
-Settings and deletions are commands through the log (:mod:`messaging.broker.topic_settings`),
+Settings and deletions are commands through the log (:mod:`messaging.broker.commands`),
 so every node of a cluster applies them, and they survive restarts and snapshots exactly as
 publishes do. A stream's topic takes settings like any topic; it is deleted through
 ``DELETE /v1/stream/{name}`` only (its catalog entry, forks and producers go with it there).
@@ -15,15 +15,13 @@ from typing import Any
 
 from aiohttp import web
 
-from messaging.broker.topic_settings import (
+from messaging.broker.commands import configure_command, delete_command, parse_settings
+from messaging.broker.state import (
     MAX_MESSAGE_SIZE,
     MAX_SEGMENT_SIZE,
     MAX_TOPIC_SIZE,
     RETENTION_AGE,
-    configure_command,
-    delete_command,
     effective,
-    parse_settings,
 )
 from messaging.broker.view import BrokerView
 from messaging.errors import BadRequestError, NotFoundError, TopicDeletedError

@@ -28,6 +28,8 @@ from messaging.placement import NAMED_TOPIC_BASE
 if TYPE_CHECKING:  # grpc: imported only in cluster mode
     from messaging.log.etcd.log import EtcdLog
 
+__all__ = ["Broker", "Stack", "broker_options", "etcd_log", "local_log", "open_stack"]
+
 LogT = TypeVar("LogT", bound=Log)
 #: Starts a broker's command log.
 LogMaker = Callable[[Broker], Awaitable[LogT]]
