@@ -16,14 +16,15 @@ from typing import Any
 
 import aiohttp
 
-from bench.cluster.etcd_members import Etcd, etcd_healthy, etcd_leader, raft_index
 from bench.harness import settings
+from bench.harness.cluster_nodes import nodes_ready, post
+from bench.harness.etcd_members import Etcd, etcd_healthy, etcd_leader, raft_index
 from bench.harness.loops import bounded_wait, paced
 from bench.harness.payloads import PAYLOAD
 from bench.harness.procs import Proc, broker, free_port
 from bench.harness.sampling import cpu_seconds, machine_busy, rss_bytes
 from examples.generate_events import make_events
-from messaging.frames import FRAMES_CONTENT_TYPE, encode_batch
+from messaging.frames import encode_batch
 from messaging.log.etcd.writer import MAX_PUTS_IN_FLIGHT
 
 BATCH = 1000
@@ -89,40 +90,6 @@ class Node:
         self.proc, _ = broker(self.tmp / f"node{self.i}", "--etcd", self.endpoints,
                               "--cluster", self.cluster, "--advertise", self.url,
                               port=self.port, log=self.log)
-
-
-async def post(session: Session, url: str, topic: int, body: bytes, batch: bool,
-               timeout: float = 30) -> int:
-    headers = {"Content-Type": FRAMES_CONTENT_TYPE if batch else "application/octet-stream"}
-    for attempt in range(2):
-        try:
-            async with session.post(f"{url}/messaging/messages", params={"topicID": str(topic)},
-                                    data=body, headers=headers,
-                                    timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                await resp.read()
-                return resp.status
-        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
-            # A kept-alive connection the node closed (idle longer than its header timeout)
-            # just as this request reused it: once more, on a new connection.
-            if attempt:
-                raise
-    raise AssertionError("unreachable")
-
-
-async def nodes_ready(session: Session, urls: list[str]) -> bool:
-    """Every node's watch is live, it sees quorum, and it acknowledges a publish."""
-    for url in urls:
-        try:
-            async with session.get(f"{url}/messaging/diagnostics",
-                                   timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                d = await resp.json()
-            if not (d.get("watch", {}).get("live") and d.get("quorum")):
-                return False
-            if await post(session, url, 99, b"ready?", batch=False, timeout=10) != 200:
-                return False
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return False
-    return True
 
 
 # -- measurements ------------------------------------------------------------------------------

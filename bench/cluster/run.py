@@ -27,7 +27,6 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.cluster.etcd_members import etcd_cluster, etcd_healthy
 from bench.cluster.load import (
     Node,
     Sampler,
@@ -37,7 +36,6 @@ from bench.cluster.load import (
     failover_round,
     json_event,
     latencies,
-    nodes_ready,
     throughput,
     with_cpu,
 )
@@ -51,6 +49,8 @@ from bench.cluster.report import (
     publish_budget,
     rows_and_notes,
 )
+from bench.harness.cluster_nodes import nodes_ready
+from bench.harness.etcd_members import etcd_cluster, etcd_healthy
 from bench.harness.figures import percentile
 from bench.harness.loops import bounded_wait
 from bench.harness.procs import broker

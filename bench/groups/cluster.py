@@ -23,8 +23,8 @@ from typing import Any
 
 import aiohttp
 
-from bench.cluster.etcd_members import Etcd, etcd_healthy, etcd_status
 from bench.groups.netns import Machine, Network
+from bench.harness.etcd_members import Etcd, etcd_healthy, etcd_status
 from bench.harness.loops import bounded_wait
 from bench.harness.procs import Proc
 

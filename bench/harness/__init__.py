@@ -1,8 +1,12 @@
 """The benchmarks' shared harness: what every family of bench/ imports, and nothing that
-belongs to one family alone.
+belongs to one family alone. A family imports another family's code only through here, and
+tests may import the harness (the launchers of real services), never a family.
 
 - procs: child processes started and stopped by PID (broker, bare server, free ports, tools)
 - peer_servers: Redis, NATS JetStream and the Durable Streams reference server as processes
+- etcd_members: etcd members by PID, and their status, leader, health and Raft index
+- cluster_nodes: a publish to a broker node of a cluster, and whether every node is ready
+- seaweedfs: a SeaweedFS S3 server on loopback (the tiering benchmark and the object tests)
 - bare_server: the bare aiohttp baseline server (a child process)
 - stream_holder: the handle on a child holding N streaming GETs open, and its broker calls
 - hold_streams: that child process

@@ -36,8 +36,8 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.cluster.etcd_members import Etcd, etcd_cluster
-from bench.cluster.load import nodes_ready
+from bench.harness.cluster_nodes import nodes_ready
+from bench.harness.etcd_members import Etcd, etcd_cluster
 from bench.harness.figures import ms
 from bench.harness.loops import bounded_wait
 from bench.harness.procs import Proc, broker, free_port

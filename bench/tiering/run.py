@@ -41,7 +41,7 @@ from bench.harness.client_load import consume, preload
 from bench.harness.figures import Row
 from bench.harness.procs import Proc, broker, child_env
 from bench.harness.results import add_to_json, command_line, report, results_under, source_state
-from bench.tiering.seaweedfs import BUCKET, SeaweedFS
+from bench.harness.seaweedfs import BUCKET, SeaweedFS
 from messaging.topic.segment import SEGMENT_SUFFIX
 
 TOPIC = 1

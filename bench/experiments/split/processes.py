@@ -42,8 +42,8 @@ from bench.experiments.split.wire import (
     STATS_KIND,
     command_frame,
 )
-from messaging.broker.broker import ApplyResult, Broker
-from messaging.broker.commands import Command
+from messaging.broker.broker import Broker
+from messaging.broker.commands import ApplyResult, Command
 from messaging.broker.metrics import BrokerMetrics
 from messaging.broker.view import BrokerView
 from messaging.cli.main import event_loop_factory

@@ -5,7 +5,8 @@ config file, the bucket made at start-up (``-s3.autoCreateBucket=false`` keeps a
 missing bucket an error), telemetry off (no traffic leaves loopback: its URL is a dead local
 port should it ever try). Stopped by its PID (SIGKILL: its data is thrown away, and a
 graceful stop takes weed mini over ten seconds). The tests' fixture
-(tests/objects/conftest.py) builds on this class.
+(tests/objects/conftest.py) builds on this class, which is why it is in the harness: tests
+import bench.harness, never a benchmark.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class SeaweedFS:
 
     @property
     def endpoint(self) -> str:
+        """The S3 gateway's URL."""
         return f"http://127.0.0.1:{self.s3_port}"
 
     def broker_env(self) -> dict[str, str]:

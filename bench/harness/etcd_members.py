@@ -1,6 +1,6 @@
-"""The etcd cluster under the cluster benchmark: members started and stopped (or killed) by
-PID, each with its own data directory, and what the benchmark asks them over etcd's JSON
-gateway (status, who leads, health, the Raft index)."""
+"""etcd members for the benchmarks that run a cluster (cluster, groups, soak): members started
+and stopped (or killed) by PID, each with its own data directory, and what the benchmarks ask
+them over etcd's JSON gateway (status, who leads, health, the Raft index)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ class Etcd:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        """Start the member on 127.0.0.1 (a new data directory makes a new cluster)."""
         etcd = shutil.which("etcd")
         if etcd is None:
             raise RuntimeError("etcd is not on PATH (apt-get install etcd-server, 3.4.22+)")
@@ -53,10 +54,12 @@ class Etcd:
 
     @property
     def running(self) -> bool:
+        """Whether the member's process was started and has not ended."""
         return self.proc is not None and self.proc.poll() is None
 
     @property
     def pid(self) -> int | None:
+        """The running member's PID, None while it is down."""
         return self.proc.pid if self.running and self.proc is not None else None
 
     def kill(self) -> None:
@@ -67,6 +70,7 @@ class Etcd:
             self.proc.wait(15)
 
     def stop(self) -> None:
+        """SIGTERM by PID; SIGKILL if it has not ended within 20 s."""
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGTERM)
             try:
@@ -99,6 +103,7 @@ async def etcd_status(session: Session, member: Etcd) -> dict[str, Any] | None:
 
 
 async def etcd_leader(session: Session, members: list[Etcd]) -> Etcd:
+    """The member that leads (RuntimeError when none does in 100 rounds, 0.1 s apart)."""
     for _ in range(100):
         for member in members:
             status = await etcd_status(session, member)
@@ -129,6 +134,7 @@ async def etcd_healthy(session: Session, members: list[Etcd]) -> bool:
 
 
 async def raft_index(session: Session, members: list[Etcd]) -> int:
+    """The highest Raft index any answering member reports (0 if none answers)."""
     best = 0
     for member in members:
         status = await etcd_status(session, member)
