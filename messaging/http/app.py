@@ -25,7 +25,7 @@ from messaging.config import BrokerConfig
 from messaging.errors import ForbiddenError, MessagingError, UndeclaredScopeError
 from messaging.http.auth import OPEN, PRINCIPAL, Tokens, declared_scope
 from messaging.http.connections import report_rejection
-from messaging.http.console import add_console_routes
+from messaging.http.console import ConsoleHandlers, add_console_files
 from messaging.http.consumers import ConsumerHandlers
 from messaging.http.executors import EXECUTORS, Executors
 from messaging.http.health import HealthHandlers
@@ -45,17 +45,20 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @dataclass
 class Handlers:
-    """The route handlers of one broker and its log."""
+    """The route handlers of one broker and its log (``console``: of the node, the same for
+    every stack; ``snapshots``: a cluster node's, for peers)."""
 
     messages: MessageHandlers
     consumers: ConsumerHandlers
     health: HealthHandlers
     streams: StreamHandlers
     topics: TopicHandlers
+    console: ConsoleHandlers | None = None
+    snapshots: SnapshotHandlers | None = None
 
 
 def make_handlers(stack: Stack[Any], config: BrokerConfig, executors: Executors,
-                  limits: Limits) -> Handlers:
+                  limits: Limits, *, snapshots: SnapshotSource | None = None) -> Handlers:
     """The handlers of one broker stack (a node of a cluster of topic groups has one set
     per group it holds): reads through the broker's view, writes through its log."""
     broker: BrokerView = stack.broker
@@ -71,7 +74,9 @@ def make_handlers(stack: Stack[Any], config: BrokerConfig, executors: Executors,
         streams=StreamHandlers(broker, log_, executors, config.max_message_size,
                                long_poll_timeout=config.long_poll_timeout,
                                max_request_size=config.max_request_size, limits=limits),
-        topics=TopicHandlers(broker, log_, config.max_message_size, messages.topic))
+        topics=TopicHandlers(broker, log_, config.max_message_size, messages.topic),
+        console=ConsoleHandlers(config.data),
+        snapshots=SnapshotHandlers(snapshots, executors) if snapshots is not None else None)
 
 
 #: How a request names the group of its topic (in a cluster of topic groups).
@@ -79,16 +84,29 @@ TOPIC_PARAM, TOPIC_PATH, STREAM_NAME, EVERY_GROUP, NODE = (
     "topic param", "topic path", "stream name", "every group", "node")
 
 
+#: Which applications serve a route: a single node's (:func:`make_app`), a node's of a
+#: cluster of topic groups (:func:`messaging.http.groups.make_group_app`).
+SINGLE, GROUPS = "single", "groups"
+
+
 @dataclass(frozen=True)
 class Route:
-    """One route: method, path, the handler (``bundle.method`` of :class:`Handlers`), and
-    where a request finds its topic (one of the constants above)."""
+    """One route: method, path, the handler (``bundle.method`` of :class:`Handlers`; a
+    cluster of groups serves a node route with its router's method of the same name), where
+    a request finds its topic (one of the constants above), and which applications serve
+    it."""
 
     method: str
     path: str
     bundle: str
     handler: str
     finds: str
+    served: tuple[str, ...] = (SINGLE, GROUPS)
+
+    def served_by(self, handlers: Handlers) -> bool:
+        """Whether ``handlers`` have this route's bundle (a single node has no snapshot for
+        peers)."""
+        return getattr(handlers, self.bundle, None) is not None
 
     def of(self, handlers: Handlers) -> Handler:
         """This route's handler in ``handlers``."""
@@ -96,7 +114,8 @@ class Route:
         return handler
 
 
-#: Every route a node serves (besides the snapshot for peers).
+#: Every route a node serves, besides the console's own files
+#: (:func:`messaging.http.console.add_console_files`).
 ROUTES = (
     # The native API (InfluxDB's paths).
     Route("POST", "/messaging/messages", "messages", "publish", TOPIC_PARAM),
@@ -122,6 +141,12 @@ ROUTES = (
     Route("GET", "/readyz", "health", "readyz", NODE),
     # Durable Streams: one handler for every method, which declares a scope per method.
     Route("*", STREAMS_PREFIX + "{name:.+}", "streams", "handle", STREAM_NAME),
+    # What the web console asks of the node besides the API.
+    Route("GET", "/messaging/whoami", "console", "whoami", NODE),
+    Route("GET", "/messaging/disk", "console", "disk", NODE),
+    # A cluster: the snapshot peers catch up from; the map of topic groups.
+    Route("GET", SNAPSHOT_PATH, "snapshots", "snapshot", NODE),
+    Route("GET", "/messaging/groups", "node", "groups", NODE, served=(GROUPS,)),
 )
 
 
@@ -147,7 +172,7 @@ def new_app(config: BrokerConfig, tokens: Tokens | None) -> web.Application:
     middlewares = [errors_middleware] + ([auth_middleware(tokens)] if tokens is not None else [])
     app = web.Application(middlewares=middlewares, client_max_size=max(
         config.max_request_size, config.max_message_size + 1024))
-    add_console_routes(app, config.data, auth=tokens is not None)
+    add_console_files(app, auth=tokens is not None)
     return app
 
 
@@ -161,7 +186,7 @@ def make_app(stack: Stack[Any], config: BrokerConfig | None = None, *,
     """
     config = config or BrokerConfig()
     executors = Executors()
-    handlers = make_handlers(stack, config, executors, limits_of(config))
+    handlers = make_handlers(stack, config, executors, limits_of(config), snapshots=snapshots)
     app = new_app(config, tokens)
     app.on_startup.append(executors.start)
     app.on_startup.append(handlers.streams.start)
@@ -169,9 +194,8 @@ def make_app(stack: Stack[Any], config: BrokerConfig | None = None, *,
     app.on_cleanup.append(executors.stop)
     app.on_response_prepare.append(handlers.streams.add_cors)
     for route in ROUTES:
-        add_route(app, route, route.of(handlers))
-    if snapshots is not None:  # a cluster node: peers catch up from its snapshot
-        app.router.add_get(SNAPSHOT_PATH, SnapshotHandlers(snapshots, executors).snapshot)
+        if SINGLE in route.served and route.served_by(handlers):
+            add_route(app, route, route.of(handlers))
     app[EXECUTORS] = executors
     return app
 

@@ -109,18 +109,18 @@ class ConsoleHandlers:
         return json_answer({"total": usage.total, "used": usage.used, "free": usage.free})
 
 
-#: Whether the application authenticates requests (set by :func:`add_console_routes`).
+#: Whether the application authenticates requests (set by :func:`add_console_files`).
 AUTH_ON = web.AppKey("console_auth_on", bool)
 
 
-def add_console_routes(app: web.Application, data: Path, *, auth: bool) -> None:
-    """Serve the console and its two routes on ``app`` (``auth``: the app takes tokens)."""
-    console = ConsoleHandlers(data)
+def add_console_files(app: web.Application, *, auth: bool) -> None:
+    """Serve the console's own files on ``app`` (``auth``: the app takes tokens); its two API
+    routes, ``whoami`` and ``disk``, are in the table of routes
+    (:data:`messaging.http.app.ROUTES`)."""
+    console = ConsoleHandlers(Path())
     app[AUTH_ON] = auth
     app.router.add_get(PREFIX, console.redirect)
     app.router.add_get(PREFIX + "/", console.serve("index.html"))
     app.router.add_get(PREFIX + "/config.json", console.config)
     for name in STATIC:
         app.router.add_get(f"{PREFIX}/{name}", console.serve(name))
-    app.router.add_get("/messaging/whoami", console.whoami)
-    app.router.add_get("/messaging/disk", console.disk)

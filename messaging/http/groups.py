@@ -23,7 +23,6 @@ from typing import Any
 import aiohttp
 from aiohttp import hdrs, web
 
-from messaging.broker.view import SNAPSHOT_PATH
 from messaging.cluster.node import GroupNode, GroupStack
 from messaging.config import BrokerConfig
 from messaging.errors import (
@@ -41,6 +40,7 @@ from messaging.headers import (
 )
 from messaging.http.app import (
     EVERY_GROUP,
+    GROUPS,
     NODE,
     ROUTES,
     STREAM_NAME,
@@ -55,6 +55,7 @@ from messaging.http.app import (
     new_app,
 )
 from messaging.http.auth import OPEN, Tokens, declared_scope, requires
+from messaging.http.console import ConsoleHandlers
 from messaging.http.consumers import ConsumerHandlers
 from messaging.http.executors import EXECUTORS, Executors
 from messaging.http.health import HealthHandlers, healthz
@@ -421,9 +422,14 @@ def make_group_app(node: GroupNode, config: BrokerConfig, *,
     app.on_cleanup.append(router.stop)
     app.on_cleanup.append(executors.stop)
     app.on_response_prepare.append(router.served_by)
+    console = ConsoleHandlers(config.data)
     for route in ROUTES:
+        if GROUPS not in route.served:
+            continue
         if route.handler == "healthz":
             handler: _NodeHandler = healthz
+        elif route.bundle == "console":
+            handler = getattr(console, route.handler)
         elif route.finds == NODE:
             handler = getattr(router, route.handler)
         elif route.finds == EVERY_GROUP:
@@ -431,7 +437,5 @@ def make_group_app(node: GroupNode, config: BrokerConfig, *,
         else:
             handler = router.per_topic(route)
         add_route(app, route, handler)
-    app.router.add_get("/messaging/groups", router.groups)
-    app.router.add_get(SNAPSHOT_PATH, router.snapshot)
     app[EXECUTORS] = executors
     return app
