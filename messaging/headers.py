@@ -57,3 +57,10 @@ REVISION_HEADER = "X-Messaging-Revision"
 #: mark of a request one node forwarded to another (never forwarded again).
 NODE_HEADER = "X-Messaging-Node"
 FORWARDED_HEADER = "X-Messaging-Forwarded"
+
+#: Standard HTTP headers the clients set or read by name (``messaging.client``, ``messaging.cli``).
+CONTENT_TYPE_HEADER = "Content-Type"
+#: Where a 307 sends a request (the leader).
+LOCATION_HEADER = "Location"
+#: ``Bearer TOKEN`` on every request of a client given a token.
+AUTHORIZATION_HEADER = "Authorization"

@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _broker_parser(sub)
     add_token_commands(sub)
-    add_completion_command(sub)
+    add_completion_command(sub, build_parser)
     from messaging.cli.client import add_client_commands
     from messaging.cli.contexts import add_context_commands
     from messaging.cli.topic import add_topic_commands

@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from messaging.cli.client import _client, _positionals, _runner, add_connection_options
+from messaging.cli.arguments import add_connection_options, add_positionals
+from messaging.cli.connect import connect
+from messaging.cli.runner import runner
 from messaging.config import parse_duration, parse_size, show_duration, show_size
 from messaging.errors import MessagingError, NotFoundError
 from messaging.json_ids import dumps
@@ -34,7 +36,7 @@ def add_topic_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                          ("config", "change an existing topic's settings (only those "
                                     "given); a topic that does not exist is an error")):
         p = actions.add_parser(action, help=text, description=text + ".")
-        _positionals(p, "TOPIC")
+        add_positionals(p, "TOPIC")
         for key in SETTINGS:
             if key == AGE:
                 p.add_argument(f"--{key}", dest=key.replace("-", "_"), type=_age,
@@ -49,19 +51,19 @@ def add_topic_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                        f"{', '.join(SETTINGS)}; repeatable)")
         p.add_argument("--format", choices=["text", "json"], default="text")
         add_connection_options(p)
-        p.set_defaults(run=_runner(_configure), shape=("topic",))
+        p.set_defaults(run=runner(_configure), shape=("topic",))
 
     p = actions.add_parser("describe", help="show a topic and its effective settings")
-    _positionals(p, "TOPIC")
+    add_positionals(p, "TOPIC")
     p.add_argument("--format", choices=["text", "json"], default="text")
     add_connection_options(p)
-    p.set_defaults(run=_runner(_describe), shape=("topic",))
+    p.set_defaults(run=runner(_describe), shape=("topic",))
 
     p = actions.add_parser("delete", help="delete a topic: its messages, settings and "
                            "consumer positions, on every node (admin)")
-    _positionals(p, "TOPIC")
+    add_positionals(p, "TOPIC")
     add_connection_options(p)
-    p.set_defaults(run=_runner(_delete), shape=("topic",))
+    p.set_defaults(run=runner(_delete), shape=("topic",))
 
 
 def _size(text: str) -> int:
@@ -93,7 +95,7 @@ def settings_of(args: argparse.Namespace) -> dict[str, int | None]:
 
 async def _configure(args: argparse.Namespace) -> int:
     settings = settings_of(args)
-    async with _client(args) as client:
+    async with connect(args) as client:
         if args.action == "config":  # a typo must not create a topic: only create does
             try:
                 await client.describe_topic(args.topic)
@@ -105,14 +107,14 @@ async def _configure(args: argparse.Namespace) -> int:
 
 
 async def _describe(args: argparse.Namespace) -> int:
-    async with _client(args) as client:
+    async with connect(args) as client:
         answer = await client.describe_topic(args.topic)
     _show(answer, args.format)
     return 0
 
 
 async def _delete(args: argparse.Namespace) -> int:
-    async with _client(args) as client:
+    async with connect(args) as client:
         answer = await client.delete_topic(args.topic)
     print(f"deleted topic {answer.get('id', args.topic)}")
     return 0
