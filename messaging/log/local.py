@@ -5,6 +5,12 @@ new ones queue up and become the next group, so concurrent publishes share one w
 fsync. A request is answered once its group is durable (``fsync="always"``) and visible to
 readers; readers are woken after the publishers are answered. The writer does not wait for
 those answers: it takes the next group as soon as the last one's fsync returns.
+
+Ownership: the queue of commands is appended to on the loop and taken from on the writer
+thread (deque operations are atomic); whether the writer is asleep, and waking it, is
+:class:`WriterWakeup`'s, behind its lock; everything the writer writes (the broker, the
+deferred fsyncs) stays on the writer thread, and results go back to the loop with one
+``call_soon_threadsafe`` per group.
 """
 
 from __future__ import annotations
@@ -68,6 +74,42 @@ class DeferredSync:
             await loop.run_in_executor(executor, self.flush)
 
 
+class WriterWakeup:
+    """Wakes the writer thread when a command is queued while it sleeps, and only then.
+
+    The writer thread calls :meth:`sleep`; the event loop calls :meth:`ring` after queueing
+    a command (or asking the writer to close). The flag that says the writer is asleep, and
+    the event it sleeps on, change together behind ``_lock``, which either side holds for a
+    check and an assignment, never across I/O or the sleep itself. A busy writer is not
+    woken (no event is set while it writes): it finds new commands when it takes its next
+    group, so concurrent publishes still pile up into one group.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._asleep = False
+        self._event = threading.Event()
+
+    def ring(self) -> None:
+        """Something was queued for the writer (the loop): wake it if it sleeps."""
+        with self._lock:
+            if self._asleep:
+                self._event.set()
+
+    def sleep(self, has_work: Callable[[], bool], timeout: float | None) -> None:
+        """Sleep until rung or ``timeout`` (None: no limit), unless ``has_work()`` (the writer
+        thread). ``has_work`` is asked under the lock: whatever is queued before it is seen
+        by it, whatever after rings a writer marked asleep."""
+        with self._lock:
+            if has_work():
+                return
+            self._asleep = True
+        self._event.wait(timeout)
+        with self._lock:
+            self._asleep = False
+            self._event.clear()
+
+
 class LocalLog:
     """The embedded single-node log: commands go straight to the broker, in groups.
 
@@ -85,10 +127,7 @@ class LocalLog:
         self.fsync = fsync
         # Appended on the loop, taken on the writer thread: deque operations are atomic.
         self._pending: deque[tuple[bytes, asyncio.Future[ApplyResult]]] = deque()
-        self._work = threading.Event()
-        # True while the writer may be about to sleep: it re-checks the queue after setting
-        # it, so a command queued after that check sees it and wakes the writer.
-        self._sleeping = False
+        self._wakeup = WriterWakeup()
         self._unsynced = DeferredSync(broker)
         self._thread: threading.Thread | None = None
         self._stopped: asyncio.Future[None] | None = None
@@ -106,7 +145,7 @@ class LocalLog:
     async def close(self) -> None:
         """Finish every queued command, fsync, and stop the writer."""
         self._closing = True
-        self._work.set()
+        self._wakeup.ring()
         if self._stopped is not None:
             await asyncio.shield(self._stopped)  # the writer drains the queue and returns
         if self._thread is not None:
@@ -119,8 +158,7 @@ class LocalLog:
             raise BrokerClosedError("the broker is shutting down")
         future: asyncio.Future[ApplyResult] = asyncio.get_running_loop().create_future()
         self._pending.append((command, future))
-        if self._sleeping:  # a busy writer finds it anyway: no lock, no wake-up
-            self._work.set()
+        self._wakeup.ring()
         started = time.perf_counter()
         result = await future
         self.broker.metrics.publish_latency.observe(time.perf_counter() - started)
@@ -154,11 +192,7 @@ class LocalLog:
         try:
             while True:
                 timeout = max(0.0, next_flush - time.monotonic()) if periodic else None
-                self._sleeping = True
-                if not self._pending and not self._closing:
-                    self._work.wait(timeout)
-                self._sleeping = False
-                self._work.clear()
+                self._wakeup.sleep(self._has_work, timeout)
                 while self._pending:
                     group = self._take_group()
                     try:
@@ -178,6 +212,9 @@ class LocalLog:
             raise
         finally:
             self._call(self._finished)
+
+    def _has_work(self) -> bool:
+        return bool(self._pending) or self._closing
 
     def _flush(self) -> None:
         """The deferred fsyncs; a failure is logged (and stops its topic), never raised."""

@@ -1,2 +1,3 @@
-"""The cluster's log on etcd: the watch-and-apply loop, the writer that puts
-commands, the etcd client, membership, and snapshot fetches from peers."""
+"""The cluster's log on etcd: the log itself (lifecycle and public face), its watch, apply,
+checkpoint and progress, snapshot installs from peers, the writer that puts commands, the
+etcd client, and membership."""

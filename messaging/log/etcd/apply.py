@@ -1,0 +1,208 @@
+"""Applying etcd's command log: revisions in order, in batches, on the writer thread.
+
+The watch (:mod:`messaging.log.etcd.watch`) delivers each revision of the log key to a
+bounded queue. The apply task (on the event loop) takes what has queued up, up to
+APPLY_BATCH_BYTES, as one batch and applies it on the node's writer thread: each revision's
+value is decoded into its commands and all of them go through one ``Broker.write_group``, so
+every node assigns the same indexes and writes the same segment files. Back on the loop, the
+publishers of this node whose puts made those revisions are answered
+(:meth:`~messaging.log.etcd.writer.LogWriter.answer`), and then the followers of the touched
+topics are woken.
+
+A batch that failed locally as a whole (disk trouble, the broker's index back where it was)
+is retried; one that failed in part, or while a topic's fsync has failed, stops this node
+for good (:attr:`Applier.failure`): it refuses publishes until it is restarted.
+
+Ownership: the queue, :attr:`Applier.failure` and :attr:`Applier.error` belong to the loop;
+:meth:`Applier._apply_revisions` runs on the writer thread and shares only
+:class:`~messaging.log.etcd.progress.Progress` (behind its lock) and the writer-thread-only
+:class:`~messaging.log.etcd.checkpoint.Checkpoints`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+from messaging.broker.broker import Broker
+from messaging.broker.commands import ApplyResult
+from messaging.config import FsyncMode
+from messaging.errors import (
+    BrokerClosedError,
+    CommitUnknownError,
+    MessagingError,
+    StorageError,
+    StorageFailedError,
+)
+from messaging.log.etcd.checkpoint import Checkpoints
+from messaging.log.etcd.progress import Progress
+from messaging.log.etcd.writer import ApplyTiming, LogWriter, decode_entry
+from messaging.log.local import DeferredSync
+from messaging.quiet_log import RECURRING_LOG_INTERVAL, QuietLog
+
+log = logging.getLogger(__name__)
+
+#: A batch of revisions is cut once it holds this many bytes of log values.
+APPLY_BATCH_BYTES = 32 << 20
+#: Revisions delivered but not yet applied: a full queue holds the watch back.
+QUEUED_REVISIONS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Revision:
+    """One revision of the log key, as the watch delivered it."""
+
+    revision: int
+    value: bytes
+    received: float  # when the watch delivered it (time.monotonic)
+
+
+class _GroupFailed(Exception):
+    """Nothing of a batch of revisions was applied (local disk trouble): try it again."""
+
+
+class _Diverged(Exception):
+    """Part of a batch applied and part failed locally: this node can no longer follow."""
+
+
+@dataclass(slots=True)
+class _Applied:
+    spans: list[tuple[Revision, bytes, int, int, int]]  # node, seq, first command, count
+    results: list[ApplyResult | MessagingError]
+    touched: set[int]
+    started: float  # time.monotonic, on the writer thread
+    finished: float
+
+
+class Applier:
+    """Applies the delivered revisions in order and answers this node's publishers.
+
+    The loop calls :meth:`deliver`, :meth:`drained` and runs :meth:`run`; the writer thread
+    (``writer``, one worker) does the applying.
+    """
+
+    def __init__(self, broker: Broker, writer: Executor, writes: LogWriter,
+                 progress: Progress, checkpoints: Checkpoints, unsynced: DeferredSync,
+                 fsync: FsyncMode, log_key: bytes) -> None:
+        self.broker = broker
+        self._writer = writer
+        self._writes = writes
+        self._progress = progress
+        self._checkpoints = checkpoints
+        self._unsynced = unsynced
+        self._durable = fsync == "always"
+        self._log_name = log_key.decode()
+        self._queue: asyncio.Queue[Revision] = asyncio.Queue(maxsize=QUEUED_REVISIONS)
+        self._quiet = QuietLog(log, RECURRING_LOG_INTERVAL)
+        #: Why the last batch failed while it is being retried (None: it did not).
+        self.error: str | None = None
+        #: Set when this node stopped applying for good: publishes are refused with it.
+        self.failure: MessagingError | None = None
+
+    async def deliver(self, revision: Revision) -> None:
+        """Queue a revision for applying (waits while the queue is full)."""
+        await self._queue.put(revision)
+
+    async def drained(self) -> None:
+        """Wait until every revision delivered so far is applied."""
+        await self._queue.join()
+
+    async def run(self) -> None:
+        """Apply batches of delivered revisions until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            size = len(batch[0].value)
+            while size < APPLY_BATCH_BYTES and not self._queue.empty():
+                item = self._queue.get_nowait()
+                batch.append(item)
+                size += len(item.value)
+            delay = 0.1
+            while True:
+                try:
+                    applied = await loop.run_in_executor(self._writer, self._apply_revisions,
+                                                         batch)
+                    break
+                except _GroupFailed as err:
+                    if any(t.failure is not None for t in self.broker.topics()):
+                        # An fsync failed: the topic takes no more writes until a restart
+                        # re-verifies its files, so retrying cannot succeed.
+                        await self._stop(batch, err)
+                    self.error = str(err)
+                    self._quiet.log("apply", logging.ERROR, "applying revisions %d..%d failed "
+                                   "(retrying): %s", batch[0].revision, batch[-1].revision, err)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                except _Diverged as err:
+                    await self._stop(batch, err)
+            self.error = None
+            self._answer(applied)
+            for _ in batch:
+                self._queue.task_done()
+
+    async def _stop(self, batch: list[Revision], err: Exception) -> None:
+        """Stop for good: nothing of ``batch`` is visible, publishes are refused (503) and the
+        ones waiting are told their outcome is unknown here (504, committed in etcd). A
+        restart re-verifies the files and replays from the checkpoint, which never covers
+        data that was not fsynced. Never returns; cancelling the apply task ends it."""
+        self.failure = StorageFailedError(
+            f"this node stopped applying the log at revision {batch[0].revision}: {err}; "
+            "restart it (it re-verifies its files and replays from its checkpoint)")
+        self.error = str(err)
+        log.critical("%s", self.failure)
+        self._writes.fail_waiting(CommitUnknownError(
+            f"committed in etcd, but this node stopped applying the log: {err}; the other "
+            "nodes have it"), self.failure)
+        for _ in batch:
+            self._queue.task_done()
+        await asyncio.Event().wait()
+
+    def _apply_revisions(self, batch: list[Revision]) -> _Applied:
+        """Apply revisions in order as one group (writer thread)."""
+        started = time.monotonic()
+        commands: list[bytes] = []
+        times: list[int | None] = []
+        spans: list[tuple[Revision, bytes, int, int, int]] = []
+        for item in batch:
+            try:
+                entry = decode_entry(item.value)
+            except ValueError as err:
+                # Every node sees the same bytes and skips them alike.
+                log.warning("revision %d of %s is not a log entry (%s); skipped",
+                            item.revision, self._log_name, err)
+                continue
+            spans.append((item, entry.node, entry.seq, len(commands), len(entry.commands)))
+            commands.extend(entry.commands)
+            times.extend([entry.time] * len(entry.commands))
+        durable = self._durable
+        results = (self.broker.write_group(commands, durable=durable, notify=False, times=times)
+                   if commands else [])
+        local = [r for r in results if isinstance(r, (StorageError, BrokerClosedError))]
+        if local:
+            if len(local) == len(results) and all(r is local[0] for r in local):
+                raise _GroupFailed(str(local[0]))  # nothing was applied: the index is back
+            raise _Diverged(str(local[0]))
+        touched = {t for r in results if isinstance(r, ApplyResult) for t in r.topics}
+        if not durable:
+            self._unsynced.add(touched)
+        self._progress.applied_through(batch[-1].revision)
+        self._checkpoints.applied(len(batch), self.broker.index)
+        self.broker.metrics.group_commits.inc(len(commands))
+        finished = time.monotonic()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("applied revisions %d..%d of %s: %d commands, %d bytes, %.3f ms",
+                      batch[0].revision, batch[-1].revision, self._log_name,
+                      len(commands), sum(len(item.value) for item in batch),
+                      (finished - started) * 1000)
+        self._checkpoints.if_due()
+        return _Applied(spans, results, touched, started, finished)
+
+    def _answer(self, applied: _Applied) -> None:
+        """Answer this node's publishers, then wake the followers (on the loop)."""
+        for item, node, seq, first, count in applied.spans:
+            self._writes.answer(node, seq, applied.results[first:first + count],
+                                ApplyTiming(item.received, applied.started, applied.finished))
+        self.broker.notify(applied.touched)

@@ -1,0 +1,189 @@
+"""The watch of etcd's command log that feeds a node: one stream, supervised.
+
+One watch of the log key runs at a time, from the revision after the last one received (or
+after a stretch a quorum read saw empty). Each revision it brings is delivered to the apply
+side (:meth:`messaging.log.etcd.apply.Applier.deliver`), whose full queue holds the watch
+back. The stream is this node's lifeline: when it fails in any way but cancellation, the
+failure is logged and the watch restarts on the next endpoint, with a short back-off. The
+node's monitor cancels an attempt that is stuck (:func:`watch_stuck`): the log moved on and
+the watch brought nothing for WATCH_STUCK seconds. When etcd compacted the revision the
+watch needs, ``on_compacted`` (a snapshot install from a peer) brings the node past it.
+
+Everything here runs on the event loop: :class:`LogWatch` and its fields belong to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from messaging.aio import cancel_and_wait
+from messaging.log.etcd.apply import Revision
+from messaging.log.etcd.client import CompactedError, EtcdClient, describe
+from messaging.log.etcd.progress import Progress
+from messaging.log.etcd.startup import Startup
+
+log = logging.getLogger(__name__)
+
+#: The log moved on but the watch brought nothing for this long: restart the watch. The
+#: time counts from the latest of the watch's last event, the start of its current attempt
+#: and the moment this node first saw the log ahead of it (an idle watch is not a stuck one).
+WATCH_STUCK = 3.0
+_EVENT_PUT = 0
+
+
+def watch_stuck(now: float, behind_since: float, last_event: float,
+                attempt_started: float) -> bool:
+    """Whether a watch attempt is stuck: the log has been ahead of it, with no event and no new
+    attempt, for more than WATCH_STUCK seconds. A watch idle for long is judged from when the
+    log moved on, and each attempt from its own start, so a fresh attempt gets a fair deadline.
+    """
+    return now - max(behind_since, last_event, attempt_started) > WATCH_STUCK
+
+
+class LogWatch:
+    """The supervised watch of one log key (on the loop).
+
+    ``deliver`` takes each new revision (in order, each once); ``on_compacted`` is called
+    with etcd's compaction revision when the next revision is gone, and returns the revision
+    through which the node has caught up meanwhile (a snapshot install).
+    """
+
+    def __init__(self, client: EtcdClient, log_key: bytes, endpoints: list[str],
+                 progress: Progress, deliver: Callable[[Revision], Awaitable[None]],
+                 on_compacted: Callable[[int], Awaitable[int]], startup: Startup) -> None:
+        self.client = client
+        self._log_key = log_key
+        self._endpoints = endpoints
+        self._progress = progress
+        self._deliver = deliver
+        self._on_compacted = on_compacted
+        self._startup = startup
+        #: The last revision delivered (or caught up to by an install).
+        self.received = 0
+        #: Whether the current attempt's stream is open and created by etcd.
+        self.live = False
+        #: Why the watch last failed (None once an attempt is live again).
+        self.error: str | None = None
+        self._endpoint = 0
+        self._attempt: asyncio.Task[None] | None = None
+        self._event_at = 0.0
+        self._attempt_at = 0.0
+        self._behind_since: float | None = None
+        self._restarts = 0
+        self._from = 0
+
+    def diagnostics(self) -> dict[str, Any]:
+        """Whether the watch is live, from where, on which endpoint, how recent its last
+        event is, how often it restarted, and why it last failed."""
+        return {
+            "live": self.live,
+            "from_revision": self._from,
+            "endpoint": self._endpoints[self._endpoint],
+            "last_event_age": (round(time.monotonic() - self._event_at, 3)
+                               if self._event_at else None),
+            "restarts": self._restarts,
+            "error": self.error,
+        }
+
+    def restart_if_stuck(self, now: float, log_revision: int) -> None:
+        """Cancel the current attempt if the log (last written at ``log_revision``) has been
+        ahead of what it brought for WATCH_STUCK seconds of this attempt, with no event
+        meanwhile: :meth:`run` restarts it on the next endpoint."""
+        if self._attempt is None or log_revision <= self.received:
+            self._behind_since = None
+            return
+        if self._behind_since is None:
+            self._behind_since = now
+        if watch_stuck(now, self._behind_since, self._event_at, self._attempt_at):
+            self._attempt.cancel()
+
+    async def run(self) -> None:
+        """Keep one watch running; anything but cancellation restarts it on the next endpoint."""
+        failures = 0
+        while True:
+            attempt = asyncio.create_task(self._watch_once(), name="messaging-etcd-watch-once")
+            self._attempt = attempt
+            self._attempt_at = time.monotonic()
+            try:
+                await asyncio.wait([attempt])
+            except asyncio.CancelledError:
+                await cancel_and_wait(attempt)
+                raise
+            finally:
+                self.live = False
+                self._attempt = None
+            error: BaseException | None
+            if attempt.cancelled():
+                error = TimeoutError(f"no event for {WATCH_STUCK:.0f}s while etcd's log moved "
+                                     "on")
+            else:
+                error = attempt.exception()
+            if isinstance(error, CompactedError):
+                log.warning("etcd compacted the log through revision %d, past this node's "
+                            "revision %d: installing a snapshot from a peer",
+                            error.compact_revision, self.received)
+                self.error = f"revision {self.received + 1} compacted: installing a snapshot"
+                self.received = await self._on_compacted(error.compact_revision)
+                failures = 0
+                continue
+            reason = describe(error) if error is not None else "stream ended"
+            self.error = reason
+            self._restarts += 1
+            # Every restart is logged: a watch that keeps failing over must show in the log
+            # (at INFO while the node starts: etcd may be starting too).
+            log.log(self._startup.level(), "watch of %s on %s failed (%s); restarting from "
+                    "revision %d on the next endpoint (restart %d)", self._log_key.decode(),
+                    self._endpoints[self._endpoint], reason, self.received + 1,
+                    self._restarts)
+            self._endpoint = (self._endpoint + 1) % len(self._endpoints)
+            if self._event_at and time.monotonic() - self._event_at < 1.0:
+                failures = 0
+            await asyncio.sleep(min(0.1 * 2 ** failures, 1.0))
+            failures += 1
+
+    async def _watch_once(self) -> None:
+        start = await self._start_revision()
+        self._from = start
+        call = await self.client.watch(self._log_key, start, self._endpoint)
+        try:
+            async for response in call:
+                self._event_at = time.monotonic()
+                if response.compact_revision:
+                    raise CompactedError(int(response.compact_revision))
+                if response.canceled:
+                    raise ConnectionError(response.cancel_reason or "watch canceled by etcd")
+                if response.created:
+                    self.live = True
+                    self.error = None
+                    log.info("watching %s from revision %d on %s", self._log_key.decode(), start,
+                             self._endpoints[self._endpoint])
+                for event in response.events:
+                    revision = int(event.kv.mod_revision)
+                    if event.type != _EVENT_PUT or revision <= self.received:
+                        continue
+                    await self._deliver(Revision(revision, bytes(event.kv.value),
+                                                 time.monotonic()))
+                    self.received = revision
+                    self._event_at = time.monotonic()  # a full queue is not a stuck watch
+        finally:
+            call.cancel()
+        raise ConnectionError("watch stream ended")
+
+    async def _start_revision(self) -> int:
+        """The revision to watch from: after what was received, skipping log-free history."""
+        start = max(self.received, self._progress.idle_covered) + 1
+        response = await self.client.get(self._log_key, keys_only=True,
+                                         endpoint=self._endpoint)
+        head = int(response.header.revision)
+        if not response.kvs:
+            return max(start, head + 1)
+        kv = response.kvs[0]
+        if kv.mod_revision < start:
+            return max(start, head + 1)  # no entry after what this node has
+        if self.received == 0:
+            return max(start, int(kv.create_revision))  # a new node: from the log's first entry
+        return start
