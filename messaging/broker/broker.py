@@ -22,7 +22,10 @@ Who owns what: the writer side is this class (files, the state journal, fsyncs a
 out a group's effects) over :class:`~messaging.broker.machine.StateMachine` (what each
 command decides, no I/O); readers read :class:`~messaging.broker.state.CommittedState`
 (``broker.committed``) and the topics' committed views; retention is a service of its own
-(:class:`~messaging.broker.retention.Retention`, ``broker.retention``).
+(:class:`~messaging.broker.retention.Retention`, ``broker.retention``). This module is
+over 600 lines because the group transaction (stage, journal, write, fsync, commit or abort,
+and carrying out a committed group's effects) is one piece whose steps must be read together,
+and because the Broker is also the :class:`~messaging.broker.view.BrokerView` readers use.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from messaging.aio import Notifier
-from messaging.broker import snapshot
+from messaging.broker import describe, recovery, snapshot
 from messaging.broker.catalog import STREAM_OP, Catalog
 from messaging.broker.commands import ApplyResult, Run, is_topic_command
 from messaging.broker.machine import StateMachine
@@ -43,7 +46,7 @@ from messaging.broker.metrics import BrokerMetrics, TopicRow
 from messaging.broker.retention import Retention, RetentionLimits
 from messaging.broker.snapshot import FORMAT
 from messaging.broker.state import CommittedState
-from messaging.broker.state_log import CatalogLog, incomplete
+from messaging.broker.state_log import CatalogLog
 from messaging.broker.subscribers import PositionChange, Subscribers
 from messaging.broker.topic_settings import MAX_SEGMENT_SIZE, TopicEntry
 from messaging.config import (
@@ -52,13 +55,10 @@ from messaging.config import (
     DEFAULT_SUBSCRIBER_TIMEOUT,
 )
 from messaging.errors import (
-    DataDirectoryError,
     MessagingError,
     StorageFailedError,
 )
 from messaging.files import (
-    read_json,
-    remove_stale_temporaries,
     storage_error,
     write_json_atomic,
 )
@@ -201,25 +201,13 @@ class Broker:
         topics = self.store.open()
         for topic in topics:
             self.metrics.recovered_truncated_bytes.inc(topic.stats.recovered_truncated_bytes)
-        state: dict[str, Any] = {"format": FORMAT}
-        meta = self.path / "broker.json"
-        if meta.exists():
-            try:
-                state = read_json(meta)
-            except (OSError, ValueError) as err:
-                raise DataDirectoryError(f"{meta} is unreadable: {err}") from err
-            if state.get("format") != FORMAT:
-                raise DataDirectoryError(f"{meta} has format {state.get('format')!r}; this "
-                                         f"broker reads format {FORMAT}")
-        remove_stale_temporaries(meta)
+        state = recovery.read_saved_state(self.path)
         self.catalog.restore(state.get("catalog"))
         self.positions.restore(state.get("subscribers", {}))
-        try:
-            journaled = self._replay_journal(int(state.get("catalog_seq", 0)))
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise DataDirectoryError(f"{self._catalog_log.path} is unreadable: {err}") from err
-        self._reconcile_streams()
-        self._reconcile_deleted()
+        journaled = recovery.replay_journal(self._catalog_log, int(state.get("catalog_seq", 0)),
+                                            self.store, self.catalog, self.positions)
+        recovery.reconcile_streams(self.store, self.catalog)
+        recovery.reconcile_deleted(self.store, self.catalog.topic_settings)
         self._configure(self.store.all())
         # Each source alone may be behind: broker.json is saved now and then, a journal line
         # is written only by groups that change state, and a deleted stream's topic took its
@@ -230,73 +218,6 @@ class Broker:
                         + [t.last_time or 0 for t in self.store.all()])
         # Nothing is written here: a broker whose disk is full still starts and serves reads.
         log.info("opened %s: %d topics, index %d", self.path, len(self.store.ids()), self.index)
-
-    def _replay_journal(self, after: int) -> int:
-        """Apply the state journal's lines after ``after`` (start-up); returns the broker
-        index the last of them recorded.
-
-        Its last line may belong to a group a crash interrupted after the line was written and
-        before all of its frames were: that group was never acknowledged, so the line is
-        dropped and the frames of it that reached the disk are cut back (see
-        :mod:`messaging.broker.state_log`). Frames and the state recorded with them then agree.
-        """
-        entries = self._catalog_log.read(after)
-        if entries and incomplete(entries[-1], self._last_on_disk):
-            self._cut_group(entries.pop())
-            self._catalog_log.drop_last()
-        for entry in entries:
-            self.catalog.replay(entry.get("changes", {}))
-            for topic, index, name, kind in entry.get("positions", []):
-                self.positions.apply(PositionChange(topic, index, name, kind))
-        return int(entries[-1].get("index", 0)) if entries else 0
-
-    def _last_on_disk(self, topic_id: int) -> int:
-        topic = self.store.get(topic_id)
-        return topic.last_index if topic is not None else 0
-
-    def _cut_group(self, entry: dict[str, Any]) -> None:
-        """Remove the frames of a group the journal records as interrupted (start-up)."""
-        first = int(entry["group"]["first"])
-        for key in entry["group"]["last"]:
-            topic = self.store.get(int(key))
-            if topic is None or topic.last_index < first:
-                continue
-            removed = topic.cut_after(first - 1)
-            log.warning("topic %d: removed %d bytes of a group a crash interrupted (from index "
-                        "%d; it was never acknowledged)", topic.id, removed, first)
-            if not any(topic.path.iterdir()):  # it held nothing but that group
-                self.store.remove(topic.id)
-            else:
-                self.store.reopen(topic)
-
-    def _reconcile_streams(self) -> None:
-        """Make the named topics on disk match the catalog saved with them (start-up).
-
-        A group is acknowledged only after ``broker.json`` (the catalog) is saved, so frames
-        a named topic holds beyond its stream's tail were never acknowledged: they go, as do
-        the directories of named topics the catalog does not know (a create or a delete that
-        a crash interrupted).
-        """
-        for topic_id in [t for t in self.store.ids() if t >= NAMED_TOPIC_BASE]:
-            name = self.catalog.name_of(topic_id)
-            topic = self.store.get(topic_id)
-            if name is None or topic is None:
-                self.store.remove(topic_id)
-                continue
-            stream = self.catalog.streams[name]
-            if topic.last_index > stream.tail[0]:
-                topic.cut_after(stream.tail[0])
-                self.store.reopen(topic)
-
-    def _reconcile_deleted(self) -> None:
-        """Delete the files of topics deleted by a command whose group a crash interrupted
-        after its journal line (start-up): every frame they hold predates the deletion."""
-        for topic in self.store.all():
-            deleted_at = self.catalog.topic_settings.committed(topic.id).deleted_at
-            if deleted_at is not None and 0 < topic.last_index <= deleted_at:
-                log.warning("topic %d: removing its files, deleted at index %d", topic.id,
-                            deleted_at)
-                self.store.remove(topic.id)
 
     def _configure(self, topics: Iterable[Topic]) -> None:
         """Give topics their effective segment size and the floor of their last deletion."""
@@ -647,60 +568,18 @@ class Broker:
 
     def topic_info(self, topic: TopicView) -> dict[str, Any]:
         """The JSON description of a topic used by the HTTP API (with its stream's name)."""
-        info: dict[str, Any] = {}
-        name = self.committed.stream_name(topic.id)
-        if name is not None:
-            info["name"] = name
-        info |= {
-            "id": topic.id,
-            "first_index": topic.first_index,
-            "last_index": topic.committed_index,
-            "size": topic.size,
-            "segments": topic.segment_count,
-            "subscribers": self.subscribers(topic.id),
-        }
-        if self.tiered is not None:
-            manifest = self.manifest(topic.id)
-            local = topic.local if isinstance(topic, TieredTopic) else self.store.get(topic.id)
-            if local is not None:
-                info["first_index"] = self.tiered.view(local).first_index
-                info["local_first_index"] = local.first_index
-            info["offloaded_size"] = manifest.size
-            info["offloaded_segments"] = len(manifest.objects)
-            info["offloaded_through"] = manifest.offloaded
-        return info
+        return describe.topic_info(topic, self.committed, self.store, self.tiered)
 
     def diagnostics(self) -> dict[str, Any]:
         """Broker index, topics and counters (the log adds role, leader and peers)."""
-        topics = []
-        for topic in self.topics():
-            info = self.topic_info(topic)
-            info["stats"] = topic.stats.copy()
-            failure = topic.failure
-            info["writable"] = failure is None
-            info["followers"] = topic.waiting  # streams parked until its next commit
-            if failure is not None:
-                info["failure"] = str(failure)
-            topics.append(info)
-        described: dict[str, Any] = {
-            "index": self.index, "time": self.time or None, "path": str(self.path),
-            "topics": topics, "open_files": self.store.open_files,
-            "max_open_files": self.store.max_open_files}
-        return described
+        return {"index": self.index, "time": self.time or None, "path": str(self.path),
+                **describe.topics(self.topics(), self.committed, self.store, self.tiered)}
 
     def _topic_rows(self) -> list[TopicRow]:
-        """Every topic's figures and health, for the metrics."""
-        return [TopicRow(t.id, t.stats.corrupt_frames, t.failure is None, t.size,
-                         t.first_index, t.committed_index, t.segment_count)
-                for t in self.topics()]
+        return describe.topic_rows(self.topics())
 
     def _subscriber_rows(self) -> list[tuple[int, str, int, int]]:
-        rows = []
-        for topic_id, subscriber_id, index in self.positions.rows():
-            topic = self.store.get(topic_id)
-            last = topic.committed_index if topic is not None else 0
-            rows.append((topic_id, subscriber_id, index, max(last - index, 0)))
-        return rows
+        return describe.subscriber_rows(self.committed, self.store)
 
     # -- retention (messaging.broker.retention) ---------------------------------------------
 

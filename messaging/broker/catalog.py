@@ -22,6 +22,11 @@ Rules this module documents:
   (the least recently used goes first).
 - A fork is a reference ``(source, position)``, never a copy; a stream with forks that is
   deleted is soft-deleted (410 to its own readers and writers) until its last fork is gone.
+
+This module is over 600 lines because it holds every rule of the Durable Streams state
+machine (create, append, close, fork, delete, expiry, idempotent producers) beside the
+staging overlay those rules change: splitting them apart would put a rule's check and its
+change in two places.
 """
 
 from __future__ import annotations

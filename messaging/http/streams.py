@@ -9,6 +9,9 @@ notifications, never in a sleep loop.
 
 Sliding TTLs are kept per node: a read or write on a node extends the stream's life there;
 the node that finds a stream expired deletes it through the log.
+
+This module is over 600 lines because it is the whole protocol surface (five methods, catch-up,
+long-poll and SSE reads, ETags, cursors and CORS) in one place, as the protocol document reads.
 """
 
 from __future__ import annotations

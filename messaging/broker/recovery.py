@@ -1,0 +1,121 @@
+"""Opening a data directory: the state saved in ``broker.json``, the state journal's lines after
+it, and the topics' files made to agree with both (start-up only, before anything is served).
+
+A group is written as its journal line first, then its frames (see
+:mod:`messaging.broker.state_log`): a crash can leave a last line whose frames did not all
+reach the disk (that group was never acknowledged: the line is dropped and its frames cut
+back), frames of a named topic beyond its stream's saved tail, directories of named topics the
+catalog does not know, and files of a topic whose deletion was journaled but not carried out.
+Each function here mends one of these; none writes anything else, so a broker whose disk is
+full still starts and serves reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from messaging.broker.catalog import Catalog
+from messaging.broker.snapshot import FORMAT
+from messaging.broker.state_log import CatalogLog, incomplete
+from messaging.broker.subscribers import PositionChange, Subscribers
+from messaging.broker.topic_settings import TopicTable
+from messaging.errors import DataDirectoryError
+from messaging.files import read_json, remove_stale_temporaries
+from messaging.placement import NAMED_TOPIC_BASE
+from messaging.topic.store import TopicStore
+
+log = logging.getLogger(__name__)
+
+
+def read_saved_state(path: Path) -> dict[str, Any]:
+    """``broker.json`` of the data directory ``path`` (a fresh state when there is none);
+    :class:`DataDirectoryError` when it is unreadable or of another format."""
+    state: dict[str, Any] = {"format": FORMAT}
+    meta = path / "broker.json"
+    if meta.exists():
+        try:
+            state = read_json(meta)
+        except (OSError, ValueError) as err:
+            raise DataDirectoryError(f"{meta} is unreadable: {err}") from err
+        if state.get("format") != FORMAT:
+            raise DataDirectoryError(f"{meta} has format {state.get('format')!r}; this "
+                                     f"broker reads format {FORMAT}")
+    remove_stale_temporaries(meta)
+    return state
+
+
+def replay_journal(journal: CatalogLog, after: int, store: TopicStore, catalog: Catalog,
+                   positions: Subscribers) -> int:
+    """Apply the state journal's lines after ``after``; returns the broker index the last of
+    them recorded.
+
+    Its last line may belong to a group a crash interrupted after the line was written and
+    before all of its frames were: that group was never acknowledged, so the line is
+    dropped and the frames of it that reached the disk are cut back. Frames and the state
+    recorded with them then agree.
+    """
+    def last_on_disk(topic_id: int) -> int:
+        topic = store.get(topic_id)
+        return topic.last_index if topic is not None else 0
+
+    try:
+        entries = journal.read(after)
+        if entries and incomplete(entries[-1], last_on_disk):
+            cut_group(store, entries.pop())
+            journal.drop_last()
+        for entry in entries:
+            catalog.replay(entry.get("changes", {}))
+            for topic, index, name, kind in entry.get("positions", []):
+                positions.apply(PositionChange(topic, index, name, kind))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DataDirectoryError(f"{journal.path} is unreadable: {err}") from err
+    return int(entries[-1].get("index", 0)) if entries else 0
+
+
+def cut_group(store: TopicStore, entry: dict[str, Any]) -> None:
+    """Remove the frames of a group the journal records as interrupted."""
+    first = int(entry["group"]["first"])
+    for key in entry["group"]["last"]:
+        topic = store.get(int(key))
+        if topic is None or topic.last_index < first:
+            continue
+        removed = topic.cut_after(first - 1)
+        log.warning("topic %d: removed %d bytes of a group a crash interrupted (from index "
+                    "%d; it was never acknowledged)", topic.id, removed, first)
+        if not any(topic.path.iterdir()):  # it held nothing but that group
+            store.remove(topic.id)
+        else:
+            store.reopen(topic)
+
+
+def reconcile_streams(store: TopicStore, catalog: Catalog) -> None:
+    """Make the named topics on disk match the catalog saved with them.
+
+    A group is acknowledged only after ``broker.json`` (the catalog) is saved, so frames a
+    named topic holds beyond its stream's tail were never acknowledged: they go, as do the
+    directories of named topics the catalog does not know (a create or a delete that a crash
+    interrupted).
+    """
+    for topic_id in [t for t in store.ids() if t >= NAMED_TOPIC_BASE]:
+        name = catalog.name_of(topic_id)
+        topic = store.get(topic_id)
+        if name is None or topic is None:
+            store.remove(topic_id)
+            continue
+        stream = catalog.streams[name]
+        if topic.last_index > stream.tail[0]:
+            topic.cut_after(stream.tail[0])
+            store.reopen(topic)
+
+
+def reconcile_deleted(store: TopicStore, table: TopicTable) -> None:
+    """Delete the files of topics deleted by a command whose group a crash interrupted after
+    its journal line: every frame they hold predates the deletion."""
+    for topic in store.all():
+        deleted_at = table.committed(topic.id).deleted_at
+        if deleted_at is not None and 0 < topic.last_index <= deleted_at:
+            log.warning("topic %d: removing its files, deleted at index %d", topic.id,
+                        deleted_at)
+            store.remove(topic.id)
