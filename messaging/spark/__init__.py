@@ -10,7 +10,8 @@ This module holds the data source itself, which hands out the readers of
 :mod:`messaging.spark.source` and the writers of :mod:`messaging.spark.sink`; rows become
 Arrow in :mod:`messaging.spark.arrow` (their append times come from
 :mod:`messaging.spark.times`), options are parsed in :mod:`messaging.spark.options` and
-brokers are reached through :mod:`messaging.spark.broker_http`.
+brokers are reached through :mod:`messaging.spark.broker_http`. Registering it checks that
+Spark's Python workers can run it (:mod:`messaging.spark.worker_python`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pyspark.sql.types import StructType
 from messaging.spark.arrow import SOURCE_SCHEMA
 from messaging.spark.sink import MessagingBatchWriter, MessagingStreamWriter
 from messaging.spark.source import MessagingBatchReader, MessagingStreamReader
+from messaging.spark.worker_python import check_active_context
 
 __all__ = ["MessagingDataSource"]
 
@@ -30,7 +32,15 @@ class MessagingDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
-        """The format name: ``spark.read.format("messaging")``."""
+        """The format name: ``spark.read.format("messaging")``.
+
+        ``spark.dataSource.register`` asks for it first, on the driver: so registering the
+        source checks that Spark's Python workers can import pyarrow and messaging, and fails
+        with one line naming the fix (``PYSPARK_PYTHON``) when they cannot. Workers ask too,
+        and check nothing (they have no SparkContext); an interpreter that passed is not
+        asked again.
+        """
+        check_active_context()
         return "messaging"
 
     def schema(self) -> str:
