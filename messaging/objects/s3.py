@@ -13,13 +13,14 @@ A conditional ``PUT`` is a single request (obstore uses multipart uploads only f
 unconditional ones); S3 takes up to 5 GiB that way, far above a segment.
 
 obstore is the optional extra ``s3``: without it, importing this module raises a
-:class:`~messaging.errors.ConfigError` that says how to install it.
+:class:`~messaging.errors.ConfigError` that says how to install it (``make s3``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -30,8 +31,11 @@ try:
     from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
     from obstore.store import S3Store as ObstoreS3Store
 except ImportError as _missing:  # pragma: no cover (the dev install has it)
+    # Not "pip install 'messaging[s3]'": a pip of another environment takes that for an
+    # unrelated package of the same name on PyPI. This interpreter's own pip cannot miss.
     raise ConfigError("s3:// object stores need obstore, which the core install leaves out: "
-                      "pip install 'messaging[s3]'") from _missing
+                      "make s3 adds it to a checkout's .venv; elsewhere run "
+                      f"{sys.executable} -m pip install 'obstore>=0.12'") from _missing
 
 from messaging.objects.errors import ObjectCorruptError, ObjectNotFoundError, ObjectStoreError
 from messaging.objects.s3_config import S3Settings, obstore_options
