@@ -11,8 +11,8 @@ ends: it watches a pidfd, no polling) it claims the journal with the next writer
         --changes 500 &
     .venv/bin/python examples/journal_failover.py secondary --url http://127.0.0.1:8086 \\
         --changes 500 --primary-pid $!
-    # kill -9 the primary at any moment: the secondary prints the same final state it would
-    # have reached, each change applied exactly once
+    # kill -9 the primary at any moment (once it printed "primary with epoch 1"): the
+    # secondary prints the same final state it would have reached, each change applied once
 
 Both print ``change N`` as they apply changes and the final state as JSON on the last line.
 """
@@ -114,10 +114,15 @@ async def run_primary(client: Client, topic: int, receiver: Receiver, state: dic
 
 
 async def wait_for_exit(pid: int) -> None:
-    """Return when process ``pid`` has ended (a pidfd becomes readable)."""
+    """Return when process ``pid`` has ended (a pidfd becomes readable), at once when it had
+    ended before this looked (no such process any more: it was killed before the secondary
+    started, and reaped)."""
     loop = asyncio.get_running_loop()
     ended = asyncio.Event()
-    fd = os.pidfd_open(pid)
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
     loop.add_reader(fd, ended.set)
     try:
         await ended.wait()

@@ -75,3 +75,24 @@ async def test_the_secondary_takes_over_without_losing_or_repeating_a_change(
     assert [json.loads(e.data)["n"] for e in entries] == list(range(1, CHANGES + 1))
     epochs = [e.epoch for e in entries]
     assert epochs == sorted(epochs) and set(epochs) == {1, 2}
+
+
+async def test_a_secondary_whose_primary_ended_before_it_looked_takes_over(
+        broker_process, tmp_path: Path) -> None:
+    """The README's race: the primary was killed (and reaped) before the secondary opened a
+    pidfd on it, so there is no such process any more; that is an ended primary too."""
+    broker = broker_process(tmp_path / "data").start()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(30)
+    secondary = example("secondary", "--url", broker.url, "--topic", "9", "--changes", "50",
+                        "--primary-pid", str(gone.pid))
+    try:
+        out, err = await asyncio.to_thread(secondary.communicate, timeout=60)
+    finally:
+        if secondary.poll() is None:  # only ours, by PID
+            secondary.kill()
+            secondary.communicate(timeout=10)
+    assert secondary.returncode == 0, err
+    assert "Traceback" not in err and "ProcessLookupError" not in err, err
+    assert f"primary {gone.pid} is gone: taking over" in out and "primary with epoch 1" in out
+    assert json.loads(out.splitlines()[-1]) == expected_state(50)
