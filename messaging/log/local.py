@@ -66,11 +66,12 @@ class DeferredSync:
             except MessagingError as err:
                 log.error("periodic fsync failed: %s", err)
 
-    async def run(self, executor: Executor | None = None) -> None:
-        """Flush every FSYNC_INTERVAL until cancelled."""
+    async def run(self, executor: Executor | None = None,
+                  interval: float = FSYNC_INTERVAL) -> None:
+        """Flush every ``interval`` seconds until cancelled."""
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(FSYNC_INTERVAL)
+            await asyncio.sleep(interval)
             await loop.run_in_executor(executor, self.flush)
 
 
