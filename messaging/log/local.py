@@ -46,6 +46,9 @@ class DeferredSync:
         self.broker = broker
         self._topics: set[int] = set()
         self._lock = threading.Lock()
+        #: The first fsync that failed (None: none did); set by the thread that flushed, read
+        #: by any (a single reference store).
+        self.failed: MessagingError | None = None
 
     def add(self, topics: Iterable[int]) -> None:
         """Remember topics to fsync at the next flush (any thread)."""
@@ -65,6 +68,8 @@ class DeferredSync:
                 self.broker.sync(topics)
             except MessagingError as err:
                 log.error("periodic fsync failed: %s", err)
+                if self.failed is None:
+                    self.failed = err
 
     async def run(self, executor: Executor | None = None,
                   interval: float = FSYNC_INTERVAL) -> None:

@@ -155,6 +155,11 @@ class Applier:
                 item = self._queue.get_nowait()
                 batch.append(item)
                 size += len(item.value)
+            failed = self._unsynced.failed
+            if failed is not None:
+                # A group fsync of applied data failed: what it covered is not known to be
+                # durable here and the checkpoint cannot move past it, so this node stops.
+                await self._stop(batch, failed)
             delay = 0.1
             while True:
                 try:
@@ -175,6 +180,8 @@ class Applier:
                     await self._stop(batch, err)
             self.error = None
             self._answer(applied)
+            # After the answers, never before them: a checkpoint fsyncs what it covers.
+            self._writer.submit(self._checkpoint_if_due)
             for _ in batch:
                 self._queue.task_done()
 
@@ -233,10 +240,17 @@ class Applier:
                       batch[0].revision, batch[-1].revision, self._log_name,
                       len(commands), sum(len(item.value) for item in batch),
                       (finished - started) * 1000)
-        self._checkpoints.if_due()
         messages = sum(r.count for r in results if isinstance(r, ApplyResult))
         return _Applied(spans, results, touched, started, finished,
                         time.thread_time() - cpu, len(batch), messages)
+
+    def _checkpoint_if_due(self) -> None:
+        """Checkpoint when due (writer thread, queued after the batch it follows)."""
+        try:
+            self._checkpoints.if_due()
+        except Exception:  # a failed checkpoint is written again next time
+            self._quiet.log("checkpoint", logging.ERROR, "writing the checkpoint failed",
+                            exc_info=True)
 
     def _answer(self, applied: _Applied) -> None:
         """Answer this node's publishers, then wake the followers (on the loop)."""
