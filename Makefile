@@ -141,6 +141,7 @@ bench-client: $(STAMP)
 	$(BIN)/python bench/python_client/run.py
 
 bench-cluster: $(STAMP)
+	$(BIN)/python bench/cluster/cost.py
 	$(BIN)/python bench/cluster/compression.py
 	$(BIN)/python bench/cluster/run.py
 
