@@ -1109,9 +1109,11 @@ async def test_stored_positions_through_any_node(etcd: EtcdCluster, broker_proce
 async def test_node_killed_at_each_boundary_of_a_publish(etcd: EtcdCluster, broker_process,
                                                          tmp_path: Path) -> None:
     """Exactly once in a cluster: node 0 killed -9 at each write/fsync boundary of applying
-    a producer publish sent through it; the Python client retries through another node; the
-    message is stored once everywhere, node 0 catches up byte for byte, and a resend is a
-    duplicate (tests/e2e/test_exactly_once.py does the same to one node)."""
+    a producer publish sent through it and of the group fsync that follows its answer (etcd
+    is the write-ahead log: no fsync comes before the answer); the Python client retries
+    through another node; the message is stored once everywhere, node 0 catches up byte for
+    byte, and a resend is a duplicate (tests/e2e/test_exactly_once.py does the same to one
+    node)."""
     nodes = Nodes(broker_process, tmp_path, etcd)
     await nodes.start(0, 1, 2)
     work = tmp_path / "faults"
@@ -1123,6 +1125,14 @@ async def test_node_killed_at_each_boundary_of_a_publish(etcd: EtcdCluster, brok
             "FAULT_TRACE": str(work / f"trace{k}"), "FAULT_KILL": kill,
             "FAULT_SKIP": "cluster.json"}}
 
+    async def past_the_group_fsync(k: int, kill: str) -> bool:
+        """The armed run got through the group fsync after the answer (or the kill)."""
+        if kill:
+            process = nodes.procs[0].proc
+            return process is not None and process.poll() is not None
+        return any(op == "fdatasync" and path.endswith(".seg")
+                   for _n, op, path, _group in read_trace(work / f"trace{k}"))
+
     async def publish(k: int, kill: str = "") -> int:
         nodes.kill(0)
         await nodes.start(0, **faults(k, kill))
@@ -1130,6 +1140,8 @@ async def test_node_killed_at_each_boundary_of_a_publish(etcd: EtcdCluster, brok
             await client.publish(TOPIC, b"warm-up %d" % k)  # producer state exists
             (work / f"arm{k}").touch()
             index = await client.publish(TOPIC, b"message %d" % k)
+            await wait_until(lambda: past_the_group_fsync(k, kill), timeout=10,
+                             what="node 0's group fsync after the answer")
             (work / f"arm{k}").unlink()
             return index
 

@@ -140,7 +140,8 @@ class Checkpoints:
         revision = view.covered
         if revision <= view.checkpointed and not force:
             return
-        self._unsynced.flush()  # what the checkpoint covers must be durable first
+        self._unsynced.flush()  # what the checkpoint covers must be durable first: frames,
+        self.broker.sync_state()  # and the state changes (positions) recorded beside them
         if any(topic.failure is not None for topic in self.broker.topics()):
             return
         self.write(revision, self._index)
