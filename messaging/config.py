@@ -242,8 +242,9 @@ class BrokerConfig:
         metavar="URL")
     etcd: str | None = _option(
         None, "--etcd", "cluster mode: etcd endpoints; the broker nodes of --cluster share one "
-        "command log in etcd, and a publish is acknowledged once etcd committed it and this "
-        "node applied it (fsynced under --fsync always)", metavar="URL[,URL...]")
+        "command log in etcd, and a publish is acknowledged once etcd committed it (etcd is "
+        "the write-ahead log) and this node applied it (see --cluster-sync-interval)",
+        metavar="URL[,URL...]")
     cluster: str | None = _option(
         None, "--cluster", "cluster mode: the cluster name (etcd keys under /messaging/NAME/)",
         metavar="NAME")
