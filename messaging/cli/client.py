@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 from messaging.cli.arguments import add_connection_options, add_positionals
 from messaging.cli.connect import RELEARN_INTERVAL
 from messaging.cli.runner import runner
-from messaging.clock import parse_moment
 from messaging.failover import DEFAULT_RETRY_TIMEOUT
 
 if TYPE_CHECKING:
@@ -162,6 +161,8 @@ def _index(text: str) -> int:
 
 def _since(text: str) -> int:
     """A ``--since`` moment, fixed now (a retried read starts from the same moment)."""
+    from messaging.clock import parse_moment  # datetime: only for a command line with --since
+
     try:
         return parse_moment(text)
     except ValueError as err:
