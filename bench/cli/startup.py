@@ -10,8 +10,9 @@ the working directory (``python -m`` puts the working directory first on ``sys.p
 Each run is a whole command as a user times it, interpreter start included: ``python -m
 messaging --version``, and ``python -m messaging publish URL 1 x`` against one broker (this
 checkout's, ``--fsync always``) on 127.0.0.1. Runs alternate between the two arms (before,
-after; then after, before; ...) after warm-up runs that also compile the worktree's
-bytecode; the figures are medians of wall time. Two floors are measured in the same rounds:
+after; then after, before; ...) after warm-up runs, with bytecode cached as an installed
+package has it (the warm-up writes it); the figures are medians of wall time, and of the CPU
+time the command used. Two floors are measured in the same rounds:
 the interpreter alone (``python -c pass``) and importing the package (``python -c "import
 messaging"``: its ``__version__`` comes from ``importlib.metadata``).
 """
@@ -120,6 +121,12 @@ def worktree(rev: str, parent: Path) -> Iterator[Path]:
                 git("worktree", "prune")
 
 
+def with_bytecode(env: dict[str, str]) -> dict[str, str]:
+    """``env`` in which Python caches bytecode (``__pycache__``), as an installed package
+    has it: a command compiles its modules once, in the warm-up rounds, not at every run."""
+    return {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def load_average() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -142,8 +149,8 @@ def measure(rounds: int, warmup: int, before_rev: str = BEFORE_REV) -> Startup:
         tmp = Path(tmp_name)
         with worktree(before_rev, tmp) as tree:
             before = Arm("before", git("rev-parse", "--short", before_rev), tree,
-                         {**os.environ, "PYTHONPATH": str(tree)})
-            after = Arm("after", after_rev, ROOT, child_env())
+                         with_bytecode({**os.environ, "PYTHONPATH": str(tree)}))
+            after = Arm("after", after_rev, ROOT, with_bytecode(child_env()))
             imported = {arm.name: arm.check_import() for arm in (before, after)}
             proc, url = broker(tmp / "data")
             try:
@@ -185,18 +192,21 @@ def measure(rounds: int, warmup: int, before_rev: str = BEFORE_REV) -> Startup:
                     after.median_ms("pass"), "ms"))
     rows.append(Row("floor: python -c 'import messaging' (its version from importlib.metadata)",
                     after.median_ms("import"), "ms"))
-    notes = (
-        f"**Before**: commit {before.rev} from a git worktree (`git worktree add --detach <tmp> "
-        f"{before_rev}`), run with this venv's Python, the worktree as working directory and "
-        f"first on `PYTHONPATH` (it imported `{imported['before']}`). **After**: {after.rev} "
-        f"(it imported `{imported['after']}`). Whole commands (`python -m messaging ...`, "
-        f"interpreter start included), wall time from start to exit, {rounds} rounds after "
-        f"{warmup} warm-up rounds, the two arms alternating (before, after; then after, "
-        f"before), medians; CPU time is the command's user + system time (less moved by "
-        f"other work on the machine than wall time); `publish` against one broker of this "
-        f"checkout (`--fsync always`) on 127.0.0.1. The floors are the after arm's. Load "
-        f"average at the start {started_load}, at the end {load_average()} "
-        f"({os.cpu_count()} cores shared with other work: runs are noisy, the arms alternate "
-        f"so that both see it).")
+    notes = " ".join([
+        f"**Before**: commit {before.rev} from a git worktree (`git worktree add --detach",
+        f"<tmp> {before_rev}`), run with this venv's Python, the worktree as working",
+        f"directory and first on `PYTHONPATH` (it imported `{imported['before']}`).",
+        f"**After**: {after.rev} (it imported `{imported['after']}`).",
+        "Both with bytecode cached in `__pycache__`, as an installed package has it",
+        "(`PYTHONDONTWRITEBYTECODE` is removed from the commands' environment; the warm-up",
+        "rounds write it). Whole commands (`python -m messaging ...`, interpreter start",
+        f"included), wall time from start to exit, {rounds} rounds after {warmup} warm-up",
+        "rounds, the two arms alternating (before, after; then after, before), medians; CPU",
+        "time is the command's user + system time (less moved by other work on the machine",
+        "than wall time); `publish` against one broker of this checkout (`--fsync always`)",
+        "on 127.0.0.1. The floors are the after arm's.",
+        f"Load average at the start {started_load}, at the end {load_average()}",
+        f"({os.cpu_count()} cores shared with other work: runs are noisy, the arms",
+        "alternate so that both see it)."])
     runs = {arm.name: {"wall": arm.runs, "cpu": arm.cpu} for arm in (before, after)}
     return Startup(rows, runs, notes)

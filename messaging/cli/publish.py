@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from messaging.cli.arguments import Topic, label, stream_path, too_large
 from messaging.cli.connect import connect, learn_nodes
+from messaging.cli.quick import new_producer_id
 from messaging.cli.runner import note
 from messaging.cli.stdin import StdinReader
 from messaging.errors import MessageTooLargeError, MessagingError, PublishOutcomeUnknownError
@@ -77,11 +78,6 @@ async def run_publish(args: argparse.Namespace, *, producer: tuple[str, int, int
     if not args.quiet:
         print(summary.describe(label(args.topic)), flush=True)
     return 0
-
-
-def new_producer_id() -> str:
-    """A producer id of its own for one command."""
-    return f"messaging-cli-{os.urandom(12).hex()}"
 
 
 async def max_message_size(client: Client, topic: Topic) -> int | None:

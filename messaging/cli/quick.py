@@ -1,8 +1,8 @@
 """``messaging publish``'s entry: one message to a topic in one synchronous request, without
 loading the async client; everything else through :mod:`messaging.cli.publish`.
 
-Loading asyncio and aiohttp takes longer than a publish does (about 0.3 s of a 0.45 s command
-on a small machine), and ``messaging publish URL 1 x`` is the command people run most. So
+Loading asyncio and aiohttp takes longer than the publish itself (about 0.3 s of the 0.45 s
+``messaging publish URL 1 x`` took on a 2-core machine; ``make bench-cli`` measures it). So
 one message (DATA) to a topic id is first sent with :mod:`http.client` to the first broker,
 as an idempotent publish: producer headers with a new producer id, epoch 0, sequence 0.
 
@@ -52,14 +52,19 @@ def publish(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
     target = resolve(args)
     args.target = target
     data = os.fsencode(args.data)
-    producer: Producer = (f"messaging-cli-{os.urandom(12).hex()}", 0, 0)
+    producer: Producer = (new_producer_id(), 0, 0)
     first = target.urls[0]
     try:
         index = publish_once(first, target, args.topic, data, args.type, producer)
-    except _Unsettled:
-        return _full(args, producer=producer, failed=first)
+    except _Unsettled as unsettled:
+        return _full(args, producer=producer, failed=None if unsettled.answered else first)
     print(index)
     return 0
+
+
+def new_producer_id() -> str:
+    """A producer id of one command's own."""
+    return f"messaging-cli-{os.urandom(12).hex()}"
 
 
 def _full(args: argparse.Namespace, **options: Any) -> Coroutine[Any, Any, int]:
@@ -69,7 +74,13 @@ def _full(args: argparse.Namespace, **options: Any) -> Coroutine[Any, Any, int]:
 
 
 class _Unsettled(Exception):
-    """The first broker did not settle the publish: the async client takes it over."""
+    """The first broker did not settle the publish: the async client takes it over.
+    ``answered``: whether the broker answered at all (a 307, a 503) or the request failed on
+    the way (then the client tries that broker last)."""
+
+    def __init__(self, *, answered: bool) -> None:
+        super().__init__()
+        self.answered = answered
 
 
 def publish_once(url: str, target: Target, topic: int, data: bytes, type_: int,
@@ -87,10 +98,10 @@ def publish_once(url: str, target: Target, topic: int, data: bytes, type_: int,
     if 200 <= status < 300:
         index = answer.get(INDEX_HEADER.lower(), "")
         if not (index.isascii() and index.isdigit()):
-            raise _Unsettled  # not a broker's answer: the client says what it is
+            raise _Unsettled(answered=True)  # not a broker's: the client says what it is
         return int(index)
     if status in (307, 503, 504) or ERROR_HEADER.lower() not in answer:
-        raise _Unsettled
+        raise _Unsettled(answered=True)  # redirects, retries, not a broker: the client's
     error = error_for_status(status, answer, url)
     if isinstance(error, MessageTooLargeError):
         raise MessagingError(too_large("DATA", len(data), topic,
@@ -136,4 +147,4 @@ def _request(url: str, target: Target, method: str, path: str, body: bytes | Non
         finally:
             conn.close()
     except (OSError, http.client.HTTPException, ValueError) as err:
-        raise _Unsettled from err
+        raise _Unsettled(answered=False) from err
