@@ -10,6 +10,7 @@ the first word's shape (``scheme://``) once the line is parsed.
 from __future__ import annotations
 
 import argparse
+import os
 from urllib.parse import quote
 
 from messaging.cli.contexts import add_target_options, looks_like_urls
@@ -91,3 +92,8 @@ def too_large(what: str, size: int, topic: Topic, limit: int | None) -> str:
     shown = (f"max-message-size {limit} bytes" if limit is not None
              else "the broker's --max-message-size")
     return f"{what} is {size} bytes: more than {label(topic)} takes ({shown})"
+
+
+def new_producer_id() -> str:
+    """A producer id of one command's own (a one-message publish, and its retry)."""
+    return f"messaging-cli-{os.urandom(12).hex()}"

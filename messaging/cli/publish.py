@@ -25,9 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from messaging.cli.arguments import Topic, label, stream_path, too_large
+from messaging.cli.arguments import Topic, label, new_producer_id, stream_path, too_large
 from messaging.cli.connect import connect, learn_nodes
-from messaging.cli.quick import new_producer_id
 from messaging.cli.runner import note
 from messaging.cli.stdin import StdinReader
 from messaging.errors import MessageTooLargeError, MessagingError, PublishOutcomeUnknownError

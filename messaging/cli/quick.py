@@ -24,7 +24,7 @@ from collections.abc import Coroutine
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from messaging.cli.arguments import Topic, too_large
+from messaging.cli.arguments import Topic, new_producer_id, too_large
 from messaging.cli.connect import LEARN_TIMEOUT
 from messaging.cli.contexts import Target, resolve
 from messaging.errors import MessageTooLargeError, MessagingError, error_for_status
@@ -60,11 +60,6 @@ def publish(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
         return _full(args, producer=producer, failed=None if unsettled.answered else first)
     print(index)
     return 0
-
-
-def new_producer_id() -> str:
-    """A producer id of one command's own."""
-    return f"messaging-cli-{os.urandom(12).hex()}"
 
 
 def _full(args: argparse.Namespace, **options: Any) -> Coroutine[Any, Any, int]:
