@@ -34,6 +34,10 @@ Durability (--fsync):
             messages.
   never     the operating system decides when to write; a machine crash can lose any amount
             of acknowledged messages. For benchmarks and throwaway data only.
+In a cluster (--etcd), etcd is the write-ahead log: a publish is acknowledged once etcd
+committed it (fsynced on a majority of its members) and this node applied it; the node fsyncs
+its own files in groups every --cluster-sync-interval (at checkpoints only under --fsync
+never) and rebuilds whatever a crash or power loss took from etcd.
 
 Faults: a full disk answers 507 (reads go on; publishing resumes once space is freed); a
 failed write answers 500 and keeps nothing; a failed fsync stops the topic for writes (503)
