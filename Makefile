@@ -188,6 +188,7 @@ bench-client: $(STAMP)
 ## make bench-cluster: what zstd saves on etcd entries, then 3 broker nodes on a 3-member etcd
 ## cluster beside a single node: publish rates, latency, failover after an etcd leader kill
 bench-cluster: $(STAMP)
+	$(BIN)/python bench/cluster/cost.py
 	$(BIN)/python bench/cluster/compression.py
 	$(BIN)/python bench/cluster/run.py
 

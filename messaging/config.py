@@ -39,6 +39,7 @@ DEFAULT_SUBSCRIBER_TIMEOUT = 600.0
 #: Seconds a connection may take to send a complete request head.
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_MAX_CONNECTIONS = 10_000
+DEFAULT_CLUSTER_SYNC_INTERVAL = 0.1
 DEFAULT_ETCD_COMPACT_EVERY = 1000
 #: Streaming reads (native streams, long-polls, SSE) served at once; more are answered 503.
 DEFAULT_MAX_STREAMS = 10_000
@@ -241,8 +242,9 @@ class BrokerConfig:
         metavar="URL")
     etcd: str | None = _option(
         None, "--etcd", "cluster mode: etcd endpoints; the broker nodes of --cluster share one "
-        "command log in etcd, and a publish is acknowledged once etcd committed it and this "
-        "node applied it (fsynced under --fsync always)", metavar="URL[,URL...]")
+        "command log in etcd, and a publish is acknowledged once etcd committed it (etcd is "
+        "the write-ahead log) and this node applied it (see --cluster-sync-interval)",
+        metavar="URL[,URL...]")
     cluster: str | None = _option(
         None, "--cluster", "cluster mode: the cluster name (etcd keys under /messaging/NAME/)",
         metavar="NAME")
@@ -275,6 +277,12 @@ class BrokerConfig:
         DEFAULT_ETCD_COMPACT_EVERY, "--etcd-compact-every",
         "compact etcd's history once every node's durable revision moved N revisions",
         parse=positive_int, metavar="N")
+    cluster_sync_interval: float = _option(
+        DEFAULT_CLUSTER_SYNC_INTERVAL, "--cluster-sync-interval",
+        "in a cluster, etcd is the write-ahead log (a publish is durable once etcd committed "
+        "it); a node fsyncs its own files in groups at most this often, off the answer's "
+        "path, and records how far they are durable", parse=positive_duration,
+        show=show_duration, metavar="DURATION")
     tokens: Path | None = _option(
         None, "--tokens", "bearer tokens and their scopes (see messaging token create); "
         "reread when it changes and on SIGHUP. Without it every request is allowed, which is "
@@ -339,7 +347,7 @@ class BrokerConfig:
             endpoints=tuple(u.strip() for u in self.etcd.split(",") if u.strip()),
             cluster=self.cluster, ca=self.etcd_ca, cert=self.etcd_cert, key=self.etcd_key,
             user=self.etcd_user, password=self.etcd_password if self.etcd_user else None,
-            compact_every=self.etcd_compact_every)
+            compact_every=self.etcd_compact_every, sync_interval=self.cluster_sync_interval)
 
     def group_endpoints(self) -> dict[int, tuple[str, ...]]:
         """The groups given an etcd cluster of their own (``--group-etcd G=URL,...``)."""
@@ -371,6 +379,8 @@ class EtcdSettings:
     password: str | None = None
     #: Compact etcd's history once the smallest durable revision moved this far.
     compact_every: int = 1000
+    #: How often (at most) a node fsyncs what it applied (seconds): etcd is the WAL.
+    sync_interval: float = 0.1
 
     def __post_init__(self) -> None:
         if not self.endpoints:

@@ -15,6 +15,11 @@ in a child script. Only calls on paths under ``FAULT_ROOT`` count, and only whil
   an fsync).
 - ``FAULT_SKIP``: comma-separated substrings of paths not counted (work on a timer, such as
   a cluster node's checkpoint, would make the numbering differ from run to run).
+- ``FAULT_SYNCED``: a file to append ``<size>\t<path>`` to whenever a file under the root is
+  known durable at that size (at start, for what is there; after each ``fsync`` and
+  ``fdatasync``; a rename carries its source's size; a truncation lowers it; an unlink
+  records ``-1``). After a kill, :func:`lose_unsynced` cuts every file back to that size, or
+  removes it: what a power loss leaves of the process's writes.
 
 The calls are the ones durability rests on: ``write``, ``fsync``, ``fdatasync``,
 ``ftruncate``, ``truncate``, ``replace``, ``rename``, ``unlink``, ``mkdir``, ``rmdir``.
@@ -107,6 +112,93 @@ def install(environ: dict[str, str] | None = None) -> None:
 
     for op in OPS:
         setattr(os, op, wrap(op, getattr(os, op)))
+    synced_record = env.get("FAULT_SYNCED", "")
+    if synced_record:
+        _record_durable_sizes(root, synced_record)
+
+
+def _record_durable_sizes(root: str, record: str) -> None:
+    """Record the size at which each file under ``root`` is durable (see FAULT_SYNCED)."""
+    durable: dict[str, int] = {}
+
+    def note(path: str, size: int) -> None:
+        durable[path] = size
+        with _lock, open(record, "a") as f:
+            f.write(f"{size}\t{path}\n")
+
+    for directory, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(directory, name)
+            note(path, os.path.getsize(path))
+
+    def synced(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(fd: int, *args: Any) -> Any:
+            result = real(fd, *args)
+            path = _path_of(fd)
+            if path.startswith(root) and os.path.isfile(path):
+                note(path, os.fstat(fd).st_size)
+            return result
+        return call
+
+    def moved(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(source: Any, target: Any, *args: Any, **kwargs: Any) -> Any:
+            result = real(source, target, *args, **kwargs)
+            src, dst = _path_of(source), _path_of(target)
+            if dst.startswith(root):
+                note(dst, durable.get(src, 0))
+            if src.startswith(root):
+                note(src, -1)
+            return result
+        return call
+
+    def cut(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(target: Any, length: int, *args: Any) -> Any:
+            result = real(target, length, *args)
+            path = _path_of(target)
+            if path.startswith(root) and durable.get(path, 0) > length:
+                note(path, length)
+            return result
+        return call
+
+    def gone(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(target: Any, *args: Any, **kwargs: Any) -> Any:
+            path = _path_of(target)
+            result = real(target, *args, **kwargs)
+            if path.startswith(root):
+                note(path, -1)
+            return result
+        return call
+
+    os.fsync = synced(os.fsync)
+    os.fdatasync = synced(os.fdatasync)
+    os.replace = moved(os.replace)
+    os.rename = moved(os.rename)
+    os.ftruncate = cut(os.ftruncate)
+    os.truncate = cut(os.truncate)
+    os.unlink = gone(os.unlink)
+
+
+def lose_unsynced(root: str | os.PathLike[str], record: str | os.PathLike[str]) -> int:
+    """What a power loss leaves under ``root`` of a killed process that ran with
+    ``FAULT_SYNCED=record``: every file cut back to the size at which it was last durable,
+    a file never durable removed. Returns the bytes lost."""
+    durable: dict[str, int] = {}
+    for line in Path(record).read_text().splitlines():
+        recorded, _, path = line.partition("\t")
+        durable[path] = int(recorded)
+    lost = 0
+    for directory, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(os.path.abspath(directory), name)
+            size = os.path.getsize(path)
+            keep = durable.get(path, -1)
+            if keep < 0:
+                lost += size
+                os.remove(path)
+            elif size > keep:
+                lost += size - keep
+                os.truncate(path, keep)
+    return lost
 
 
 def mark(name: str) -> None:

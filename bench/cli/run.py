@@ -1,11 +1,20 @@
-"""CLI publish benchmark: ``messaging publish URL TOPIC < lines`` batching standard input
-against one request (and one fsync) per line, the CLI's behaviour before batching, measured
-as ``--batch-size 1`` in the same run.
+"""CLI benchmarks: how long ``messaging`` takes to start (before and after the lazy CLI, in
+the same run: :mod:`bench.cli.startup`), and ``messaging publish URL TOPIC < lines`` batching
+standard input against one request (and one fsync) per line, the CLI's behaviour before
+batching, measured as ``--batch-size 1`` in the same run.
 
-Each run is the whole command as a user times it (interpreter start included) against one
-broker (``--fsync always``, the default) on 127.0.0.1: per line with ``lines_per_line``
-100-byte lines, batched with ``lines_batched``. Runs are interleaved (A B … B A); the rates are
-medians. The target is the issue's: batched at least 50 times the per-line rate.
+Startup: ``messaging --version`` and ``messaging publish URL 1 x`` against a running broker,
+whole commands, medians, beside the same commands of the commit before (a git worktree); the
+target is issue 42's, at most 250 ms each. Written to results/cli.json and its section of
+RESULTS.md.
+
+Standard input: each run is the whole command as a user times it (interpreter start included)
+against one broker (``--fsync always``, the default) on 127.0.0.1: per line with
+``lines_per_line`` 100-byte lines, batched with ``lines_batched``. Runs are interleaved (A B …
+B A); the rates are medians. The target is the issue's: batched at least 50 times the
+per-line rate. Written to results/cli_publish.json and its section.
+
+``--only startup`` or ``--only stdin`` runs one of them.
 """
 
 from __future__ import annotations
@@ -21,12 +30,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.cli.startup import BEFORE_REV
+from bench.cli.startup import measure as measure_startup
 from bench.harness import settings
 from bench.harness.figures import Row
 from bench.harness.procs import broker, child_env
 from bench.harness.results import add_to_json, command_line, report, results_under
 
 BENCH = "cli_publish"
+STARTUP_BENCH = "cli"
+PARTS = ("startup", "stdin")
 #: Bound of one command (a stuck broker must not hang the benchmark).
 COMMAND_TIMEOUT = 300.0
 
@@ -38,9 +51,13 @@ class Settings(settings.Settings):
     rounds: int = 3
     lines_per_line: int = 2_000
     lines_batched: int = 200_000
+    #: Rounds of the startup commands (each arm once per round), after warm-up rounds.
+    startup_rounds: int = 21
+    startup_warmup: int = 2
 
 
-QUICK = Settings(rounds=1, lines_per_line=200, lines_batched=10_000)
+QUICK = Settings(rounds=1, lines_per_line=200, lines_batched=10_000, startup_rounds=3,
+                 startup_warmup=1)
 
 
 def publish(url: str, topic: int, count: int, *extra: str) -> float:
@@ -57,11 +74,33 @@ def publish(url: str, topic: int, count: int, *extra: str) -> float:
 
 
 def main() -> None:
-    args = settings.parser(__doc__ or "", "one round of a few thousand lines").parse_args()
+    p = settings.parser(__doc__ or "", "one round of a few thousand lines, three of startup")
+    p.add_argument("--only", default=",".join(PARTS), help=f"run only these, comma-separated "
+                   f"({', '.join(PARTS)})")
+    p.add_argument("--before", default=BEFORE_REV,
+                   help=f"the commit startup is compared with (default {BEFORE_REV})")
+    args = p.parse_args()
     chosen = QUICK if args.quick else Settings()
     if args.rounds:
-        chosen.rounds = args.rounds
+        chosen.rounds = chosen.startup_rounds = args.rounds
+    parts = settings.only(p, args.only, PARTS, "part")
     results_under(args.out, quick=args.quick, bench=BENCH)
+    if "startup" in parts:
+        startup(chosen, args.before)
+    if "stdin" in parts:
+        stdin_batching(chosen)
+
+
+def startup(chosen: Settings, before: str) -> None:
+    """``--version`` and one publish, before and after (the table of results/cli.json)."""
+    found = measure_startup(chosen.startup_rounds, chosen.startup_warmup, before)
+    report(STARTUP_BENCH, "CLI startup (whole commands, before and after lazy imports)",
+           found.rows, command_line(), notes=found.notes)
+    add_to_json(STARTUP_BENCH, {"runs_s": found.runs})
+
+
+def stdin_batching(chosen: Settings) -> None:
+    """Standard input in batches against one request per line (results/cli_publish.json)."""
     per_line: list[float] = []
     batched: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:

@@ -128,11 +128,6 @@ class Broker:
         self._catalog_log = CatalogLog(path)
         self._new_topics = Notifier()
         self._save_lock = threading.Lock()  # one broker.json writer at a time
-        #: The state journal holds a manifest change that broker.json does not hold durably
-        #: yet. A manifest change is always made durable, whatever --fsync says: local
-        #: copies are deleted once it is committed, and a power loss that took the record
-        #: but kept a deletion would leave data in the store that nobody knows of.
-        self._manifest_in_journal = False
         self._failures = QuietLog(log, _FAILURE_LOG_INTERVAL)
 
     # -- the state machine's figures, as the log and tests see them ---------------------------
@@ -353,8 +348,6 @@ class Broker:
             machine.abort(before, before_time)
             self._log_failure(len(commands), error)
             return [error] * len(commands)
-        if manifest and journaled:
-            self._manifest_in_journal = True
         # The catalog first (in the machine's commit): a stream reader that sees a new tail
         # before its topic's frames finds nothing yet and waits for the topic's commit,
         # which is still to come. The other order would show it the frames under an old
@@ -373,9 +366,9 @@ class Broker:
             self.streams_changed.notify()
         if journaled and self._catalog_log.due:
             try:
-                # fold the journal into broker.json (durably when it holds a manifest change)
-                self.save_state(durable=durable or self._manifest_in_journal)
-                self._manifest_in_journal = False
+                # Fold the journal into broker.json, always durably: the journal is emptied
+                # after it, and lines that a checkpoint or an answer relied on must not go.
+                self.save_state(durable=True)
             except OSError as err:  # the journal still holds everything: fold next time
                 log.warning("could not fold %s into broker.json: %s", self._catalog_log.path,
                             err.strerror or err)
@@ -512,6 +505,11 @@ class Broker:
             name = self.catalog.name_of(topic_id)
             log.info("topic %d created%s", topic_id, f" (stream {name!r})" if name else "")
         return topic
+
+    def sync_state(self) -> None:
+        """fsync the state journal (writer thread): the state changes of every group applied
+        so far are durable after it, as its frames are after :meth:`sync`."""
+        self._catalog_log.sync()
 
     def sync(self, topic_ids: Iterable[int]) -> None:
         """fsync the given topics (a deferred sync); raises the first failure after trying

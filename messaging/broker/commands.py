@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -230,10 +231,43 @@ class Stamped:
 
 
 def stamp(command: bytes | bytearray, index: int, catalog: Catalog) -> Stamped:
-    """Assign indexes ``index + 1, ...`` to a command's messages (pure: no I/O)."""
+    """Assign indexes ``index + 1, ...`` to a command's messages (pure: no I/O).
+
+    A command validated here (a :class:`Command`) or one that arrives as plain bytes (from
+    the cluster's log) whose frames are all of one size, of one public type range and for
+    one topic is stamped with strided copies: no Python step per message.
+    """
     if isinstance(command, Command) and command.topic is not None:
         return _stamp_known(command, index)
+    uniform = _uniform_publish(command)
+    if uniform is not None:
+        return _stamp_known(uniform, index)
     return _stamp(command, index, catalog)
+
+
+def _uniform_publish(command: bytes | bytearray) -> Command | None:
+    """A plain command of whole frames of one size, none internal, all for one numeric
+    topic, as a :class:`Command` (their checksums were verified where the publish was
+    taken); None when it is anything else (the per-frame walk stamps it)."""
+    if isinstance(command, Command):
+        return None
+    uniform = uniform_frames(command)
+    if uniform is None:
+        return None
+    stride, count = uniform
+    if stride * count != len(command):
+        return None
+    topic_at, topic_size = FIELD_AT["topic"]
+    type_at = FIELD_AT["type"][0]
+    topic = _TOPIC.unpack_from(command, topic_at)[0]
+    if topic >= NAMED_TOPIC_BASE or command[type_at::stride].translate(
+            None, _PUBLIC_HIGH_BYTES):
+        return None
+    if not same_field(command, topic_at, topic_size, stride,
+                      command[topic_at:topic_at + topic_size]):
+        return None
+    return Command.of(bytes(command), array("q", range(0, len(command), stride)), topic,
+                      stride)
 
 
 def _stamp_known(command: Command, index: int) -> Stamped:
@@ -487,7 +521,10 @@ def stamp_indexes(buffer: bytearray | memoryview, offsets: Sequence[int], first:
             pack(buffer, offset, first + k)
         return
     at, size = FIELD_AT["index"]
-    indexes = struct.pack(f">{count}{_FIELD_CODE['index']}", *range(first, first + count))
+    numbers = array(_FIELD_CODE["index"], range(first, first + count))  # built in C
+    if sys.byteorder == "little":
+        numbers.byteswap()  # the frame is big-endian
+    indexes = numbers.tobytes()
     for j in range(size):
         buffer[at + j::stride] = indexes[j::size]
 

@@ -139,7 +139,9 @@ class StateMachine:
             creates.append(stamped.topic_op.topic)
         self._positions.extend(stamped.heartbeats)
         first = stamped.first
-        topics = frozenset(topic_id for topic_id, _run in stamped.runs)
+        runs = stamped.runs
+        topics = (frozenset((runs[0][0],)) if len(runs) == 1
+                  else frozenset([topic_id for topic_id, _run in runs]))
         result = ApplyResult(first, self.index if first else 0, topics, stamped.stream,
                              bool(creates))
         return Staged(result, stamped.runs, append_time, creates)

@@ -80,7 +80,9 @@ class Retention:
 
     async def run_now(self) -> int:
         """Run retention on every topic, on the service's own thread (one run at a time);
-        the bytes deleted."""
+        the bytes deleted (0 once closed)."""
+        if self._closing:
+            return 0
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="messaging-retention")
         return await asyncio.get_running_loop().run_in_executor(self._thread, self.run)

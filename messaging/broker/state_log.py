@@ -165,6 +165,24 @@ class CatalogLog:
         log.error("%s", self._failed)
         return self._failed
 
+    def sync(self) -> None:
+        """fsync the journal (its lines written without, under ``--fsync interval|never``
+        and in a cluster, become durable: a checkpoint that covers them needs them)."""
+        if self._failed is not None:
+            raise self._failed
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError as err:
+            raise self._stop(f"state changes could not be made durable "
+                             f"({err.strerror or err})") from err
+        finally:
+            os.close(fd)
+        _fsync_dir(self.path.parent)
+
     @property
     def due(self) -> bool:
         """Whether the journal should be folded into broker.json."""

@@ -260,6 +260,9 @@ class TopicEntry:
 
 
 _MISSING = object()
+#: The entry of a topic the log decided nothing about (shared: entries are never changed in
+#: place).
+NO_ENTRY = TopicEntry()
 
 
 class TopicTable:
@@ -284,11 +287,11 @@ class TopicTable:
         entry = self._pending.get(topic)
         if entry is None:
             entry = self.entries.get(topic)
-        return entry if entry is not None else TopicEntry()
+        return entry if entry is not None else NO_ENTRY
 
     def committed(self, topic: int) -> TopicEntry:
         """A topic's committed entry (any thread)."""
-        return self.entries.get(topic) or TopicEntry()
+        return self.entries.get(topic) or NO_ENTRY
 
     def stage(self, topic: int, entry: TopicEntry,
               manifest_change: dict[str, Any] | None = None) -> None:

@@ -10,6 +10,8 @@ the first word's shape (``scheme://``) once the line is parsed.
 from __future__ import annotations
 
 import argparse
+import os
+from urllib.parse import quote
 
 from messaging.cli.contexts import add_target_options, looks_like_urls
 from messaging.errors import MessagingError
@@ -26,7 +28,7 @@ def add_positionals(parser: argparse.ArgumentParser, *names: str,
                         help="broker URLs, comma-separated (default: --url, $MESSAGING_URL, "
                              "the current context, else http://127.0.0.1:8086)")
     for name in names:
-        required = name == "TOPIC" and not optional
+        required = name in ("TOPIC", "NAME") and not optional
         parser.add_argument(name.lower(), metavar=name, nargs=None if required else "?")
 
 
@@ -46,6 +48,10 @@ def place_positionals(args: argparse.Namespace) -> None:
             raise MessagingError(f"too many arguments: {' '.join(map(str, words))}")
     for name, word in zip(shape, words, strict=False):
         setattr(args, name, word)
+    first = getattr(args, shape[0], None) if shape else None
+    if args.url_arg is None and isinstance(first, str) and "://" in first and (
+            looks_like_urls(first)):
+        raise MessagingError(f"{shape[0].upper()} is missing ({first} is a broker URL)")
     if "topic" in shape and args.topic is not None:
         args.topic = parse_topic(args.topic)
 
@@ -69,6 +75,25 @@ def parse_topic(text: str | int) -> Topic:
     return text
 
 
+def stream_path(name: str) -> str:
+    """The Durable Streams path of the stream ``name``."""
+    return "/v1/stream/" + quote(name, safe="/")
+
+
 def label(topic: Topic) -> str:
     """How output names ``topic``: ``topic 7`` or ``stream 'orders'``."""
     return f"topic {topic}" if isinstance(topic, int) else f"stream {topic!r}"
+
+
+def too_large(what: str, size: int, topic: Topic, limit: int | None) -> str:
+    """Why ``what`` (``DATA``, ``line 4``) of ``size`` bytes was refused: over the largest
+    message ``topic`` takes, its max-message-size (None: a topic that does not exist yet,
+    whose limit is the broker's)."""
+    shown = (f"max-message-size {limit} bytes" if limit is not None
+             else "the broker's --max-message-size")
+    return f"{what} is {size} bytes: more than {label(topic)} takes ({shown})"
+
+
+def new_producer_id() -> str:
+    """A producer id of one command's own (a one-message publish, and its retry)."""
+    return f"messaging-cli-{os.urandom(12).hex()}"

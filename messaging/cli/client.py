@@ -1,6 +1,7 @@
 """The client-side commands of ``messaging``: publish, tail, consumers, topics, ping — their
-arguments, wired to the modules that run them (:mod:`~messaging.cli.publish`,
-:mod:`~messaging.cli.tail`, :mod:`~messaging.cli.consumers`, :mod:`~messaging.cli.listings`).
+arguments, and the modules that run them (:mod:`~messaging.cli.quick` and
+:mod:`~messaging.cli.publish`, :mod:`~messaging.cli.tail`, :mod:`~messaging.cli.consumers`,
+:mod:`~messaging.cli.listings`), imported only when the command runs.
 
 Each takes its brokers as an optional first argument, ``--url`` (a list), ``$MESSAGING_URL``
 or a saved context (:mod:`messaging.cli.contexts`), learns the cluster's other nodes from the
@@ -14,30 +15,40 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import TYPE_CHECKING
 
 from messaging.cli.arguments import add_connection_options, add_positionals
 from messaging.cli.connect import RELEARN_INTERVAL
-from messaging.cli.consumers import run_consumers
-from messaging.cli.listings import run_ping, run_topics
-from messaging.cli.publish import BATCH_SIZE, LINGER, run_publish
 from messaging.cli.runner import runner
-from messaging.cli.tail import run_tail
-from messaging.clock import parse_moment
 from messaging.failover import DEFAULT_RETRY_TIMEOUT
 
-__all__ = ["RELEARN_INTERVAL", "add_client_commands"]
+if TYPE_CHECKING:
+    from messaging.cli.parsing import Parser
+
+__all__ = ["BATCH_SIZE", "LINGER", "RELEARN_INTERVAL", "add_consumers_command",
+           "add_ping_command", "add_publish_command", "add_tail_command", "add_tail_options",
+           "add_topics_command"]
+
+#: Lines of standard input gathered into one publish request (at most), and how long the
+#: first line of a request waits for more.
+BATCH_SIZE = 1000
+LINGER = 0.1
+#: The message types a publish may give; from 0x8000 up they are the broker's own.
+MAX_TYPE = 0x7FFF
 
 
-def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register publish, tail, consumers, topics and ping."""
+def add_publish_command(sub: argparse._SubParsersAction[Parser], help_text: str) -> None:
+    """Register ``messaging publish``."""
     p = sub.add_parser(
-        "publish", help="publish messages",
+        "publish", help=help_text,
         description="Publish DATA, or every line of standard input when DATA is omitted: lines "
                     "are gathered into batches (each stored all or nothing, sent again after "
-                    "a failover and stored once) and a summary is printed at the end. TOPIC is "
-                    "a topic id or a stream name.")
+                    "a failover and stored once) and a summary is printed at the end; Ctrl-C "
+                    "stops reading and says how many lines were stored. TOPIC is a topic id "
+                    "or a stream name.")
     add_positionals(p, "TOPIC", "DATA")
-    p.add_argument("--type", type=int, default=1, help="message type (default 1)")
+    p.add_argument("--type", type=_message_type, default=1, metavar="TYPE",
+                   help=f"message type, 0 to {MAX_TYPE} (default 1)")
     p.add_argument("--batch-size", type=_positive, default=BATCH_SIZE, metavar="N",
                    help=f"lines per request at most (default {BATCH_SIZE}); a request also "
                         "ends at the broker's request size limit")
@@ -46,15 +57,25 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                         f"{LINGER}; for slow writers such as a terminal)")
     p.add_argument("--quiet", action="store_true", help="print nothing when all went well")
     add_connection_options(p)
-    p.set_defaults(run=runner(run_publish), shape=("topic", "data"))
+    p.set_defaults(run=runner("messaging.cli.quick", "publish"), shape=("topic", "data"))
 
+
+def add_tail_command(sub: argparse._SubParsersAction[Parser], help_text: str) -> None:
+    """Register ``messaging tail``."""
     p = sub.add_parser(
-        "tail", help="print a topic's messages",
+        "tail", help=help_text,
         description="Print a topic's messages (TOPIC: a topic id or a stream name) from "
                     "--from (default: the first kept), from --since a time, or the last N; "
                     "--follow keeps waiting for new ones and rides out broker restarts and "
                     "failovers.")
     add_positionals(p, "TOPIC")
+    add_tail_options(p)
+    add_connection_options(p)
+    p.set_defaults(run=runner("messaging.cli.tail", "run_tail"), shape=("topic",))
+
+
+def add_tail_options(p: argparse.ArgumentParser) -> None:
+    """Where ``tail`` starts and stops, and how it prints (``stream tail`` takes them too)."""
     start = p.add_mutually_exclusive_group()
     start.add_argument("--from", dest="start", type=_start, default=None,
                        metavar="earliest|latest|INDEX",
@@ -83,10 +104,11 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument("--commit-every", type=_positive, default=1, metavar="N",
                    help="with --consumer: commit after every N messages printed, and at the "
                         "end (default 1)")
-    add_connection_options(p)
-    p.set_defaults(run=runner(run_tail), shape=("topic",))
 
-    p = sub.add_parser("consumers", help="list, reset or delete stored consumer positions",
+
+def add_consumers_command(sub: argparse._SubParsersAction[Parser], help_text: str) -> None:
+    """Register ``messaging consumers``."""
+    p = sub.add_parser("consumers", help=help_text,
                        description="List every consumer's stored position (of TOPIC), the "
                                    "topic's last index, the lag (messages after the position) "
                                    "and when it was last seen.")
@@ -98,18 +120,31 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                    help="forget NAME (in TOPIC, or in every topic)")
     p.add_argument("--format", choices=["text", "json"], default="text")
     add_connection_options(p)
-    p.set_defaults(run=runner(run_consumers), shape=("topic",))
+    p.set_defaults(run=runner("messaging.cli.consumers", "run_consumers"), shape=("topic",))
 
-    p = sub.add_parser("topics", help="list topics")
+
+def add_topics_command(sub: argparse._SubParsersAction[Parser], help_text: str) -> None:
+    """Register ``messaging topics``."""
+    p = sub.add_parser("topics", help=help_text)
     add_positionals(p)
     add_connection_options(p)
-    p.set_defaults(run=runner(run_topics), shape=())
+    p.set_defaults(run=runner("messaging.cli.listings", "run_topics"), shape=())
 
-    p = sub.add_parser("ping", help="check a broker and list the cluster's URLs")
+
+def add_ping_command(sub: argparse._SubParsersAction[Parser], help_text: str) -> None:
+    """Register ``messaging ping``."""
+    p = sub.add_parser("ping", help=help_text)
     add_positionals(p)
     add_connection_options(p)
-    p.set_defaults(run=runner(run_ping), shape=())
+    p.set_defaults(run=runner("messaging.cli.listings", "run_ping"), shape=())
 
+
+def _message_type(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_TYPE:
+        raise argparse.ArgumentTypeError(
+            f"{text} is not a message type: 0 to {MAX_TYPE} (from {MAX_TYPE + 1} up the "
+            "types are the broker's own)")
+    return int(text)
 
 
 def _positive(text: str) -> int:
@@ -126,6 +161,8 @@ def _index(text: str) -> int:
 
 def _since(text: str) -> int:
     """A ``--since`` moment, fixed now (a retried read starts from the same moment)."""
+    from messaging.clock import parse_moment  # datetime: only for a command line with --since
+
     try:
         return parse_moment(text)
     except ValueError as err:

@@ -11,10 +11,11 @@ completion without touching this module.
 from __future__ import annotations
 
 import argparse
-import functools
 import shlex
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from messaging.cli.parsing import Parser
 
 SHELLS = ("bash", "zsh")
 
@@ -213,21 +214,21 @@ def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
     raise ValueError(f"unknown shell {shell!r}: expected one of {', '.join(SHELLS)}")
 
 
-def add_completion_command(sub: argparse._SubParsersAction[argparse.ArgumentParser],
-                           whole_parser: Callable[[], argparse.ArgumentParser]) -> None:
-    """Register ``completion bash|zsh``; ``whole_parser`` builds the parser of every command
-    (this one included), whose words the script completes."""
+def add_completion_command(sub: argparse._SubParsersAction[Parser], help_text: str) -> None:
+    """Register ``completion bash|zsh``: the script completes the words of the parser of
+    every command (this one included)."""
     p = sub.add_parser(
-        "completion", help="print a shell completion script (bash or zsh)",
+        "completion", help=help_text,
         description="Print the completion script of messaging for SHELL: subcommands, options "
         "and their choices. bash: `messaging completion bash >> ~/.bashrc` (or source <(...)); "
         "zsh: `messaging completion zsh > \"${fpath[1]}/_messaging\"` (or source <(...) after "
         "compinit).")
     p.add_argument("shell", metavar="SHELL", choices=SHELLS, help="bash or zsh")
-    p.set_defaults(run=functools.partial(_print_completion, whole_parser))
+    p.set_defaults(run=_print_completion)
 
 
-def _print_completion(whole_parser: Callable[[], argparse.ArgumentParser],
-                      args: argparse.Namespace) -> int:
-    print(completion_script(whole_parser(), args.shell), end="")
+def _print_completion(args: argparse.Namespace) -> int:
+    from messaging.cli.main import build_parser
+
+    print(completion_script(build_parser(), args.shell), end="")
     return 0

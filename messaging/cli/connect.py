@@ -7,12 +7,10 @@ given.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from messaging.cli.contexts import Target, resolve
-from messaging.client.client import Client
 from messaging.errors import (
     ClientConfigError,
     ConnectionFailedError,
@@ -20,6 +18,9 @@ from messaging.errors import (
     MessagingError,
     NotABrokerError,
 )
+
+if TYPE_CHECKING:
+    from messaging.client.client import Client
 
 #: How long each broker may take to list the cluster's nodes before the next is asked (a
 #: busy node can take seconds; a hung one costs this much once, at the start).
@@ -33,8 +34,12 @@ ANSWER_TIMEOUT = 10.0
 
 
 def connect(args: argparse.Namespace, **options: Any) -> Client:
-    """A Client for the command's brokers, token and CA."""
+    """A Client for the command's brokers, token and CA (the :class:`Target`, kept as
+    ``args.target`` for the messages of a failure: :func:`messaging.cli.runner.explain`)."""
+    from messaging.client.client import Client  # the HTTP library: only once connecting
+
     target: Target = resolve(args)
+    args.target = target
     options.setdefault("timeout", ANSWER_TIMEOUT)
     return Client(target.urls, token=target.token, ca=target.ca, **options)
 
@@ -42,6 +47,10 @@ def connect(args: argparse.Namespace, **options: Any) -> Client:
 async def keep_learning(client: Client) -> None:
     """:func:`learn_nodes` every RELEARN_INTERVAL until cancelled; what fails is left to the
     reads, which say so."""
+    # Imported here, not above: parsing a command line reads this module's constants, and
+    # a command that never runs a loop (publish DATA, --help) should not load asyncio.
+    import asyncio
+
     while True:
         await asyncio.sleep(RELEARN_INTERVAL)
         with contextlib.suppress(MessagingError):
@@ -53,6 +62,8 @@ async def learn_nodes(client: Client) -> None:
     nodes the command was not given. A broker that cannot be reached now is the command's
     own error to report (or wait out); a wrong URL (not a broker, TLS mismatch) is reported
     here, at once."""
+    import asyncio
+
     try:
         async with asyncio.timeout(LEARN_TIMEOUT * min(len(client.urls), 3)):
             await client.ping(timeout=LEARN_TIMEOUT)

@@ -8,9 +8,10 @@ holds paths to secrets, never the secrets themselves.
 
 A command's brokers come from, by precedence (the command line first, then the
 environment, then saved settings): a URL given as its first argument or with ``--url``
-(repeatable, comma-separated), the context named by ``--context``, ``$MESSAGING_URL``, the
-context named by ``$MESSAGING_CONTEXT``, the current context (``messaging context use``),
-then ``http://127.0.0.1:8086`` (what ``make run`` starts). The token: ``--token``,
+(repeatable, comma-separated; a bare ``HOST:PORT`` is ``http://HOST:PORT``), the context
+named by ``--context``, ``$MESSAGING_URL``, the context named by ``$MESSAGING_CONTEXT``, the
+current context (``messaging context use``), then ``http://127.0.0.1:8086`` (what ``make
+run`` starts). The token: ``--token``,
 ``--token-file``, the context's token file when ``--context`` names it,
 ``$MESSAGING_TOKEN``, the context's token file. The CA likewise: ``--ca``, ``$MESSAGING_CA``,
 the context's.
@@ -24,16 +25,23 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from messaging.errors import ClientConfigError, InvalidURLError, MessagingError
 from messaging.failover import base_url, unique
 from messaging.files import read_json, write_json_atomic
 
+if TYPE_CHECKING:
+    from messaging.cli.parsing import Parser
+
 #: The broker a command talks to when nothing names one: where ``make run`` listens.
 DEFAULT_URL = "http://127.0.0.1:8086"
 CONTEXTS_FILE = "contexts.json"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+#: A broker given without a scheme, as ``rpk`` and ``nats`` take them: ``HOST:PORT`` (a name,
+#: an IPv4 address or a bracketed IPv6 address, and a port), taken as ``http://HOST:PORT``.
+_HOST_PORT = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])"
+                        r":[0-9]{1,5}")
 
 
 def config_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -47,14 +55,24 @@ def config_dir(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def parse_urls(texts: Iterable[str]) -> list[str]:
-    """Broker URLs from arguments that may each be a comma-separated list."""
+    """Broker URLs from arguments that may each be a comma-separated list; ``HOST:PORT``
+    without a scheme is ``http://HOST:PORT``."""
     urls = [part.strip() for text in texts for part in text.split(",") if part.strip()]
-    return unique(base_url(url) for url in urls)
+    return unique(base_url(with_scheme(url)) for url in urls)
+
+
+def with_scheme(url: str) -> str:
+    """``url``, with ``http://`` in front when it is a bare ``HOST:PORT``."""
+    return f"http://{url}" if _HOST_PORT.fullmatch(url) else url
 
 
 def looks_like_urls(text: str) -> bool:
-    """Whether a positional argument is a URL list rather than a topic."""
-    return "://" in text
+    """Whether a positional argument is a URL list rather than a topic: ``scheme://...``, or
+    only ``HOST:PORT`` words (``127.0.0.1:8086,127.0.0.1:8087``)."""
+    if "://" in text:
+        return True
+    parts = [part.strip() for part in text.split(",")]
+    return all(_HOST_PORT.fullmatch(part) for part in parts)
 
 
 @dataclass
@@ -129,6 +147,8 @@ class Target:
     ca: Path | None
     #: Where the URLs came from, for messages ("--url", "context prod", "the default").
     source: str
+    #: Where the token came from ("--token-file t", "$MESSAGING_TOKEN", ...; None: no token).
+    token_source: str | None = None
 
 
 def add_target_options(parser: argparse.ArgumentParser) -> None:
@@ -178,19 +198,30 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None,
             urls, source = [DEFAULT_URL], "the default"
     except InvalidURLError as err:
         raise ClientConfigError(str(err)) from err
-    token = getattr(args, "token", None)
-    token_file = getattr(args, "token_file", None)
-    if token is None and token_file is not None:
-        token = read_token(Path(token_file))
-    if token is None and flagged is not None and context is not None and context.token_file:
-        token = read_token(Path(context.token_file))
-    if token is None:
-        token = env.get("MESSAGING_TOKEN") or None
-    if token is None and context is not None and context.token_file:
-        token = read_token(Path(context.token_file))
+    token, token_source = _token(args, env, context, context_name, flagged is not None)
     ca = getattr(args, "ca", None) or (context.ca if flagged and context else None) or (
         env.get("MESSAGING_CA") or (context.ca if context is not None else None))
-    return Target(urls, token, Path(ca) if ca else None, source)
+    return Target(urls, token, Path(ca) if ca else None, source, token_source)
+
+
+def _token(args: argparse.Namespace, env: Mapping[str, str], context: Context | None,
+           context_name: str | None, flagged: bool) -> tuple[str | None, str | None]:
+    """The token a command sends and where it came from (see the module docstring)."""
+    token = getattr(args, "token", None)
+    if token is not None:
+        return token, "--token"
+    token_file = getattr(args, "token_file", None)
+    if token_file is not None:
+        return read_token(Path(token_file)), f"--token-file {token_file}"
+    saved = (f"the token file of context {context_name} ({context.token_file})"
+             if context is not None and context.token_file else None)
+    if flagged and context is not None and context.token_file:
+        return read_token(Path(context.token_file)), saved
+    if env.get("MESSAGING_TOKEN"):
+        return env["MESSAGING_TOKEN"], "$MESSAGING_TOKEN"
+    if context is not None and context.token_file:
+        return read_token(Path(context.token_file)), saved
+    return None, None
 
 
 def read_token(path: Path) -> str:
@@ -211,10 +242,10 @@ def read_token(path: Path) -> str:
 # -- messaging context ... ------------------------------------------------------------------
 
 
-def add_context_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_context_command(sub: argparse._SubParsersAction[Parser], help_text: str) -> None:
     """Register ``messaging context add|use|list|show|remove``."""
     p = sub.add_parser(
-        "context", help="save and pick clusters to talk to",
+        "context", help=help_text,
         description="A context names a cluster: its broker URLs, a token file and a CA file. "
                     "Client commands use the current context when no URL is given. Saved in "
                     f"{config_dir() / CONTEXTS_FILE} (readable by you only; "

@@ -1,137 +1,74 @@
-"""The ``messaging`` command: run a broker, publish, tail, list topics, ping."""
+"""The ``messaging`` command: run a broker, publish, tail, list topics, ping, and the rest.
+
+Every command's module is imported only when that command runs: the parser is built with a
+full parser for the command on the command line and a one-line entry for each other
+(:func:`build_parser`), so ``messaging --version`` loads no HTTP library and ``messaging
+publish`` no server code. ``completion`` builds them all, as do callers of
+:func:`build_parser` that name no commands.
+"""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import logging
+import importlib
 import os
-import signal
 import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING
 
 from messaging import __version__
-from messaging.cli.completion import add_completion_command
-from messaging.cli.tokens import add_token_commands
-from messaging.config import BrokerConfig, broker_options, load_config, parse_host_port
+from messaging.cli.parsing import Parser
 from messaging.errors import MessagingError
 
-BROKER_HELP = """\
-Run a broker: publishers POST messages, subscribers stream them; every message is stored in
-per-topic segment files of checksummed frames under --data.
+if TYPE_CHECKING:
+    import asyncio
 
-Durability (--fsync):
-  always    (default) a publish is acknowledged only after its frames are fsynced; concurrent
-            publishes share one write and one fsync (group commit). Nothing acknowledged is
-            lost on a crash or power failure.
-  interval  frames are fsynced every 100 ms; a publish is acknowledged once written. A crash
-            of the machine (not just the process) can lose the last 100 ms of acknowledged
-            messages.
-  never     the operating system decides when to write; a machine crash can lose any amount
-            of acknowledged messages. For benchmarks and throwaway data only.
-
-Faults: a full disk answers 507 (reads go on; publishing resumes once space is freed); a
-failed write answers 500 and keeps nothing; a failed fsync stops the topic for writes (503)
-until a restart re-verifies its files. Nothing from a failed publish ever becomes visible.
-
-Security: without --tokens every request is allowed; that is refused unless --bind is a
-loopback address or --insecure is given. --tls-cert/--tls-key serve HTTPS.
-
-Settings come from, by precedence: these options, MESSAGING_<OPTION> environment variables
-(MESSAGING_MAX_SEGMENT_SIZE=64M, MESSAGING_BIND=0.0.0.0:8086), a TOML --config file
-(max-segment-size = "64M"; see examples/broker.toml), then the defaults shown.
-
-Sizes take K/M/G suffixes (binary: 10M = 10 MiB); durations take ms/s/m/h (default s).
-"""
+#: Every command: its one-line help, and the module and function that add its parser (as
+#: ``add(sub, help)``), imported when the command is used.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "broker": ("run a broker", "messaging.cli.broker", "add_broker_command"),
+    "token": ("make, list and revoke bearer tokens", "messaging.cli.tokens",
+              "add_token_command"),
+    "completion": ("print a shell completion script (bash or zsh)", "messaging.cli.completion",
+                   "add_completion_command"),
+    "publish": ("publish messages", "messaging.cli.client", "add_publish_command"),
+    "tail": ("print a topic's messages", "messaging.cli.client", "add_tail_command"),
+    "consumers": ("list, reset or delete stored consumer positions", "messaging.cli.client",
+                  "add_consumers_command"),
+    "topics": ("list topics", "messaging.cli.client", "add_topics_command"),
+    "ping": ("check a broker and list the cluster's URLs", "messaging.cli.client",
+             "add_ping_command"),
+    "topic": ("create, configure, describe or delete a topic", "messaging.cli.topic",
+              "add_topic_command"),
+    "stream": ("create, delete, describe or read a named (Durable Streams) stream",
+               "messaging.cli.stream", "add_stream_command"),
+    "context": ("save and pick clusters to talk to", "messaging.cli.contexts",
+                "add_context_command"),
+}
 
 
-def _broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("broker", help="run a broker", description=BROKER_HELP,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    defaults = BrokerConfig()
-    # Nothing defaults here: a setting not given comes from the environment, the config file
-    # or BrokerConfig (messaging.config.load_config).
-    p.add_argument("--bind", type=parse_host_port, default=argparse.SUPPRESS,
-                   metavar="HOST:PORT",
-                   help=f"HTTP address HOST:PORT (default {defaults.host}:{defaults.port})")
-    p.add_argument("--config", type=Path, default=None, metavar="FILE",
-                   help="read settings from this TOML file (also $MESSAGING_CONFIG)")
-    for name, option, default in broker_options():
-        shown = (f" (default {option.show(default)})"
-                 if default not in (None, [], False) else "")
-        if option.switch:
-            p.add_argument(option.flag, dest=name, action="store_true",
-                           default=argparse.SUPPRESS, help=option.help)
-            continue
-        p.add_argument(option.flag, dest=name, type=option.parse or str,
-                       default=argparse.SUPPRESS, choices=option.choices,
-                       metavar=option.metavar, action="append" if option.repeat else "store",
-                       help=option.help + shown)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(
-        prog="messaging", description="An HTTP messaging broker with durable segmented topics.")
+def build_parser(commands: Collection[str] | None = None) -> Parser:
+    """The argument parser of ``messaging``: the full parser of each of ``commands`` (every
+    command when None) and a one-line entry for each other one."""
+    parser = Parser(prog="messaging",
+                    description="An HTTP messaging broker with durable segmented topics.")
     parser.add_argument("--version", action="version", version=f"messaging {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _broker_parser(sub)
-    add_token_commands(sub)
-    add_completion_command(sub, build_parser)
-    from messaging.cli.client import add_client_commands
-    from messaging.cli.contexts import add_context_commands
-    from messaging.cli.topic import add_topic_commands
-
-    add_client_commands(sub)
-    add_topic_commands(sub)
-    add_context_commands(sub)
+    for name, (help_text, module, function) in COMMANDS.items():
+        if commands is None or name in commands:
+            add: Callable[..., None] = getattr(importlib.import_module(module), function)
+            add(sub, help_text)
+        else:
+            sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
-def _config(args: argparse.Namespace) -> BrokerConfig:
-    explicit = {name: getattr(args, name) for name, _o, _d in broker_options()
-                if hasattr(args, name)}
-    if hasattr(args, "bind"):
-        explicit["host"], explicit["port"] = args.bind
-    config_file = args.config or (Path(os.environ["MESSAGING_CONFIG"])
-                                  if os.environ.get("MESSAGING_CONFIG") else None)
-    config = load_config(explicit, os.environ, config_file)
-    if not str(config.data).strip() or config.data == Path():
-        # Path("") is the current directory: a broker would scatter its files there.
-        raise MessagingError("--data is empty: give the data directory (e.g. --data ./data)")
-    config.etcd_settings()  # refuses bad cluster options before anything starts
-    from messaging.http.server import check_security  # the server stack: broker only
-
-    check_security(config)
-    return config
-
-
-async def run_broker(config: BrokerConfig) -> None:
-    """Run until SIGINT or SIGTERM, then shut down cleanly."""
-    from messaging.http.server import BrokerServer
-
-    server = BrokerServer(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    # Before start: whoever reads the startup line may stop the broker at once, cleanly.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await server.start()
-    if config.tokens is not None and server.tokens is not None:
-        tokens = server.tokens
-
-        def reload_tokens() -> None:
-            try:
-                tokens.reload()
-            except MessagingError as err:
-                logging.getLogger("messaging").error("%s; keeping the tokens read before", err)
-
-        loop.add_signal_handler(signal.SIGHUP, reload_tokens)
-    # server.start() logged the startup line (messaging.ready: standard output, every level).
-    await stop.wait()
-    logging.getLogger("messaging").info("shutting down")
-    await server.stop()
+def command_of(argv: Sequence[str]) -> str | None:
+    """The command a command line names: its first word that is not an option (the
+    top-level options, ``--help`` and ``--version``, take no value)."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -146,25 +83,9 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``messaging`` console script."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "broker":
-        json_lines = False
-        try:
-            config = _config(args)
-            from messaging.cli.logging import setup_logging
-
-            setup_logging(config.log_level, config.log_format)
-            json_lines = config.log_format == "json"
-            with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-                runner.run(run_broker(config))
-        except MessagingError as err:
-            if json_lines:  # every line of a JSON log is JSON, the last one too
-                logging.getLogger("messaging").error("messaging broker: error: %s", err)
-            else:
-                print(f"messaging broker: error: {err}", file=sys.stderr)
-            return 1
-        return 0
+    words = sys.argv[1:] if argv is None else list(argv)
+    command = command_of(words)
+    args = build_parser([command] if command is not None else []).parse_args(words)
     try:
         return int(args.run(args))
     except MessagingError as err:

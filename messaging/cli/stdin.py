@@ -24,6 +24,7 @@ class StdinReader:
         self._queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=8)
         self._partial = b""
         self._pending: asyncio.Future[bytes] | None = None
+        self._interrupted = False
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="messaging-stdin", daemon=True)
         self._thread.start()
@@ -46,10 +47,15 @@ class StdinReader:
                 return
 
     async def get(self, timeout: float | None) -> bytes | None:
-        """The next chunk (b"" at the end of input); None when ``timeout`` passed first."""
+        """The next chunk (b"" at the end of input, or once :meth:`interrupt` was called);
+        None when ``timeout`` passed first."""
+        if self._interrupted:
+            return b""
         if self._pending is None:
             self._pending = asyncio.ensure_future(self._queue.get())
         done, _ = await asyncio.wait({self._pending}, timeout=timeout)
+        if self._interrupted:
+            return b""
         if not done:
             return None
         chunk, self._pending = self._pending.result(), None
@@ -64,6 +70,14 @@ class StdinReader:
         """A last line without a newline, if any."""
         rest, self._partial = self._partial, b""
         return rest.removesuffix(b"\r") if rest else None
+
+    def interrupt(self) -> None:
+        """End the input here (Ctrl-C): :meth:`get` returns b"" now and from now on, and
+        what was read after the last complete line is dropped."""
+        self._interrupted = True
+        self._partial = b""
+        if self._pending is not None:
+            self._pending.cancel()
 
     def stop(self) -> None:
         """Stop reading (the thread ends after the read it is in)."""

@@ -47,8 +47,10 @@ def format_message(message: Message, fmt: str, *, times: bool = False) -> str:
 async def start_index(client: Client, args: argparse.Namespace) -> int | None:
     """The index ``tail`` starts at (0: the first kept), or None when there is nothing to
     print (said on standard error)."""
+    if args.since is not None and not args.follow:
+        return await _since_start(client, args)
     if args.start in (None, "earliest") and args.last is None:
-        return 0  # also --since: the read itself finds where to start
+        return 0  # also --since with --follow: the read itself finds where to start
     try:
         info = await client.topic(args.topic, last=args.last)
     except NotFoundError:
@@ -67,6 +69,22 @@ async def start_index(client: Client, args: argparse.Namespace) -> int | None:
              "(--follow waits for it)")
         return None
     return start
+
+
+async def _since_start(client: Client, args: argparse.Namespace) -> int | None:
+    """``--since`` without ``--follow``: 0 (the read finds where that time starts) when the
+    topic has a message appended since, else None, said on standard error."""
+    try:
+        info = await client.topic(args.topic, at=args.since)
+    except NotFoundError:
+        note(f"{label(args.topic)} does not exist")
+        return None
+    if info.get("index") is None:
+        last = int(info.get("last_index") or 0)
+        note(f"{label(args.topic)} ends at index {last}: nothing appended since "
+             f"{format_moment(args.since)} (--follow waits for it)")
+        return None
+    return 0
 
 
 async def run_tail(args: argparse.Namespace) -> int:

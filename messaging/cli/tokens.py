@@ -17,10 +17,17 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from messaging.errors import MessagingError, TokensFileError
 from messaging.files import fsync_dir, write_all, write_bytes_atomic
-from messaging.http.auth import TokenEntry, new_token, parse_scope, read_tokens_file, token_line
+
+if TYPE_CHECKING:
+    from messaging.cli.parsing import Parser
+    from messaging.http.auth import TokenEntry
+
+# messaging.http.auth (the tokens file's format) is imported by the commands that use it: it
+# loads the HTTP server library, which the rest of the CLI never needs.
 
 #: How long a command waits for another one changing the same tokens file.
 LOCK_TIMEOUT = 10.0
@@ -28,10 +35,10 @@ LOCK_TIMEOUT = 10.0
 RELOAD_NOTE = "the broker rereads it within a few seconds (or at once on SIGHUP)"
 
 
-def add_token_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_token_command(sub: argparse._SubParsersAction[Parser], help_text: str) -> None:
     """Register ``token create``, ``token list`` and ``token revoke``."""
     p = sub.add_parser(
-        "token", help="make, list and revoke bearer tokens",
+        "token", help=help_text,
         description="Make bearer tokens and keep the broker's --tokens file, which stores only "
         "each token's name, hash and scopes. The broker rereads the file when it changes.")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -73,6 +80,8 @@ def add_token_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def create_token(args: argparse.Namespace) -> int:
     """Make a token; print it, and add its line to ``--tokens`` or print the line."""
+    from messaging.http.auth import new_token, parse_scope, token_line
+
     name: str = args.name
     if not name or any(c.isspace() for c in name) or "#" in name:
         raise MessagingError(f"invalid --name {name!r}: one word, without #")
@@ -144,6 +153,8 @@ def _save(token: str, saved: Path) -> None:
 
 def list_tokens(args: argparse.Namespace) -> int:
     """Print the name and scopes of every token in ``--tokens``."""
+    from messaging.http.auth import read_tokens_file
+
     _text, entries = read_tokens_file(args.tokens)
     width = max([len("NAME"), *(len(e.name) for e in entries)])
     print(f"{'NAME':<{width}}  SCOPES")
@@ -154,6 +165,8 @@ def list_tokens(args: argparse.Namespace) -> int:
 
 def revoke_token(args: argparse.Namespace) -> int:
     """Remove the token named ``args.name`` from ``--tokens``."""
+    from messaging.http.auth import read_tokens_file
+
     path: Path = args.tokens
     with _locked(path):
         text, entries = read_tokens_file(path)
@@ -171,6 +184,8 @@ def revoke_token(args: argparse.Namespace) -> int:
 
 def _read_if_present(path: Path) -> tuple[str, list[TokenEntry], os.stat_result | None]:
     """The file's text, tokens and status; an empty file (and no status) when missing."""
+    from messaging.http.auth import read_tokens_file
+
     stat = _stat(path)
     if stat is None:
         return "", [], None

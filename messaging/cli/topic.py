@@ -2,22 +2,27 @@
 through ``/messaging/topics/{id}`` (see :mod:`messaging.http.topics`).
 
 TOPIC is a topic id or a stream's name. ``create`` and ``config`` send the same request (a
-topic that does not exist yet is created, empty); ``describe`` prints each setting with its
-value and where it came from; ``delete`` asks nothing (it needs an admin token). Failures are
-one line on standard error and exit status 1, as for every client command.
+topic that does not exist yet is created, empty); ``create`` says on standard error whether it
+made the topic or found it there (``topic 7 exists, configured``), ``config`` refuses a topic
+that does not exist; ``describe`` prints each setting with its value and where it came from;
+``delete`` asks nothing (it needs an admin token). Failures are one line on standard error and
+exit status 1, as for every client command.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from messaging.cli.arguments import add_connection_options, add_positionals
+from messaging.cli.arguments import add_connection_options, add_positionals, label
 from messaging.cli.connect import connect
-from messaging.cli.runner import runner
+from messaging.cli.runner import note, runner
 from messaging.config import parse_duration, parse_size, show_duration, show_size
 from messaging.errors import MessagingError, NotFoundError
 from messaging.json_ids import dumps
+
+if TYPE_CHECKING:
+    from messaging.cli.parsing import Parser
 
 #: The settings a topic takes, as options and as the API's keys.
 SETTINGS = ("max-topic-size", "retention-age", "max-segment-size", "max-message-size")
@@ -25,9 +30,9 @@ SETTINGS = ("max-topic-size", "retention-age", "max-segment-size", "max-message-
 AGE = "retention-age"
 
 
-def add_topic_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_topic_command(sub: argparse._SubParsersAction[Parser], help_text: str) -> None:
     """Register ``messaging topic create|config|describe|delete``."""
-    topic = sub.add_parser("topic", help="create, configure, describe or delete a topic",
+    topic = sub.add_parser("topic", help=help_text,
                            description="Manage one topic (TOPIC: a topic id or a stream "
                                        "name). Settings and deletions go through the log: "
                                        "every node of a cluster applies them.")
@@ -51,19 +56,19 @@ def add_topic_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                        f"{', '.join(SETTINGS)}; repeatable)")
         p.add_argument("--format", choices=["text", "json"], default="text")
         add_connection_options(p)
-        p.set_defaults(run=runner(_configure), shape=("topic",))
+        p.set_defaults(run=runner(__name__, "run_configure"), shape=("topic",))
 
     p = actions.add_parser("describe", help="show a topic and its effective settings")
     add_positionals(p, "TOPIC")
     p.add_argument("--format", choices=["text", "json"], default="text")
     add_connection_options(p)
-    p.set_defaults(run=runner(_describe), shape=("topic",))
+    p.set_defaults(run=runner(__name__, "run_describe"), shape=("topic",))
 
     p = actions.add_parser("delete", help="delete a topic: its messages, settings and "
                            "consumer positions, on every node (admin)")
     add_positionals(p, "TOPIC")
     add_connection_options(p)
-    p.set_defaults(run=runner(_delete), shape=("topic",))
+    p.set_defaults(run=runner(__name__, "run_delete"), shape=("topic",))
 
 
 def _size(text: str) -> int:
@@ -93,27 +98,39 @@ def settings_of(args: argparse.Namespace) -> dict[str, int | None]:
     return settings
 
 
-async def _configure(args: argparse.Namespace) -> int:
+async def run_configure(args: argparse.Namespace) -> int:
+    """``messaging topic create|config``: set the settings given, print the topic."""
     settings = settings_of(args)
     async with connect(args) as client:
-        if args.action == "config":  # a typo must not create a topic: only create does
-            try:
-                await client.describe_topic(args.topic)
-            except NotFoundError as err:
+        try:
+            await client.describe_topic(args.topic)
+            existed = True
+        except NotFoundError as err:
+            if args.action == "config":  # a typo must not create a topic: only create does
                 raise MessagingError(f"{err}: messaging topic create makes one") from err
+            existed = False
         answer = await client.configure_topic(args.topic, **settings)
+    if args.action == "create":
+        if not existed:
+            note(f"created {label(args.topic)}")
+        elif settings:
+            note(f"{label(args.topic)} exists, configured")
+        else:
+            note(f"{label(args.topic)} exists (no setting given: left as it was)")
     _show(answer, args.format)
     return 0
 
 
-async def _describe(args: argparse.Namespace) -> int:
+async def run_describe(args: argparse.Namespace) -> int:
+    """``messaging topic describe``: the topic and its effective settings."""
     async with connect(args) as client:
         answer = await client.describe_topic(args.topic)
     _show(answer, args.format)
     return 0
 
 
-async def _delete(args: argparse.Namespace) -> int:
+async def run_delete(args: argparse.Namespace) -> int:
+    """``messaging topic delete``: delete the topic on every node."""
     async with connect(args) as client:
         answer = await client.delete_topic(args.topic)
     print(f"deleted topic {answer.get('id', args.topic)}")

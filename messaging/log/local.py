@@ -46,6 +46,9 @@ class DeferredSync:
         self.broker = broker
         self._topics: set[int] = set()
         self._lock = threading.Lock()
+        #: The first fsync that failed (None: none did); set by the thread that flushed, read
+        #: by any (a single reference store).
+        self.failed: MessagingError | None = None
 
     def add(self, topics: Iterable[int]) -> None:
         """Remember topics to fsync at the next flush (any thread)."""
@@ -65,12 +68,15 @@ class DeferredSync:
                 self.broker.sync(topics)
             except MessagingError as err:
                 log.error("periodic fsync failed: %s", err)
+                if self.failed is None:
+                    self.failed = err
 
-    async def run(self, executor: Executor | None = None) -> None:
-        """Flush every FSYNC_INTERVAL until cancelled."""
+    async def run(self, executor: Executor | None = None,
+                  interval: float = FSYNC_INTERVAL) -> None:
+        """Flush every ``interval`` seconds until cancelled."""
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(FSYNC_INTERVAL)
+            await asyncio.sleep(interval)
             await loop.run_in_executor(executor, self.flush)
 
 

@@ -9,24 +9,34 @@ Runs on worker threads, like :class:`~messaging.topic.reader.TopicReader`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from messaging.errors import TopicTruncatedError
 from messaging.objects.errors import ObjectNotFoundError
-from messaging.tiered.manifest import SegmentObject
+from messaging.tiered.manifest import Manifest, SegmentObject
+from messaging.tiered.objects import SegmentObjectReader
 from messaging.topic.reader import READ_CHUNK
 from messaging.topic.segment import Segment
 from messaging.topic.tail import TailChunk
-from messaging.topic.view import ReaderView
+from messaging.topic.view import ReaderView, TopicView
 
-if TYPE_CHECKING:
-    from messaging.tiered.view import TieredTopic
+
+class StoreBackedTopic(TopicView, Protocol):
+    """What a :class:`TieredReader` reads through: a topic whose older segments are in the
+    object store (:class:`~messaging.tiered.view.TieredTopic` is one): the topic on the local
+    disk, its segment objects read through the shared cache, and its manifest now."""
+
+    @property
+    def local(self) -> TopicView: ...
+    @property
+    def objects(self) -> SegmentObjectReader: ...
+    def manifest(self) -> Manifest: ...
 
 
 class TieredReader:
     """Reads committed frames of one topic from ``index``: the store, then the disk."""
 
-    def __init__(self, topic: TieredTopic, index: int, end: int | None = None,
+    def __init__(self, topic: StoreBackedTopic, index: int, end: int | None = None,
                  limit: int | None = None) -> None:
         self._topic = topic
         self.next_index = max(index, 0)
@@ -43,7 +53,7 @@ class TieredReader:
     # -- ReaderView ---------------------------------------------------------------------
 
     @property
-    def topic(self) -> TieredTopic:
+    def topic(self) -> StoreBackedTopic:
         """The topic read."""
         return self._topic
 

@@ -18,8 +18,9 @@ from messaging.tiered.manifest import Manifest, SegmentObject
 from messaging.tiered.metrics import StoreMetrics
 from messaging.tiered.objects import SegmentObjectReader
 from messaging.tiered.reader import TieredReader
+from messaging.topic.read import index_before_end
 from messaging.topic.tail import Tail
-from messaging.topic.topic import Topic, index_before_end
+from messaging.topic.topic import Topic
 
 
 class Tiered:

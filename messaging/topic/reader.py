@@ -1,4 +1,5 @@
-"""TopicReader: reads a topic's committed frames through the view its Topic hands out.
+"""TopicReader: reads a topic's committed frames through the topic's read side
+(:class:`~messaging.topic.read.TopicReads`) and, once caught up, from its in-memory tail.
 
 A reader never sees a frame that is not committed (a crash, a failed write or a failed fsync
 could still take it back), verifies every CRC it has not verified before and the order of
@@ -18,9 +19,9 @@ from messaging.topic.tail import TailChunk
 from messaging.topic.view import TopicView
 
 
-class ReadableTopic(TopicView, Protocol):
+class CommittedReads(Protocol):
     """What a reader reads through: a topic's committed positions and segment views
-    (:class:`messaging.topic.topic.Topic` provides them)."""
+    (:class:`messaging.topic.read.TopicReads` provides them)."""
 
     def locate(self, index: int) -> tuple[Segment, int, int] | None: ...
     def next_position(self, index: int) -> tuple[Segment, int, int] | None: ...
@@ -39,11 +40,15 @@ class TopicReader:
     No file stays open between reads: each read opens, reads and closes, so an idle reader
     holds no descriptor and a file retention deleted meanwhile is reported (410), never read.
     Damage on disk is raised as :class:`CorruptDataError` after the good frames before it.
+
+    ``topic`` is the topic read (its id, first index, closed flag and tail), ``reads`` its
+    committed positions and segment views.
     """
 
-    def __init__(self, topic: ReadableTopic, index: int, end: int | None = None,
-                 limit: int | None = None) -> None:
+    def __init__(self, topic: TopicView, reads: CommittedReads, index: int,
+                 end: int | None = None, limit: int | None = None) -> None:
         self.topic = topic
+        self._reads = reads
         self.next_index = max(index, 0)
         self.last_index = self.next_index - 1 if self.next_index else 0
         self.end = end
@@ -70,8 +75,8 @@ class TopicReader:
         A reader of the next index to commit starts at the end of the committed frames, so
         that it reads that commit from the in-memory tail when it follows the topic.
         """
-        located = (self.topic.locate(self.next_index)
-                   or self.topic.next_position(self.next_index))
+        located = (self._reads.locate(self.next_index)
+                   or self._reads.next_position(self.next_index))
         if located is None:
             return False
         self._segment, self._position, self._ordinal = located
@@ -79,7 +84,7 @@ class TopicReader:
 
     def read(self, max_bytes: int = READ_CHUNK) -> bytes:
         """The next chunk of whole, verified frames; ``b""`` when nothing more is committed."""
-        topic = self.topic
+        topic, reads = self.topic, self._reads
         while not self.done:
             if self._damage is not None:
                 raise self._damage
@@ -89,9 +94,9 @@ class TopicReader:
                 return b""
             segment = self._segment
             assert segment is not None
-            view = topic.view(segment)
+            view = reads.view(segment)
             if self._position >= view.size:
-                following = topic.following(segment) if view.complete else None
+                following = reads.following(segment) if view.complete else None
                 if following is None:
                     return b""
                 self._segment, self._position, self._ordinal = following, 0, 0
@@ -156,7 +161,7 @@ class TopicReader:
             os.close(fd)
         if len(data) < size:
             # A short read of a regular file means it shrank under us: corruption.
-            raise self.topic.corrupt(segment, CorruptFrameError(
+            raise self._reads.corrupt(segment, CorruptFrameError(
                 f"short read at byte {position}: {len(data)} of {size} bytes"))
         return data
 
@@ -213,7 +218,7 @@ class TopicReader:
                 result = scan(data, after=self.last_index, stop_index=self.end,
                               max_count=self.remaining, verify=verify, mark_base=self._position)
         if result.error is not None:
-            damage = self.topic.corrupt(segment, result.error)
+            damage = self._reads.corrupt(segment, result.error)
             if not result.count:
                 raise damage
             self._damage = damage  # deliver the good frames first; the next read raises

@@ -187,7 +187,7 @@ class Segment:
 
 class SegmentView(NamedTuple):
     """What readers may see of a segment at one moment (see
-    :meth:`messaging.topic.topic.Topic.view`)."""
+    :meth:`messaging.topic.read.TopicReads.view`)."""
 
     size: int  # committed bytes
     last_index: int

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from messaging.broker.catalog import Catalog, stream_command
-from messaging.broker.commands import Stamped, heartbeat_command, stamp
+from messaging.broker.commands import Stamped, _stamp, heartbeat_command, stamp
 from messaging.errors import MessagingError, ProducerFencedError
 from messaging.frames import decode, encode_batch
 from tests.examples import examples
@@ -160,3 +160,29 @@ class StampingModel(RuleBasedStateMachine):
 
 TestStamping = StampingModel.TestCase
 TestStamping.settings = settings(max_examples=examples(30), stateful_step_count=25, deadline=None)
+
+
+# -- stamping a plain command with strided copies ------------------------------------------------
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=40),
+       same=st.booleans(), topic=st.integers(1, 5), other=st.integers(1, 5),
+       index=st.integers(0, 2**40), kind=st.sampled_from([1, 2, 0x7FFF]))
+def test_a_plain_command_stamps_as_the_per_frame_walk_does(
+        sizes: list[int], same: bool, topic: int, other: int, index: int, kind: int) -> None:
+    """Commands from the cluster's log arrive as plain bytes: those of uniform frames for one
+    topic are stamped with strided copies, everything else frame by frame; both give the same
+    indexes, runs and frames (the walk is the reference)."""
+    datas = [b"d" * (sizes[0] if same else size) for size in sizes]
+    body = encode_batch(topic, datas, kind)
+    if other != topic and len(datas) > 1:  # the last frame for another topic: not uniform
+        body = encode_batch(topic, datas[:-1], kind) + encode_batch(other, datas[-1:], kind)
+    fast = stamp(body, index, Catalog())
+    slow = _stamp(body, index, Catalog())
+    assert (fast.first, fast.index) == (slow.first, slow.index)
+    assert b"".join(bytes(r.frames) for _t, r in fast.runs) == b"".join(
+        bytes(r.frames) for _t, r in slow.runs)
+    assert [t for t, _r in fast.runs] == [t for t, _r in slow.runs]
+    assert [m.index for m in decode(b"".join(bytes(r.frames) for _t, r in fast.runs))[0]] \
+        == list(range(index + 1, index + 1 + len(datas)))

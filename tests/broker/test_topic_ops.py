@@ -204,7 +204,7 @@ def test_a_deletion_waits_for_a_retention_run_on_its_topic(
         assert resume.wait(10)
         write_json_atomic(path, value, **options)
 
-    monkeypatch.setattr("messaging.topic.topic.write_json_atomic", paused_write)
+    monkeypatch.setattr("messaging.topic.retention.write_json_atomic", paused_write)
     broker.retention.lock = _WatchedLock(progressed)  # type: ignore[assignment]
     retention = threading.Thread(target=broker.enforce_retention)
     retention.start()

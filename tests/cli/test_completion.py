@@ -25,6 +25,9 @@ PROBES = [
     ("messaging broker --data ./d --log-format ''", "text json"),
     ("messaging completion ''", "bash zsh"),
     ("messaging tail --format j", "json"),
+    ("messaging stream ''", "create delete head tail"),
+    ("messaging stream create --co", "--content-type --context"),
+    ("messaging stream tail --f", "--follow --format --from"),
     ("messaging broker --data ''", ""),  # a value without choices: file names (-o default)
 ]
 
@@ -37,7 +40,8 @@ def offers(lines: Iterable[str]) -> list[list[str]]:
 def test_specs_follow_the_parser() -> None:
     specs = {spec.path: spec for spec in command_specs(build_parser())}
     assert {"broker", "token", "completion", "publish", "tail", "consumers", "topics",
-            "ping"} <= set(specs[""].subcommands)
+            "ping", "topic", "stream", "context"} <= set(specs[""].subcommands)
+    assert set(specs["stream"].subcommands) == {"create", "delete", "head", "tail"}
     assert specs[""].subcommands["token"] == "make, list and revoke bearer tokens"
     assert set(specs["token"].subcommands) == {"create", "list", "revoke"}
     assert specs["broker"].choices["--fsync"] == ["always", "interval", "never"]

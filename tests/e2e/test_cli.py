@@ -108,5 +108,7 @@ def test_broker_refuses_an_empty_data_directory(tmp_path: Path, data: str) -> No
 def test_broker_refuses_limits_that_cannot_work(tmp_path: Path, flag: str, value: str) -> None:
     result = run_cli(tmp_path, "broker", "--data", str(tmp_path / "d"), flag, value)
     assert result.returncode == 2
-    assert flag in result.stderr.strip().splitlines()[-1]
+    error, see = result.stderr.splitlines()  # the error, then where the help is
+    assert error.startswith("messaging broker: error: ") and flag in error
+    assert see == "see 'messaging broker --help'"
     assert list(tmp_path.iterdir()) == []

@@ -47,9 +47,10 @@ async def test_tail_since_and_times(server: BrokerServer, home: dict[str, str]) 
 
     bad = await acli("tail", url, "1", "--since", "last tuesday", env=home)
     assert bad.returncode == 2 and bad.stdout == ""
-    assert bad.stderr.splitlines()[-1].startswith(
-        "messaging tail: error: argument --since: invalid --since 'last tuesday': use an "
-        "RFC 3339 time")
+    error, see = bad.stderr.splitlines()  # the error, then where the help is
+    assert error.startswith("messaging tail: error: argument --since: invalid --since "
+                            "'last tuesday': use an RFC 3339 time")
+    assert see == "see 'messaging tail --help'"
     both = await acli("tail", url, "1", "--since", "1m", "--from", "1", env=home)
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
 

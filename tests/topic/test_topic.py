@@ -83,14 +83,14 @@ def test_counting_while_retention_deletes_the_located_segment(tmp_path: Path,
     """A retention run between the lookup's locate (no lock kept) and its walk of the
     segments deletes the segment it located: counting goes on from what is kept."""
     topic = make(tmp_path, [[1, 2], [3, 4], [5, 6]])
-    locate = topic.locate
+    locate = topic.reads.locate
 
     def locate_then_retention(index: int) -> object:
         located = locate(index)
         topic.truncate(max_size=0, floor_index=4)  # segments 1 and 3 go
         return located
 
-    monkeypatch.setattr(topic, "locate", locate_then_retention)
+    monkeypatch.setattr(topic.reads, "locate", locate_then_retention)
     if lookup == "count_after":
         assert topic.count_after(1) == 2  # 5 and 6: the messages after 1 that are kept
     else:

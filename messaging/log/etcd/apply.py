@@ -24,12 +24,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from messaging.broker.broker import Broker
 from messaging.broker.commands import ApplyResult
-from messaging.config import FsyncMode
 from messaging.errors import (
     BrokerClosedError,
     CommitUnknownError,
@@ -75,6 +75,40 @@ class _Applied:
     touched: set[int]
     started: float  # time.monotonic, on the writer thread
     finished: float
+    cpu: float = 0.0  # seconds of the writer thread's CPU the batch took
+    revisions: int = 0
+    messages: int = 0
+
+
+class ApplyCost:
+    """The writer thread's CPU per applied revision and per message, over recent batches
+    (the loop records and reads)."""
+
+    def __init__(self, keep: float = 600.0) -> None:
+        self._keep = keep
+        self._batches: deque[tuple[float, float, int, int]] = deque()  # at, cpu, revs, msgs
+
+    def record(self, cpu: float, revisions: int, messages: int) -> None:
+        """One applied batch."""
+        now = time.monotonic()
+        self._batches.append((now, cpu, revisions, messages))
+        while self._batches and self._batches[0][0] < now - self._keep:
+            self._batches.popleft()
+
+    def report(self, window: float) -> dict[str, float | None]:
+        """``apply_cpu_us_per_revision`` and ``apply_cpu_us_per_message`` over the last
+        ``window`` seconds (None: nothing applied then)."""
+        since = time.monotonic() - window
+        cpu = revisions = messages = 0.0
+        for at, spent, revs, msgs in self._batches:
+            if at >= since:
+                cpu += spent
+                revisions += revs
+                messages += msgs
+        return {"apply_cpu_us_per_revision": round(cpu * 1e6 / revisions, 1)
+                if revisions else None,
+                "apply_cpu_us_per_message": round(cpu * 1e6 / messages, 2)
+                if messages else None}
 
 
 class Applier:
@@ -86,19 +120,20 @@ class Applier:
 
     def __init__(self, broker: Broker, writer: Executor, writes: LogWriter,
                  progress: Progress, checkpoints: Checkpoints, unsynced: DeferredSync,
-                 fsync: FsyncMode, log_key: bytes) -> None:
+                 log_key: bytes) -> None:
         self.broker = broker
         self._writer = writer
         self._writes = writes
         self._progress = progress
         self._checkpoints = checkpoints
         self._unsynced = unsynced
-        self._durable = fsync == "always"
         self._log_name = log_key.decode()
         self._queue: asyncio.Queue[Revision] = asyncio.Queue(maxsize=QUEUED_REVISIONS)
         self._quiet = QuietLog(log, RECURRING_LOG_INTERVAL)
         #: Why the last batch failed while it is being retried (None: it did not).
         self.error: str | None = None
+        #: What applying costs (diagnostics).
+        self.cost = ApplyCost()
         #: Set when this node stopped applying for good: publishes are refused with it.
         self.failure: MessagingError | None = None
 
@@ -120,6 +155,11 @@ class Applier:
                 item = self._queue.get_nowait()
                 batch.append(item)
                 size += len(item.value)
+            failed = self._unsynced.failed
+            if failed is not None:
+                # A group fsync of applied data failed: what it covered is not known to be
+                # durable here and the checkpoint cannot move past it, so this node stops.
+                await self._stop(batch, failed)
             delay = 0.1
             while True:
                 try:
@@ -140,6 +180,8 @@ class Applier:
                     await self._stop(batch, err)
             self.error = None
             self._answer(applied)
+            # After the answers, never before them: a checkpoint fsyncs what it covers.
+            self._writer.submit(self._checkpoint_if_due)
             for _ in batch:
                 self._queue.task_done()
 
@@ -163,6 +205,7 @@ class Applier:
     def _apply_revisions(self, batch: list[Revision]) -> _Applied:
         """Apply revisions in order as one group (writer thread)."""
         started = time.monotonic()
+        cpu = time.thread_time()
         commands: list[bytes] = []
         times: list[int | None] = []
         spans: list[tuple[Revision, bytes, int, int, int]] = []
@@ -177,8 +220,9 @@ class Applier:
             spans.append((item, entry.node, entry.seq, len(commands), len(entry.commands)))
             commands.extend(entry.commands)
             times.extend([entry.time] * len(entry.commands))
-        durable = self._durable
-        results = (self.broker.write_group(commands, durable=durable, notify=False, times=times)
+        # Never fsynced here: etcd is the write-ahead log, and the files are fsynced in
+        # groups off this path (the deferred sync, and before every checkpoint).
+        results = (self.broker.write_group(commands, durable=False, notify=False, times=times)
                    if commands else [])
         local = [r for r in results if isinstance(r, (StorageError, BrokerClosedError))]
         if local:
@@ -186,8 +230,7 @@ class Applier:
                 raise _GroupFailed(str(local[0]))  # nothing was applied: the index is back
             raise _Diverged(str(local[0]))
         touched = {t for r in results if isinstance(r, ApplyResult) for t in r.topics}
-        if not durable:
-            self._unsynced.add(touched)
+        self._unsynced.add(touched)
         self._progress.applied_through(batch[-1].revision)
         self._checkpoints.applied(len(batch), self.broker.index)
         self.broker.metrics.group_commits.inc(len(commands))
@@ -197,11 +240,21 @@ class Applier:
                       batch[0].revision, batch[-1].revision, self._log_name,
                       len(commands), sum(len(item.value) for item in batch),
                       (finished - started) * 1000)
-        self._checkpoints.if_due()
-        return _Applied(spans, results, touched, started, finished)
+        messages = sum(r.count for r in results if isinstance(r, ApplyResult))
+        return _Applied(spans, results, touched, started, finished,
+                        time.thread_time() - cpu, len(batch), messages)
+
+    def _checkpoint_if_due(self) -> None:
+        """Checkpoint when due (writer thread, queued after the batch it follows)."""
+        try:
+            self._checkpoints.if_due()
+        except Exception:  # a failed checkpoint is written again next time
+            self._quiet.log("checkpoint", logging.ERROR, "writing the checkpoint failed",
+                            exc_info=True)
 
     def _answer(self, applied: _Applied) -> None:
         """Answer this node's publishers, then wake the followers (on the loop)."""
+        self.cost.record(applied.cpu, applied.revisions, applied.messages)
         for item, node, seq, first, count in applied.spans:
             self._writes.answer(node, seq, applied.results[first:first + count],
                                 ApplyTiming(item.received, applied.started, applied.finished))

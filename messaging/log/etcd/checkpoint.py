@@ -28,7 +28,6 @@ from typing import Any
 
 from messaging.broker.broker import Broker
 from messaging.broker.snapshot import FORMAT
-from messaging.config import FsyncMode
 from messaging.errors import DataDirectoryError
 from messaging.files import read_json, write_json_atomic
 from messaging.log.etcd.progress import Progress
@@ -58,13 +57,12 @@ class Checkpoints:
     are durable, around a snapshot install, and at close. Writer thread only."""
 
     def __init__(self, broker: Broker, cluster: str, progress: Progress,
-                 unsynced: DeferredSync, fsync: FsyncMode) -> None:
+                 unsynced: DeferredSync) -> None:
         self.broker = broker
         self.cluster = cluster
         self.path: Path = broker.path / CHECKPOINT
         self._progress = progress
         self._unsynced = unsynced
-        self._fsync = fsync
         self._index = 0  # the broker index after the last applied revision
         self._since = 0  # revisions applied since the last checkpoint
         self._at = 0.0  # when the last checkpoint was written (time.monotonic)
@@ -142,8 +140,8 @@ class Checkpoints:
         revision = view.covered
         if revision <= view.checkpointed and not force:
             return
-        if self._fsync != "always":
-            self._unsynced.flush()
+        self._unsynced.flush()  # what the checkpoint covers must be durable first: frames,
+        self.broker.sync_state()  # and the state changes (positions) recorded beside them
         if any(topic.failure is not None for topic in self.broker.topics()):
             return
         self.write(revision, self._index)

@@ -5,18 +5,22 @@ Every key lives under ``/messaging/<cluster>/``: ``log`` (the command log) and
 
 - Writes (:mod:`messaging.log.etcd.writer`): any node takes them. Concurrent commands are
   group-committed into one put of the log key (at most about 1 MiB); several puts may be in
-  flight. A publisher is answered once *this* node has applied the revision its put created
-  (fsynced under ``--fsync always``). A put that may have left is never resent: only one
-  refused before it was sent moves on to the next endpoint.
+  flight. A publisher is answered once etcd committed the revision its put created (fsynced
+  on a majority of etcd's members: etcd is the write-ahead log) and *this* node has applied
+  it (visible to readers here). A put that may have left is never resent: only one refused
+  before it was sent moves on to the next endpoint.
 - Watch (:mod:`messaging.log.etcd.watch`): one supervised watch of the log key from the last
   revision received, restarted on the next endpoint when it fails or is stuck.
 - Apply (:mod:`messaging.log.etcd.apply`): each revision is decoded into its commands and
   applied in revision order by ``Broker.write_group`` on one writer thread, so every node
   assigns the same indexes and writes the same segment files.
-- Checkpoint (:mod:`messaging.log.etcd.checkpoint`): ``DATA/cluster.json`` holds the revision
-  through which every log entry is durable here and the broker index after it; written only
-  after that data is fsynced. A restart replays from it: replay reassigns identical indexes
-  and topics skip stale frames.
+- Sync and checkpoint (:mod:`messaging.log.etcd.checkpoint`): a node's segment files are its
+  applied copy of etcd's log. It fsyncs them in groups, at most every
+  ``--cluster-sync-interval`` (unless ``--fsync never``: then at checkpoints only), never on
+  a publish's path; ``DATA/cluster.json`` holds the revision through which every log entry is
+  durable here and the broker index after it, written only after that data is fsynced. A
+  restart (a crash, or a power loss that took unfsynced tails) replays from it: replay
+  reassigns identical indexes and topics skip the frames they already hold.
 - Membership (:mod:`messaging.log.etcd.membership`): each node registers ``{url,
   durable_revision}`` under a lease; the first live node (by URL) compacts etcd below the
   smallest durable revision of every registered node.
@@ -100,10 +104,9 @@ class EtcdLog:
         self._writes = LogWriter(self._client, self._log_key, os.urandom(8),
                                  self._quorum_read, broker.settled_result,
                                  startup=self._startup)
-        self._checkpoints = Checkpoints(broker, self.cluster, self._progress, self._unsynced,
-                                        fsync)
+        self._checkpoints = Checkpoints(broker, self.cluster, self._progress, self._unsynced)
         self._applier = Applier(broker, self._writer, self._writes, self._progress,
-                                self._checkpoints, self._unsynced, fsync, self._log_key)
+                                self._checkpoints, self._unsynced, self._log_key)
         self._membership = Membership(self._client, self.cluster, url,
                                       lambda: self._progress.checkpointed,
                                       settings.compact_every)
@@ -151,9 +154,10 @@ class EtcdLog:
                                                  MEMBERSHIP_INTERVAL),
                                 name="messaging-etcd-membership"),
         ]
-        if self.fsync == "interval":
-            self._tasks.append(asyncio.create_task(self._unsynced.run(self._writer),
-                                                   name="messaging-etcd-fsync"))
+        if self.fsync != "never":  # etcd is the WAL: files are fsynced in groups
+            self._tasks.append(asyncio.create_task(
+                self._unsynced.run(self._writer, self.settings.sync_interval),
+                name="messaging-etcd-fsync"))
 
     def _load(self) -> tuple[grpc.ChannelCredentials | None, int]:
         """TLS files and the checkpoint, restored (writer thread): the revision to replay
@@ -262,6 +266,7 @@ class EtcdLog:
             "compacted_revision": self._membership.compacted,
             "snapshots_installed": self.snapshots_installed,
             "publish_budget": self._writes.budget.report(window),
+            **self._applier.cost.report(window),
             "apply_error": self._applier.error,
             "failure": None if failure is None else str(failure),
         }

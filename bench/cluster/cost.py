@@ -1,0 +1,194 @@
+"""What a cluster costs beside one node, in interleaved rounds: the figures a cluster that
+costs per machine what one node costs is judged by.
+
+One broker (``--fsync always``, LocalLog) and a cluster (3 etcd members with the README's
+settings + 3 brokers, ``--fsync always``) run at once on this machine; each round measures
+the single node, then the cluster, so both see the same machine. Figures (medians over the
+rounds):
+
+1. batch publish throughput (1000 × 100 B requests, 4 senders; the cluster's spread over its
+   nodes) and the CPU per message: the single broker's, and all brokers' + etcd's;
+2. single publishes at 1,000 msg/s (open loop, round-robin over the nodes): p50 and p99, and
+   the CPU of brokers + etcd in cores;
+3. broker CPU per applied etcd revision: all brokers' CPU over the latency run divided by the
+   revisions each applied (every revision is applied by every node), beside what the nodes'
+   diagnostics say their writer threads spent (``apply_cpu_us_per_revision``).
+
+``BENCH_ROUNDS`` (default 3), ``BENCH_SECONDS`` (5) and ``BENCH_LATENCY_COUNT`` (5000) size it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.cluster.load import Node, latencies, throughput, with_cpu
+from bench.harness.cluster_nodes import nodes_ready
+from bench.harness.etcd_members import etcd_cluster, etcd_healthy
+from bench.harness.figures import Row, percentile
+from bench.harness.loops import bounded_wait
+from bench.harness.procs import broker
+from bench.harness.results import add_to_json, command_line, report
+
+RATE = 1000
+
+
+@dataclass
+class Round:
+    """One round's figures."""
+
+    single_rate: float = 0.0
+    single_cpu_us: float = 0.0  # per message, the single broker
+    cluster_rate: float = 0.0
+    cluster_cpu_us: float = 0.0  # per message, brokers + etcd
+    single_p50: float = 0.0
+    single_p99: float = 0.0
+    cluster_p50: float = 0.0
+    cluster_p99: float = 0.0
+    cluster_cores: float = 0.0  # brokers + etcd during the latency run
+    revision_us: float = 0.0  # brokers' CPU per applied revision per node
+    apply_us: float = 0.0  # the nodes' own apply_cpu_us_per_revision (median)
+    shares: dict[str, float] = field(default_factory=dict)
+
+
+async def _revisions(session: aiohttp.ClientSession, urls: list[str]) -> list[int]:
+    out = []
+    for url in urls:
+        async with session.get(f"{url}/messaging/diagnostics") as resp:
+            out.append(int((await resp.json())["applied_revision"]))
+    return out
+
+
+async def _apply_cost(session: aiohttp.ClientSession, urls: list[str], window: int) -> float:
+    costs = []
+    for url in urls:
+        async with session.get(f"{url}/messaging/diagnostics",
+                               params={"window": str(window)}) as resp:
+            value = (await resp.json()).get("apply_cpu_us_per_revision")
+        if value is not None:
+            costs.append(float(value))
+    return statistics.median(costs) if costs else 0.0
+
+
+async def one_round(session: aiohttp.ClientSession, single: str, single_pid: int,
+                    urls: list[str], groups: dict[str, Any], seconds: float,
+                    count: int) -> Round:
+    r = Round()
+    rate, cpu = await with_cpu({"broker": lambda: [single_pid]},
+                               throughput(session, [single], 1, seconds))
+    r.single_rate = rate
+    r.single_cpu_us = cpu.shares["broker"] * 1e6 / rate if rate else 0.0
+    rate, cpu = await with_cpu(groups, throughput(session, urls, 1, seconds))
+    r.cluster_rate = rate
+    r.cluster_cpu_us = ((cpu.shares["brokers"] + cpu.shares["etcd"]) * 1e6 / rate
+                        if rate else 0.0)
+    r.shares = dict(cpu.shares)
+    lat = await latencies(session, [single], 2, RATE, count)
+    r.single_p50, r.single_p99 = percentile(lat, 50) * 1e3, percentile(lat, 99) * 1e3
+    before = await _revisions(session, urls)
+    lat, cpu = await with_cpu(groups, latencies(session, urls, 2, RATE, count))
+    after = await _revisions(session, urls)
+    r.cluster_p50, r.cluster_p99 = percentile(lat, 50) * 1e3, percentile(lat, 99) * 1e3
+    r.cluster_cores = cpu.shares["brokers"] + cpu.shares["etcd"]
+    wall = count / RATE
+    applied = sum(a - b for a, b in zip(after, before, strict=True))
+    r.revision_us = cpu.shares["brokers"] * wall * 1e6 / applied if applied else 0.0
+    r.apply_us = await _apply_cost(session, urls, int(wall) + 2)
+    return r
+
+
+async def run(tmp: Path, rounds: int, seconds: float, count: int) -> list[Round]:
+    single_proc, single = broker(tmp / "single", log=tmp / "single.log")
+    members = etcd_cluster(tmp, snapshot_count=2000)
+    nodes: list[Node] = []
+    try:
+        for member in members:
+            member.start()
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            await bounded_wait(lambda: etcd_healthy(session, members), 60, "etcd healthy", 0.2)
+            for i in range(3):
+                order = members[i:] + members[:i]
+                nodes.append(Node(tmp, i, ",".join(m.client_url for m in order), "cost"))
+            await asyncio.gather(*(asyncio.to_thread(n.start) for n in nodes))
+            urls = [n.url for n in nodes]
+            await bounded_wait(lambda: nodes_ready(session, urls), 60, "nodes ready", 0.2)
+            groups = {"brokers": lambda: [n.proc.pid if n.proc else None for n in nodes],
+                      "etcd": lambda: [m.pid for m in members]}
+            await latencies(session, urls, 2, 200, 200)  # warm-up
+            out = []
+            for k in range(rounds):
+                r = await one_round(session, single, single_proc.pid, urls, groups,
+                                    seconds, count)
+                out.append(r)
+                print(f"  round {k + 1}: batch single {r.single_rate:,.0f} msg/s "
+                      f"({r.single_cpu_us:.2f} µs/msg), cluster {r.cluster_rate:,.0f} msg/s "
+                      f"({r.cluster_cpu_us:.2f} µs/msg); 1,000/s single p50 "
+                      f"{r.single_p50:.2f} ms, cluster p50 {r.cluster_p50:.2f} ms p99 "
+                      f"{r.cluster_p99:.1f} ms, {r.cluster_cores:.2f} cores; broker CPU "
+                      f"per revision {r.revision_us:.0f} µs (apply {r.apply_us:.0f} µs)",
+                      flush=True)
+            return out
+    finally:
+        for node in nodes:
+            if node.proc is not None:
+                node.proc.stop()
+        for member in members:
+            member.stop()
+        single_proc.stop()
+
+
+def rows(out: list[Round]) -> list[Row]:
+    def med(name: str) -> float:
+        return float(statistics.median(float(getattr(r, name)) for r in out))
+
+    n = len(out)
+    single_rate, cluster_rate = med("single_rate"), med("cluster_rate")
+    single_us, cluster_us = med("single_cpu_us"), med("cluster_cpu_us")
+    p50, p99, cores = med("cluster_p50"), med("cluster_p99"), med("cluster_cores")
+    revision = med("revision_us")
+    return [
+        Row(f"batch publish 1000 × 100 B, 4 senders, median of {n} interleaved rounds",
+            cluster_rate, "msg/s", "single node", single_rate, "≥ 0.33× single",
+            cluster_rate >= 0.33 * single_rate),
+        Row("batch CPU per message, all brokers + etcd", cluster_us, "µs", "single node",
+            single_us, "≤ 3× single", cluster_us <= 3 * single_us),
+        Row("single publishes at 1,000 msg/s over 3 nodes: p50", p50, "ms", "single node",
+            med("single_p50"), "≤ 5 ms", p50 <= 5),
+        Row("single publishes at 1,000 msg/s over 3 nodes: p99", p99, "ms", "single node",
+            med("single_p99"), "≤ 50 ms", p99 <= 50),
+        Row("CPU at 1,000 msg/s, brokers + etcd", cores, "cores", "", None, "≤ 0.8 cores",
+            cores <= 0.8),
+        Row("broker CPU per applied revision (whole process)", revision, "µs",
+            "the writer thread's apply alone", med("apply_us"), "≤ 200 µs", revision <= 200),
+    ]
+
+
+def main() -> None:
+    rounds = int(os.environ.get("BENCH_ROUNDS", "3"))
+    seconds = float(os.environ.get("BENCH_SECONDS", "5"))
+    count = int(os.environ.get("BENCH_LATENCY_COUNT", "5000"))
+    with tempfile.TemporaryDirectory(prefix="bench-cost-",
+                                     dir=os.environ.get("BENCH_DIR")) as t:
+        out = asyncio.run(run(Path(t), rounds, seconds, count))
+    notes = ("Every process shares this machine's 2 cores and one disk; each round measures "
+             "the single node and then the cluster while the other idles. Rounds: "
+             + "; ".join(f"single {r.single_rate:,.0f} / cluster {r.cluster_rate:,.0f} msg/s, "
+                         f"p50 {r.cluster_p50:.2f} ms, {r.revision_us:.0f} µs/revision"
+                         for r in out) + ".")
+    report("cluster-cost", "Cluster cost beside one node (interleaved rounds)", rows(out),
+           command_line(), notes=notes)
+    add_to_json("cluster-cost", {"rounds": [r.__dict__ for r in out]})
+
+
+if __name__ == "__main__":
+    main()
