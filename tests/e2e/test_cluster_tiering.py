@@ -54,7 +54,7 @@ async def test_one_uploader_every_node_reads_the_store(
     prefix = f"cluster-{uuid.uuid4().hex[:8]}"
     nodes = Nodes(broker_process, tmp_path, etcd, "--object-store", f"s3://{BUCKET}/{prefix}",
                   "--s3-endpoint", seaweedfs.endpoint, "--max-segment-size", "1K",
-                  "--local-retention-size", "2K", "--truncation-interval", "0.2")
+                  "--local-retention-size", "2K", "--truncation-interval", "200ms")
     await nodes.start(0, 1, 2, env=s3_env())
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         await publish(session, nodes.url(0), 0, 150)
