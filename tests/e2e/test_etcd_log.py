@@ -9,6 +9,7 @@ connection: never sent, so it must never appear) and unknown (504 or a broken re
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import json
 import os
@@ -262,6 +263,20 @@ class Nodes:
 
     def kill(self, i: int) -> None:
         self.procs[i].kill()
+
+    async def wait_ready(self, *indexes: int, within: float = 60.0) -> None:
+        """Wait until each node answers ``/readyz`` with 200 (caught up, taking writes): a
+        node that listens may still be replaying, and answers 503 until it is done."""
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            for i in indexes:
+                async def ready(url: str = self.url(i)) -> bool:
+                    try:
+                        async with session.get(f"{url}/readyz") as resp:
+                            return resp.status == 200
+                    except (aiohttp.ClientError, TimeoutError):
+                        return False
+
+                await wait_until(ready, timeout=within, what=f"node {i} ready")
 
 
 async def diagnostics(session: aiohttp.ClientSession, url: str,
@@ -1118,12 +1133,18 @@ async def test_node_killed_at_each_boundary_of_a_publish(etcd: EtcdCluster, brok
     async def publish(k: int, kill: str = "") -> int:
         nodes.kill(0)
         await nodes.start(0, **faults(k, kill))
+        # Node 0 serves the publishes only once it has caught up; before, the client goes to
+        # another node, which may answer before node 0 applies the message (a loaded machine).
+        await nodes.wait_ready(0)
         async with Client(nodes.urls, producer_id=f"c{k}", retry_timeout=30) as client:
             await client.publish(TOPIC, b"warm-up %d" % k)  # producer state exists
             (work / f"arm{k}").touch()
             index = await client.publish(TOPIC, b"message %d" % k)
-            (work / f"arm{k}").unlink()
-            return index
+        if kill:  # disarmed only once it struck: node 0 may apply it after another answered
+            await wait_until(functools.partial(_exited, nodes.procs[0]), timeout=30,
+                             what=f"node 0 killed at {kill}")
+        (work / f"arm{k}").unlink()
+        return index
 
     await publish(0)
     calls = read_trace(work / "trace0")
@@ -1149,6 +1170,10 @@ async def test_node_killed_at_each_boundary_of_a_publish(etcd: EtcdCluster, brok
                                              "Producer-Seq": "1"}) as resp:
                 assert resp.status == 200, await resp.text()
                 assert resp.headers.get("X-Broker-Duplicate") == "true", k
+
+
+async def _exited(process: BrokerProcess) -> bool:
+    return process.proc is not None and process.proc.poll() is not None
 
 
 async def test_the_cli_fails_over_when_its_first_url_is_killed(

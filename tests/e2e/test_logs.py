@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.conftest import cli, wait_until
+from tests.conftest import START_WITHIN, cli, wait_until
 from tests.e2e.etcd_idle_channels import READ_WITHIN
 from tests.e2e.test_etcd_log import EtcdCluster
 from tests.e2e.test_etcd_security import SecureEtcd, enable_auth, tls_etcd
@@ -103,7 +103,7 @@ class JSONBroker:
         stdout = self.proc.stdout
         reader = threading.Thread(target=lambda: lines.append(stdout.readline()), daemon=True)
         reader.start()
-        reader.join(20)
+        reader.join(START_WITHIN)
         if not lines or not lines[0]:
             self.proc.kill()
             self.proc.wait(10)
