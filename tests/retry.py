@@ -40,20 +40,6 @@ async def retry_until(attempt: Callable[[], Awaitable[T]], *, within: float, wha
         await asyncio.sleep(PAUSE)
 
 
-def retry_sync(attempt: Callable[[], T], *, within: float, what: str,
-               retry_on: Retryable) -> T:
-    """:func:`retry_until` for a blocking ``attempt`` (outside an event loop)."""
-    deadline = time.monotonic() + within
-    attempts = 0
-    while True:
-        attempts += 1
-        try:
-            return attempt()
-        except Exception as err:
-            _give_up_unless(retry_on, err, deadline, within, what, attempts)
-        time.sleep(PAUSE)
-
-
 def _give_up_unless(retry_on: Retryable, err: Exception, deadline: float, within: float,
                     what: str, attempts: int) -> None:
     """Re-raise ``err`` unless it is retryable; TimeoutError once the deadline is near."""
