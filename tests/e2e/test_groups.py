@@ -303,12 +303,13 @@ async def check_lookups(session: aiohttp.ClientSession, url: str, holders: dict[
                         name: str, stream_id: int) -> None:
     """``GET /messaging/groups`` with ``name`` or ``topicID`` answers that lookup alone (one
     JSON line), an id below 2^53 as a number and a stream's id as a string."""
-    lookups = [({"name": name}, {"name": name}, group_of_name(name, GROUPS)),
-               ({"name": "not-yet"}, {"name": "not-yet"}, group_of_name("not-yet", GROUPS)),
-               ({"topicID": name}, {"name": name}, group_of_name(name, GROUPS)),
-               ({"topicID": "7"}, {"topic": 7}, group_of_topic(7, GROUPS)),
-               ({"topicID": str(stream_id)}, {"topic": str(stream_id)},
-                group_of_topic(stream_id, GROUPS))]
+    lookups: list[tuple[dict[str, str], dict[str, Any], int]] = [
+        ({"name": name}, {"name": name}, group_of_name(name, GROUPS)),
+        ({"name": "not-yet"}, {"name": "not-yet"}, group_of_name("not-yet", GROUPS)),
+        ({"topicID": name}, {"name": name}, group_of_name(name, GROUPS)),
+        ({"topicID": "7"}, {"topic": 7}, group_of_topic(7, GROUPS)),
+        ({"topicID": str(stream_id)}, {"topic": str(stream_id)},
+         group_of_topic(stream_id, GROUPS))]
     for query, looked_up, group in lookups:
         async with session.get(f"{url}/messaging/groups", params=query) as resp:
             assert resp.status == 200, await resp.text()

@@ -9,7 +9,8 @@ from typing import Any
 
 import aiohttp
 
-from messaging.http.app import ROUTES, SINGLE, SNAPSHOT_PATH
+from messaging.broker.view import SNAPSHOT_PATH
+from messaging.http.app import ROUTES, SINGLE
 from messaging.http.responses import error_response, json_answer
 from messaging.http.server import BrokerServer
 from messaging.json_ids import SAFE_LIMIT
