@@ -2,8 +2,14 @@
 
 ``BrokerConfig`` is the single source of defaults: the modules that need one import the
 ``DEFAULT_*`` constants below, and ``messaging broker``'s options are built from the fields'
-metadata (:func:`broker_options`). Sizes are read as ``10M``-style text and durations as
-``10m``-style text by :func:`parse_size` and :func:`parse_duration`.
+metadata (:func:`broker_options`).
+
+One parser for each kind of value, wherever it comes from (a flag, the environment, a
+settings file, a JSON body, the CLI): :func:`parse_size` reads ``10M``-style text, a bare
+number being a byte count; :func:`parse_duration` reads ``10m``-style text, and refuses a
+bare number other than 0, which one caller read as seconds and another as milliseconds
+("add a unit"). :func:`size_of` and :func:`duration_of` take the same values as JSON or
+TOML, numbers included.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ LOG_FORMATS = ("text", "json")
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_size(text: str) -> int:
@@ -82,12 +89,48 @@ def positive_size(text: str) -> int:
 
 
 def parse_duration(text: str) -> float:
-    """``100ms``, ``10s``, ``10m``, ``1h``, ``7d`` or plain seconds."""
+    """Seconds from ``100ms``, ``10s``, ``10m``, ``1h`` or ``7d`` text; ``0`` needs no unit.
+
+    Any other bare number is refused: read as seconds on one path and as milliseconds on
+    another, ``12`` meant durations 1000 times apart.
+    """
     match = _DURATION.match(text) if text.isascii() else None
     if not match:
         raise argparse.ArgumentTypeError(f"invalid duration {text!r}: use e.g. 500ms, 10s, 10m")
-    number, unit = float(match.group(1)), (match.group(2) or "s").lower()
-    return number * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
+    number, unit = float(match.group(1)), match.group(2)
+    if unit is None:
+        if number == 0:
+            return 0.0
+        raise _no_unit(match.group(1))
+    return number * _DURATION_UNITS[unit.lower()]
+
+
+def _no_unit(number: str) -> argparse.ArgumentTypeError:
+    return argparse.ArgumentTypeError(
+        f"invalid duration {number}: add a unit: {number}s, {number}h "
+        f"(units: {', '.join(_DURATION_UNITS)})")
+
+
+def duration_of(value: object) -> float:
+    """Seconds from a duration given as JSON or TOML: text, or a number read as its text
+    would be (so 0 is 0, and any other number is refused for want of a unit)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        raise argparse.ArgumentTypeError(f"invalid duration {value!r}: expected a duration "
+                                         "such as 500ms, 10s or 7d")
+    return parse_duration(value)
+
+
+def size_of(value: object) -> int:
+    """Bytes from a size given as JSON or TOML: text as :func:`parse_size` reads it, or a
+    whole number of bytes as it is (the caller checks its range)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if not isinstance(value, str):
+        raise argparse.ArgumentTypeError(f"invalid size {value!r}: expected a size such as "
+                                         "1048576, 10M or 1G")
+    return parse_size(value)
 
 
 def positive_duration(text: str) -> float:

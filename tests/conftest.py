@@ -105,6 +105,12 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
+#: How long a broker process may take to print its startup line. A node of a cluster of topic
+#: groups prints it once it has joined etcd and opened its groups: on a machine whose other
+#: processes use a core that took more than 20 s, and an idle one needs 1-3 s.
+START_WITHIN = 60.0
+
+
 class BrokerProcess:
     """``messaging broker`` in a real subprocess, bound to a free port on 127.0.0.1.
 
@@ -126,7 +132,7 @@ class BrokerProcess:
         self.url = ""
         self.log = data.parent / f"{data.name}.log"
 
-    def start(self, timeout: float = 20.0) -> BrokerProcess:
+    def start(self, timeout: float = START_WITHIN) -> BrokerProcess:
         self.data.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("a") as log:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
@@ -140,7 +146,8 @@ class BrokerProcess:
         match = re.search(r"listening on (https?://\S+)", line)
         if not match:
             self.kill()
-        assert match, f"broker did not start: {line!r}; log: {self.log.read_text()}"
+        assert match, (f"broker did not start within {timeout:g} s: {line!r}; "
+                       f"log: {self.log.read_text()}")
         self.url = match.group(1)
         return self
 

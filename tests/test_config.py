@@ -12,10 +12,12 @@ from hypothesis import strategies as st
 from messaging.config import (
     BrokerConfig,
     broker_options,
+    duration_of,
     parse_duration,
     parse_size,
     show_duration,
     show_size,
+    size_of,
 )
 
 
@@ -59,8 +61,11 @@ def test_durations_are_shown_in_the_largest_exact_unit(seconds: float, text: str
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("100ms", 0.1), ("10s", 10), ("10m", 600),
-                                               ("1h", 3600), ("2.5", 2.5), (" 5 S ", 5)])
-def test_durations_are_read_with_or_without_a_unit(text: str, seconds: float) -> None:
+                                               ("1h", 3600), ("2.5s", 2.5), (" 5 S ", 5),
+                                               ("7d", 7 * 86400), ("0", 0), ("0.0", 0),
+                                               ("0s", 0)])
+def test_durations_are_read_with_their_unit_and_zero_without(text: str, seconds: float,
+                                                            ) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 
 
@@ -68,6 +73,43 @@ def test_durations_are_read_with_or_without_a_unit(text: str, seconds: float) ->
 def test_durations_that_are_not_durations_are_refused(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="invalid duration"):
         parse_duration(text)
+
+
+@pytest.mark.parametrize(("text", "number"), [("12", "12"), (" 2.5 ", "2.5"), ("600", "600")])
+def test_a_duration_without_a_unit_is_refused_in_one_line(text: str, number: str) -> None:
+    """``12`` was 12 s as a flag and 12 ms in a JSON body: no path guesses any more."""
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        parse_duration(text)
+    assert str(refused.value) == (f"invalid duration {number}: add a unit: {number}s, "
+                                  f"{number}h (units: ms, s, m, h, d)")
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("12h", 43200), (0, 0), (0.0, 0), ("0", 0),
+                                                ("500ms", 0.5)])
+def test_a_json_or_toml_duration_is_read_as_its_text(value: object, seconds: float) -> None:
+    assert duration_of(value) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(("value", "reason"), [(12, "add a unit: 12s, 12h"),
+                                               (2.5, "add a unit: 2.5s, 2.5h"),
+                                               (-1, "use e.g."), (True, "expected a duration"),
+                                               (None, "expected a duration"),
+                                               ([1], "expected a duration")])
+def test_a_json_or_toml_duration_needs_its_unit(value: object, reason: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=reason):
+        duration_of(value)
+
+
+@pytest.mark.parametrize(("value", "size"), [(4096, 4096), ("4096", 4096), ("4K", 4096),
+                                             (0, 0), ("1G", 1 << 30)])
+def test_a_json_or_toml_size_is_bytes_or_a_size_text(value: object, size: int) -> None:
+    assert size_of(value) == size
+
+
+@pytest.mark.parametrize("value", [1.5, True, None, "lots", [1]])
+def test_a_json_or_toml_size_that_is_not_one_is_refused(value: object) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="invalid size"):
+        size_of(value)
 
 
 def test_flag_defaults_are_broker_config_defaults() -> None:
@@ -112,3 +154,46 @@ def test_config_file_environment_and_flags_precedence(tmp_path: Path) -> None:
         load_config({}, {"MESSAGING_MAX_TOPIC_SIZE": "lots"}, None)
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config({}, {}, tmp_path / "absent.toml")
+
+
+@pytest.mark.parametrize("name", ["retention-age", "truncation-interval", "subscriber-timeout",
+                                  "long-poll-timeout", "header-timeout", "object-sweep-grace",
+                                  "local-retention-age"])
+def test_every_duration_setting_needs_its_unit_in_a_file_and_the_environment(
+        tmp_path: Path, name: str) -> None:
+    """Every duration of BrokerConfig, from a TOML number, TOML text or the environment."""
+    from messaging.config import load_config
+    from messaging.errors import ConfigError
+
+    field = name.replace("-", "_")
+    file = tmp_path / "broker.toml"
+    for line in (f"{name} = 12\n", f'{name} = "12"\n'):
+        file.write_text(line)
+        with pytest.raises(ConfigError) as refused:
+            load_config({}, {}, file)
+        assert str(refused.value) == (f"{file}: {name}: invalid duration 12: add a unit: 12s, "
+                                      "12h (units: ms, s, m, h, d)")
+    variable = f"MESSAGING_{field.upper()}"
+    with pytest.raises(ConfigError, match=f"^{variable}: invalid duration 12: add a unit"):
+        load_config({}, {variable: "12"}, None)
+    file.write_text(f'{name} = "12h"\n')
+    assert getattr(load_config({}, {}, file), field) == 12 * 3600
+    assert getattr(load_config({}, {variable: "12s"}, None), field) == 12
+
+
+def test_every_duration_flag_reads_durations() -> None:
+    """Each option that is a duration parses one (and says so): none reads bare seconds."""
+    from messaging.config import positive_duration
+
+    durations = {name for name, option, _default in broker_options()
+                 if option.metavar == "DURATION"
+                 or option.parse in (parse_duration, positive_duration)}
+    assert durations == {"retention_age", "truncation_interval", "subscriber_timeout",
+                         "long_poll_timeout", "header_timeout", "object_sweep_grace",
+                         "local_retention_age"}
+    for name, option, _default in broker_options():
+        if name in durations:
+            assert option.parse is not None and option.metavar == "DURATION", name
+            assert option.parse("90s") == 90, name
+            with pytest.raises(argparse.ArgumentTypeError, match="add a unit"):
+                option.parse("90")

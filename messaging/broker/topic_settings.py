@@ -1,8 +1,9 @@
 """Per-topic settings and topic deletion: the request body, the command and the table.
 
 A topic may override four broker-wide limits: ``max-topic-size`` and ``retention-age``
-(retention by size and by the append time of a segment's newest message, in ms, 0 meaning
-off), ``max-segment-size`` (when a new segment starts) and ``max-message-size`` (the largest
+(retention by size and by the append time of a segment's newest message, in ms in the
+command, 0 meaning off; a request gives it as a duration with its unit),
+``max-segment-size`` (when a new segment starts) and ``max-message-size`` (the largest
 message data a publish to it may hold). Settings and deletions are commands of the log (a
 broker-internal frame of type :data:`TOPIC_OP` whose topic field names the topic, data =
 JSON), applied by the broker's state machine, so they are replicated, journaled, in
@@ -36,8 +37,8 @@ from messaging.config import (
     DEFAULT_MAX_MESSAGE_SIZE,
     DEFAULT_MAX_SEGMENT_SIZE,
     DEFAULT_MAX_TOPIC_SIZE,
-    parse_duration,
-    parse_size,
+    duration_of,
+    size_of,
 )
 from messaging.errors import BadRequestError, CorruptFrameError
 from messaging.frames import INTERNAL_TYPE, encode
@@ -78,11 +79,13 @@ Settings = dict[str, int | None]  # a change: None resets a key to the broker's 
 def parse_settings(body: Any, max_message_size: int) -> Settings:
     """The settings a ``PUT /messaging/topics/{id}`` body asks for (400 with the reason).
 
-    ``body`` is the decoded JSON: an object whose keys are :data:`KEYS`, each a byte count
-    or a size text like the broker flags take (``10M``, ``1G``) — for ``retention-age`` a
-    count of milliseconds or a duration text (``7d``, ``12h``; 0 turns it off for the
-    topic) — or null to go back to the broker's value. ``max-message-size`` may not exceed
-    ``max_message_size``, the broker's own maximum (no request could carry more).
+    ``body`` is the decoded JSON: an object whose keys are :data:`KEYS`, each read as the
+    broker's flags read it (:mod:`messaging.config`), or null to go back to the broker's
+    value. Sizes are a byte count or a size text (``10M``, ``1G``); ``retention-age`` is a
+    duration text with its unit (``7d``, ``12h``, ``500ms``), or 0 to turn it off for the
+    topic: a bare number is refused, as it is on the command line. ``max-message-size``
+    may not exceed ``max_message_size``, the broker's own maximum (no request could carry
+    more).
     """
     if not isinstance(body, dict):
         raise BadRequestError("the body must be a JSON object of settings, e.g. "
@@ -107,35 +110,35 @@ def parse_settings(body: Any, max_message_size: int) -> Settings:
 
 
 def size_value(key: str, value: Any) -> int:
-    """One setting's size from a JSON number or a size text (above zero)."""
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise BadRequestError(f"invalid {key} {value!r}: expected a size such as 1048576, "
-                              "10M or 1G")
-    if isinstance(value, str):
-        try:
-            value = parse_size(value)
-        except argparse.ArgumentTypeError as err:
-            raise BadRequestError(f"invalid {key}: {err}") from err
-    size = int(value)
+    """One setting's size from a JSON number of bytes or a size text (above zero)."""
+    try:
+        size = size_of(value)
+    except argparse.ArgumentTypeError as err:
+        raise BadRequestError(_named(err, "invalid size", key)) from err
     if not 0 < size <= _MAX_SIZE:
         raise BadRequestError(f"invalid {key} {size}: must be from 1 to {_MAX_SIZE}")
     return size
 
 
 def age_value(value: Any) -> int:
-    """``retention-age`` in ms from a JSON number of ms or a duration text (0: off)."""
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise BadRequestError(f"invalid {RETENTION_AGE} {value!r}: expected milliseconds or a "
-                              "duration such as 12h or 7d")
-    if isinstance(value, str):
-        try:
-            value = round(parse_duration(value) * 1000)
-        except argparse.ArgumentTypeError as err:
-            raise BadRequestError(f"invalid {RETENTION_AGE}: {err}") from err
-    if not 0 <= value <= _MAX_SIZE:
-        raise BadRequestError(f"invalid {RETENTION_AGE} {value}: must be from 0 (off) to "
-                              f"{_MAX_SIZE} ms")
-    return int(value)
+    """``retention-age`` in ms (the unit of the command in the log) from a duration text,
+    or 0 (off)."""
+    try:
+        seconds = duration_of(value)
+    except argparse.ArgumentTypeError as err:
+        raise BadRequestError(_named(err, "invalid duration", RETENTION_AGE)) from err
+    ms = round(seconds * 1000)
+    if seconds and not ms:
+        raise BadRequestError(f"invalid {RETENTION_AGE} {value!r}: below 1ms (0 turns it off)")
+    if ms > _MAX_SIZE:
+        raise BadRequestError(f"invalid {RETENTION_AGE} {value!r}: must be at most "
+                              f"{_MAX_SIZE}ms")
+    return ms
+
+
+def _named(err: argparse.ArgumentTypeError, kind: str, key: str) -> str:
+    """The parser's one line, naming the setting instead of the kind of value."""
+    return str(err).replace(kind, f"invalid {key}", 1)
 
 
 # -- the command ------------------------------------------------------------------------------

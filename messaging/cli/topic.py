@@ -78,9 +78,10 @@ def _size(text: str) -> int:
     return size
 
 
-def _age(text: str) -> int:
-    """A ``--retention-age`` in ms (0: off for the topic)."""
-    return round(parse_duration(text) * 1000)
+def _age(text: str) -> str:
+    """A ``--retention-age`` as the API takes it: a duration with its unit (0: off)."""
+    seconds = parse_duration(text)  # refuses a bare number other than 0: "add a unit"
+    return "0" if seconds == 0 else f"{round(seconds * 1000)}ms"
 
 
 def settings_of(args: argparse.Namespace) -> dict[str, int | None]:

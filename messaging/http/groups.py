@@ -65,6 +65,7 @@ from messaging.http.responses import json_answer
 from messaging.http.snapshot import SnapshotHandlers
 from messaging.http.streams import CORS_HEADERS, StreamHandlers
 from messaging.http.streams import PREFIX as STREAMS_PREFIX
+from messaging.http.topic_param import topic_reference
 from messaging.http.topics import TopicHandlers
 from messaging.json_ids import parse_u64
 from messaging.placement import group_of_name, group_of_topic
@@ -322,18 +323,29 @@ class GroupRouter:
 
     @requires("read")
     async def groups(self, request: web.Request) -> web.Response:
-        """GET /messaging/groups: each group, its holders and its etcd cluster; with
-        ``name=NAME`` (a stream) or ``topicID=T``, also ``lookup``: its group and holders."""
-        answer = self.node.describe()
+        """GET /messaging/groups: each group, its holders and its etcd cluster. A lookup,
+        ``name=NAME`` (a stream's name, whether the stream exists or not) or ``topicID=T``
+        (a topic id, or a stream's name), answers that alone: ``{"lookup": {"topic": T}``
+        (or ``"name"``) ``, "group": G, "holders": [...]}}``, an id below 2^53 as a number."""
         name, topic = request.query.get("name"), request.query.get("topicID")
-        if name is not None or topic is not None:
-            group = (group_of_name(name, self.node.groups) if name is not None
-                     else self.group_of(request, TOPIC_PARAM))
-            if group is None:
-                raise BadRequestError(f"invalid topicID {topic!r}: expected an unsigned integer")
-            answer["lookup"] = {"group": group, "holders": self.node.holders(group),
-                                **({"name": name} if name is not None else {"topic": topic})}
-        return json_answer(answer)
+        if name is None and topic is None:
+            return json_answer(self.node.describe())
+        looked_up: dict[str, Any]
+        if name is not None:
+            looked_up = {"name": name}
+            group = group_of_name(name, self.node.groups)
+        else:
+            reference = topic_reference(topic)
+            if reference is None:
+                raise BadRequestError("missing topicID: a topic id or a stream's name")
+            if isinstance(reference, str):
+                looked_up = {"name": reference}
+                group = group_of_name(reference, self.node.groups)
+            else:
+                looked_up = {"topic": reference}  # json_answer: a string from 2^53 up
+                group = group_of_topic(reference, self.node.groups)
+        return json_answer({"lookup": {**looked_up, "group": group,
+                                       "holders": self.node.holders(group)}})
 
     @requires("admin")
     async def diagnostics(self, request: web.Request) -> web.StreamResponse:

@@ -54,6 +54,7 @@ from messaging.http.topic_param import (
     resolve,
     topic_reference,
     topic_to_read,
+    topic_to_write,
 )
 from messaging.http.topics import raise_if_deleted
 from messaging.log.base import Log
@@ -98,7 +99,7 @@ class MessageHandlers:
         principal = principal_of(request)
         frames = request.content_type == FRAMES_CONTENT_TYPE
         if frames:
-            topic_id = _optional_int(request, "topicID")
+            topic_id = topic_to_write(request.query.get("topicID"))
             if topic_id is None and not principal.can("write"):
                 raise BadRequestError("give topicID: this token may write to some topics only")
             if topic_id is not None:
@@ -111,7 +112,9 @@ class MessageHandlers:
             command = (check() if len(body) <= VALIDATE_ON_LOOP
                        else await self.executors.validate(check))
         else:
-            topic = _required_int(request, "topicID")
+            topic = topic_to_write(request.query.get("topicID"))
+            if topic is None:
+                raise BadRequestError("missing parameter topicID")
             principal.require("write", str(topic), f"topic {topic}")
             self.limits.admit_append(f"topic {topic}")
             type_ = _optional_int(request, "type")
@@ -327,10 +330,22 @@ class MessageHandlers:
 
     @requires("read")
     async def topics(self, request: web.Request) -> web.Response:
-        """GET /messaging/topics (those the token may read)."""
+        """GET /messaging/topics (those the token may read), each row with ``count``: the
+        messages it holds (counted on a read thread: broker indexes are shared by every
+        topic, so a topic's index range is not its count)."""
         principal = principal_of(request)
-        return json_answer([self.broker.topic_info(t) for t in self.broker.topics()
-                            if readable(principal, self.broker, t.id)])
+        rows = [(t, self.broker.topic_info(t)) for t in self.broker.topics()
+                if readable(principal, self.broker, t.id)]
+
+        def counted() -> list[dict[str, Any]]:
+            for topic, info in rows:
+                try:
+                    info["count"] = topic.count_after(max(topic.first_index - 1, 0))
+                except MessagingError:  # deleted or cut meanwhile: no figure
+                    info["count"] = None
+            return [info for _topic, info in rows]
+
+        return json_answer(await self.executors.read(counted))
 
     @requires("read")
     async def times(self, request: web.Request) -> web.Response:

@@ -1,5 +1,5 @@
-"""The shapes of the API's answers: JSON (ids and indexes exact for every reader) and errors
-(status, ``X-Broker-Error`` and the same message as text).
+"""The shapes of the API's answers: JSON (ids and indexes exact for every reader, one line
+ending with a newline) and errors (status, ``X-Broker-Error`` and the same message as text).
 
 Errors are built here for the error middleware (:mod:`messaging.http.app`, which alone turns
 exceptions into answers) and for the connections that answer requests aiohttp could not parse
@@ -19,8 +19,14 @@ from messaging.headers import ERROR_HEADER
 def json_answer(value: Any, *, status: int = 200, headers: dict[str, str] | None = None,
                 ) -> web.Response:
     """A JSON answer; every integer of 2^53 or more in it (a named stream's topic id, an
-    index) is a string, so JavaScript and ``jq`` read it exactly (:mod:`messaging.json_ids`)."""
-    return web.json_response(value, status=status, headers=headers, dumps=json_ids.dumps)
+    index) is a string, so JavaScript and ``jq`` read it exactly (:mod:`messaging.json_ids`).
+    It ends with a newline, as a text error does: ``curl`` leaves the prompt on a line of
+    its own, and line-based tools see a complete line."""
+    return web.json_response(value, status=status, headers=headers, dumps=_json_line)
+
+
+def _json_line(value: Any) -> str:
+    return json_ids.dumps(value) + "\n"
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None,

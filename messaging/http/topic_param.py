@@ -6,6 +6,10 @@ always an id (a stream whose name is all digits is read by its id); any other pr
 is a name. Read scopes are checked by id *and* by name: a token whose ``read`` scope lists a
 stream's name may read it through its id and through its name, and one that lists the id
 may read it through either too.
+
+A write (``POST /messaging/messages``) names its topic by id only: a name is a stream's, and
+a stream is written through ``/v1/stream/NAME``. A 400 for a ``topicID`` that is neither says
+which forms it takes and where names go.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from messaging.http.auth import Principal, principal_of
 from messaging.json_ids import U64_LIMIT
 
 _MAX_U64_DIGITS = len(str(U64_LIMIT - 1))
+#: What a topic reference may be, for the 400 of one that is not.
+_ID_OR_NAME = ("expected a topic id (an unsigned integer below 2^64) or a stream's name (the "
+               "NAME of /v1/stream/NAME)")
 
 
 def topic_reference(text: str | None, param: str = "topicID") -> int | str | None:
@@ -26,14 +33,29 @@ def topic_reference(text: str | None, param: str = "topicID") -> int | str | Non
     if text is None or text == "":
         return None
     if text.isascii() and text.isdigit():
-        if len(text) > _MAX_U64_DIGITS or int(text) >= U64_LIMIT:
-            raise BadRequestError(f"invalid {param} {text!r}: expected an unsigned integer "
-                                  "below 2^64 or a stream's name")
-        return int(text)
+        return _topic_id(text, param)
     if not text.isprintable():
-        raise BadRequestError(f"invalid {param} {text!r}: expected an unsigned integer or a "
-                              "stream's name")
+        raise BadRequestError(f"invalid {param} {text!r}: {_ID_OR_NAME}")
     return text
+
+
+def topic_to_write(text: str | None, param: str = "topicID") -> int | None:
+    """The topic id a write names (None when ``text`` is missing or empty); 400 for anything
+    else, saying that a name is a stream's and is written through ``/v1/stream/NAME``."""
+    if text is None or text == "":
+        return None
+    if text.isascii() and text.isdigit():
+        return _topic_id(text, param)
+    raise BadRequestError(
+        f"invalid {param} {text!r}: a publish names its topic by id (an unsigned integer "
+        "below 2^64); names are streams': create one with PUT /v1/stream/NAME and append "
+        "with POST /v1/stream/NAME (reads take a stream's name as topicID)")
+
+
+def _topic_id(digits: str, param: str) -> int:
+    if len(digits) > _MAX_U64_DIGITS or int(digits) >= U64_LIMIT:
+        raise BadRequestError(f"invalid {param} {digits!r}: {_ID_OR_NAME}")
+    return int(digits)
 
 
 def readable(principal: Principal, broker: BrokerView, topic_id: int) -> bool:

@@ -47,7 +47,7 @@ async def test_the_console_works_through_any_node(console: ConsolePage, broker_p
         await page.goto(f"{url}/console/#/topics")
         await expect(page.locator("#topic-list .vrow[data-topic='12']")).to_be_visible()
         await page.goto(f"{url}/console/#/cluster")
-        await expect(page.locator("#readiness")).to_contain_text("ready")
+        await expect(page.locator("#readiness")).to_have_text("ready: writable and in quorum")
         await expect(page.locator("table.nodes tbody tr")).to_have_count(3, timeout=15_000)
         text = await page.locator("#cluster").inner_text()
         assert nodes.name in text and "etcd endpoints" in text, text

@@ -96,6 +96,6 @@ async def test_cli_tail_by_consumer_commits_what_it_prints(broker_process,
                          (["tail", url, "1", "--consumer", "a", "--from", "3"], "not allowed with"),
                          (["tail", url, "1", "--commit-every", "0"], "positive integer")]:
         failed = cli(*args)
-        first = failed.stderr.strip().splitlines()[0]  # the error, then where help is
-        assert failed.returncode != 0 and wanted in first, (args, failed.stderr)
+        error = failed.stderr.strip().splitlines()[0]  # the error, then where help is
+        assert failed.returncode != 0 and wanted in error, (args, failed.stderr)
         assert "Traceback" not in failed.stderr

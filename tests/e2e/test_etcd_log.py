@@ -263,6 +263,20 @@ class Nodes:
     def kill(self, i: int) -> None:
         self.procs[i].kill()
 
+    async def wait_ready(self, *indexes: int, within: float = 60.0) -> None:
+        """Wait until each node answers ``/readyz`` with 200 (caught up, taking writes): a
+        node that listens may still be replaying, and answers 503 until it is done."""
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            for i in indexes:
+                async def ready(url: str = self.url(i)) -> bool:
+                    try:
+                        async with session.get(f"{url}/readyz") as resp:
+                            return resp.status == 200
+                    except (aiohttp.ClientError, TimeoutError):
+                        return False
+
+                await wait_until(ready, timeout=within, what=f"node {i} ready")
+
 
 async def diagnostics(session: aiohttp.ClientSession, url: str,
                       stream: str | None = None) -> dict[str, Any]:
@@ -1136,12 +1150,17 @@ async def test_node_killed_at_each_boundary_of_a_publish(etcd: EtcdCluster, brok
     async def publish(k: int, kill: str = "") -> int:
         nodes.kill(0)
         await nodes.start(0, **faults(k, kill))
+        # Node 0 serves the publishes only once it has caught up; before, the client goes to
+        # another node, which may answer before node 0 applies the message (a loaded machine).
+        await nodes.wait_ready(0)
         async with Client(nodes.urls, producer_id=f"c{k}", retry_timeout=30) as client:
             await client.publish(TOPIC, b"warm-up %d" % k)  # producer state exists
             (work / f"arm{k}").touch()
             index = await client.publish(TOPIC, b"message %d" % k)
-            await wait_until(lambda: past_the_group_fsync(k, kill), timeout=10,
-                             what="node 0's group fsync after the answer")
+            # Disarmed only once the group fsync after the answer ran (or the kill struck):
+            # node 0 may apply the message after another node answered it.
+            await wait_until(lambda: past_the_group_fsync(k, kill), timeout=30,
+                             what=f"node 0's group fsync after the answer ({kill or 'no kill'})")
             (work / f"arm{k}").unlink()
             return index
 
@@ -1169,6 +1188,10 @@ async def test_node_killed_at_each_boundary_of_a_publish(etcd: EtcdCluster, brok
                                              "Producer-Seq": "1"}) as resp:
                 assert resp.status == 200, await resp.text()
                 assert resp.headers.get("X-Broker-Duplicate") == "true", k
+
+
+async def _exited(process: BrokerProcess) -> bool:
+    return process.proc is not None and process.proc.poll() is not None
 
 
 async def test_the_cli_fails_over_when_its_first_url_is_killed(

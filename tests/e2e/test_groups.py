@@ -296,6 +296,31 @@ async def test_a_named_stream_lives_in_the_group_of_its_name(
                {group_of_name(n, GROUPS) for n in names}
         for topic in ids:
             assert len(await read_topic(session, nodes.url(3), topic)) == 1
+        await check_lookups(session, nodes.url(0), holders, names[0], ids[0])
+
+
+async def check_lookups(session: aiohttp.ClientSession, url: str, holders: dict[int, list[str]],
+                        name: str, stream_id: int) -> None:
+    """``GET /messaging/groups`` with ``name`` or ``topicID`` answers that lookup alone (one
+    JSON line), an id below 2^53 as a number and a stream's id as a string."""
+    lookups: list[tuple[dict[str, str], dict[str, Any], int]] = [
+        ({"name": name}, {"name": name}, group_of_name(name, GROUPS)),
+        ({"name": "not-yet"}, {"name": "not-yet"}, group_of_name("not-yet", GROUPS)),
+        ({"topicID": name}, {"name": name}, group_of_name(name, GROUPS)),
+        ({"topicID": "7"}, {"topic": 7}, group_of_topic(7, GROUPS)),
+        ({"topicID": str(stream_id)}, {"topic": str(stream_id)},
+         group_of_topic(stream_id, GROUPS))]
+    for query, looked_up, group in lookups:
+        async with session.get(f"{url}/messaging/groups", params=query) as resp:
+            assert resp.status == 200, await resp.text()
+            body = await resp.read()
+        assert body.endswith(b"}\n") and body.count(b"\n") == 1, body
+        assert json.loads(body) == {"lookup": {**looked_up, "group": group,
+                                               "holders": holders[group]}}, query
+    for bad in ("", "a\x01b", str(2**64)):
+        async with session.get(f"{url}/messaging/groups", params={"topicID": bad}) as resp:
+            assert resp.status == 400, bad
+            assert "/v1/stream/NAME" in resp.headers["X-Broker-Error"] or bad == "", bad
 
 
 async def test_a_group_in_an_etcd_cluster_of_its_own(

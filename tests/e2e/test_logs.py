@@ -18,7 +18,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.conftest import cli, wait_until
+from tests.conftest import START_WITHIN, cli, wait_until
+from tests.e2e.etcd_idle_channels import READ_WITHIN
 from tests.e2e.test_etcd_log import EtcdCluster
 from tests.e2e.test_etcd_security import SecureEtcd, enable_auth, tls_etcd
 
@@ -70,7 +71,9 @@ async def test_a_cluster_start_warns_of_nothing_and_idle_channels_get_no_goaway(
             idle = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "tests.e2e.etcd_idle_channels", etcd.endpoints,
                 str(IDLE), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-            out, err = await asyncio.wait_for(idle.communicate(), IDLE + 30)
+            # Its reads (two through each member) retry while they connect: its bound.
+            reads = 2 * len(etcd.members) * READ_WITHIN
+            out, err = await asyncio.wait_for(idle.communicate(), IDLE + reads + 30)
             await publish(session, nodes[0].url, 10)  # every node still takes writes
         assert idle.returncode == 0 and out == b"ok\n", err.decode(errors="replace")
         assert not GOAWAY.search(err.decode(errors="replace")), err.decode(errors="replace")
@@ -100,7 +103,7 @@ class JSONBroker:
         stdout = self.proc.stdout
         reader = threading.Thread(target=lambda: lines.append(stdout.readline()), daemon=True)
         reader.start()
-        reader.join(20)
+        reader.join(START_WITHIN)
         if not lines or not lines[0]:
             self.proc.kill()
             self.proc.wait(10)

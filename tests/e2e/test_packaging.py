@@ -78,7 +78,7 @@ def test_wheel_and_sdist_build_check_install_and_run(tmp_path: Path) -> None:
     messaging = str(venv / "bin" / "messaging")
     broker = BrokerProcess(tmp_path / "data", launcher=[messaging])
     try:
-        broker.start(timeout=30)
+        broker.start()
         with urllib.request.urlopen(f"{broker.url}/healthz", timeout=10) as answer:
             assert answer.status == 200
             assert json.load(answer)["status"] == "ok"

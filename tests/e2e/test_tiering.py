@@ -78,7 +78,7 @@ def tiered_broker(tmp_path_factory: pytest.TempPathFactory,
     process = BrokerProcess(
         data, "--object-store", f"s3://{BUCKET}/{prefix}", "--s3-endpoint", seaweedfs.endpoint,
         "--max-segment-size", str(SEGMENT), "--local-retention-size", str(LOCAL),
-        "--object-cache-size", "1M", "--truncation-interval", "0.2",
+        "--object-cache-size", "1M", "--truncation-interval", "200ms",
         env=s3_env()).start()
     yield process, prefix
     process.kill()

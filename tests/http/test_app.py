@@ -48,8 +48,9 @@ async def test_control_characters_in_a_parameter_get_a_sanitised_400(server: Bro
                                       b"Connection: close\r\n\r\n")
     status, headers = parse_head(raw)
     assert status == 400
-    assert headers["x-broker-error"] == (r"invalid topic id '1\x00\x7f': "
-                                         "expected an unsigned integer or a stream's name")
+    assert headers["x-broker-error"] == (
+        r"invalid topic id '1\x00\x7f': expected a topic id (an unsigned integer below 2^64) "
+        "or a stream's name (the NAME of /v1/stream/NAME)")
     raw = await exchange(server.port, b"GET /messaging/messages?topicID=%01 HTTP/1.1\r\n"
                                       b"Host: t\r\nConnection: close\r\n\r\n")
     assert parse_head(raw)[0] == 400

@@ -9,9 +9,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from messaging.errors import BadRequestError
 from messaging.frames import decode
 from messaging.http.auth import new_token, parse_scope, token_line
 from messaging.http.server import BrokerServer
+from messaging.http.topic_param import topic_to_write
 from messaging.placement import NAMED_TOPIC_BASE
 from tests.conftest import StartServer
 
@@ -87,6 +89,45 @@ async def test_unknown_and_deleted_names(server: BrokerServer,
     async with http.post(f"{server.url}/messaging/messages", params={"topicID": "orders"},
                          data=b"x") as resp:
         assert resp.status == 400  # a native publish takes ids only: streams take /v1/stream
+
+
+@pytest.mark.parametrize(("params", "path"), [
+    ({"topicID": "bad\x01name"}, "/messaging/messages"),
+    ({"topicID": str(2**64)}, "/messaging/messages"),
+    ({"topicID": "bad\x01name"}, "/messaging/consumers"),
+    ({}, "/messaging/topics/bad%01name"),
+])
+async def test_a_400_for_a_topic_that_is_neither_id_nor_name_says_what_names_are(
+        server: BrokerServer, http: aiohttp.ClientSession, params: dict[str, str],
+        path: str) -> None:
+    async with http.get(f"{server.url}{path}", params=params) as resp:
+        assert resp.status == 400
+        error = resp.headers["X-Broker-Error"]
+    assert error.endswith(": expected a topic id (an unsigned integer below 2^64) or a "
+                          "stream's name (the NAME of /v1/stream/NAME)"), error
+    assert error.count("\n") == 0
+
+
+def test_a_write_takes_ids_and_says_where_names_go() -> None:
+    assert topic_to_write("7") == 7 and topic_to_write(str(2**64 - 1)) == 2**64 - 1
+    assert topic_to_write(None) is None and topic_to_write("") is None
+    for text in ("orders", "-1", "1.5", "１"):
+        with pytest.raises(BadRequestError) as refused:
+            topic_to_write(text)
+        assert str(refused.value) == (
+            f"invalid topicID {text!r}: a publish names its topic by id (an unsigned integer "
+            "below 2^64); names are streams': create one with PUT /v1/stream/NAME and append "
+            "with POST /v1/stream/NAME (reads take a stream's name as topicID)")
+    with pytest.raises(BadRequestError, match=r"below 2\^64"):
+        topic_to_write(str(2**64))
+
+
+async def test_a_publish_to_a_name_is_told_about_streams(server: BrokerServer,
+                                                         http: aiohttp.ClientSession) -> None:
+    async with http.post(f"{server.url}/messaging/messages", params={"topicID": "orders"},
+                         data=b"x") as resp:
+        assert resp.status == 400
+        assert "PUT /v1/stream/NAME" in resp.headers["X-Broker-Error"]
 
 
 @pytest.fixture

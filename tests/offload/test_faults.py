@@ -39,7 +39,7 @@ TOPIC = 7
 SEGMENT = 4096
 #: Options of every broker here: small segments, a small local retention, fast truncation.
 OPTIONS = ("--max-segment-size", str(SEGMENT), "--local-retention-size", str(2 * SEGMENT),
-           "--truncation-interval", "0.2", "--object-sweep-grace", "1")
+           "--truncation-interval", "200ms", "--object-sweep-grace", "1s")
 MakeBroker = Callable[..., BrokerProcess]
 
 

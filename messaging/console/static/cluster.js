@@ -79,9 +79,13 @@ export function mount(root) {
 
   function draw(health, ready, diagnostics, ping, disk, groups) {
     clear(content);
-    const quorum = ready.ready ? "ready: writable and in quorum" : `not ready: ${ready.problems.join("; ")}`;
+    // Quorum is a cluster's word: a single node is ready when it is writable.
+    const clustered = diagnostics.mode === "etcd" || diagnostics.held !== undefined ||
+      Boolean(groups) || ((ping && ping.urls) || []).length > 1;
+    const readiness = !ready.ready ? `not ready: ${ready.problems.join("; ")}`
+      : clustered ? "ready: writable and in quorum" : "ready: writable";
     content.append(h("h3", { text: `This node (${location.host})` }),
-      h("p", { id: "readiness", class: `status ${ready.ready ? "ok" : "error"}`, text: quorum }),
+      h("p", { id: "readiness", class: `status ${ready.ready ? "ok" : "error"}`, text: readiness }),
       keyValues({
         version: health.version, mode: diagnostics.mode || diagnostics.role || (groups ? "groups" : "—"),
         fsync: diagnostics.fsync ?? (diagnostics.held ? Object.values(diagnostics.held)[0]?.fsync : undefined) ?? "—",

@@ -1,6 +1,8 @@
 // Topics and streams: one row per topic, virtualised (only the rows in view are in the
 // page), sorted and filtered client-side, polled every POLL_MS; the message rate comes from
-// successive polls.
+// successive polls. A topic's message count is its row's ``count`` (broker indexes are
+// shared by every topic, so last - first is not one); the column shows once the broker
+// gives it.
 
 import { json, big } from "./api.js";
 import { clear, h, sparkline, status } from "./dom.js";
@@ -12,9 +14,12 @@ const OVERSCAN = 8;
 const HISTORY = 30;
 
 const COLUMNS = [
-  ["id", "Topic"], ["size", "Size"], ["first_index", "First"], ["last_index", "Last"],
-  ["segments", "Segments"], ["rate", "msg/s"], ["subscribers", "Subscribers"],
+  ["id", "Topic"], ["count", "Messages"], ["size", "Size"], ["first_index", "First"],
+  ["last_index", "Last"], ["segments", "Segments"], ["rate", "msg/s"],
+  ["subscribers", "Subscribers"],
 ];
+// The class of a column's header and cells (the message count's is hidden without counts).
+const COLUMN_CLASS = { count: "messages-col" };
 
 export function mount(root, { navigate }) {
   let rows = [];          // every topic, as polled
@@ -31,7 +36,8 @@ export function mount(root, { navigate }) {
   const search = h("input", { type: "search", id: "topic-filter", placeholder: "filter by id or name",
                               oninput: () => { filter = search.value.trim().toLowerCase(); refresh(); } });
   const header = h("div", { class: "vrow vhead topics" },
-    COLUMNS.map(([key, label]) => h("button", { type: "button", class: "sort", "data-key": key,
+    COLUMNS.map(([key, label]) => h("button", { type: "button",
+      class: `sort ${COLUMN_CLASS[key] || ""}`.trim(), "data-key": key,
       text: label, onclick: () => {
         descending = sortKey === key ? !descending : key !== "id";
         sortKey = key;
@@ -39,12 +45,13 @@ export function mount(root, { navigate }) {
       } })));
   const spacer = h("div", { class: "vspacer" });
   const viewport = h("div", { class: "vlist", id: "topic-list", onscroll: () => paint() }, spacer);
-  root.append(h("section", {},
+  const section = h("section", { id: "topics" },
     h("div", { class: "toolbar" }, h("h2", { text: "Topics and streams" }), search, count),
     line, header, viewport,
     h("p", { class: "muted small", text: "msg/s: the rise of the topic's last index per second " +
       "between polls; broker indexes are shared by topics, so it is exact when the topic was " +
-      "the only one written in the interval and an upper bound (≤) otherwise." })));
+      "the only one written in the interval and an upper bound (≤) otherwise." }));
+  root.append(section);
 
   function key(topic) {
     return topic.name !== undefined ? topic.name : String(topic.id);
@@ -54,6 +61,7 @@ export function mount(root, { navigate }) {
     if (k === "id") return topic.name !== undefined ? `~${topic.name}` : big(topic.id);
     if (k === "rate") return topic.rate || 0;
     if (k === "subscribers") return Object.keys(topic.subscribers || {}).length;
+    if (k === "count") return topic.count === undefined ? -1 : Number(topic.count);
     if (k === "size") return Number(topic.size) + Number(topic.offloaded_size || 0);
     if (k === "first_index" || k === "last_index") return big(topic[k]);
     return Number(topic[k]);
@@ -99,6 +107,10 @@ export function mount(root, { navigate }) {
     if (k === "subscribers") {
       const names = Object.keys(topic.subscribers || {});
       return h("span", { title: names.join(", "), text: String(names.length) });
+    }
+    if (k === "count") {
+      return h("span", { class: COLUMN_CLASS.count,
+                         text: topic.count === undefined ? "—" : big(topic.count).toLocaleString("en") });
     }
     return h("span", { text: String(topic[k]) });
   }
@@ -157,6 +169,7 @@ export function mount(root, { navigate }) {
       if (stopped) return;
       rates(topics);
       rows = topics;
+      section.classList.toggle("counted", topics.some((t) => t.count !== undefined));
       status(line, topics.length ? "" : "No topics yet: publish a message to create one.", "info");
       refresh();
     } catch (err) {
