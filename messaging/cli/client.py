@@ -52,9 +52,9 @@ def add_publish_command(sub: argparse._SubParsersAction[Parser], help_text: str)
     p.add_argument("--batch-size", type=_positive, default=BATCH_SIZE, metavar="N",
                    help=f"lines per request at most (default {BATCH_SIZE}); a request also "
                         "ends at the broker's request size limit")
-    p.add_argument("--linger", type=_seconds, default=LINGER, metavar="SECONDS",
+    p.add_argument("--linger", type=_seconds, default=LINGER, metavar="DURATION",
                    help=f"how long a line waits for more before its batch goes (default "
-                        f"{LINGER}; for slow writers such as a terminal)")
+                        f"{LINGER * 1000:g}ms; for slow writers such as a terminal)")
     p.add_argument("--quiet", action="store_true", help="print nothing when all went well")
     add_connection_options(p)
     p.set_defaults(run=runner("messaging.cli.quick", "publish"), shape=("topic", "data"))
@@ -92,9 +92,9 @@ def add_tail_options(p: argparse.ArgumentParser) -> None:
                             "printed as NAME's position")
     p.add_argument("--limit", type=_positive, metavar="N", help="stop after N messages")
     p.add_argument("--follow", action="store_true", help="wait for new messages")
-    p.add_argument("--retry", type=_retry, default=None, metavar="SECONDS|forever",
+    p.add_argument("--retry", type=_retry, default=None, metavar="DURATION|forever",
                    help="how long to wait for a broker that is down before giving up (default "
-                        f"forever with --follow, else {DEFAULT_RETRY_TIMEOUT:g})")
+                        f"forever with --follow, else {DEFAULT_RETRY_TIMEOUT:g}s)")
     p.add_argument("--format", choices=["text", "json"], default="text",
                    help="text: index, type, data (UTF-8, else hex); json: one object a line, "
                         "with the append time (ms since the epoch; null if unknown)")
@@ -181,22 +181,17 @@ def _start(text: str) -> str | int:
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 3600:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: seconds, 0 to 3600")
+    from messaging.config import parse_duration  # the one duration parser (only when given)
+
+    value = parse_duration(text)
+    if not value < 3600:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: at most 1h")
     return value
 
 
 def _retry(text: str) -> float:
     if text == "forever":
         return math.inf
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"invalid --retry {text!r}: seconds or forever")
-    return value
+    from messaging.config import parse_duration  # the one duration parser (only when given)
+
+    return parse_duration(text)

@@ -49,7 +49,7 @@ async def test_tail_retries_as_long_as_publish_then_fails() -> None:
     async def no_leader(request: web.Request) -> web.Response:
         return web.Response(status=503, text="no leader\n", headers={"X-Broker-Error": "no leader"})
 
-    bounded = [COMMANDS[0], ("tail", "1", "--follow", "--retry", "15"), COMMANDS[2]]
+    bounded = [COMMANDS[0], ("tail", "1", "--follow", "--retry", "15s"), COMMANDS[2]]
     async with fake_server(no_leader) as url:
         runs = await asyncio.gather(*(timed_cli(command, url, *rest, timeout=60)
                                       for command, *rest in bounded))
