@@ -46,7 +46,8 @@ def test_the_broker_refuses_a_duration_without_a_unit(tmp_path: Path, how: str) 
     }[how]
     done = _broker(tmp_path, *args, env=env)
     assert done.returncode != 0 and done.stdout == ""
-    assert done.stderr.strip().splitlines()[-1] == f"messaging broker: error: {where}: {NO_UNIT}"
+    # the error first (a flag's is followed by where its help is)
+    assert done.stderr.strip().splitlines()[0] == f"messaging broker: error: {where}: {NO_UNIT}"
     assert not (tmp_path / "data").exists()
 
 
@@ -55,7 +56,7 @@ def test_the_topic_command_refuses_a_duration_without_a_unit(broker_process,
     broker = broker_process(tmp_path / "data").start()
     done = cli("topic", "config", broker.url, "1", "--retention-age", "12", timeout=30)
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.strip().splitlines()[-1].endswith(f"--retention-age: {NO_UNIT}")
+    assert done.stderr.strip().splitlines()[0].endswith(f"--retention-age: {NO_UNIT}")
 
 
 async def _put(session: aiohttp.ClientSession, url: str, topic: int, body: Any,
