@@ -1,20 +1,22 @@
 """Applying etcd's command log: revisions in order, in batches, on the writer thread.
 
-The watch (:mod:`messaging.log.etcd.watch`) delivers each revision of the log key to a
-bounded queue. The apply task (on the event loop) takes what has queued up, up to
-APPLY_BATCH_BYTES, as one batch and applies it on the node's writer thread: each revision's
-value is decoded into its commands and all of them go through one ``Broker.write_group``, so
-every node assigns the same indexes and writes the same segment files. Back on the loop, the
-publishers of this node whose puts made those revisions are answered
-(:meth:`~messaging.log.etcd.writer.LogWriter.answer`), and then the followers of the touched
-topics are woken.
+The watch (:mod:`messaging.log.etcd.watch`) delivers each revision of the log key to the
+applier's inbox (at most QUEUED_REVISIONS unapplied: more hold the watch back). The node's
+writer thread takes what has queued up, up to APPLY_BATCH_BYTES, as one batch: each
+revision's value is decoded into its commands and all of them go through one
+``Broker.write_group``, so every node assigns the same indexes and writes the same segment
+files. Back on the loop (one ``call_soon_threadsafe`` per batch), the publishers of this node
+whose puts made those revisions are answered
+(:meth:`~messaging.log.etcd.writer.LogWriter.answer`), the followers of the touched topics are
+woken, and the next batch is posted if revisions arrived meanwhile.
 
 A batch that failed locally as a whole (disk trouble, the broker's index back where it was)
 is retried; one that failed in part, or while a topic's fsync has failed, stops this node
 for good (:attr:`Applier.failure`): it refuses publishes until it is restarted.
 
-Ownership: the queue, :attr:`Applier.failure` and :attr:`Applier.error` belong to the loop;
-:meth:`Applier._apply_revisions` runs on the writer thread and shares only
+Ownership: the counts, the waiters, :attr:`Applier.failure` and :attr:`Applier.error` belong
+to the loop; the inbox is a deque the loop appends to and the writer thread takes from;
+:meth:`Applier._drain` runs on the writer thread and shares only
 :class:`~messaging.log.etcd.progress.Progress` (behind its lock) and the writer-thread-only
 :class:`~messaging.log.etcd.checkpoint.Checkpoints`.
 """
@@ -22,10 +24,11 @@ Ownership: the queue, :attr:`Applier.failure` and :attr:`Applier.error` belong t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
-from concurrent.futures import Executor
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from messaging.broker.broker import Broker
@@ -41,14 +44,18 @@ from messaging.log.etcd.checkpoint import Checkpoints
 from messaging.log.etcd.progress import Progress
 from messaging.log.etcd.writer import ApplyTiming, LogWriter, decode_entry
 from messaging.log.local import DeferredSync
+from messaging.log.serial import SerialExecutor
 from messaging.quiet_log import RECURRING_LOG_INTERVAL, QuietLog
 
 log = logging.getLogger(__name__)
 
 #: A batch of revisions is cut once it holds this many bytes of log values.
 APPLY_BATCH_BYTES = 32 << 20
-#: Revisions delivered but not yet applied: a full queue holds the watch back.
+#: Revisions delivered but not yet applied: this many hold the watch back.
 QUEUED_REVISIONS = 64
+#: A batch that failed as a whole is tried again after this long, doubling up to RETRY_MAX.
+RETRY_FIRST = 0.1
+RETRY_MAX = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,11 +121,15 @@ class ApplyCost:
 class Applier:
     """Applies the delivered revisions in order and answers this node's publishers.
 
-    The loop calls :meth:`deliver`, :meth:`drained` and runs :meth:`run`; the writer thread
-    (``writer``, one worker) does the applying.
+    The loop calls :meth:`deliver` and :meth:`drained`; the writer thread (a
+    :class:`~messaging.log.serial.SerialExecutor`) does the applying, one batch at a time:
+    the loop posts a drain when revisions wait and none is under way, the writer takes what
+    has queued up (up to APPLY_BATCH_BYTES), applies it and hands the outcome back with one
+    ``call_soon_threadsafe``; revisions that arrived meanwhile go in the next batch. No
+    future and no asyncio queue per revision.
     """
 
-    def __init__(self, broker: Broker, writer: Executor, writes: LogWriter,
+    def __init__(self, broker: Broker, writer: SerialExecutor, writes: LogWriter,
                  progress: Progress, checkpoints: Checkpoints, unsynced: DeferredSync,
                  log_key: bytes) -> None:
         self.broker = broker
@@ -128,7 +139,15 @@ class Applier:
         self._checkpoints = checkpoints
         self._unsynced = unsynced
         self._log_name = log_key.decode()
-        self._queue: asyncio.Queue[Revision] = asyncio.Queue(maxsize=QUEUED_REVISIONS)
+        # Appended on the loop, taken by the writer thread (deque: both ends are atomic).
+        self._inbox: deque[Revision] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scheduled = False  # a drain is posted or under way (the loop's)
+        self._closed = False
+        self._delivered = 0  # revisions delivered (the loop's)
+        self._done = 0  # of them applied, skipped or given up (the loop's)
+        self._waiters: list[asyncio.Future[None]] = []
+        self._retry_delay = RETRY_FIRST
         self._quiet = QuietLog(log, RECURRING_LOG_INTERVAL)
         #: Why the last batch failed while it is being retried (None: it did not).
         self.error: str | None = None
@@ -138,58 +157,116 @@ class Applier:
         self.failure: MessagingError | None = None
 
     async def deliver(self, revision: Revision) -> None:
-        """Queue a revision for applying (waits while the queue is full)."""
-        await self._queue.put(revision)
+        """Queue a revision for applying; waits while QUEUED_REVISIONS are not applied yet
+        (for good once this node stopped applying: the watch is held back)."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        self._inbox.append(revision)
+        self._delivered += 1
+        self._kick()
+        while self._delivered - self._done >= QUEUED_REVISIONS:
+            await self._wait()
 
     async def drained(self) -> None:
         """Wait until every revision delivered so far is applied."""
-        await self._queue.join()
+        target = self._delivered
+        while self._done < target:
+            await self._wait()
 
-    async def run(self) -> None:
-        """Apply batches of delivered revisions until cancelled."""
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await self._queue.get()]
-            size = len(batch[0].value)
-            while size < APPLY_BATCH_BYTES and not self._queue.empty():
-                item = self._queue.get_nowait()
-                batch.append(item)
-                size += len(item.value)
-            failed = self._unsynced.failed
-            if failed is not None:
-                # A group fsync of applied data failed: what it covered is not known to be
-                # durable here and the checkpoint cannot move past it, so this node stops.
-                await self._stop(batch, failed)
-            delay = 0.1
-            while True:
-                try:
-                    applied = await loop.run_in_executor(self._writer, self._apply_revisions,
-                                                         batch)
-                    break
-                except _GroupFailed as err:
-                    if any(t.failure is not None for t in self.broker.topics()):
-                        # An fsync failed: the topic takes no more writes until a restart
-                        # re-verifies its files, so retrying cannot succeed.
-                        await self._stop(batch, err)
-                    self.error = str(err)
-                    self._quiet.log("apply", logging.ERROR, "applying revisions %d..%d failed "
-                                   "(retrying): %s", batch[0].revision, batch[-1].revision, err)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 2.0)
-                except _Diverged as err:
-                    await self._stop(batch, err)
-            self.error = None
-            self._answer(applied)
-            # After the answers, never before them: a checkpoint fsyncs what it covers.
-            self._writer.submit(self._checkpoint_if_due)
-            for _ in batch:
-                self._queue.task_done()
+    def close(self) -> None:
+        """Post no more drains (the node is closing; one under way finishes)."""
+        self._closed = True
 
-    async def _stop(self, batch: list[Revision], err: Exception) -> None:
-        """Stop for good: nothing of ``batch`` is visible, publishes are refused (503) and the
-        ones waiting are told their outcome is unknown here (504, committed in etcd). A
-        restart re-verifies the files and replays from the checkpoint, which never covers
-        data that was not fsynced. Never returns; cancelling the apply task ends it."""
+    def _wait(self) -> asyncio.Future[None]:
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return waiter
+
+    def _kick(self) -> None:
+        """Post a drain unless one is under way (on the loop)."""
+        if self._scheduled or self._closed or self.failure is not None or not self._inbox:
+            return
+        self._scheduled = True
+        self._writer.post(self._drain)
+
+    def _drain(self) -> None:
+        """Apply what has queued up as one batch and hand the outcome to the loop (writer
+        thread); then checkpoint when due, after the answers are on their way."""
+        batch: list[Revision] = []
+        size = 0
+        inbox = self._inbox
+        while inbox and size < APPLY_BATCH_BYTES:
+            item = inbox.popleft()
+            batch.append(item)
+            size += len(item.value)
+        if not batch:
+            self._report(self._idle)
+            return
+        failed = self._unsynced.failed
+        if failed is not None:
+            # A group fsync of applied data failed: what it covered is not known to be
+            # durable here and the checkpoint cannot move past it, so this node stops.
+            self._report(self._stop, batch, failed)
+            return
+        try:
+            applied = self._apply_revisions(batch)
+        except _GroupFailed as err:
+            inbox.extendleft(reversed(batch))  # nothing applied: the same batch again
+            self._report(self._retry, batch, err)
+            return
+        except _Diverged as err:
+            self._report(self._stop, batch, err)
+            return
+        self._report(self._applied, applied)
+        self._checkpoint_if_due()
+
+    def _report(self, callback: Callable[..., None], *args: object) -> None:
+        """Run ``callback(*args)`` on the loop (writer thread)."""
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # a closed loop: the process is ending
+            self._loop.call_soon_threadsafe(callback, *args)
+
+    def _idle(self) -> None:
+        self._scheduled = False
+        self._kick()
+
+    def _applied(self, applied: _Applied) -> None:
+        """A batch is applied: answer, wake the waiters, post the next drain (on the loop)."""
+        self.error = None
+        self._retry_delay = RETRY_FIRST
+        self._answer(applied)
+        self._done += applied.revisions
+        self._scheduled = False
+        self._wake()
+        self._kick()
+
+    def _retry(self, batch: list[Revision], err: Exception) -> None:
+        """Nothing of a batch applied (local disk trouble): try it again after a back-off,
+        unless a topic's fsync failed (on the loop)."""
+        if any(t.failure is not None for t in self.broker.topics()):
+            # An fsync failed: the topic takes no more writes until a restart re-verifies
+            # its files, so retrying cannot succeed.
+            self._stop(batch, err)
+            return
+        self.error = str(err)
+        self._quiet.log("apply", logging.ERROR, "applying revisions %d..%d failed "
+                        "(retrying): %s", batch[0].revision, batch[-1].revision, err)
+        assert self._loop is not None
+        self._loop.call_later(self._retry_delay, self._idle)
+        self._retry_delay = min(self._retry_delay * 2, RETRY_MAX)
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _stop(self, batch: list[Revision], err: Exception) -> None:
+        """Stop for good (on the loop): nothing of ``batch`` is visible, publishes are
+        refused (503) and the ones waiting are told their outcome is unknown here (504,
+        committed in etcd). A restart re-verifies the files and replays from the
+        checkpoint, which never covers data that was not fsynced. No drain is posted again,
+        and whoever waits for revisions to apply waits on (the watch is held back)."""
         self.failure = StorageFailedError(
             f"this node stopped applying the log at revision {batch[0].revision}: {err}; "
             "restart it (it re-verifies its files and replays from its checkpoint)")
@@ -198,9 +275,6 @@ class Applier:
         self._writes.fail_waiting(CommitUnknownError(
             f"committed in etcd, but this node stopped applying the log: {err}; the other "
             "nodes have it"), self.failure)
-        for _ in batch:
-            self._queue.task_done()
-        await asyncio.Event().wait()
 
     def _apply_revisions(self, batch: list[Revision]) -> _Applied:
         """Apply revisions in order as one group (writer thread)."""

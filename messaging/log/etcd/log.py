@@ -31,7 +31,7 @@ Every key lives under ``/messaging/<cluster>/``: ``log`` (the command log) and
 This module is the lifecycle and the public face: :class:`EtcdLog` builds those parts, starts
 and stops their tasks, supervises the periodic ones (the monitor: quorum, a stuck watch, an
 idle checkpoint; membership) and answers for the node (ready, caught up, diagnostics). Its
-own fields belong to the event loop; the node's writer thread (one worker, ``_writer``) owns
+own fields belong to the event loop; the node's writer thread (``_writer``, a SerialExecutor) owns
 the broker and the checkpoint; the revisions both share are in
 :class:`~messaging.log.etcd.progress.Progress`.
 """
@@ -44,7 +44,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -66,6 +65,7 @@ from messaging.log.etcd.startup import Startup
 from messaging.log.etcd.watch import WATCH_STUCK, LogWatch, watch_stuck
 from messaging.log.etcd.writer import LogWriter
 from messaging.log.local import DeferredSync
+from messaging.log.serial import SerialExecutor
 from messaging.quiet_log import RECURRING_LOG_INTERVAL, QuietLog
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class EtcdLog:
         prefix = f"/messaging/{settings.cluster}/".encode()
         self._log_key = prefix + b"log"
         self._client = EtcdClient(settings)
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="messaging-writer")
+        self._writer = SerialExecutor("messaging-writer")
         self._unsynced = DeferredSync(broker)
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
@@ -145,7 +145,6 @@ class EtcdLog:
                  ",".join(self.settings.endpoints))
         self._tasks = [
             asyncio.create_task(self._writes.run(), name="messaging-etcd-puts"),
-            asyncio.create_task(self._applier.run(), name="messaging-etcd-apply"),
             asyncio.create_task(self._watch.run(), name="messaging-etcd-watch"),
             asyncio.create_task(self._supervised("etcd monitor", self._monitor,
                                                  MONITOR_INTERVAL),
@@ -170,6 +169,7 @@ class EtcdLog:
         self._closing = True
         loop = asyncio.get_running_loop()
         await self._writes.drain(CLOSE_GRACE)
+        self._applier.close()
         for task in self._tasks:
             await cancel_and_wait(task)
         await self._writes.cancel_puts()

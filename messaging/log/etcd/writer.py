@@ -491,7 +491,8 @@ class LogWriter:
                 self._answer_installed(batch)
                 return
             try:
-                await asyncio.wait_for(batch.done.wait(), APPLY_TIMEOUT)
+                async with asyncio.timeout(APPLY_TIMEOUT):  # no task per put, as wait_for has
+                    await batch.done.wait()
             except TimeoutError:
                 _fail(batch, CommitUnknownError(
                     f"committed in etcd at revision {revision}, but this node has not applied "
