@@ -12,7 +12,12 @@ rounds):
    the CPU of brokers + etcd in cores;
 3. broker CPU per applied etcd revision: all brokers' CPU over the latency run divided by the
    revisions each applied (every revision is applied by every node), beside what the nodes'
-   diagnostics say their writer threads spent (``apply_cpu_us_per_revision``).
+   diagnostics say their writer threads spent (``apply_cpu_us_per_revision``);
+4. a holder's CPU per applied revision: the same 1,000 msg/s all sent to node 0, so nodes 1
+   and 2 only apply; their CPU per revision split by thread (the event loop: the watch and
+   the answers; the writer thread: the apply; grpc's threads) from /proc, and in the last
+   round the frames with the most self time on a holder and on the receiving node (py-spy,
+   when installed).
 
 ``BENCH_ROUNDS`` (default 3), ``BENCH_SECONDS`` (5) and ``BENCH_LATENCY_COUNT`` (5000) size it.
 """
@@ -36,9 +41,11 @@ from bench.cluster.load import Node, latencies, throughput, with_cpu
 from bench.harness.cluster_nodes import nodes_ready
 from bench.harness.etcd_members import etcd_cluster, etcd_healthy
 from bench.harness.figures import Row, percentile
+from bench.harness.flames import py_spy, record, table
 from bench.harness.loops import bounded_wait
 from bench.harness.procs import broker
 from bench.harness.results import add_to_json, command_line, report
+from bench.harness.sampling import thread_cpu
 
 RATE = 1000
 
@@ -58,6 +65,9 @@ class Round:
     cluster_cores: float = 0.0  # brokers + etcd during the latency run
     revision_us: float = 0.0  # brokers' CPU per applied revision per node
     apply_us: float = 0.0  # the nodes' own apply_cpu_us_per_revision (median)
+    holder: dict[str, float] = field(default_factory=dict)  # µs per revision, by thread
+    receiver_us: float = 0.0  # the receiving node's CPU per request in the holder phase
+    holder_messages: float = 0.0  # messages per revision in the holder phase
     shares: dict[str, float] = field(default_factory=dict)
 
 
@@ -78,6 +88,38 @@ async def _apply_cost(session: aiohttp.ClientSession, urls: list[str], window: i
         if value is not None:
             costs.append(float(value))
     return statistics.median(costs) if costs else 0.0
+
+
+def _by_thread(pid: int, before: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds of ``pid``'s threads since ``before``, by role: the event loop (the main
+    thread), the writer thread, grpc's threads and the rest."""
+    roles: dict[str, float] = {"loop": 0.0, "writer": 0.0, "grpc": 0.0, "other": 0.0}
+    for tid, (name, seconds) in thread_cpu(pid).items():
+        spent = seconds - before.get(tid, (name, 0.0))[1]
+        role = ("loop" if tid == pid else "writer" if name.startswith("messaging-write")
+                else "grpc" if name.startswith(("event_engine", "grpc")) else "other")
+        roles[role] += spent
+    return roles
+
+
+async def holder_phase(session: aiohttp.ClientSession, urls: list[str], pids: list[int],
+                       count: int, r: Round, profile: Path | None) -> None:
+    """1,000 msg/s to node 0 only: what the other nodes spend per revision they apply."""
+    before = {pid: thread_cpu(pid) for pid in pids}
+    revisions = await _revisions(session, urls)
+    spies = ([record(pids[1], count / RATE, profile / "holder.txt"),
+              record(pids[0], count / RATE, profile / "receiver.txt")] if profile else [])
+    await latencies(session, urls[:1], 2, RATE, count)
+    applied = [a - b for a, b in zip(await _revisions(session, urls), revisions, strict=True)]
+    for spy in spies:
+        await asyncio.to_thread(spy.wait, 60)
+    holders = [_by_thread(pid, before[pid]) for pid in pids[1:]]
+    r.holder = {role: statistics.median(h[role] * 1e6 / n for h, n in
+                                        zip(holders, applied[1:], strict=True) if n)
+                for role in holders[0]}
+    r.holder["total"] = sum(r.holder.values())
+    r.receiver_us = sum(_by_thread(pids[0], before[pids[0]]).values()) * 1e6 / (count + 50)
+    r.holder_messages = (count + 50) / applied[1] if applied[1] else 0.0
 
 
 async def one_round(session: aiohttp.ClientSession, single: str, single_pid: int,
@@ -125,18 +167,23 @@ async def run(tmp: Path, rounds: int, seconds: float, count: int) -> list[Round]
             groups = {"brokers": lambda: [n.proc.pid if n.proc else None for n in nodes],
                       "etcd": lambda: [m.pid for m in members]}
             await latencies(session, urls, 2, 200, 200)  # warm-up
+            pids = [n.proc.pid for n in nodes if n.proc is not None]
             out = []
             for k in range(rounds):
                 r = await one_round(session, single, single_proc.pid, urls, groups,
                                     seconds, count)
+                last = k == rounds - 1 and py_spy() is not None
+                await holder_phase(session, urls, pids, count, r, tmp if last else None)
                 out.append(r)
                 print(f"  round {k + 1}: batch single {r.single_rate:,.0f} msg/s "
                       f"({r.single_cpu_us:.2f} µs/msg), cluster {r.cluster_rate:,.0f} msg/s "
                       f"({r.cluster_cpu_us:.2f} µs/msg); 1,000/s single p50 "
                       f"{r.single_p50:.2f} ms, cluster p50 {r.cluster_p50:.2f} ms p99 "
                       f"{r.cluster_p99:.1f} ms, {r.cluster_cores:.2f} cores; broker CPU "
-                      f"per revision {r.revision_us:.0f} µs (apply {r.apply_us:.0f} µs)",
-                      flush=True)
+                      f"per revision {r.revision_us:.0f} µs (apply {r.apply_us:.0f} µs); a "
+                      f"holder per revision {r.holder['total']:.0f} µs "
+                      f"({', '.join(f'{k} {v:.0f}' for k, v in r.holder.items() if k != 'total')}"
+                      f"), {r.holder_messages:.1f} msg/revision", flush=True)
             return out
     finally:
         for node in nodes:
@@ -156,6 +203,7 @@ def rows(out: list[Round]) -> list[Row]:
     single_us, cluster_us = med("single_cpu_us"), med("cluster_cpu_us")
     p50, p99, cores = med("cluster_p50"), med("cluster_p99"), med("cluster_cores")
     revision = med("revision_us")
+    holder = float(statistics.median(r.holder["total"] for r in out))
     return [
         Row(f"batch publish 1000 × 100 B, 4 senders, median of {n} interleaved rounds",
             cluster_rate, "msg/s", "single node", single_rate, "≥ 0.33× single",
@@ -170,6 +218,9 @@ def rows(out: list[Round]) -> list[Row]:
             cores <= 0.8),
         Row("broker CPU per applied revision (whole process)", revision, "µs",
             "the writer thread's apply alone", med("apply_us"), "≤ 200 µs", revision <= 200),
+        Row("a holder's CPU per applied revision (node 0 takes every request)", holder, "µs",
+            "the same node's writer thread", float(statistics.median(
+                r.holder["writer"] for r in out)), "-", None),
     ]
 
 
@@ -180,11 +231,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-cost-",
                                      dir=os.environ.get("BENCH_DIR")) as t:
         out = asyncio.run(run(Path(t), rounds, seconds, count))
+        flames = [table(Path(t) / f"{name}.txt", title) for name, title in (
+            ("holder", "A holder (node 1) in the last round's holder phase"),
+            ("receiver", "The receiving node (node 0) in the same phase"))
+            if (Path(t) / f"{name}.txt").exists()]
+    holder = {role: statistics.median(r.holder[role] for r in out) for role in out[0].holder}
     notes = ("Every process shares this machine's 2 cores and one disk; each round measures "
              "the single node and then the cluster while the other idles. Rounds: "
              + "; ".join(f"single {r.single_rate:,.0f} / cluster {r.cluster_rate:,.0f} msg/s, "
                          f"p50 {r.cluster_p50:.2f} ms, {r.revision_us:.0f} µs/revision"
-                         for r in out) + ".")
+                         for r in out) + ".\n\n"
+             "**Where a revision's CPU goes on a node that only applies** (1,000 single "
+             "publishes/s all sent to node 0; nodes 1 and 2 apply every revision and take no "
+             f"request; {statistics.median(r.holder_messages for r in out):.1f} messages per "
+             "revision; medians over rounds and the two holders, from /proc per thread): "
+             + ", ".join(f"{role} {us:.0f} µs" for role, us in holder.items())
+             + " per revision (loop: the watch's grpc reads, the hand-off and the answers; "
+             "writer: decoding and applying; grpc: its own threads). The receiving node spent "
+             f"{statistics.median(r.receiver_us for r in out):.0f} µs per request (HTTP, the "
+             "put to etcd, its own apply and answer)." + "".join(f"\n\n{f}" for f in flames))
     report("cluster-cost", "Cluster cost beside one node (interleaved rounds)", rows(out),
            command_line(), notes=notes)
     add_to_json("cluster-cost", {"rounds": [r.__dict__ for r in out]})

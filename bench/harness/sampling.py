@@ -1,4 +1,5 @@
-"""Readings of processes (by PID) and of the machine, from /proc: CPU seconds, resident
+"""Readings of processes (by PID) and of the machine, from /proc: CPU seconds (of a process
+or of each of its threads), resident
 memory (now, or once it settles), descriptors, threads, the open-files limit, the machine's
 busy time, the kernel's TCP memory and the load average.
 
@@ -26,6 +27,19 @@ def cpu_seconds(pid: int | None) -> float:
         return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15)
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """CPU seconds of each live thread of ``pid``: thread id -> (its OS name, seconds)."""
+    out: dict[int, tuple[str, float]] = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / CLK_TCK)
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return out
 
 
 def children_cpu() -> float:

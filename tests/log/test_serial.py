@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +95,13 @@ def test_it_serves_run_in_executor() -> None:
         assert asyncio.run(main()) == list(range(20))
     finally:
         executor.shutdown()
+
+
+def test_the_thread_carries_its_name_for_the_os() -> None:
+    executor = SerialExecutor("test-serial-name")
+    try:
+        native = executor.submit(threading.get_native_id).result(timeout=10)
+        comm = Path(f"/proc/self/task/{native}/comm").read_text().strip()
+    finally:
+        executor.shutdown()
+    assert comm == "test-serial-nam"  # the kernel keeps 15 bytes
