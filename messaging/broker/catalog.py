@@ -38,6 +38,7 @@ from typing import Any
 from messaging.broker.producers import (
     Producer,
     check_producer,
+    expired_producers,
     trim_producers,
 )
 from messaging.broker.topic_settings import TopicTable
@@ -193,7 +194,7 @@ class Catalog:
         self.native: dict[int, dict[str, Producer]] = {}
         self._native_pending: dict[int, dict[str, Producer]] = {}
         # (name or native topic, overlay entry before, or _MISSING)
-        self._undo: list[tuple[str | int, Any]] = []
+        self._undo: list[tuple[str | int | tuple[int, str], Any]] = []
         self.dirty = False
         self.removed: list[int] = []  # topics whose files the committed group frees
         self.changed: set[int] = set()  # topics whose stream metadata changed
@@ -235,14 +236,32 @@ class Catalog:
         self.dirty = False
 
     def changes(self) -> dict[str, Any]:
-        """What the group being applied changed, whole per stream and per producer table
-        (for the catalog's journal, :mod:`messaging.broker.state_log`)."""
-        return {"next_topic": self.next_topic,
-                "streams": {name: s.saved() if s is not None else None
-                            for name, s in self._pending.items()},
-                "native": {str(topic): {pid: asdict(state) for pid, state in producers.items()}
-                           for topic, producers in self._native_pending.items()},
-                "topics": self.topic_settings.changes()}
+        """What the group being applied changed (for the catalog's journal,
+        :mod:`messaging.broker.state_log`): whole per stream; per native topic, only the
+        producers the group changed or dropped (``producers``: pid -> ``[epoch, seq, used,
+        first, last]``, or null when dropped), or the whole table where the group replaced
+        it (``native``: a deletion forgot it). A topic that has seen thousands of producers
+        costs a publish one entry, not thousands."""
+        whole: dict[str, Any] = {}
+        delta: dict[str, Any] = {}
+        touched: dict[int, set[str]] = {}
+        for key, _before in self._undo:
+            if isinstance(key, tuple):
+                touched.setdefault(key[0], set()).add(key[1])
+        for topic, producers in self._native_pending.items():
+            if isinstance(producers, _Replaced):
+                whole[str(topic)] = {pid: asdict(state) for pid, state in producers.items()}
+            else:
+                delta[str(topic)] = {pid: _state_list(producers.get(pid))
+                                     for pid in sorted(touched.get(topic, ()))}
+        changes = {"next_topic": self.next_topic,
+                   "streams": {name: s.saved() if s is not None else None
+                               for name, s in self._pending.items()},
+                   "native": whole,
+                   "topics": self.topic_settings.changes()}
+        if delta:
+            changes["producers"] = delta
+        return changes
 
     def replay(self, changes: dict[str, Any]) -> None:
         """Apply a journal line written by :meth:`changes` (at start-up)."""
@@ -264,6 +283,16 @@ class Catalog:
                                            for pid, state in producers.items()}
             else:  # forgotten with its topic's deletion
                 self.native.pop(int(topic), None)
+        for topic, delta in changes.get("producers", {}).items():
+            # In place: nothing reads the catalog while the journal is replayed.
+            table = self.native.setdefault(int(topic), {})
+            for pid, state in delta.items():
+                if state is None:
+                    table.pop(pid, None)
+                else:
+                    table[pid] = Producer(*state)
+            if not table:
+                del self.native[int(topic)]
         self.topic_settings.replay(changes.get("topics", {}))
 
     # -- transactions -----------------------------------------------------------------------
@@ -278,6 +307,13 @@ class Catalog:
         self.topic_settings.rollback(settings)
         while len(self._undo) > undo:
             key, before = self._undo.pop()
+            if isinstance(key, tuple):  # one producer of a table the group copied
+                table = self._native_pending[key[0]]
+                if before is _MISSING:
+                    table.pop(key[1], None)
+                else:
+                    table[key[1]] = before
+                continue
             pending: dict[Any, Any] = (self._native_pending if isinstance(key, int)
                                        else self._pending)
             if before is _MISSING:
@@ -337,7 +373,7 @@ class Catalog:
         deletion): a producer re-sending a request the deleted topic had taken then starts
         again instead of being answered as a duplicate of data that is gone."""
         if self._native_pending.get(topic, self.native.get(topic)):
-            self._set_native(topic, {})
+            self._set_native(topic, _Replaced())
 
     def producers(self, topic: int) -> dict[str, Producer]:
         """A numeric topic's committed idempotent producers (a copy)."""
@@ -346,6 +382,25 @@ class Catalog:
     def _set_native(self, topic: int, producers: dict[str, Producer]) -> None:
         self._undo.append((topic, self._native_pending.get(topic, _MISSING)))
         self._native_pending[topic] = producers
+
+    def _native_table(self, topic: int) -> dict[str, Producer]:
+        """The group's own copy of a topic's producers, made at its first change in the
+        group (the committed table, which other threads read, never changes in place); the
+        group's later changes go into it one producer at a time (:meth:`_put_producer`)."""
+        table = self._native_pending.get(topic)
+        if table is None:
+            table = dict(self.native.get(topic, {}))
+            self._set_native(topic, table)
+        return table
+
+    def _put_producer(self, topic: int, table: dict[str, Producer], pid: str,
+                      state: Producer | None) -> None:
+        """Set (or, with None, drop) one producer in the group's copy, undoably."""
+        self._undo.append(((topic, pid), table.get(pid, _MISSING)))
+        if state is None:
+            del table[pid]
+        else:
+            table[pid] = state
 
     def _set(self, name: str, stream: Stream | None) -> None:
         self._undo.append((name, self._pending.get(name, _MISSING)))
@@ -619,10 +674,10 @@ class Catalog:
                              "first": duplicate.first, "last": duplicate.last}
             return Decision(None, op)
         assert new_state is not None
-        changed = dict(producers)
-        changed[str(op["producer"][0])] = new_state
-        trim_producers(changed, now)
-        self._set_native(topic, changed)
+        table = self._native_table(topic)
+        self._put_producer(topic, table, str(op["producer"][0]), new_state)
+        for pid in expired_producers(table, now):
+            self._put_producer(topic, table, pid, None)
         op["native"] = new_state
         op["outcome"] = {"producer": (new_state.epoch, new_state.seq)}
         return Decision(topic, op)
@@ -675,3 +730,15 @@ class Catalog:
             return True
         return stream.ttl is not None and now >= last_used + stream.ttl
 
+
+
+class _Replaced(dict[str, Producer]):
+    """A native topic's producer table that a group replaced whole (a deletion forgot it):
+    journaled whole, not as the changes to the committed table."""
+
+
+def _state_list(state: Producer | None) -> list[Any] | None:
+    """A producer's state as the journal's ``producers`` entries hold it."""
+    if state is None:
+        return None
+    return [state.epoch, state.seq, state.used, state.first, state.last]

@@ -65,9 +65,18 @@ def check_producer(producers: dict[str, Producer], producer: list[Any], now: flo
 
 def trim_producers(producers: dict[str, Producer], now: float) -> None:
     """Forget producers unused for PRODUCER_TTL, and the oldest beyond MAX_PRODUCERS."""
-    for pid in [p for p, s in producers.items() if now - s.used > PRODUCER_TTL]:
+    for pid in expired_producers(producers, now):
         del producers[pid]
-    if len(producers) > MAX_PRODUCERS:
-        oldest = sorted(producers, key=lambda p: producers[p].used)
-        for pid in oldest[:len(producers) - MAX_PRODUCERS]:
-            del producers[pid]
+
+
+def expired_producers(producers: dict[str, Producer], now: float) -> list[str]:
+    """The producers :func:`trim_producers` forgets: unused for PRODUCER_TTL, then the
+    oldest beyond MAX_PRODUCERS (among equally old ones, by id: the same on every node
+    whatever order its table was rebuilt in, from the journal or a snapshot)."""
+    gone = [p for p, s in producers.items() if now - s.used > PRODUCER_TTL]
+    if len(producers) - len(gone) > MAX_PRODUCERS:
+        dropped = set(gone)
+        oldest = sorted((p for p in producers if p not in dropped),
+                        key=lambda p: (producers[p].used, p))
+        gone += oldest[:len(producers) - len(gone) - MAX_PRODUCERS]
+    return gone

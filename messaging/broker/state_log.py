@@ -110,7 +110,9 @@ class CatalogLog:
                 raise
             if durable:
                 try:
-                    os.fsync(fd)
+                    # The line and the file's size are what a restart needs: fdatasync
+                    # (an fsync would also wait for the inode's times to be journaled).
+                    os.fdatasync(fd)
                     if created:
                         _fsync_dir(self.path.parent)
                 except OSError as err:

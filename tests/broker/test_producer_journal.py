@@ -1,0 +1,133 @@
+"""Idempotent producers of native topics in the state journal: a group journals only the
+producers it changed, however many the topic has seen, and a reopened broker (journal
+replayed) holds exactly the tables the live one held, also after commands of a group that
+failed in the middle of it, and after a deletion forgot a table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from messaging.broker.broker import Broker
+from messaging.broker.commands import ApplyResult, configure_command, delete_command, produce
+from messaging.broker.producers import MAX_PRODUCERS, Producer, expired_producers
+from messaging.broker.topic_settings import MAX_MESSAGE_SIZE
+from messaging.errors import MessageTooLargeError, ProducerSequenceGapError
+from messaging.frames import encode
+
+TOPIC = 3
+NOW = 1_800_000_000.0
+
+
+def _produce(pid: str, seq: int, data: bytes = b"m", *, epoch: int = 0,
+             now: float = NOW) -> bytes:
+    return produce(TOPIC, (pid, epoch, seq), now, encode(1, TOPIC, data))
+
+
+def _tables(broker: Broker) -> dict[str, tuple[int, int, int, int]]:
+    return {pid: (s.epoch, s.seq, s.first, s.last)
+            for pid, s in broker.catalog.producers(TOPIC).items()}
+
+
+def _last_line(data: Path) -> dict[str, object]:
+    lines = (data / "catalog.log").read_text().splitlines()
+    return json.loads(lines[-1])  # type: ignore[no-any-return]
+
+
+def test_a_publish_journals_its_own_producer_only(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    broker = Broker.open(data)
+    try:
+        for group in range(10):  # 500 producers, 50 per group
+            results = broker.write_group([_produce(f"p{group}.{k}", 0) for k in range(50)],
+                                         durable=True)
+            assert all(isinstance(r, ApplyResult) for r in results)
+        assert len(broker.catalog.producers(TOPIC)) == 500
+        size = (data / "catalog.log").stat().st_size
+        broker.write_group([_produce("p3.7", 1, b"again")], durable=True)
+        line = _last_line(data)
+        grown = (data / "catalog.log").stat().st_size - size
+        live = _tables(broker)
+    finally:
+        broker.close()
+    changes = line["changes"]
+    assert isinstance(changes, dict)
+    assert changes["producers"] == {str(TOPIC): {"p3.7": [0, 1, NOW, 501, 501]}}
+    assert changes["native"] == {}
+    assert grown < 400, f"one publish journaled {grown} bytes"
+    reopened = Broker.open(data)
+    try:
+        assert _tables(reopened) == live
+        duplicate = reopened.write_group([_produce("p3.7", 1, b"again")], durable=True)[0]
+        assert isinstance(duplicate, ApplyResult) and duplicate.count == 0
+    finally:
+        reopened.close()
+
+
+def test_a_group_with_failed_commands_journals_what_stayed(tmp_path: Path) -> None:
+    """In one group: accepted publishes, a gap (refused before anything changed), one whose
+    producer was staged and then undone (its message is over the topic's limit), and a
+    producer that moved twice; the line and a replay agree with the live tables."""
+    data = tmp_path / "data"
+    broker = Broker.open(data)
+    try:
+        broker.write_group([configure_command(TOPIC, {MAX_MESSAGE_SIZE: 8})], durable=True)
+        broker.write_group([_produce("a", 0), _produce("b", 0)], durable=True)
+        results = broker.write_group([
+            _produce("a", 1),
+            _produce("c", 5),  # a gap: refused
+            _produce("b", 1, b"far too long for the limit"),  # staged, then undone
+            _produce("d", 0),
+            _produce("a", 2),
+        ], durable=True)
+        assert [type(r) for r in results] == [ApplyResult, ProducerSequenceGapError,
+                                            MessageTooLargeError, ApplyResult, ApplyResult]
+        live = _tables(broker)
+        line = _last_line(data)
+    finally:
+        broker.close()
+    assert live["a"][:2] == (0, 2) and live["b"][:2] == (0, 0) and live["d"][:2] == (0, 0)
+    assert "c" not in live
+    changes = line["changes"]
+    assert isinstance(changes, dict)
+    assert sorted(changes["producers"][str(TOPIC)]) == ["a", "d"]
+    reopened = Broker.open(data)
+    try:
+        assert _tables(reopened) == live
+    finally:
+        reopened.close()
+
+
+def test_a_deletion_forgets_the_table_in_the_journal(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    broker = Broker.open(data)
+    try:
+        broker.write_group([_produce("a", 0), _produce("b", 0)], durable=True)
+        broker.write_group([delete_command(TOPIC)], durable=True)
+        line = _last_line(data)
+        broker.write_group([_produce("b", 0, b"new life")], durable=True)
+        live = _tables(broker)
+    finally:
+        broker.close()
+    changes = line["changes"]
+    assert isinstance(changes, dict)
+    assert changes["native"] == {str(TOPIC): {}}
+    assert list(live) == ["b"]
+    reopened = Broker.open(data)
+    try:
+        assert _tables(reopened) == live
+    finally:
+        reopened.close()
+
+
+def test_the_oldest_beyond_the_limit_go_by_age_then_id() -> None:
+    """Equally old producers beyond MAX_PRODUCERS are cut by id, whatever order the table
+    was built in: a node that rebuilt it from its journal cuts the same ones as its peers."""
+    states = {f"p{k:05d}": Producer(0, 0, NOW) for k in range(MAX_PRODUCERS + 3)}
+    forward = dict(states)
+    backward = dict(reversed(list(states.items())))
+    assert expired_producers(forward, NOW) == expired_producers(backward, NOW) == [
+        "p00000", "p00001", "p00002"]
+    older = dict(forward)
+    older["p09999"] = Producer(0, 0, NOW - 1)
+    assert expired_producers(older, NOW)[0] == "p09999"
