@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from messaging.broker.producers import (
+    MAX_PRODUCERS,
+    PRODUCER_TTL,
     Producer,
     check_producer,
     expired_producers,
@@ -193,6 +195,9 @@ class Catalog:
         #: Idempotent producers of numeric topics (native publishes), by topic.
         self.native: dict[int, dict[str, Producer]] = {}
         self._native_pending: dict[int, dict[str, Producer]] = {}
+        # A lower bound of the last use of every producer of a native topic (absent:
+        # unknown); only ever too low, never too high (see _expired).
+        self._oldest: dict[int, float] = {}
         # (name or native topic, overlay entry before, or _MISSING)
         self._undo: list[tuple[str | int | tuple[int, str], Any]] = []
         self.dirty = False
@@ -227,6 +232,7 @@ class Catalog:
         self.by_topic = {s.topic: s.name for s in streams.values()}
         self.native = {int(topic): {pid: Producer(**state) for pid, state in producers.items()}
                        for topic, producers in data.get("native", {}).items()}
+        self._oldest.clear()
         self._native_pending.clear()
         self._pending.clear()
         self._undo.clear()
@@ -283,6 +289,7 @@ class Catalog:
                                            for pid, state in producers.items()}
             else:  # forgotten with its topic's deletion
                 self.native.pop(int(topic), None)
+        self._oldest.clear()
         for topic, delta in changes.get("producers", {}).items():
             # In place: nothing reads the catalog while the journal is replayed.
             table = self.native.setdefault(int(topic), {})
@@ -308,6 +315,7 @@ class Catalog:
         while len(self._undo) > undo:
             key, before = self._undo.pop()
             if isinstance(key, tuple):  # one producer of a table the group copied
+                self._oldest.pop(key[0], None)  # an undone removal may bring an older one
                 table = self._native_pending[key[0]]
                 if before is _MISSING:
                     table.pop(key[1], None)
@@ -392,6 +400,20 @@ class Catalog:
             table = dict(self.native.get(topic, {}))
             self._set_native(topic, table)
         return table
+
+    def _expired(self, topic: int, table: dict[str, Producer], now: float) -> list[str]:
+        """:func:`expired_producers` of a native topic's table, without looking at every
+        producer on every publish: a lower bound of their last use (``_oldest``) shows when
+        none can have expired. Exactly the same answer as a scan, so every node agrees."""
+        oldest = self._oldest.get(topic)
+        if oldest is not None and now - oldest <= PRODUCER_TTL and len(table) <= MAX_PRODUCERS:
+            self._oldest[topic] = min(oldest, now)
+            return []
+        gone = expired_producers(table, now)
+        dropped = set(gone)
+        self._oldest[topic] = min((s.used for p, s in table.items() if p not in dropped),
+                                  default=now)
+        return gone
 
     def _put_producer(self, topic: int, table: dict[str, Producer], pid: str,
                       state: Producer | None) -> None:
@@ -676,7 +698,7 @@ class Catalog:
         assert new_state is not None
         table = self._native_table(topic)
         self._put_producer(topic, table, str(op["producer"][0]), new_state)
-        for pid in expired_producers(table, now):
+        for pid in self._expired(topic, table, now):
             self._put_producer(topic, table, pid, None)
         op["native"] = new_state
         op["outcome"] = {"producer": (new_state.epoch, new_state.seq)}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from messaging.broker.broker import Broker
 from messaging.broker.commands import ApplyResult, configure_command, delete_command, produce
-from messaging.broker.producers import MAX_PRODUCERS, Producer, expired_producers
+from messaging.broker.producers import MAX_PRODUCERS, PRODUCER_TTL, Producer, expired_producers
 from messaging.broker.topic_settings import MAX_MESSAGE_SIZE
 from messaging.errors import MessageTooLargeError, ProducerSequenceGapError
 from messaging.frames import encode
@@ -131,3 +131,43 @@ def test_the_oldest_beyond_the_limit_go_by_age_then_id() -> None:
     older = dict(forward)
     older["p09999"] = Producer(0, 0, NOW - 1)
     assert expired_producers(older, NOW)[0] == "p09999"
+
+
+def test_producers_expire_after_the_ttl_as_a_full_scan_finds(tmp_path: Path) -> None:
+    """Producers unused for PRODUCER_TTL go when a later publish finds them, also when
+    their removal was undone once with a failed command, and the journal says so."""
+    data = tmp_path / "data"
+    broker = Broker.open(data)
+    day = 24 * 3600.0
+    try:
+        broker.write_group([configure_command(TOPIC, {MAX_MESSAGE_SIZE: 8})], durable=True)
+        for k in range(5):  # a, b, c, d, e: one a day
+            broker.write_group([_produce(chr(97 + k), 0, now=NOW + k * day)], durable=True)
+        # A week and a half after a's day: a, b and c expire, d and e stay. The first try
+        # fails on its message size after the expiry was staged: nothing of it stays.
+        late = NOW + PRODUCER_TTL + 2.5 * day
+        failed = broker.write_group([_produce("f", 0, b"far too long for it", now=late)],
+                                    durable=True)[0]
+        assert isinstance(failed, MessageTooLargeError)
+        assert sorted(_tables(broker)) == ["a", "b", "c", "d", "e"]
+        ok = broker.write_group([_produce("f", 0, now=late)], durable=True)[0]
+        assert isinstance(ok, ApplyResult)
+        assert sorted(_tables(broker)) == ["d", "e", "f"]
+        changes = _last_line(data)["changes"]
+        assert isinstance(changes, dict)
+        assert changes["producers"][str(TOPIC)] == {
+            "a": None, "b": None, "c": None, "f": [0, 0, late, 6, 6]}
+        # Nothing more is due: the next publishes find nothing to drop.
+        broker.write_group([_produce("f", 1, now=late + 1)], durable=True)
+        assert sorted(_tables(broker)) == ["d", "e", "f"]
+        live = _tables(broker)
+    finally:
+        broker.close()
+    reopened = Broker.open(data)
+    try:
+        assert _tables(reopened) == live
+        # A day later d expires too, found after the replay as well.
+        reopened.write_group([_produce("f", 2, now=late + 1.5 * day)], durable=True)
+        assert sorted(_tables(reopened)) == ["e", "f"]
+    finally:
+        reopened.close()
