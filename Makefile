@@ -13,7 +13,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 
 .PHONY: help run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
-	bench-split bench-latency bench-fanout bench-scaling bench-groups bench-cli bench-tiering \
+	bench-split bench-latency bench-publish-path bench-fanout bench-scaling bench-groups bench-cli bench-tiering \
 	soak soak-cluster soak-tiered etcd faketime chromium conformance spark s3 dist clean
 
 .DEFAULT_GOAL := help
@@ -167,7 +167,7 @@ conformance:
 ## make bench: every benchmark below, one after the other (each writes bench/results/ and its
 ## section of bench/RESULTS.md)
 bench: bench-storage bench-http bench-client bench-cluster bench-spark bench-streams \
-	bench-durable-streams bench-peers bench-split bench-latency bench-fanout bench-scaling \
+	bench-durable-streams bench-peers bench-split bench-latency bench-publish-path bench-fanout bench-scaling \
 	bench-groups bench-cli
 
 ## make bench-storage: appends (each beside the same appends without append times: the time
@@ -230,6 +230,12 @@ bench-split: $(STAMP)
 ## the thread hand-off, a minimal Python server, our broker, Redis); about 2 minutes
 bench-latency: $(STAMP)
 	$(BIN)/python bench/experiments/latency_budget/run.py
+
+## make bench-publish-path: publish → subscriber through the Python client at 1,000 msg/s,
+## taken apart (a lean publisher, with producer headers, Client.publish plain and idempotent),
+## beside the code of 2026-11-25 from a git worktree; about 4 minutes
+bench-publish-path: $(STAMP)
+	$(BIN)/python bench/experiments/publish_path/run.py
 
 ## make bench-fanout: 1,000 streaming subscribers at 1,000 msg/s: the broker's own part of the
 ## p99 (its lag histogram), what the rests between fan-out slices trade, Redis beside; ~2 minutes
