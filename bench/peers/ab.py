@@ -27,19 +27,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from bench.harness.checkouts import other_checkout, this_checkout, worktree
 from bench.harness.figures import Figure, Row, fmt, percentile
 from bench.harness.http_load import aiohttp_rate, wrk_rate
 from bench.harness.lean_clients import (
@@ -51,7 +49,7 @@ from bench.harness.lean_clients import (
     publish_paced,
 )
 from bench.harness.payloads import PAYLOAD
-from bench.harness.procs import ROOT, Proc, broker, child_env, ensure_tool
+from bench.harness.procs import Proc, broker, ensure_tool
 from bench.harness.sampling import cpu_seconds, load_average
 from bench.peers.load import ours_batch_rate
 
@@ -62,7 +60,6 @@ SINGLE_TOPIC, BATCH_TOPIC, LATENCY_TOPIC = 1, 2, 3
 #: before + this many ms.
 BATCH_SHARE, P50_SLACK_MS = 0.95, 0.050
 ARMS = ("before", "after")
-GIT_TIMEOUT = 120
 
 
 @dataclass
@@ -88,67 +85,6 @@ class ArmResult:
         values = [f.value if key == "value" else f.extra.get(key) for f in self.figures]
         numbers = [float(v) for v in values if isinstance(v, int | float)]
         return statistics.median(numbers) if numbers else None
-
-
-def git(*args: str) -> str:
-    done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
-                          timeout=GIT_TIMEOUT, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)}: {done.stderr.strip()[:300]}")
-    return done.stdout.strip()
-
-
-@contextlib.contextmanager
-def worktree(rev: str, parent: Path) -> Iterator[Path]:
-    """A detached git worktree of ``rev`` under ``parent``, removed afterwards."""
-    path = parent / f"tree-{rev}"
-    git("worktree", "add", "--detach", str(path), rev)
-    try:
-        yield path
-    finally:
-        try:
-            git("worktree", "remove", "--force", str(path))
-        except (RuntimeError, subprocess.TimeoutExpired) as err:
-            print(f"  could not remove the worktree {path}: {err}", flush=True)
-            shutil.rmtree(path, ignore_errors=True)
-            with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
-                git("worktree", "prune")
-
-
-@dataclass
-class Code:
-    """Where one broker's code comes from: the commit, and how to start Python on it."""
-
-    arm: str
-    rev: str  # the commit (short), with "+ changes" when the checkout has uncommitted ones
-    tree: Path  # the checkout whose messaging/ it must import
-    env: dict[str, str]
-    cwd: Path
-    imported: str = ""  # messaging.__file__ as that Python imports it
-
-    def check_import(self) -> None:
-        """Ask the same interpreter, environment and directory which messaging it imports;
-        raise unless it is this checkout's."""
-        done = subprocess.run([sys.executable, "-c", "import messaging; print(messaging.__file__)"],
-                              capture_output=True, text=True, env=self.env, cwd=self.cwd,
-                              timeout=60, check=False)
-        self.imported = done.stdout.strip()
-        want = self.tree / "messaging" / "__init__.py"
-        if not self.imported or Path(self.imported).resolve() != want.resolve():
-            raise RuntimeError(f"the {self.arm} broker would import {self.imported!r}, not "
-                               f"{want} ({done.stderr.strip()[-300:]})")
-
-
-def other_checkout(arm: str, rev: str, tree: Path) -> Code:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(tree)}
-    return Code(arm, git("rev-parse", "--short", rev), tree, env, tree)
-
-
-def this_checkout() -> Code:
-    changed = git("status", "--porcelain", "--", "messaging").splitlines()
-    rev = git("rev-parse", "--short", "HEAD") + (
-        f" plus uncommitted changes to {len(changed)} files under messaging/" if changed else "")
-    return Code("after", rev, ROOT, child_env(), ROOT)
 
 
 async def single_rate(wrk: str | None, url: str, seconds: float) -> Figure:

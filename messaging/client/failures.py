@@ -13,12 +13,14 @@ import socket
 
 import aiohttp
 
+from messaging.client.exchange import NotSent, ServerClosed
 from messaging.failover import refused
 
 _CONNECT_TIMEOUT: tuple[type[BaseException], ...] = tuple(
     t for t in [getattr(aiohttp, "ConnectionTimeoutError", None)] if t is not None)
 #: Failures of a request that never left this machine (safe to send elsewhere) ...
-NOT_SENT: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError, *_CONNECT_TIMEOUT)
+NOT_SENT: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError, NotSent,
+                                             *_CONNECT_TIMEOUT)
 #: ... and of one that may have reached a broker.
 MAYBE_SENT = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
 
@@ -29,9 +31,9 @@ def definitive(err: BaseException) -> bool:
     the wrong CA), and a connection closed without an answer (an HTTPS port given an http://
     URL): while no broker ever answered, a few rounds of these end the request."""
     if isinstance(err, aiohttp.ClientSSLError | aiohttp.ClientConnectorCertificateError
-                  | aiohttp.ServerDisconnectedError):
+                  | aiohttp.ServerDisconnectedError | ServerClosed):
         return True
-    return isinstance(err, aiohttp.ClientConnectorError) and refused(err.os_error)
+    return isinstance(err, aiohttp.ClientConnectorError | NotSent) and refused(err.os_error)
 
 
 def describe(err: BaseException) -> str:
@@ -40,9 +42,9 @@ def describe(err: BaseException) -> str:
         return "the TLS certificate was not accepted"
     if isinstance(err, aiohttp.ClientSSLError):
         return "the TLS handshake failed"
-    if isinstance(err, aiohttp.ClientConnectorError):
+    if isinstance(err, aiohttp.ClientConnectorError | NotSent):
         return _describe_os_error(err.os_error)
-    if isinstance(err, aiohttp.ServerDisconnectedError):
+    if isinstance(err, aiohttp.ServerDisconnectedError | ServerClosed):
         return "the server closed the connection"
     if isinstance(err, aiohttp.ClientPayloadError):
         return "the answer was cut off"
@@ -69,7 +71,8 @@ def _describe_os_error(err: OSError) -> str:
 
 def why(url: str, err: BaseException) -> str:
     """:func:`describe`, with what a connection closed before any answer usually means."""
-    if isinstance(err, aiohttp.ServerDisconnectedError) and url.startswith("http://"):
+    if isinstance(err, aiohttp.ServerDisconnectedError | ServerClosed) \
+            and url.startswith("http://"):
         return ("the server closed the connection without an answer (an HTTPS port given an "
                 "http:// URL does this)")
     return describe(err)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import re
 import ssl
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -22,6 +23,7 @@ from typing import Any
 import aiohttp
 
 from messaging.client.answers import Response, check_content_type
+from messaging.client.exchange import Exchanges, NotHttp
 from messaging.client.failures import MAYBE_SENT, NOT_SENT, definitive, describe, unreachable
 from messaging.errors import (
     ClientConfigError,
@@ -52,6 +54,9 @@ from messaging.headers import (
 
 __all__ = ["Transport"]
 
+#: Paths a POST takes the plain exchange for (nothing in them needs quoting).
+_PLAIN_PATH = re.compile(r"/[A-Za-z0-9/._~-]*")
+
 
 class Transport:
     """Requests with failover over one HTTP session; :meth:`open` before, :meth:`close` after."""
@@ -68,6 +73,9 @@ class Transport:
         self.token = token  # sent as Authorization: Bearer on every request
         self.ca = Path(ca) if ca is not None else None  # verifies https brokers' certificates
         self._session: aiohttp.ClientSession | None = None
+        # POSTs to http:// brokers (publishes, heartbeats): plain exchanges, not aiohttp's
+        # request machinery (see messaging.client.exchange).
+        self._exchanges: Exchanges | None = None
         # The map of topic groups: asked for on the first request on a topic, again when an
         # answer shows it stale (a node that does not hold the topic served it, or a holder
         # failed); never again once a broker said it has no groups (404).
@@ -81,13 +89,17 @@ class Transport:
             context: ssl.SSLContext | bool = True
             if self.ca is not None:
                 context = await asyncio.to_thread(_ssl_context, self.ca)
+            headers = {AUTHORIZATION_HEADER: f"Bearer {self.token}"} if self.token else None
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeout),
-                connector=aiohttp.TCPConnector(limit=0, ssl=context),
-                headers={AUTHORIZATION_HEADER: f"Bearer {self.token}"} if self.token else None)
+                connector=aiohttp.TCPConnector(limit=0, ssl=context), headers=headers)
+            self._exchanges = Exchanges(self.timeout, headers)
 
     async def close(self) -> None:
         """Close the HTTP session."""
+        if self._exchanges is not None:
+            self._exchanges.close()
+            self._exchanges = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -143,11 +155,13 @@ class Transport:
             refused_everywhere = True
             for base in await self._order(write, topic):
                 try:
-                    url, resp = await self._send(method, base, path, query, data, headers,
-                                                 timeout=timeout)
-                    async with resp:
-                        response = Response(resp.status, dict(resp.headers),
-                                            await _read(url, resp), url)
+                    if method == "POST" and base.startswith("http://") \
+                            and _PLAIN_PATH.fullmatch(path):
+                        url, response = await self._exchange(method, base, path, query, data,
+                                                             headers, timeout)
+                    else:
+                        url, response = await self._send_read(method, base, path, query, data,
+                                                              headers, timeout)
                     self._note_server(url, response.headers)
                 except _Failed as failed:
                     self._groups_stale = True
@@ -250,6 +264,44 @@ class Transport:
                 self.brokers.groups = groups
                 self.brokers.add(u for urls in groups.holders.values() for u in urls)
                 return
+
+    async def _send_read(self, method: str, base: str, path: str, params: dict[str, str],
+                         data: bytes | None, headers: dict[str, str] | None,
+                         timeout: float | None) -> tuple[str, Response]:
+        """:meth:`_send`, and the whole answer read."""
+        url, resp = await self._send(method, base, path, params, data, headers, timeout=timeout)
+        async with resp:
+            return url, Response(resp.status, dict(resp.headers), await _read(url, resp), url)
+
+    async def _exchange(self, method: str, base: str, path: str, params: dict[str, str],
+                        data: bytes | None, headers: dict[str, str] | None,
+                        timeout: float | None) -> tuple[str, Response]:
+        """:meth:`_send_read` over a plain exchange (an http:// broker), following 307s; the
+        whole answer must come within ``timeout`` (default the client's)."""
+        exchanges = self._exchanges
+        if exchanges is None:
+            raise ConnStateError("the client is not open: use 'async with Client(...)'")
+        url, hops = base, 0
+        wait = self.timeout if timeout is None else timeout
+        while True:
+            try:
+                async with asyncio.timeout(wait):
+                    answer = await exchanges.request(method, url, path, params, data, headers)
+            except NotHttp as err:
+                raise NotABrokerError.at(url, "its answer is not valid HTTP") from err
+            except MAYBE_SENT as err:
+                raise _Failed(url, err) from err
+            self.brokers.answered(url)
+            if answer.status == 307:
+                location = answer.headers.get(LOCATION_HEADER, url)
+                following = self.brokers.redirected(url, location, hops)
+                if following is not None:
+                    if not following.startswith("http://"):
+                        return await self._send_read(method, following, path, params, data,
+                                                     headers, timeout)
+                    url, hops = following, hops + 1
+                    continue
+            return url, Response(answer.status, answer.headers, answer.body, url)
 
     async def _send(self, method: str, base: str, path: str, params: dict[str, str],
                     data: bytes | None = None, headers: dict[str, str] | None = None,

@@ -36,12 +36,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from bench.harness.checkouts import Code, other_checkout, this_checkout, worktree
 from bench.harness.figures import Row
 from bench.harness.flames import py_spy, record, table
 from bench.harness.procs import Proc, broker
 from bench.harness.results import add_to_json, command_line, report
 from bench.harness.sampling import cpu_seconds, load_average
-from bench.peers.ab import Code, other_checkout, this_checkout, worktree
 
 LOAD = Path(__file__).with_name("load.py")
 BEFORE = "eab2696"
