@@ -19,19 +19,17 @@ messaging"``: its ``__version__`` comes from ``importlib.metadata``).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.harness.checkouts import git, worktree
 from bench.harness.figures import Row
 from bench.harness.procs import ROOT, broker, child_env
 
@@ -41,7 +39,6 @@ BEFORE_REV = "df5b66c"
 TARGET_MS = 250.0
 #: Bound of one command.
 COMMAND_TIMEOUT = 60.0
-GIT_TIMEOUT = 120.0
 
 
 @dataclass
@@ -94,31 +91,6 @@ class Arm:
     def cpu_ms(self, label: str) -> float:
         """The median CPU time of ``label``'s runs, in ms."""
         return statistics.median(self.cpu[label]) * 1000
-
-
-def git(*args: str) -> str:
-    done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
-                          timeout=GIT_TIMEOUT, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)}: {done.stderr.strip()[:300]}")
-    return done.stdout.strip()
-
-
-@contextlib.contextmanager
-def worktree(rev: str, parent: Path) -> Iterator[Path]:
-    """A detached git worktree of ``rev`` under ``parent``, removed afterwards."""
-    path = parent / f"tree-{rev}"
-    git("worktree", "add", "--detach", str(path), rev)
-    try:
-        yield path
-    finally:
-        try:
-            git("worktree", "remove", "--force", str(path))
-        except (RuntimeError, subprocess.TimeoutExpired) as err:
-            print(f"  could not remove the worktree {path}: {err}", flush=True)
-            shutil.rmtree(path, ignore_errors=True)
-            with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
-                git("worktree", "prune")
 
 
 def with_bytecode(env: dict[str, str]) -> dict[str, str]:
