@@ -41,7 +41,6 @@ from messaging.broker.producers import (
     Producer,
     check_producer,
     expired_producers,
-    trim_producers,
 )
 from messaging.broker.topic_settings import TopicTable
 from messaging.errors import (
@@ -195,11 +194,11 @@ class Catalog:
         #: Idempotent producers of numeric topics (native publishes), by topic.
         self.native: dict[int, dict[str, Producer]] = {}
         self._native_pending: dict[int, dict[str, Producer]] = {}
-        # A lower bound of the last use of every producer of a native topic (absent:
-        # unknown); only ever too low, never too high (see _expired).
-        self._oldest: dict[int, float] = {}
+        # A lower bound of the last use of every producer of a native topic or a stream
+        # (absent: unknown); only ever too low, never too high (see _expired).
+        self._oldest: dict[int | str, float] = {}
         # (name or native topic, overlay entry before, or _MISSING)
-        self._undo: list[tuple[str | int | tuple[int, str], Any]] = []
+        self._undo: list[tuple[str | int | tuple[int | str, str], Any]] = []
         self.dirty = False
         self.removed: list[int] = []  # topics whose files the committed group frees
         self.changed: set[int] = set()  # topics whose stream metadata changed
@@ -250,7 +249,7 @@ class Catalog:
         costs a publish one entry, not thousands."""
         whole: dict[str, Any] = {}
         delta: dict[str, Any] = {}
-        touched: dict[int, set[str]] = {}
+        touched: dict[int | str, set[str]] = {}
         for key, _before in self._undo:
             if isinstance(key, tuple):
                 touched.setdefault(key[0], set()).add(key[1])
@@ -260,13 +259,28 @@ class Catalog:
             else:
                 delta[str(topic)] = {pid: _state_list(producers.get(pid))
                                      for pid in sorted(touched.get(topic, ()))}
+        streams: dict[str, Any] = {}
+        stream_delta: dict[str, Any] = {}
+        for name, stream in self._pending.items():
+            committed = self.streams.get(name)
+            if stream is None or committed is None or committed.topic != stream.topic:
+                streams[name] = stream.saved() if stream is not None else None
+                continue
+            # The same stream changed: its fields, and only the producers the group changed.
+            streams[name] = replace(stream, producers={}).saved()
+            del streams[name]["producers"]
+            changed = touched.get(name)
+            if changed:
+                stream_delta[name] = {pid: _state_list(stream.producers.get(pid))
+                                      for pid in sorted(changed)}
         changes = {"next_topic": self.next_topic,
-                   "streams": {name: s.saved() if s is not None else None
-                               for name, s in self._pending.items()},
+                   "streams": streams,
                    "native": whole,
                    "topics": self.topic_settings.changes()}
         if delta:
             changes["producers"] = delta
+        if stream_delta:
+            changes["stream_producers"] = stream_delta
         return changes
 
     def replay(self, changes: dict[str, Any]) -> None:
@@ -281,8 +295,17 @@ class Catalog:
                     self.topic_settings.forget({old.topic})
             if saved is not None:
                 stream = Stream.restore(saved)
+                if "producers" not in saved and old is not None and old.topic == stream.topic:
+                    stream.producers = old.producers  # unchanged but for stream_producers
                 self.streams[name] = stream
                 self.by_topic[stream.topic] = name
+        for name, delta in changes.get("stream_producers", {}).items():
+            table = self.streams[name].producers  # in place: nothing reads during replay
+            for pid, state in delta.items():
+                if state is None:
+                    table.pop(pid, None)
+                else:
+                    table[pid] = Producer(*state)
         for topic, producers in changes.get("native", {}).items():
             if producers:
                 self.native[int(topic)] = {pid: Producer(**state)
@@ -316,7 +339,13 @@ class Catalog:
             key, before = self._undo.pop()
             if isinstance(key, tuple):  # one producer of a table the group copied
                 self._oldest.pop(key[0], None)  # an undone removal may bring an older one
-                table = self._native_pending[key[0]]
+                owner = key[0]
+                if isinstance(owner, str):  # a stream's: the group's copy of the stream
+                    pending_stream = self._pending[owner]
+                    assert pending_stream is not None
+                    table = pending_stream.producers
+                else:
+                    table = self._native_pending[owner]
                 if before is _MISSING:
                     table.pop(key[1], None)
                 else:
@@ -401,17 +430,18 @@ class Catalog:
             self._set_native(topic, table)
         return table
 
-    def _expired(self, topic: int, table: dict[str, Producer], now: float) -> list[str]:
-        """:func:`expired_producers` of a native topic's table, without looking at every
+    def _expired(self, owner: int | str, table: dict[str, Producer], now: float) -> list[str]:
+        """:func:`expired_producers` of a native topic's or a stream's table (``owner``: the
+        topic or the stream's name), without looking at every
         producer on every publish: a lower bound of their last use (``_oldest``) shows when
         none can have expired. Exactly the same answer as a scan, so every node agrees."""
-        oldest = self._oldest.get(topic)
+        oldest = self._oldest.get(owner)
         if oldest is not None and now - oldest <= PRODUCER_TTL and len(table) <= MAX_PRODUCERS:
-            self._oldest[topic] = min(oldest, now)
+            self._oldest[owner] = min(oldest, now)
             return []
         gone = expired_producers(table, now)
         dropped = set(gone)
-        self._oldest[topic] = min((s.used for p, s in table.items() if p not in dropped),
+        self._oldest[owner] = min((s.used for p, s in table.items() if p not in dropped),
                                   default=now)
         return gone
 
@@ -429,10 +459,30 @@ class Catalog:
         self._pending[name] = stream
 
     def _replace(self, stream: Stream) -> Stream:
-        """A copy of ``stream`` to change within the group."""
-        copy = replace(stream, producers=dict(stream.producers))
+        """A copy of ``stream`` to change within the group. Its producers are shared with
+        ``stream`` until the group changes one (:meth:`_stream_producers`): an append to a
+        stream that has seen thousands of producers copies none of them."""
+        copy = replace(stream)
         self._set(stream.name, copy)
         return copy
+
+    def _stream_producers(self, stream: Stream) -> dict[str, Producer]:
+        """The producers of ``stream`` (a copy this group made with :meth:`_replace`) to
+        change: the committed stream's table is copied once per group, never changed in
+        place (other threads read it)."""
+        committed = self.streams.get(stream.name)
+        if committed is not None and stream.producers is committed.producers:
+            stream.producers = dict(committed.producers)
+        return stream.producers
+
+    def _put_stream_producer(self, stream: Stream, pid: str, state: Producer | None) -> None:
+        """Set (or, with None, drop) one producer of a stream the group changes, undoably."""
+        table = stream.producers
+        self._undo.append(((stream.name, pid), table.get(pid, _MISSING)))
+        if state is None:
+            del table[pid]
+        else:
+            table[pid] = state
 
     def _add(self, stream: Stream) -> None:
         self._set(stream.name, stream)
@@ -675,8 +725,10 @@ class Catalog:
             stream = self._replace(stream)
             op["fresh"] = True
             if new_state is not None and producer is not None:
-                stream.producers[str(producer[0])] = new_state
-                trim_producers(stream.producers, now)
+                table = self._stream_producers(stream)
+                self._put_stream_producer(stream, str(producer[0]), new_state)
+                for pid in self._expired(stream.name, table, now):
+                    self._put_stream_producer(stream, pid, None)
             if seq_text is not None:
                 stream.seq = seq_text
         op["outcome"] = outcome

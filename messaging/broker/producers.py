@@ -63,14 +63,8 @@ def check_producer(producers: dict[str, Producer], producer: list[Any], now: flo
                                    state.seq + 1, seq)
 
 
-def trim_producers(producers: dict[str, Producer], now: float) -> None:
-    """Forget producers unused for PRODUCER_TTL, and the oldest beyond MAX_PRODUCERS."""
-    for pid in expired_producers(producers, now):
-        del producers[pid]
-
-
 def expired_producers(producers: dict[str, Producer], now: float) -> list[str]:
-    """The producers :func:`trim_producers` forgets: unused for PRODUCER_TTL, then the
+    """The producers a table forgets after a change: unused for PRODUCER_TTL, then the
     oldest beyond MAX_PRODUCERS (among equally old ones, by id: the same on every node
     whatever order its table was rebuilt in, from the journal or a snapshot)."""
     gone = [p for p, s in producers.items() if now - s.used > PRODUCER_TTL]

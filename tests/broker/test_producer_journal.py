@@ -9,7 +9,15 @@ import json
 from pathlib import Path
 
 from messaging.broker.broker import Broker
-from messaging.broker.commands import ApplyResult, configure_command, delete_command, produce
+from messaging.broker.commands import (
+    ApplyResult,
+    append_stream,
+    configure_command,
+    create_stream,
+    delete_command,
+    delete_stream,
+    produce,
+)
 from messaging.broker.producers import MAX_PRODUCERS, PRODUCER_TTL, Producer, expired_producers
 from messaging.broker.topic_settings import MAX_MESSAGE_SIZE
 from messaging.errors import MessageTooLargeError, ProducerSequenceGapError
@@ -169,5 +177,84 @@ def test_producers_expire_after_the_ttl_as_a_full_scan_finds(tmp_path: Path) -> 
         # A day later d expires too, found after the replay as well.
         reopened.write_group([_produce("f", 2, now=late + 1.5 * day)], durable=True)
         assert sorted(_tables(reopened)) == ["e", "f"]
+    finally:
+        reopened.close()
+
+
+# -- streams' producers ---------------------------------------------------------------------
+
+def _stream_producers(broker: Broker, name: str) -> dict[str, tuple[int, int, int, int]]:
+    stream = broker.catalog.get(name)
+    assert stream is not None
+    return {pid: (s.epoch, s.seq, s.first, s.last) for pid, s in stream.producers.items()}
+
+
+def _append(name: str, data: bytes, producer: tuple[str, int, int] | None = None,
+            now: float = NOW) -> bytes:
+    return append_stream(name, now=now, messages=[data], producer=producer)
+
+
+def test_a_stream_append_journals_only_what_it_changed(tmp_path: Path) -> None:
+    """A stream that has seen 300 producers: an append with a producer journals that one
+    producer, one without journals none; a group with a failed append journals what
+    stayed; the replay holds exactly the live table."""
+    data = tmp_path / "data"
+    broker = Broker.open(data)
+    try:
+        assert isinstance(broker.write_group([create_stream("s", content_type=None, now=NOW)],
+                                             durable=True)[0], ApplyResult)
+        for group in range(6):
+            results = broker.write_group([_append("s", b"m", (f"p{group}.{k}", 0, 0))
+                                          for k in range(50)], durable=True)
+            assert all(isinstance(r, ApplyResult) for r in results)
+        before = (data / "catalog.log").stat().st_size
+        broker.write_group([_append("s", b"plain")], durable=True)
+        plain = _last_line(data)
+        results = broker.write_group([
+            _append("s", b"again", ("p2.3", 0, 1)),
+            _append("s", b"gap", ("p2.4", 0, 7)),  # refused
+            _append("s", b"new", ("q", 0, 0)),
+        ], durable=True)
+        assert [type(r) for r in results] == [ApplyResult, ProducerSequenceGapError,
+                                            ApplyResult]
+        mixed = _last_line(data)
+        grown = (data / "catalog.log").stat().st_size - before
+        live = _stream_producers(broker, "s")
+    finally:
+        broker.close()
+    assert grown < 1500, f"two groups journaled {grown} bytes"
+    changes = plain["changes"]
+    assert isinstance(changes, dict)
+    assert "stream_producers" not in changes and "producers" not in changes["streams"]["s"]
+    changes = mixed["changes"]
+    assert isinstance(changes, dict)
+    assert sorted(changes["stream_producers"]["s"]) == ["p2.3", "q"]
+    assert len(live) == 301 and live["p2.3"][:2] == (0, 1) and live["q"][:2] == (0, 0)
+    reopened = Broker.open(data)
+    try:
+        assert _stream_producers(reopened, "s") == live
+        duplicate = reopened.write_group([_append("s", b"new", ("q", 0, 0))], durable=True)[0]
+        assert isinstance(duplicate, ApplyResult)
+        assert duplicate.stream is not None and duplicate.stream.duplicate
+    finally:
+        reopened.close()
+
+
+def test_a_stream_created_again_journals_its_new_producers_whole(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    broker = Broker.open(data)
+    try:
+        broker.write_group([create_stream("s", content_type=None, now=NOW)], durable=True)
+        broker.write_group([_append("s", b"a", ("old", 0, 0))], durable=True)
+        broker.write_group([delete_stream("s")], durable=True)
+        broker.write_group([create_stream("s", content_type=None, now=NOW),
+                            _append("s", b"b", ("new", 0, 0))], durable=True)
+        live = _stream_producers(broker, "s")
+    finally:
+        broker.close()
+    assert list(live) == ["new"]
+    reopened = Broker.open(data)
+    try:
+        assert _stream_producers(reopened, "s") == live
     finally:
         reopened.close()
