@@ -59,6 +59,22 @@ SINGLE_TOPIC, BATCH_TOPIC, LATENCY_TOPIC = 1, 2, 3
 #: Targets: batch throughput after ≥ this share of before; single-publish p50 after ≤
 #: before + this many ms.
 BATCH_SHARE, P50_SLACK_MS = 0.95, 0.050
+#: A single-publish p50 after this many times before's fails the A/B run (exit status 1):
+#: the latency that the same run's peers are measured against has doubled.
+P50_REGRESSION = 2.0
+
+
+def p50_regression(results: dict[str, dict[str, ArmResult]]) -> str | None:
+    """Why the run must fail: after's single-publish p50 at least P50_REGRESSION times
+    before's (None: it is not)."""
+    arms = results.get("latency")
+    if arms is None:
+        return None
+    after, before = arms["after"].median(), arms["before"].median()
+    if after is None or not before or after < P50_REGRESSION * before:
+        return None
+    return (f"REGRESSION: single publish p50 {after:.3f} ms is {after / before:.1f}x the "
+            f"before side's {before:.3f} ms (the limit is {P50_REGRESSION:.0f}x)")
 ARMS = ("before", "after")
 
 

@@ -43,6 +43,7 @@ from bench.peers.ab import (
     ABSettings,
     ab_notes,
     ab_rows,
+    p50_regression,
     run_ab,
     summaries,
     temporary_parent,
@@ -195,6 +196,11 @@ def main_ab(args: argparse.Namespace) -> None:
                              "workloads": summaries(run_result["results"]),
                              "notes": run_result["notes"], "runtime_seconds": runtime})
     print(f"runtime {runtime:.0f} s; results in {where}")
+    regression = p50_regression(run_result["results"])
+    if regression is not None:
+        print(f"\n{'!' * 78}\n{regression}\n{'!' * 78}", file=sys.stderr)
+        if not args.quick:  # a quick run is too short to judge by
+            sys.exit(1)
 
 
 def main() -> None:

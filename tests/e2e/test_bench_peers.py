@@ -76,3 +76,19 @@ async def test_concurrent_loops_count_every_item() -> None:
 
     figure = await loops(4, 0.2, body)
     assert round(figure.value * figure.seconds) == calls * 10
+
+
+def test_a_doubled_p50_is_a_regression() -> None:
+    """--ab fails (outside --quick) when the single-publish p50 after is twice before's."""
+    from bench.harness.figures import Figure
+    from bench.peers.ab import ArmResult, p50_regression
+
+    def arms(after: float, before: float) -> dict[str, dict[str, ArmResult]]:
+        return {"latency": {"after": ArmResult([Figure(after, 1.0, {})]),
+                            "before": ArmResult([Figure(before, 1.0, {})])}}
+
+    assert p50_regression(arms(1.9, 1.0)) is None
+    assert p50_regression(arms(0.5, 1.0)) is None
+    message = p50_regression(arms(2.4, 1.2))
+    assert message is not None and message.startswith("REGRESSION: single publish p50 2.400 ms")
+    assert p50_regression({}) is None
