@@ -28,6 +28,8 @@ from urllib.parse import quote, urlsplit
 IDLE_REUSE = 4.0
 #: Idle connections kept per broker.
 KEEP_IDLE = 16
+#: Bodies up to this size are joined to the head (one write); larger ones follow it.
+JOIN_BODY = 64 << 10
 #: The largest answer head and body this reads (a listing of many topics fits).
 MAX_HEAD = 64 << 10
 MAX_BODY = 64 << 20
@@ -104,10 +106,10 @@ class _Connection(asyncio.Protocol):
         finally:
             self._waiter = None
 
-    async def exchange(self, request: bytes, head_only: bool) -> Answer:
-        """Write ``request``; read its whole answer."""
+    async def exchange(self, request: list[bytes], head_only: bool) -> Answer:
+        """Write ``request`` (its parts in order); read its whole answer."""
         assert self.transport is not None
-        self.transport.write(request)
+        self.transport.writelines(request)
         buffer = self._buffer
         while (end := buffer.find(b"\r\n\r\n")) < 0:
             if len(buffer) > MAX_HEAD:
@@ -226,12 +228,13 @@ class Exchanges:
         if body or method in ("POST", "PUT", "PATCH"):
             head.append(b"Content-Length: %d\r\n" % len(body))
         head.append(b"\r\n")
-        request = b"".join(head) + body
+        # A small request goes out in one write (one packet); a large body is not copied.
+        writes = [b"".join(head) + body] if len(body) <= JOIN_BODY else [b"".join(head), body]
         connection = self._take(base)
         if connection is None:
             connection = await self._connect(host, port)
         try:
-            answer = await connection.exchange(request, head_only=method == "HEAD")
+            answer = await connection.exchange(writes, head_only=method == "HEAD")
         except BaseException:
             connection.close()
             raise

@@ -185,3 +185,20 @@ async def test_an_answer_that_is_not_http(answer: bytes) -> None:
         with pytest.raises(NotHttp):
             await asyncio.wait_for(exchanges.request("POST", url, "/p", {}, b"x"), 5)
         exchanges.close()
+
+
+async def test_a_large_body_arrives_whole() -> None:
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _head, body = await read_request(reader)
+        seen.append(body)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+
+    body = bytes(range(256)) * 4096  # 1 MiB: written after the head, not joined to it
+    async with serving(handler) as (url, _heads):
+        exchanges = Exchanges(5.0)
+        assert (await exchanges.request("POST", url, "/p", {}, body)).body == b"ok"
+        exchanges.close()
+    assert seen == [body]
