@@ -85,3 +85,12 @@ class Runs:
         values = [f.value if key == "value" else f.extra.get(key) for f in self.figures]
         numbers = [float(v) for v in values if isinstance(v, int | float)]
         return statistics.median(numbers) if numbers else None
+
+
+def doubled_p50(after: float | None, before: float | None, limit: float = 2.0) -> str | None:
+    """Why an A/B run must fail: the p50 (ms) after is at least ``limit`` times before's
+    (None: it is not, or a side has no figure)."""
+    if after is None or not before or after < limit * before:
+        return None
+    return (f"REGRESSION: single publish p50 {after:.3f} ms is {after / before:.1f}x the "
+            f"before side's {before:.3f} ms (the limit is {limit:g}x)")

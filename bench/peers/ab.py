@@ -38,7 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from bench.harness.checkouts import other_checkout, this_checkout, worktree
-from bench.harness.figures import Figure, Row, fmt, percentile
+from bench.harness.figures import Figure, Row, doubled_p50, fmt, percentile
 from bench.harness.http_load import aiohttp_rate, wrk_rate
 from bench.harness.lean_clients import (
     PUBLISHERS,
@@ -65,16 +65,12 @@ P50_REGRESSION = 2.0
 
 
 def p50_regression(results: dict[str, dict[str, ArmResult]]) -> str | None:
-    """Why the run must fail: after's single-publish p50 at least P50_REGRESSION times
-    before's (None: it is not)."""
+    """Why the run must fail (:func:`~bench.harness.figures.doubled_p50` of the latency
+    workload's medians), or None."""
     arms = results.get("latency")
     if arms is None:
         return None
-    after, before = arms["after"].median(), arms["before"].median()
-    if after is None or not before or after < P50_REGRESSION * before:
-        return None
-    return (f"REGRESSION: single publish p50 {after:.3f} ms is {after / before:.1f}x the "
-            f"before side's {before:.3f} ms (the limit is {P50_REGRESSION:.0f}x)")
+    return doubled_p50(arms["after"].median(), arms["before"].median(), P50_REGRESSION)
 ARMS = ("before", "after")
 
 
