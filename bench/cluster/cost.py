@@ -37,12 +37,10 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.cluster.load import Node, latencies, throughput, with_cpu
-from bench.harness.cluster_nodes import nodes_ready
-from bench.harness.etcd_members import etcd_cluster, etcd_healthy
+from bench.cluster.load import Node, latencies, start_nodes, throughput, with_cpu
+from bench.harness.etcd_members import etcd_cluster
 from bench.harness.figures import Row, percentile
 from bench.harness.flames import py_spy, record, table
-from bench.harness.loops import bounded_wait
 from bench.harness.procs import broker
 from bench.harness.results import add_to_json, command_line, report
 from bench.harness.sampling import thread_cpu
@@ -157,13 +155,7 @@ async def run(tmp: Path, rounds: int, seconds: float, count: int) -> list[Round]
         for member in members:
             member.start()
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-            await bounded_wait(lambda: etcd_healthy(session, members), 60, "etcd healthy", 0.2)
-            for i in range(3):
-                order = members[i:] + members[:i]
-                nodes.append(Node(tmp, i, ",".join(m.client_url for m in order), "cost"))
-            await asyncio.gather(*(asyncio.to_thread(n.start) for n in nodes))
-            urls = [n.url for n in nodes]
-            await bounded_wait(lambda: nodes_ready(session, urls), 60, "nodes ready", 0.2)
+            urls = await start_nodes(session, tmp, members, nodes, "cost")
             groups = {"brokers": lambda: [n.proc.pid if n.proc else None for n in nodes],
                       "etcd": lambda: [m.pid for m in members]}
             await latencies(session, urls, 2, 200, 200)  # warm-up

@@ -92,6 +92,21 @@ class Node:
                               port=self.port, log=self.log)
 
 
+async def start_nodes(session: Session, tmp: Path, members: list[Etcd], nodes: list[Node],
+                      cluster: str) -> list[str]:
+    """Three broker nodes on the (started) etcd ``members``, each talking to another member
+    first, appended to ``nodes`` as they are made (the caller stops them); their URLs once
+    etcd is healthy and every node is ready."""
+    await bounded_wait(lambda: etcd_healthy(session, members), 60, "etcd healthy", 0.2)
+    for i in range(3):
+        order = members[i:] + members[:i]
+        nodes.append(Node(tmp, i, ",".join(m.client_url for m in order), cluster))
+    await asyncio.gather(*(asyncio.to_thread(n.start) for n in nodes))
+    urls = [n.url for n in nodes]
+    await bounded_wait(lambda: nodes_ready(session, urls), 60, "nodes ready", 0.2)
+    return urls
+
+
 # -- measurements ------------------------------------------------------------------------------
 
 def random_message(k: int) -> bytes:

@@ -36,6 +36,7 @@ from bench.cluster.load import (
     failover_round,
     json_event,
     latencies,
+    start_nodes,
     throughput,
     with_cpu,
 )
@@ -49,7 +50,6 @@ from bench.cluster.report import (
     publish_budget,
     rows_and_notes,
 )
-from bench.harness.cluster_nodes import nodes_ready
 from bench.harness.etcd_members import etcd_cluster, etcd_healthy
 from bench.harness.figures import percentile
 from bench.harness.loops import bounded_wait
@@ -92,12 +92,7 @@ async def run_cluster(tmp: Path, res: Results, s: Settings) -> None:
             await bounded_wait(lambda: etcd_healthy(session, members), 60, "etcd healthy", 0.2)
             sampler = Sampler(session, members)
             sampler.start()
-            for i in range(3):
-                order = members[i:] + members[:i]  # each node talks to another member first
-                nodes.append(Node(tmp, i, ",".join(m.client_url for m in order), "bench"))
-            await asyncio.gather(*(asyncio.to_thread(n.start) for n in nodes))
-            urls = [n.url for n in nodes]
-            await bounded_wait(lambda: nodes_ready(session, urls), 60, "nodes ready", 0.2)
+            urls = await start_nodes(session, tmp, members, nodes, "bench")
             groups: dict[str, Callable[[], list[int | None]]] = {
                 "brokers": lambda: [n.proc.pid if n.proc else None for n in nodes],
                 "etcd": lambda: [m.pid for m in members]}

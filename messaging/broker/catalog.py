@@ -19,14 +19,17 @@ Rules this module documents:
 - Producer state (``Producer-Id`` → epoch, last seq) is kept per stream; an entry unused for
   :data:`PRODUCER_TTL` (7 days, by the proposing node's clock carried in the command) is
   dropped at the stream's next append, and a stream keeps at most :data:`MAX_PRODUCERS`
-  (the least recently used goes first).
+  (the least recently used goes first; among equally old ones, by id).
 - A fork is a reference ``(source, position)``, never a copy; a stream with forks that is
   deleted is soft-deleted (410 to its own readers and writers) until its last fork is gone.
 
 This module is over 600 lines because it holds every rule of the Durable Streams state
 machine (create, append, close, fork, delete, expiry, idempotent producers) beside the
-staging overlay those rules change: splitting them apart would put a rule's check and its
-change in two places.
+staging overlay those rules change, down to single producers (copied once per group,
+changed and undone one at a time, journaled as changes): splitting them apart would put a
+rule's check and its change, or a change and its undo, in two places. What needs no
+overlay (validation, expiry, the journal's encoding of a producer) is in
+:mod:`messaging.broker.producers`.
 """
 
 from __future__ import annotations
@@ -39,8 +42,10 @@ from messaging.broker.producers import (
     MAX_PRODUCERS,
     PRODUCER_TTL,
     Producer,
+    apply_changes,
     check_producer,
     expired_producers,
+    state_list,
 )
 from messaging.broker.topic_settings import TopicTable
 from messaging.errors import (
@@ -257,7 +262,7 @@ class Catalog:
             if isinstance(producers, _Replaced):
                 whole[str(topic)] = {pid: asdict(state) for pid, state in producers.items()}
             else:
-                delta[str(topic)] = {pid: _state_list(producers.get(pid))
+                delta[str(topic)] = {pid: state_list(producers.get(pid))
                                      for pid in sorted(touched.get(topic, ()))}
         streams: dict[str, Any] = {}
         stream_delta: dict[str, Any] = {}
@@ -271,7 +276,7 @@ class Catalog:
             del streams[name]["producers"]
             changed = touched.get(name)
             if changed:
-                stream_delta[name] = {pid: _state_list(stream.producers.get(pid))
+                stream_delta[name] = {pid: state_list(stream.producers.get(pid))
                                       for pid in sorted(changed)}
         changes = {"next_topic": self.next_topic,
                    "streams": streams,
@@ -300,12 +305,7 @@ class Catalog:
                 self.streams[name] = stream
                 self.by_topic[stream.topic] = name
         for name, delta in changes.get("stream_producers", {}).items():
-            table = self.streams[name].producers  # in place: nothing reads during replay
-            for pid, state in delta.items():
-                if state is None:
-                    table.pop(pid, None)
-                else:
-                    table[pid] = Producer(*state)
+            apply_changes(self.streams[name].producers, delta)  # in place, as above
         for topic, producers in changes.get("native", {}).items():
             if producers:
                 self.native[int(topic)] = {pid: Producer(**state)
@@ -316,11 +316,7 @@ class Catalog:
         for topic, delta in changes.get("producers", {}).items():
             # In place: nothing reads the catalog while the journal is replayed.
             table = self.native.setdefault(int(topic), {})
-            for pid, state in delta.items():
-                if state is None:
-                    table.pop(pid, None)
-                else:
-                    table[pid] = Producer(*state)
+            apply_changes(table, delta)
             if not table:
                 del self.native[int(topic)]
         self.topic_settings.replay(changes.get("topics", {}))
@@ -810,9 +806,3 @@ class _Replaced(dict[str, Producer]):
     """A native topic's producer table that a group replaced whole (a deletion forgot it):
     journaled whole, not as the changes to the committed table."""
 
-
-def _state_list(state: Producer | None) -> list[Any] | None:
-    """A producer's state as the journal's ``producers`` entries hold it."""
-    if state is None:
-        return None
-    return [state.epoch, state.seq, state.used, state.first, state.last]

@@ -74,3 +74,20 @@ def expired_producers(producers: dict[str, Producer], now: float) -> list[str]:
                         key=lambda p: (producers[p].used, p))
         gone += oldest[:len(producers) - len(gone) - MAX_PRODUCERS]
     return gone
+
+
+def state_list(state: Producer | None) -> list[Any] | None:
+    """A producer's state as the state journal's change entries hold it (None: dropped)."""
+    if state is None:
+        return None
+    return [state.epoch, state.seq, state.used, state.first, state.last]
+
+
+def apply_changes(table: dict[str, Producer], changes: dict[str, list[Any] | None]) -> None:
+    """Apply a journal line's producer changes (pid -> :func:`state_list` or None) to
+    ``table`` in place."""
+    for pid, state in changes.items():
+        if state is None:
+            table.pop(pid, None)
+        else:
+            table[pid] = Producer(*state)
