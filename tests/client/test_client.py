@@ -25,6 +25,7 @@ from messaging.errors import (
 )
 from messaging.http.server import BrokerServer
 from tests.proxy import FaultProxy, dead_url
+from tests.raw_server import raw_server
 
 
 @contextlib.asynccontextmanager
@@ -51,17 +52,13 @@ async def _no_groups(request: web.Request) -> web.Response:
 @contextlib.asynccontextmanager
 async def tcp_server(greeting: bytes) -> AsyncIterator[str]:
     """A TCP server that writes ``greeting`` (maybe nothing) and hangs up; its URL."""
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def handle(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(greeting)
         with contextlib.suppress(ConnectionError):
             await writer.drain()
-        writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    finally:
-        server.close()
+    async with raw_server(handle) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 HTML_404 = "<html><head><title>404 Not Found</title></head><body>nginx</body></html>"

@@ -5,35 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
 from messaging.client import exchange
 from messaging.client.exchange import Exchanges, NotHttp, NotSent, ServerClosed
 from messaging.client.failures import NOT_SENT, definitive, describe
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+from tests.raw_server import Handler, raw_server
 
 
 @contextlib.asynccontextmanager
-async def serving(handler: Handler) -> AsyncIterator[tuple[str, list[bytes]]]:
-    """A raw server on 127.0.0.1; yields its base URL and the request heads it read."""
-    heads: list[bytes] = []
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await handler(reader, writer)
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}", heads
-    finally:
-        server.close()
-        await server.wait_closed()
+async def serving(handler: Handler) -> AsyncIterator[str]:
+    """A raw server on 127.0.0.1; yields its base URL."""
+    async with raw_server(handler) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
@@ -69,7 +55,7 @@ async def test_a_request_is_written_whole_and_answers_are_read_by_length() -> No
             writer.write(b"HTTP/1.1 200 OK\r\nX-Broker-Index: 7\r\nContent-Length: 5\r\n\r\nhello")
             await writer.drain()
 
-    async with serving(handler) as (url, _heads):
+    async with serving(handler) as url:
         exchanges = Exchanges(5.0, {"Authorization": "Bearer t"})
         for _ in range(3):  # one connection, kept alive
             answer = await exchanges.request("POST", url, "/messaging/messages",
@@ -91,7 +77,7 @@ async def test_a_request_is_written_whole_and_answers_are_read_by_length() -> No
     b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello",
 ])
 async def test_chunked_and_lowercase_answers(answer: bytes) -> None:
-    async with serving(answering(answer, answer)) as (url, _heads):
+    async with serving(answering(answer, answer)) as url:
         exchanges = Exchanges(5.0)
         for _ in range(2):
             assert (await exchanges.request("POST", url, "/p", {}, b"x")).body == b"hello"
@@ -99,7 +85,7 @@ async def test_chunked_and_lowercase_answers(answer: bytes) -> None:
 
 
 async def test_an_answer_that_ends_with_the_connection() -> None:
-    async with serving(answering(b"HTTP/1.0 200 OK\r\n\r\nall of it", close=True)) as (url, _):
+    async with serving(answering(b"HTTP/1.0 200 OK\r\n\r\nall of it", close=True)) as url:
         exchanges = Exchanges(5.0)
         answer = await exchanges.request("POST", url, "/p", {}, b"x")
         assert answer.body == b"all of it"
@@ -116,7 +102,7 @@ async def test_connection_close_is_not_reused() -> None:
         writer.write(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
         await writer.drain()
 
-    async with serving(handler) as (url, _heads):
+    async with serving(handler) as url:
         exchanges = Exchanges(5.0)
         for _ in range(3):
             assert (await exchanges.request("POST", url, "/p", {}, b"x")).status == 204
@@ -134,7 +120,7 @@ async def test_an_idle_connection_past_its_reuse_time_is_replaced(
         await answering(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n" * 1)(reader, writer)
 
     monkeypatch.setattr(exchange, "IDLE_REUSE", 0.0)
-    async with serving(handler) as (url, _heads):
+    async with serving(handler) as url:
         exchanges = Exchanges(5.0)
         for _ in range(2):
             await exchanges.request("POST", url, "/p", {}, b"x")
@@ -161,7 +147,7 @@ async def test_a_refused_connection_was_never_sent() -> None:
     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel",  # cut off in a chunk
 ])
 async def test_a_connection_closed_before_a_whole_answer(answer: bytes) -> None:
-    async with serving(answering(answer, close=True)) as (url, _heads):
+    async with serving(answering(answer, close=True)) as url:
         exchanges = Exchanges(5.0)
         with pytest.raises(ConnectionError) as info:
             await exchanges.request("POST", url, "/p", {}, b"x")
@@ -180,7 +166,7 @@ async def test_a_connection_closed_before_a_whole_answer(answer: bytes) -> None:
     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
 ])
 async def test_an_answer_that_is_not_http(answer: bytes) -> None:
-    async with serving(answering(answer)) as (url, _heads):
+    async with serving(answering(answer)) as url:
         exchanges = Exchanges(5.0)
         with pytest.raises(NotHttp):
             await asyncio.wait_for(exchanges.request("POST", url, "/p", {}, b"x"), 5)
@@ -197,7 +183,7 @@ async def test_a_large_body_arrives_whole() -> None:
         await writer.drain()
 
     body = bytes(range(256)) * 4096  # 1 MiB: written after the head, not joined to it
-    async with serving(handler) as (url, _heads):
+    async with serving(handler) as url:
         exchanges = Exchanges(5.0)
         assert (await exchanges.request("POST", url, "/p", {}, body)).body == b"ok"
         exchanges.close()

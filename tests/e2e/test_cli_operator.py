@@ -20,6 +20,7 @@ from messaging.client.client import Client
 from messaging.http.server import BrokerServer
 from tests.conftest import free_port
 from tests.proxy import dead_url
+from tests.raw_server import raw_server
 from tests.tls import make_certificates
 
 
@@ -202,21 +203,12 @@ async def test_publish_of_standard_input_stops_at_a_failed_batch(
 @pytest.fixture
 async def silent_port() -> AsyncIterator[str]:
     """A TCP server that takes connections and requests and never answers (a hung node)."""
-    held: list[asyncio.StreamWriter] = []
-
-    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held.append(writer)
+    async def hold(reader: asyncio.StreamReader, _writer: asyncio.StreamWriter) -> None:
         await reader.read(65536)
         await asyncio.sleep(3600)
 
-    server = await asyncio.start_server(hold, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
+    async with raw_server(hold) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        for writer in held:
-            writer.close()
-        server.close()
 
 
 async def test_a_hung_node_first_in_the_list_is_passed_over(
@@ -238,15 +230,9 @@ async def mute_port() -> AsyncIterator[str]:
         writer.write(b"SSH-2.0-OpenSSH_9.2\r\n")
         await writer.drain()
         await asyncio.sleep(1)
-        writer.close()
 
-    server = await asyncio.start_server(greet, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
+    async with raw_server(greet) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 async def test_local_causes_fail_in_one_line_within_three_seconds(

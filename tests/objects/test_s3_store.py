@@ -29,6 +29,7 @@ from tests.objects.conftest import (
     SECRET_KEY,
     SeaweedFS,
 )
+from tests.raw_server import raw_server
 
 pytestmark = pytest.mark.e2e
 
@@ -86,21 +87,11 @@ async def test_a_server_stopped_mid_way_is_unreachable(
 @contextlib.asynccontextmanager
 async def silent_server() -> AsyncIterator[int]:
     """A port on 127.0.0.1 that accepts connections and never answers."""
-    held: set[asyncio.StreamWriter] = set()
-    done = asyncio.Event()
+    async def hold(_reader: asyncio.StreamReader, _writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(3600)
 
-    async def hold(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held.add(writer)
-        await done.wait()
-        writer.close()
-
-    server = await asyncio.start_server(hold, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1]
-    finally:
-        done.set()
-        server.close()
-        await server.wait_closed()
+    async with raw_server(hold) as port:
+        yield port
 
 
 async def test_a_server_too_slow_to_answer_times_out() -> None:
