@@ -9,6 +9,7 @@ connection: never sent, so it must never appear) and unknown (504 or a broken re
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import json
 import os
@@ -845,9 +846,10 @@ async def test_a_failed_fsync_stops_the_node_and_a_restart_recovers(
 
 async def test_compressed_and_plain_entries_replay_identically(
         etcd: EtcdCluster, broker_process, tmp_path: Path) -> None:
-    """A log mixing entries from before compression (plain, written here as an older node
-    wrote them) and compressed ones: every node applies both alike, a node restarted from its
-    checkpoint and a new node replaying the whole log end byte for byte the same."""
+    """A log mixing entries from before compression and checksums (plain, written here as
+    an older node wrote them) and compressed ones: every node applies both alike, a node
+    restarted from its checkpoint and a new node replaying the whole log end byte for byte
+    the same."""
     nodes = Nodes(broker_process, tmp_path, etcd)
     await nodes.start(0, 1)
     key = f"/messaging/{nodes.name}/log".encode()
@@ -867,7 +869,7 @@ async def test_compressed_and_plain_entries_replay_identically(
             else:
                 value = encode_entry(os.urandom(8), 1, [encode_batch(TOPIC, batch)],
                                      compress=False)
-                assert value[:4] == b"MSG2"
+                value = b"MSG2" + value[4:32] + value[36:]  # as the previous version put it
                 async with grpc.aio.insecure_channel(
                         etcd.members[0].client_url.removeprefix("http://")) as channel:
                     await rpc.KVStub(channel).Put(rpc.PutRequest(key=key, value=value),
@@ -879,6 +881,59 @@ async def test_compressed_and_plain_entries_replay_identically(
         nodes.kill(1)
         await nodes.start(1, 2)  # node 1 from its checkpoint, node 2 from the log's start
         await settled(session, nodes, load)
+
+
+async def test_a_damaged_entry_stops_every_node_and_is_never_skipped(
+        etcd: EtcdCluster, broker_process, tmp_path: Path) -> None:
+    """A log value whose checksum does not match (one bit flipped in its body), followed by
+    a good entry: both nodes stop applying at the damaged revision and say so (diagnostics,
+    ``/readyz``, the 503 of a publish), neither applies the entry after it, and a restarted
+    node replays up to it and stops there again: the damaged revision is never skipped."""
+    nodes = Nodes(broker_process, tmp_path, etcd)
+    await nodes.start(0, 1)
+    await nodes.wait_ready(0, 1)
+    key = f"/messaging/{nodes.name}/log".encode()
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{nodes.url(0)}/messaging/messages",
+                                params={"topicID": str(TOPIC)},
+                                data=encode_batch(TOPIC, [b"before-%d" % n for n in range(10)]),
+                                headers={"Content-Type": FRAMES_CONTENT_TYPE}) as resp:
+            assert resp.status == 200, await resp.text()
+        before = await converge(session, nodes.urls, 10)
+        damaged = bytearray(encode_entry(os.urandom(8), 1, [encode_batch(TOPIC, [b"damaged"])],
+                                         compress=False))
+        damaged[-3] ^= 0x10
+        good = encode_entry(os.urandom(8), 1, [encode_batch(TOPIC, [b"after"])])
+        async with grpc.aio.insecure_channel(
+                etcd.members[0].client_url.removeprefix("http://")) as channel:
+            kv = rpc.KVStub(channel)
+            revision = (await kv.Put(rpc.PutRequest(key=key, value=bytes(damaged)),
+                                     timeout=5)).header.revision
+            await kv.Put(rpc.PutRequest(key=key, value=good), timeout=5)
+
+        async def stopped(i: int) -> bool:
+            return (await diagnostics(session, nodes.url(i)))["failure"] is not None
+
+        for i in (0, 1):
+            await wait_until(functools.partial(stopped, i), timeout=20,
+                             what=f"node {i} to stop")
+            failure = (await diagnostics(session, nodes.url(i)))["failure"]
+            assert f"revision {revision} of /messaging/{nodes.name}/log is not a log entry " \
+                   "this node can read (its checksum does not match" in failure, failure
+            assert "nothing of it was skipped or applied" in failure, failure
+            async with session.get(f"{nodes.url(i)}/readyz") as resp:
+                assert resp.status == 503
+                assert "stopped applying" in await resp.text()
+            async with session.post(f"{nodes.url(i)}/messaging/messages",
+                                    params={"topicID": str(TOPIC)}, data=b"refused") as resp:
+                assert resp.status == 503
+                assert "stopped applying" in resp.headers["X-Broker-Error"]
+            assert await contents(session, nodes.url(i)) == before
+        nodes.kill(1)
+        await nodes.start(1)
+        await wait_until(lambda: stopped(1), timeout=30, what="node 1 to stop again")
+        assert f"revision {revision} " in (await diagnostics(session, nodes.url(1)))["failure"]
+        assert await contents(session, nodes.url(1)) == before
 
 
 @pytest.mark.parametrize("fsync", ["always", "interval"])

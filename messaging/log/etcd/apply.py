@@ -11,8 +11,10 @@ whose puts made those revisions are answered
 woken, and the next batch is posted if revisions arrived meanwhile.
 
 A batch that failed locally as a whole (disk trouble, the broker's index back where it was)
-is retried; one that failed in part, or while a topic's fsync has failed, stops this node
-for good (:attr:`Applier.failure`): it refuses publishes until it is restarted.
+is retried; one that failed in part, or while a topic's fsync has failed, or that holds a
+value this node cannot decode (a checksum that does not match, a newer version's entry: never
+skipped), stops this node for good (:attr:`Applier.failure`): it refuses publishes until it is
+restarted.
 
 Ownership: the counts, the waiters, :attr:`Applier.failure` and :attr:`Applier.error` belong
 to the loop; the inbox is a deque the loop appends to and the writer thread takes from;
@@ -73,6 +75,11 @@ class _GroupFailed(Exception):
 
 class _Diverged(Exception):
     """Part of a batch applied and part failed locally: this node can no longer follow."""
+
+
+class _Unreadable(Exception):
+    """A revision's value does not decode (damaged, or from a newer version): this node
+    stops before it, since skipping it would make its indexes differ from the others'."""
 
 
 @dataclass(slots=True)
@@ -214,7 +221,7 @@ class Applier:
             inbox.extendleft(reversed(batch))  # nothing applied: the same batch again
             self._report(self._retry, batch, err)
             return
-        except _Diverged as err:
+        except (_Diverged, _Unreadable) as err:
             self._report(self._stop, batch, err)
             return
         self._report(self._applied, applied)
@@ -287,10 +294,12 @@ class Applier:
             try:
                 entry = decode_entry(item.value)
             except ValueError as err:
-                # Every node sees the same bytes and skips them alike.
-                log.warning("revision %d of %s is not a log entry (%s); skipped",
-                            item.revision, self._log_name, err)
-                continue
+                # Never skipped: a value this node cannot read may hold commands the others
+                # apply (a newer version's entry) or be damaged (its checksum), and going
+                # past it would give this node other indexes than theirs.
+                raise _Unreadable(f"revision {item.revision} of {self._log_name} is not a "
+                                  f"log entry this node can read ({err}); nothing of it "
+                                  "was skipped or applied") from err
             spans.append((item, entry.node, entry.seq, len(commands), len(entry.commands)))
             commands.extend(entry.commands)
             times.extend([entry.time] * len(entry.commands))

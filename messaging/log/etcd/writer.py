@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import zstandard
+from crc32c import crc32c
 
 from messaging.broker.commands import ApplyResult
 from messaging.clock import now_ms
@@ -70,17 +71,25 @@ NOT_CHECKED = "not checked yet"
 
 # A log entry (the value of one revision): this header, then each command with its length
 # (the body). Under _MAGIC_ZSTD the body is one zstd frame; decompressed, it is byte for byte
-# the body _MAGIC would carry, so the frames and their CRCs are untouched.
+# the body _MAGIC would carry, so the frames and their CRCs are untouched. The checksum
+# covers the header's other fields and the body as stored (compressed or not): a holder
+# checks it once per entry, before it decompresses or applies anything.
 _ENTRY = struct.Struct(
     ">4s"  # magic
     "8s"   # node id of the writer (random per process), to find its waiters
     "Q"    # the writer's batch sequence number
     "I"    # number of commands
     "q"    # the writer's clock when it formed the entry: its commands' time (ms since epoch)
+    "I"    # CRC-32C of the fields before it and of the body as stored
 )
-_MAGIC = b"MSG2"
-_MAGIC_ZSTD = b"MSZ2"
-# Entries written before times existed: the same header without the time.
+_ENTRY_HEAD = struct.Struct(_ENTRY.format[:-1])  # the fields the checksum follows
+_CHECKSUM = struct.Struct(">I")
+_MAGIC = b"MSG3"
+_MAGIC_ZSTD = b"MSZ3"
+# Entries of older versions, still read: the same header without the checksum (version 2)
+# and without the time either (version 1).
+_ENTRY_V2 = struct.Struct(">4s8sQIq")
+_MAGICS_V2 = {b"MSG2": False, b"MSZ2": True}
 _ENTRY_V1 = struct.Struct(">4s8sQI")
 _MAGICS_V1 = {b"MSG1": False, b"MSZ1": True}
 _LENGTH = struct.Struct(">I")
@@ -140,28 +149,53 @@ def encode_entry(node: bytes, seq: int, commands: Sequence[bytes], *,
     if compress and len(body) >= COMPRESS_FROM:
         packed = _compressor().compress(body)
         if len(packed) <= len(body) * COMPRESS_KEEP:
-            return _ENTRY.pack(_MAGIC_ZSTD, node, seq, len(commands), time_ms) + packed
-    return _ENTRY.pack(_MAGIC, node, seq, len(commands), time_ms) + body
+            return _sealed(_MAGIC_ZSTD, node, seq, len(commands), time_ms, packed)
+    return _sealed(_MAGIC, node, seq, len(commands), time_ms, body)
+
+
+def _sealed(magic: bytes, node: bytes, seq: int, count: int, time_ms: int,
+            body: bytes) -> bytes:
+    """An entry's header, its checksum over the rest of the header and the body, the body."""
+    head = _ENTRY_HEAD.pack(magic, node, seq, count, time_ms)
+    return head + _CHECKSUM.pack(crc32c(body, crc32c(head))) + body
+
+
+class CorruptEntryError(ValueError):
+    """A log value whose checksum does not match its body: it is never applied."""
 
 
 def decode_entry(value: bytes) -> LogEntry:
-    """The commands of a log value (compressed or not); ValueError if it is not one."""
+    """The commands of a log value (compressed or not); ValueError if it is not one
+    (:class:`CorruptEntryError` if its checksum does not match its body)."""
     if len(value) < _ENTRY_V1.size:
         raise ValueError(f"{len(value)} bytes is too short for a log entry")
     magic = bytes(value[:4])
     time_ms: int | None = None
-    if magic in _MAGICS_V1:
+    if magic in (_MAGIC, _MAGIC_ZSTD):
+        if len(value) < _ENTRY.size:
+            raise ValueError(f"{len(value)} bytes is too short for a log entry")
+        _magic, node, seq, count, time_ms, checksum = _ENTRY.unpack_from(value)
+        offset = _ENTRY.size
+        compressed = magic == _MAGIC_ZSTD
+        view = memoryview(value)
+        actual = crc32c(view[offset:], crc32c(view[:_ENTRY_HEAD.size]))
+        if actual != checksum:
+            raise CorruptEntryError(f"its checksum does not match: {checksum:#010x} in the "
+                                    f"header, {actual:#010x} computed over its "
+                                    f"{len(value)} bytes")
+    elif magic in _MAGICS_V2:
+        if len(value) < _ENTRY_V2.size:
+            raise ValueError(f"{len(value)} bytes is too short for a log entry")
+        _magic, node, seq, count, time_ms = _ENTRY_V2.unpack_from(value)
+        offset = _ENTRY_V2.size
+        compressed = _MAGICS_V2[magic]
+    elif magic in _MAGICS_V1:
         _magic, node, seq, count = _ENTRY_V1.unpack_from(value)
         offset = _ENTRY_V1.size
         compressed = _MAGICS_V1[magic]
-    elif magic in (_MAGIC, _MAGIC_ZSTD):
-        if len(value) < _ENTRY.size:
-            raise ValueError(f"{len(value)} bytes is too short for a log entry")
-        _magic, node, seq, count, time_ms = _ENTRY.unpack_from(value)
-        offset = _ENTRY.size
-        compressed = magic == _MAGIC_ZSTD
     else:
-        raise ValueError(f"unknown magic {magic!r}")
+        raise ValueError(f"unknown magic {magic!r} (written by a newer version of messaging, "
+                         "or not a log entry)")
     if compressed:
         try:
             size = zstandard.frame_content_size(memoryview(value)[offset:])

@@ -11,6 +11,7 @@ from typing import Any, cast
 
 import pytest
 import zstandard
+from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +24,7 @@ from messaging.log.etcd.writer import (
     COALESCE_BYTES,
     COMPRESS_RETRY,
     MAX_BODY_BYTES,
+    CorruptEntryError,
     LogWriter,
     decode_entry,
     encode_entry,
@@ -75,23 +77,63 @@ def test_compression_is_used_only_when_it_pays() -> None:
     json_events = _events(200)
     plain = encode_entry(b"n" * 8, 1, json_events, compress=False)
     packed = encode_entry(b"n" * 8, 1, json_events)
-    assert packed[:4] == b"MSZ2" and plain[:4] == b"MSG2"
+    assert packed[:4] == b"MSZ3" and plain[:4] == b"MSG3"
     assert len(packed) < len(plain) / 3
     noise = [encode_batch(1, [os.urandom(4000)]) for _ in range(20)]
-    assert encode_entry(b"n" * 8, 1, noise)[:4] == b"MSG2"  # random bytes: not worth it
+    assert encode_entry(b"n" * 8, 1, noise)[:4] == b"MSG3"  # random bytes: not worth it
     small = _events(1)
-    assert encode_entry(b"n" * 8, 1, small)[:4] == b"MSG2"  # under COMPRESS_FROM
+    assert encode_entry(b"n" * 8, 1, small)[:4] == b"MSG3"  # under COMPRESS_FROM
     assert decode_entry(packed).commands == decode_entry(plain).commands == json_events
+
+
+def _with_body(value: bytes, body: bytes) -> bytes:
+    """``value``'s header (its magic, node, sequence, count, time) over another body, with
+    the checksum that makes it whole: a well-formed entry of what the body holds."""
+    return value[:32] + crc32c(body, crc32c(value[:32])).to_bytes(4, "big") + body
 
 
 def test_damaged_or_oversized_compressed_entries_are_refused() -> None:
     packed = encode_entry(b"n" * 8, 1, _events(200))
-    for bad in (packed[:-3], packed[:40], packed[:28] + b"\0" * 8 + packed[36:]):
+    body = packed[36:]
+    for bad in (packed[:-3], packed[:40], _with_body(packed, body[:-3]),
+                _with_body(packed, b"\0" * 8 + body[8:])):
         with pytest.raises(ValueError):
             decode_entry(bad)
     huge = zstandard.ZstdCompressor().compress(b"\0" * (MAX_BODY_BYTES + 1))
     with pytest.raises(ValueError, match="claims"):
-        decode_entry(packed[:32] + huge)
+        decode_entry(_with_body(packed, huge))
+
+
+@given(st.lists(st.binary(max_size=300), min_size=1, max_size=6), st.booleans(),
+       st.data())
+@settings(max_examples=examples(200), deadline=None)
+def test_any_damage_to_an_entry_is_refused(commands: list[bytes], compress: bool,
+                                           data: st.DataObject) -> None:
+    """One flipped bit anywhere after an entry's magic (its header's fields, its checksum,
+    its body) is caught by the checksum: the entry is refused, never decoded into other
+    commands or given to other waiters."""
+    value = bytearray(encode_entry(b"node0001", 7, commands, compress=compress))
+    at = data.draw(st.integers(4, len(value) - 1), label="byte")
+    value[at] ^= 1 << data.draw(st.integers(0, 7), label="bit")
+    with pytest.raises(CorruptEntryError, match="checksum does not match"):
+        decode_entry(bytes(value))
+
+
+def test_entries_from_before_checksums_still_decode() -> None:
+    """A value a node of the previous version put (MSG2/MSZ2: no checksum) still decodes."""
+    commands = _events(40)
+    for compress in (False, True):
+        value = encode_entry(b"n" * 8, 5, commands, compress=compress, time_ms=1234)
+        old = (b"MSZ2" if value[:4] == b"MSZ3" else b"MSG2") + value[4:32] + value[36:]
+        entry = decode_entry(old)
+        assert (entry.node, entry.seq, entry.commands, entry.time) == (b"n" * 8, 5, commands,
+                                                                       1234)
+
+
+def test_an_entry_of_a_newer_version_is_named_as_such() -> None:
+    value = encode_entry(b"n" * 8, 5, _events(2))
+    with pytest.raises(ValueError, match=r"unknown magic b'MSG9' \(written by a newer version"):
+        decode_entry(b"MSG9" + value[4:])
 
 
 async def test_after_an_entry_that_did_not_compress_only_every_sixteenth_tries() -> None:
@@ -100,11 +142,11 @@ async def test_after_an_entry_that_did_not_compress_only_every_sixteenth_tries()
     writer = LogWriter(cast(EtcdClient, None), b"/log", b"n" * 8, lambda _response: None)
     noise = [encode_batch(1, [os.urandom(4000)]) for _ in range(4)]
     json_events = _events(50)
-    assert (await writer.encode_value(1, json_events))[:4] == b"MSZ2"
-    assert (await writer.encode_value(2, noise))[:4] == b"MSG2"  # a miss
+    assert (await writer.encode_value(1, json_events))[:4] == b"MSZ3"
+    assert (await writer.encode_value(2, noise))[:4] == b"MSG3"  # a miss
     magics = [(await writer.encode_value(3 + k, json_events))[:4] for k in range(COMPRESS_RETRY)]
-    assert magics == [b"MSG2"] * (COMPRESS_RETRY - 1) + [b"MSZ2"]
-    assert (await writer.encode_value(99, json_events))[:4] == b"MSZ2"  # compressing again
+    assert magics == [b"MSG3"] * (COMPRESS_RETRY - 1) + [b"MSZ3"]
+    assert (await writer.encode_value(99, json_events))[:4] == b"MSZ3"  # compressing again
 
 
 class FakeEtcd:
