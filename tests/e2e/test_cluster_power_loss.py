@@ -65,9 +65,10 @@ async def _read_all(url: str) -> list[bytes]:
 
 
 def _segments(data: Path) -> dict[str, bytes]:
-    """The topic's segment files of one node, by name."""
+    """The topic's segment files and their time indexes on one node, by name."""
     topic = data / "topics" / str(TOPIC)
-    return {p.name: p.read_bytes() for p in sorted(topic.glob("*.seg"))}
+    return {p.name: p.read_bytes() for p in sorted(topic.iterdir())
+            if p.suffix in (".seg", ".time")}
 
 
 async def test_a_power_loss_of_every_node_loses_nothing_acknowledged(
@@ -120,4 +121,4 @@ async def test_a_power_loss_of_every_node_loses_nothing_acknowledged(
     for i in range(3):  # stop them cleanly: every node fsyncs and checkpoints
         assert nodes.procs[i].terminate() == 0
     files = [_segments(nodes.data(i)) for i in range(3)]
-    assert files[0] and files[0] == files[1] == files[2], "the nodes' segment files differ"
+    assert files[0] and files[0] == files[1] == files[2], "the nodes' segment or time files differ"

@@ -435,8 +435,10 @@ def topic_folder(data: Path, topic: int = TOPIC) -> Path:
 
 
 def segments(data: Path) -> dict[str, bytes]:
+    """The topic's segment files and their time indexes, by name."""
     folder = topic_folder(data)
-    return {f.name: f.read_bytes() for f in sorted(folder.glob("*.seg"))}
+    return {f.name: f.read_bytes() for f in sorted(folder.iterdir())
+            if f.suffix in (".seg", ".time")}
 
 
 async def check_identical(nodes: Nodes, which: list[int] | None = None) -> None:
@@ -444,7 +446,7 @@ async def check_identical(nodes: Nodes, which: list[int] | None = None) -> None:
     files = [await asyncio.to_thread(segments, nodes.data(i)) for i in indexes]
     assert files[0], "no segment files"
     for other in files[1:]:
-        assert other == files[0], "segment files differ between nodes"
+        assert other == files[0], "segment or time files differ between nodes"
 
 
 FAULTPOINT = [sys.executable, str(Path(__file__).resolve().parents[1] / "faultpoint.py")]
@@ -1167,6 +1169,7 @@ async def test_stored_positions_through_any_node(etcd: EtcdCluster, broker_proce
     nodes.kill(2)
     await nodes.start(2)  # replays the log from its checkpoint
     await wait_until(agree, timeout=60, what="the restarted node to hold the same positions")
+    await nodes.wait_ready(2)  # what it held above its checkpoint is applied again by then
     async with Client(nodes.url(2)) as client:
         conn = client.conn(TOPIC, consumer="billing", heartbeat_interval=0)
         await conn.open(streaming=False)

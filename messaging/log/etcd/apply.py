@@ -5,10 +5,12 @@ applier's inbox (at most QUEUED_REVISIONS unapplied: more hold the watch back). 
 writer thread takes what has queued up, up to APPLY_BATCH_BYTES, as one batch: each
 revision's value is decoded into its commands and all of them go through one
 ``Broker.write_group``, so every node assigns the same indexes and writes the same segment
-files. Back on the loop (one ``call_soon_threadsafe`` per batch), the publishers of this node
-whose puts made those revisions are answered
-(:meth:`~messaging.log.etcd.writer.LogWriter.answer`), the followers of the touched topics are
-woken, and the next batch is posted if revisions arrived meanwhile.
+files. The loop hears of a batch (one ``call_soon_threadsafe``) only when it has something to do:
+answer the publishers of this node whose puts made those revisions
+(:meth:`~messaging.log.etcd.writer.LogWriter.answer`, then wake the followers of the touched
+topics), or wake whoever waits for revisions to apply. A batch of other nodes' revisions wakes
+the followers from the writer thread (the topics' notifiers take any thread) and costs the
+loop nothing; the writer posts the next batch itself if revisions arrived meanwhile.
 
 A batch that failed locally as a whole (disk trouble, the broker's index back where it was)
 is retried; one that failed in part, or while a topic's fsync has failed, or that holds a
@@ -16,10 +18,12 @@ value this node cannot decode (a checksum that does not match, a newer version's
 skipped), stops this node for good (:attr:`Applier.failure`): it refuses publishes until it is
 restarted.
 
-Ownership: the counts, the waiters, :attr:`Applier.failure` and :attr:`Applier.error` belong
-to the loop; the inbox is a deque the loop appends to and the writer thread takes from;
-:meth:`Applier._drain` runs on the writer thread and shares only
-:class:`~messaging.log.etcd.progress.Progress` (behind its lock) and the writer-thread-only
+Ownership: the delivered count, :attr:`Applier.failure` and :attr:`Applier.error` belong to
+the loop; the inbox is a deque the loop appends to and the writer thread takes from; whether
+a drain is posted, the applied count and the waiters are shared, behind the applier's lock
+(taken for a few attribute operations, never across I/O); :meth:`Applier._drain` runs on the
+writer thread and shares besides only :class:`~messaging.log.etcd.progress.Progress` (behind
+its lock), :class:`ApplyCost` (behind its own) and the writer-thread-only
 :class:`~messaging.log.etcd.checkpoint.Checkpoints`.
 """
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -79,7 +84,12 @@ class _Diverged(Exception):
 
 class _Unreadable(Exception):
     """A revision's value does not decode (damaged, or from a newer version): this node
-    stops before it, since skipping it would make its indexes differ from the others'."""
+    stops before it, since skipping it would make its indexes differ from the others'.
+    ``at``: its place in the batch (the revisions before it are applied first)."""
+
+    def __init__(self, message: str, at: int) -> None:
+        super().__init__(message)
+        self.at = at
 
 
 @dataclass(slots=True)
@@ -96,25 +106,29 @@ class _Applied:
 
 class ApplyCost:
     """The writer thread's CPU per applied revision and per message, over recent batches
-    (the loop records and reads)."""
+    (the writer thread records, the loop reads)."""
 
     def __init__(self, keep: float = 600.0) -> None:
         self._keep = keep
+        self._lock = threading.Lock()
         self._batches: deque[tuple[float, float, int, int]] = deque()  # at, cpu, revs, msgs
 
     def record(self, cpu: float, revisions: int, messages: int) -> None:
         """One applied batch."""
         now = time.monotonic()
-        self._batches.append((now, cpu, revisions, messages))
-        while self._batches and self._batches[0][0] < now - self._keep:
-            self._batches.popleft()
+        with self._lock:
+            self._batches.append((now, cpu, revisions, messages))
+            while self._batches and self._batches[0][0] < now - self._keep:
+                self._batches.popleft()
 
     def report(self, window: float) -> dict[str, float | None]:
         """``apply_cpu_us_per_revision`` and ``apply_cpu_us_per_message`` over the last
         ``window`` seconds (None: nothing applied then)."""
         since = time.monotonic() - window
         cpu = revisions = messages = 0.0
-        for at, spent, revs, msgs in self._batches:
+        with self._lock:
+            batches = list(self._batches)
+        for at, spent, revs, msgs in batches:
             if at >= since:
                 cpu += spent
                 revisions += revs
@@ -129,10 +143,11 @@ class Applier:
     """Applies the delivered revisions in order and answers this node's publishers.
 
     The loop calls :meth:`deliver` and :meth:`drained`; the writer thread (a
-    :class:`~messaging.log.serial.SerialExecutor`) does the applying, one batch at a time:
-    the loop posts a drain when revisions wait and none is under way, the writer takes what
-    has queued up (up to APPLY_BATCH_BYTES), applies it and hands the outcome back with one
-    ``call_soon_threadsafe``; revisions that arrived meanwhile go in the next batch. No
+    :class:`~messaging.log.serial.SerialExecutor`) does the applying, one batch per job: the
+    loop posts a drain when revisions wait and none is under way, the writer takes what has
+    queued up (up to APPLY_BATCH_BYTES), applies it, hands the loop what it must do (if
+    anything) with one ``call_soon_threadsafe``, and posts the next drain itself while
+    revisions wait (behind the other jobs queued meanwhile, such as a group fsync). No
     future and no asyncio queue per revision.
     """
 
@@ -149,11 +164,13 @@ class Applier:
         # Appended on the loop, taken by the writer thread (deque: both ends are atomic).
         self._inbox: deque[Revision] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._scheduled = False  # a drain is posted or under way (the loop's)
+        self._node = writes.node_id  # this node's puts are answered on the loop
+        self._lock = threading.Lock()  # _scheduled, _done and _waiters (see the module)
+        self._scheduled = False  # a drain is posted or under way
         self._closed = False
         self._delivered = 0  # revisions delivered (the loop's)
-        self._done = 0  # of them applied, skipped or given up (the loop's)
-        self._waiters: list[asyncio.Future[None]] = []
+        self._done = 0  # of them applied or given up
+        self._waiters: list[asyncio.Future[None]] = []  # on the loop, for _done to move
         self._retry_delay = RETRY_FIRST
         self._quiet = QuietLog(log, RECURRING_LOG_INTERVAL)
         #: Why the last batch failed while it is being retried (None: it did not).
@@ -171,34 +188,41 @@ class Applier:
         self._inbox.append(revision)
         self._delivered += 1
         self._kick()
-        while self._delivered - self._done >= QUEUED_REVISIONS:
-            await self._wait()
+        await self._until(self._delivered - QUEUED_REVISIONS + 1)
 
     async def drained(self) -> None:
         """Wait until every revision delivered so far is applied."""
-        target = self._delivered
-        while self._done < target:
-            await self._wait()
+        await self._until(self._delivered)
 
     def close(self) -> None:
         """Post no more drains (the node is closing; one under way finishes)."""
         self._closed = True
 
-    def _wait(self) -> asyncio.Future[None]:
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        return waiter
+    async def _until(self, done: int) -> None:
+        """Wait until at least ``done`` revisions are applied (or given up) (on the loop)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._lock:
+                if self._done >= done:
+                    return
+                waiter = loop.create_future()
+                self._waiters.append(waiter)
+            await waiter
 
     def _kick(self) -> None:
         """Post a drain unless one is under way (on the loop)."""
-        if self._scheduled or self._closed or self.failure is not None or not self._inbox:
+        if self._closed or self.failure is not None or not self._inbox:
             return
-        self._scheduled = True
+        with self._lock:
+            if self._scheduled:
+                return
+            self._scheduled = True
         self._writer.post(self._drain)
 
     def _drain(self) -> None:
-        """Apply what has queued up as one batch and hand the outcome to the loop (writer
-        thread); then checkpoint when due, after the answers are on their way."""
+        """Apply what has queued up as one batch and hand the loop what it must do (writer
+        thread); then checkpoint when due, after the answers are on their way, and post the
+        next drain if revisions wait."""
         batch: list[Revision] = []
         size = 0
         inbox = self._inbox
@@ -207,7 +231,7 @@ class Applier:
             batch.append(item)
             size += len(item.value)
         if not batch:
-            self._report(self._idle)
+            self._next_drain()
             return
         failed = self._unsynced.failed
         if failed is not None:
@@ -216,7 +240,15 @@ class Applier:
             self._report(self._stop, batch, failed)
             return
         try:
-            applied = self._apply_revisions(batch)
+            try:
+                applied = self._apply_revisions(batch)
+            except _Unreadable as err:
+                if not err.at:
+                    raise
+                # The revisions before it first; the next drain stops at it.
+                inbox.extendleft(reversed(batch[err.at:]))
+                batch = batch[:err.at]
+                applied = self._apply_revisions(batch)
         except _GroupFailed as err:
             inbox.extendleft(reversed(batch))  # nothing applied: the same batch again
             self._report(self._retry, batch, err)
@@ -224,8 +256,32 @@ class Applier:
         except (_Diverged, _Unreadable) as err:
             self._report(self._stop, batch, err)
             return
-        self._report(self._applied, applied)
+        self._finish(applied)
         self._checkpoint_if_due()
+        self._next_drain()
+
+    def _finish(self, applied: _Applied) -> None:
+        """Count a batch as applied; answer, notify and wake (writer thread): on the loop
+        only what must be done there."""
+        self.cost.record(applied.cpu, applied.revisions, applied.messages)
+        with self._lock:
+            self._done += applied.revisions
+            wake = bool(self._waiters)
+        own = any(node == self._node for _item, node, _seq, _first, _count in applied.spans)
+        if not own:
+            self.broker.notify(applied.touched)  # nobody here to answer before them
+        if own or wake or self.error is not None:
+            self._report(self._applied, applied if own else None)
+
+    def _next_drain(self) -> None:
+        """Post the next drain while revisions wait, else let the loop post it (writer
+        thread)."""
+        with self._lock:
+            more = bool(self._inbox) and not self._closed
+            if not more:
+                self._scheduled = False
+        if more:
+            self._writer.post(self._drain)
 
     def _report(self, callback: Callable[..., None], *args: object) -> None:
         """Run ``callback(*args)`` on the loop (writer thread)."""
@@ -234,18 +290,18 @@ class Applier:
             self._loop.call_soon_threadsafe(callback, *args)
 
     def _idle(self) -> None:
-        self._scheduled = False
+        with self._lock:
+            self._scheduled = False
         self._kick()
 
-    def _applied(self, applied: _Applied) -> None:
-        """A batch is applied: answer, wake the waiters, post the next drain (on the loop)."""
+    def _applied(self, applied: _Applied | None) -> None:
+        """A batch is applied: answer this node's publishers (``applied``: it holds some of
+        their puts), wake the waiters (on the loop)."""
         self.error = None
         self._retry_delay = RETRY_FIRST
-        self._answer(applied)
-        self._done += applied.revisions
-        self._scheduled = False
+        if applied is not None:
+            self._answer(applied)
         self._wake()
-        self._kick()
 
     def _retry(self, batch: list[Revision], err: Exception) -> None:
         """Nothing of a batch applied (local disk trouble): try it again after a back-off,
@@ -263,7 +319,8 @@ class Applier:
         self._retry_delay = min(self._retry_delay * 2, RETRY_MAX)
 
     def _wake(self) -> None:
-        waiters, self._waiters = self._waiters, []
+        with self._lock:
+            waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
@@ -290,7 +347,7 @@ class Applier:
         commands: list[bytes] = []
         times: list[int | None] = []
         spans: list[tuple[Revision, bytes, int, int, int]] = []
-        for item in batch:
+        for at, item in enumerate(batch):
             try:
                 entry = decode_entry(item.value)
             except ValueError as err:
@@ -299,7 +356,7 @@ class Applier:
                 # past it would give this node other indexes than theirs.
                 raise _Unreadable(f"revision {item.revision} of {self._log_name} is not a "
                                   f"log entry this node can read ({err}); nothing of it "
-                                  "was skipped or applied") from err
+                                  "was skipped or applied", at) from err
             spans.append((item, entry.node, entry.seq, len(commands), len(entry.commands)))
             commands.extend(entry.commands)
             times.extend([entry.time] * len(entry.commands))
@@ -337,7 +394,6 @@ class Applier:
 
     def _answer(self, applied: _Applied) -> None:
         """Answer this node's publishers, then wake the followers (on the loop)."""
-        self.cost.record(applied.cpu, applied.revisions, applied.messages)
         for item, node, seq, first, count in applied.spans:
             self._writes.answer(node, seq, applied.results[first:first + count],
                                 ApplyTiming(item.received, applied.started, applied.finished))
