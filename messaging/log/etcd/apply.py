@@ -256,13 +256,17 @@ class Applier:
         except (_Diverged, _Unreadable) as err:
             self._report(self._stop, batch, err)
             return
-        self._finish(applied)
+        own = self._finish(applied)
         self._checkpoint_if_due()
-        self._next_drain()
+        if not own:
+            self._next_drain()
+        # else the loop posts the next drain once it has answered (the writer thread, busy
+        # with the next batch, would hold the GIL while the answers wait for it)
 
-    def _finish(self, applied: _Applied) -> None:
+    def _finish(self, applied: _Applied) -> bool:
         """Count a batch as applied; answer, notify and wake (writer thread): on the loop
-        only what must be done there."""
+        only what must be done there. Returns whether it holds puts of this node (their
+        publishers are answered on the loop)."""
         self.cost.record(applied.cpu, applied.revisions, applied.messages)
         with self._lock:
             self._done += applied.revisions
@@ -272,6 +276,7 @@ class Applier:
             self.broker.notify(applied.touched)  # nobody here to answer before them
         if own or wake or self.error is not None:
             self._report(self._applied, applied if own else None)
+        return own
 
     def _next_drain(self) -> None:
         """Post the next drain while revisions wait, else let the loop post it (writer
@@ -302,6 +307,8 @@ class Applier:
         if applied is not None:
             self._answer(applied)
         self._wake()
+        if applied is not None:  # the writer left the next drain to the loop
+            self._idle()
 
     def _retry(self, batch: list[Revision], err: Exception) -> None:
         """Nothing of a batch applied (local disk trouble): try it again after a back-off,
