@@ -129,7 +129,6 @@ class Broker:
         self._new_topics = Notifier()
         self._save_lock = threading.Lock()  # one broker.json writer at a time
         self._failures = QuietLog(log, _FAILURE_LOG_INTERVAL)
-        self._sync_times_per_group = True  # see rebuild_above
 
     # -- the state machine's figures, as the log and tests see them ---------------------------
 
@@ -214,21 +213,6 @@ class Broker:
                         + [t.last_time or 0 for t in self.store.all()])
         # Nothing is written here: a broker whose disk is full still starts and serves reads.
         log.info("opened %s: %d topics, index %d", self.path, len(self.store.ids()), self.index)
-
-    def rebuild_above(self, index: int) -> None:
-        """Make this broker the applied copy of a log that keeps everything above ``index``
-        (a cluster node's checkpoint; writer thread, before anything is applied).
-
-        Every frame above ``index`` is cut from the files now, to be applied again from the
-        log: what a crash left there may be any part of what was written and not yet
-        fsynced. From now on the time records of a non-durable group are fsynced with the
-        frames they cover (:meth:`sync`, before them) rather than once per group: a frame
-        can reach the disk ahead of its time only above the next checkpoint, which the next
-        start-up cuts again.
-        """
-        recovery.cut_topics(self.store, self.store.all(), index,
-                            "(not covered by this node's checkpoint: applied again from the log)")
-        self._sync_times_per_group = False
 
     def _configure(self, topics: Iterable[Topic]) -> None:
         """Give topics their effective segment size and the floor of their last deletion."""
@@ -345,8 +329,7 @@ class Broker:
             journaled = self._journal(touched, before + 1, durable=durable or manifest)
             debug = log.isEnabledFor(logging.DEBUG)
             written = time.perf_counter() if debug else 0.0
-            rounds = self.store.write(list(touched), durable=durable,
-                                      sync_times=durable or self._sync_times_per_group)
+            rounds = self.store.write(list(touched), durable=durable)
             if rounds:
                 self.metrics.fsyncs.inc(rounds)
             if debug:

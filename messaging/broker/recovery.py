@@ -25,7 +25,6 @@ from messaging.errors import DataDirectoryError
 from messaging.files import read_json, remove_stale_temporaries
 from messaging.placement import NAMED_TOPIC_BASE
 from messaging.topic.store import TopicStore
-from messaging.topic.topic import Topic
 
 log = logging.getLogger(__name__)
 
@@ -78,19 +77,14 @@ def replay_journal(journal: CatalogLog, after: int, store: TopicStore, catalog: 
 def cut_group(store: TopicStore, entry: dict[str, Any]) -> None:
     """Remove the frames of a group the journal records as interrupted."""
     first = int(entry["group"]["first"])
-    topics = [store.get(int(key)) for key in entry["group"]["last"]]
-    cut_topics(store, [t for t in topics if t is not None], first - 1,
-               "of a group a crash interrupted (it was never acknowledged)")
-
-
-def cut_topics(store: TopicStore, topics: list[Topic], index: int, why: str) -> None:
-    """Remove the frames above ``index`` from ``topics`` (``why`` ends the warning logged);
-    a topic left with no file is removed, the others are opened again."""
-    for topic in topics:
-        if topic.last_index <= index:
+    for key in entry["group"]["last"]:
+        topic = store.get(int(key))
+        if topic is None or topic.last_index < first:
             continue
-        topic.cut_after(index, why)
-        if not any(topic.path.iterdir()):  # it held nothing below the cut
+        removed = topic.cut_after(first - 1)
+        log.warning("topic %d: removed %d bytes of a group a crash interrupted (from index "
+                    "%d; it was never acknowledged)", topic.id, removed, first)
+        if not any(topic.path.iterdir()):  # it held nothing but that group
             store.remove(topic.id)
         else:
             store.reopen(topic)

@@ -118,11 +118,10 @@ def _recover_times(segment: Segment, topic_id: int) -> None:
 
 
 def remove_frames_after(path: Path, topic_id: int, segments: list[Segment],
-                        located: tuple[Segment, int, int], index: int,
-                        why: str = "that were never acknowledged") -> int:
+                        located: tuple[Segment, int, int], index: int) -> int:
     """Remove every frame above ``index`` from the closed topic's files: ``located`` is where
     the first of them is (see :meth:`~messaging.topic.read.TopicReads.locate`), ``segments``
-    the topic's; ``why`` ends the warning logged. Returns the bytes removed."""
+    the topic's. Returns the bytes removed."""
     segment, position, _ordinal = located
     removed = 0
     for later in segments[segments.index(segment) + 1:]:
@@ -140,5 +139,6 @@ def remove_frames_after(path: Path, topic_id: int, segments: list[Segment],
         if segment.times is not None:
             segment.times.remove_file()
     fsync_dir(path)
-    log.warning("topic %d: removed %d bytes after index %d %s", topic_id, removed, index, why)
+    log.warning("topic %d: removed %d bytes after index %d that were never acknowledged",
+                topic_id, removed, index)
     return removed

@@ -200,22 +200,20 @@ class TopicStore:
 
     # -- writing within the open-file budget (writer thread) --------------------------------
 
-    def write(self, topic_ids: list[int], *, durable: bool, sync_times: bool = True) -> int:
+    def write(self, topic_ids: list[int], *, durable: bool) -> int:
         """Write (and fsync when ``durable``) every topic; returns how many fsync rounds ran.
 
         Files other topics keep open are closed first as far as this group needs the room.
         A group touching more topics than ``max_open_files`` goes in slices, those already
         holding a file first: each slice is written, fsynced and its files closed before the
-        next one opens any. ``sync_times=False`` leaves the time records' fdatasync to the
-        topics' next :meth:`sync` (see :meth:`TopicWriter.write`).
+        next one opens any.
         """
         budget = self.max_open_files
         self._make_room(topic_ids)
-        if sync_times:
-            self.write_times(topic_ids)  # time records first, all topics' fsyncs at once
+        self.write_times(topic_ids)  # time records first, all topics' fsyncs at once
         if len(topic_ids) <= budget:
             for topic_id in topic_ids:
-                self._topics[topic_id].write(sync_times=sync_times)
+                self._topics[topic_id].write()
             if durable:
                 self.sync(topic_ids)
                 return 1
@@ -225,7 +223,7 @@ class TopicStore:
         for start in range(0, len(topic_ids), budget):
             part = topic_ids[start:start + budget]
             for topic_id in part:
-                self._topics[topic_id].write(sync_times=sync_times)
+                self._topics[topic_id].write()
             self.sync(part)
             rounds += 1
             for topic_id in part:

@@ -91,7 +91,7 @@ class SegmentTimes:
         self.indexes: array[int] = array("q")
         self.times: array[int] = array("q")
         self.committed = 0  # records readers may use
-        self.durable = 0  # records written (and fsynced, or to be by sync_file)
+        self.durable = 0  # records written and fsynced
         self._touched = False  # a write since the last commit (it may have left bytes)
         self.exists = on_disk  # the file has been created
         self.loaded = not on_disk  # a file on disk is read on first use
@@ -176,15 +176,12 @@ class SegmentTimes:
         """Whether records wait to be written."""
         return len(self.indexes) > self.durable
 
-    def write(self, *, sync: bool = True) -> bool:
+    def write(self) -> bool:
         """Append the staged records to the file and fdatasync it; returns whether the file
         was created (its directory entry then needs the directory's fsync).
 
         Called before the frames the records cover are written, so no frame reaches the disk
-        before its time does. ``sync=False`` leaves the fdatasync to :meth:`sync_file`, which
-        the caller runs before it fsyncs those frames (a cluster node, whose files above its
-        checkpoint are rebuilt from etcd's log at start-up). Raises OSError; :meth:`rollback`
-        then cuts the file back.
+        before its time does. Raises OSError; :meth:`rollback` then cuts the file back.
         """
         data = b"".join(encode_record(self.indexes[k], self.times[k])
                         for k in range(self.durable, len(self.indexes)))
@@ -193,33 +190,15 @@ class SegmentTimes:
         try:
             self.exists = self._touched = True
             write_all(fd, data)
-            if sync:
-                self._fdatasync(fd)
+            try:
+                os.fdatasync(fd)
+            except OSError as err:
+                raise TimeSyncError(err.errno, f"{err.strerror or err} on "
+                                    f"{self.path.name}") from err
         finally:
             os.close(fd)
         self.durable = len(self.indexes)
         return created
-
-    def sync_file(self) -> None:
-        """fdatasync the file: the records :meth:`write` wrote with ``sync=False`` are on
-        disk after it (TimeSyncError if not)."""
-        if not self.exists:
-            return
-        try:
-            fd = os.open(self.path, os.O_WRONLY)
-        except FileNotFoundError:
-            return  # its segment went away meanwhile: nothing of it is needed
-        try:
-            self._fdatasync(fd)
-        finally:
-            os.close(fd)
-
-    def _fdatasync(self, fd: int) -> None:
-        try:
-            os.fdatasync(fd)
-        except OSError as err:
-            raise TimeSyncError(err.errno, f"{err.strerror or err} on "
-                                f"{self.path.name}") from err
 
     def commit(self) -> None:
         """Readers may use every record written so far."""

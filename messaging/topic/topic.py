@@ -178,9 +178,9 @@ class Topic:
         :meth:`TopicWriter.append`)."""
         return self._writer.append(frames, offsets, first, time_ms)
 
-    def write(self, *, sync_times: bool = True) -> None:
+    def write(self) -> None:
         """Write what was staged, without fsync (see :meth:`TopicWriter.write`)."""
-        self._writer.write(sync_times=sync_times)
+        self._writer.write()
 
     @property
     def times_staged(self) -> bool:
@@ -296,18 +296,17 @@ class Topic:
         return retention.truncate(self._table, self.path, self.stats, max_size, floor_index,
                                   older_than)
 
-    def cut_after(self, index: int, why: str = "that were never acknowledged") -> int:
+    def cut_after(self, index: int) -> int:
         """Remove every frame above ``index`` from the files (at start-up, before any write).
 
         For frames a crash left behind that the catalog never accepted (they were never
-        acknowledged), or that a cluster node rebuilds from etcd's log (``why`` says which
-        in the log). Closes this topic: open it again afterwards. Returns bytes removed.
+        acknowledged). Closes this topic: open it again afterwards. Returns bytes removed.
         """
         located = self.reads.locate(index + 1) if self.last_index > index else None
         self.close()
         if located is None:
             return 0
-        return remove_frames_after(self.path, self.id, self.segments(), located, index, why)
+        return remove_frames_after(self.path, self.id, self.segments(), located, index)
 
     # -- closing ----------------------------------------------------------------------------
 

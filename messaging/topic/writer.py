@@ -65,7 +65,6 @@ class TopicWriter:
         self._failed: StorageFailedError | None = None
         self._append_time: int | None = None  # the time of the frames being appended
         self._time_writes: list[Segment] = []  # segments with time records to write
-        self._times_unsynced: list[SegmentTimes] = []  # written without their fdatasync
         self._tail_buffer = TailBuffer()
 
     @property
@@ -226,21 +225,19 @@ class TopicWriter:
 
     # -- writing and syncing ----------------------------------------------------------------
 
-    def write(self, *, sync_times: bool = True) -> None:
+    def write(self) -> None:
         """Write what was staged (one ``write`` per segment touched), without fsync.
 
-        The time records go first, fdatasynced unless ``sync_times`` is False: then
-        :meth:`sync` fdatasyncs them before the frames (see :meth:`SegmentTimes.write`).
         On failure raises :class:`DiskFullError` or :class:`StorageError`; the caller then
         calls :meth:`abort` (the topic's files still hold the partial write until then).
         """
         with self._lock:
-            self._write_locked(sync_times)
+            self._write_locked()
 
-    def _write_locked(self, sync_times: bool = True) -> None:
+    def _write_locked(self) -> None:
         if not self._staged:
             return
-        self._write_times(sync_times)
+        self._write_times()
         try:
             for segment, _start, data in self._staged:
                 write_all(self._file_for(segment), data)
@@ -261,20 +258,17 @@ class TopicWriter:
         with self._lock:
             self._write_times()
 
-    def _write_times(self, sync: bool = True) -> None:
+    def _write_times(self) -> None:
         """Write and fsync the staged time records, before the frames they cover: a frame
-        never reaches the disk ahead of its time. ``sync=False``: written only, fsynced by
-        :meth:`sync` before the frames. A failed fsync stops the topic, as for frames."""
+        never reaches the disk ahead of its time. A failed fsync stops the topic, as for
+        frames."""
         if not self._time_writes:
             return
         created = False
         try:
             for segment in dict.fromkeys(self._time_writes):
-                times = segment.times
-                if times is not None and times.staged:
-                    created |= times.write(sync=sync)
-                    if not sync and times not in self._times_unsynced:
-                        self._times_unsynced.append(times)
+                if segment.times is not None and segment.times.staged:
+                    created |= segment.times.write()
             if created:
                 # A new time file's name becomes durable with its segment's, in the one
                 # directory fsync of sync(), before the group is answered. A crash before
@@ -327,9 +321,6 @@ class TopicWriter:
             self._write_locked()
             unsynced, self._unsynced = self._unsynced, []
             try:
-                while self._times_unsynced:  # the times first: never a frame ahead of its time
-                    self._times_unsynced[0].sync_file()
-                    del self._times_unsynced[0]
                 for fd in unsynced:
                     os.fdatasync(fd)
                 if self._dirty and self._fd is not None:

@@ -452,9 +452,9 @@ def test_groups_never_hold_more_write_files_than_the_budget(tmp_path: Path,
     peak = 0
     write = Topic.write
 
-    def counting_write(topic: Topic, *, sync_times: bool = True) -> None:
+    def counting_write(topic: Topic) -> None:
         nonlocal peak
-        write(topic, sync_times=sync_times)
+        write(topic)
         peak = max(peak, sum(t.holds_file for t in broker.topics()))
 
     monkeypatch.setattr(Topic, "write", counting_write)

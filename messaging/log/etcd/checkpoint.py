@@ -74,8 +74,6 @@ class Checkpoints:
         interrupted in is emptied, to catch up again."""
         checkpoint = self._read()
         self._progress.reset(checkpoint.revision)
-        # Frames above the checkpoint are replayed from etcd, not trusted from the files.
-        self.broker.rebuild_above(checkpoint.index)
         self._index = self.broker.index = checkpoint.index
         # The broker's time as of that revision: replaying from it gives every command the
         # same append time as on every other node (0 in a checkpoint from before times).
