@@ -123,6 +123,25 @@ def read(topics: TopicSource, catalog: Lineages, stream: Stream, after: Position
     return items
 
 
+def position_at_time(topics: TopicSource, catalog: Lineages, stream: Stream,
+                     moment: int) -> Position:
+    """The position just before the stream's first message appended at or after ``moment``
+    (ms since the epoch), through its fork lineage; the stream's tail when none is that
+    recent (the next one to come). A bisection per piece of the lineage, never a scan."""
+    for topic_id, through, start in catalog.lineage(stream):
+        topic = topics.topic(topic_id)
+        if topic is None:
+            continue
+        found = topic.index_at_time(moment)
+        if found is None:
+            continue
+        found = max(found, start[0] + 1)  # times only grow along a topic
+        if through is not None and found > through[0]:
+            continue  # past this piece's fork point: in a later piece, if anywhere
+        return (found - 1, 0)
+    return stream.tail
+
+
 def next_append(topics: TopicSource, catalog: Lineages, stream: Stream, after: Position,
                 ) -> list[Item]:
     """The messages of the one append that follows position ``after`` (for sub-offsets)."""

@@ -24,7 +24,6 @@ from aiohttp import HttpVersion11, web
 from messaging import __version__ as VERSION
 from messaging.broker.commands import Command, heartbeat_command, produce, validate_publish
 from messaging.broker.view import BrokerView
-from messaging.clock import parse_moment
 from messaging.config import DEFAULT_MAX_REQUEST_SIZE
 from messaging.errors import (
     BadRequestError,
@@ -48,6 +47,7 @@ from messaging.http.follow import TopicStreamer
 from messaging.http.limits import Limits
 from messaging.http.producer_headers import parse_producer
 from messaging.http.responses import json_answer
+from messaging.http.time_param import parse_time
 from messaging.http.topic_param import (
     readable,
     readable_reference,
@@ -458,14 +458,6 @@ def _int(value: str, name: str) -> int:
     if number >= 2**64:
         raise BadRequestError(f"invalid {name} {value!r}: expected an unsigned integer")
     return number
-
-
-def parse_time(value: str, name: str) -> int:
-    """A moment a request names (ms since the epoch); 400 naming the accepted forms."""
-    try:
-        return parse_moment(value)
-    except ValueError as err:
-        raise BadRequestError(str(err).replace("invalid time", f"invalid {name}", 1)) from None
 
 
 def _optional_int(request: web.Request, name: str) -> int | None:

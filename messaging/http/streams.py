@@ -82,6 +82,7 @@ from messaging.http.auth import OPEN, principal_of, requires
 from messaging.http.executors import Executors
 from messaging.http.limits import Limits
 from messaging.http.producer_headers import parse_producer
+from messaging.http.time_param import parse_time
 from messaging.log.base import Log
 
 log = logging.getLogger(__name__)
@@ -435,15 +436,28 @@ class StreamHandlers:
             raise BadRequestError(f"invalid offset {text!r}")
         return text, position
 
+    async def _since(self, request: web.Request, stream: Stream) -> tuple[str, Position]:
+        """``since=T`` (as on native reads, instead of ``offset``): the position before the
+        first message appended at or after T, and its offset token (400 when malformed)."""
+        if "offset" in request.query:
+            raise BadRequestError("give one of offset and since, not both")
+        moment = parse_time(request.query["since"], "since")
+        position = await self.executors.read(stream_reads.position_at_time, self.broker,
+                                             self.broker.committed, stream, moment)
+        return token(position), position
+
     async def read(self, request: web.Request, name: str) -> web.StreamResponse:
-        """GET: catch-up, ``live=long-poll`` or ``live=sse`` from ``offset``."""
+        """GET: catch-up, ``live=long-poll`` or ``live=sse`` from ``offset`` (or ``since``)."""
         stream = await self._lookup(name)
         live = request.query.get("live")
         if live not in (None, "long-poll", "sse"):
             raise BadRequestError(f"invalid live mode {live!r}: long-poll or sse")
-        if live is not None and "offset" not in request.query:
-            raise BadRequestError(f"live={live} needs an offset")
-        start_text, position = self._offset(request, stream)
+        if live is not None and "offset" not in request.query and "since" not in request.query:
+            raise BadRequestError(f"live={live} needs an offset (or since)")
+        if "since" in request.query:
+            start_text, position = await self._since(request, stream)
+        else:
+            start_text, position = self._offset(request, stream)
         self._touch(name)
         client_cursor = request.query.get("cursor")
         if live == "sse":

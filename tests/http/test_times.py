@@ -134,6 +134,81 @@ async def test_sse_reads_since(server: BrokerServer, http: Session) -> None:
     assert f"id: {second[0]}".encode() in seen
 
 
+async def stream_append(http: Session, url: str, *items: object) -> None:
+    """One append of JSON ``items`` to a stream (one command: one append time)."""
+    async with http.post(url, json=list(items)) as resp:
+        assert resp.status in (200, 204), resp.headers.get("X-Broker-Error")
+
+
+async def stream_get(http: Session, url: str, **params: str) -> tuple[int, Any, Any]:
+    async with http.get(url, params=params) as resp:
+        body = await resp.json(content_type=None) if resp.status == 200 else None
+        return resp.status, body, resp.headers
+
+
+async def test_durable_streams_read_since_as_native_reads_do(server: BrokerServer,
+                                                              http: Session) -> None:
+    """``since=T`` on ``/v1/stream`` reads: catch-up, long-poll and SSE start at the first
+    message appended at or after T, also through a fork's lineage; with nothing that recent
+    the read is up to date at the tail; given with ``offset`` or malformed it is a 400."""
+    src = f"{server.url}/v1/stream/timed"
+    async with http.put(src, headers={"Content-Type": "application/json"}) as resp:
+        assert resp.status == 201
+    await stream_append(http, src, "a1", "a2")
+    await asyncio.sleep(PAUSE)
+    await stream_append(http, src, "b1", "b2")
+    _status, whole, _ = await stream_get(http, src, offset="-1")
+    assert whole == ["a1", "a2", "b1", "b2"]
+    topic = (await get_json(http, f"{server.url}/messaging/topics/timed"))[1]["id"]
+    runs = dict((await get_json(http, f"{server.url}/messaging/times", topicID=topic))[1]["runs"])
+    later = max(runs.values())
+    for since in (str(later), format_moment(later)):
+        status, body, headers = await stream_get(http, src, since=since)
+        assert (status, body) == (200, ["b1", "b2"])
+        assert headers["Stream-Up-To-Date"] == "true"
+    status, body, _ = await stream_get(http, src, since="1h")
+    assert body == ["a1", "a2", "b1", "b2"]
+    status, body, headers = await stream_get(http, src, since=str(now_ms() + 60_000))
+    assert (status, body, headers["Stream-Up-To-Date"]) == (200, [], "true")
+    tail = headers["Stream-Next-Offset"]
+    async with http.head(src) as resp:
+        assert tail == resp.headers["Stream-Next-Offset"]
+
+    # A fork holds the source's messages before its fork point, then its own.
+    fork = f"{server.url}/v1/stream/timed-fork"
+    async with http.put(fork, headers={"Content-Type": "application/json",
+                                       "Stream-Forked-From": "/v1/stream/timed"}) as resp:
+        assert resp.status == 201
+    await asyncio.sleep(PAUSE)
+    await stream_append(http, src, "c1")  # the source's own, after the fork point
+    await stream_append(http, fork, "f1")
+    status, body, _ = await stream_get(http, fork, since=str(later))
+    assert body == ["b1", "b2", "f1"]
+    status, body, _ = await stream_get(http, fork, since=str(later + 1))
+    assert body == ["f1"]
+
+    # Long-poll and SSE from a time still to come get what comes next.
+    poll = asyncio.ensure_future(stream_get(http, src, since=str(now_ms() + 1), live="long-poll"))
+    await asyncio.sleep(PAUSE)
+    await stream_append(http, src, "d1")
+    status, body, _ = await asyncio.wait_for(poll, 10)
+    assert (status, body) == (200, ["d1"])
+    async with http.get(src, params={"since": str(later), "live": "sse"}) as resp:
+        assert resp.status == 200
+        seen = b""
+        async with asyncio.timeout(10):
+            while b"d1" not in seen:
+                seen += await resp.content.readany()
+    assert b"a1" not in seen and b"b1" in seen and b"c1" in seen
+
+    for params, error in (({"since": "1m", "offset": "-1"}, "give one of offset and since"),
+                          ({"since": "yesterday"}, "invalid since 'yesterday': use an RFC 3339"),
+                          ({"live": "long-poll"}, "live=long-poll needs an offset (or since)")):
+        async with http.get(src, params=params) as resp:
+            assert resp.status == 400
+            assert error in resp.headers["X-Broker-Error"], resp.headers["X-Broker-Error"]
+
+
 @pytest.mark.parametrize(("params", "error"), [
     ({"since": "yesterday"}, "invalid since 'yesterday': use an RFC 3339 time"),
     ({"since": "2026-11-26T10:00:00"}, "give a time zone"),
