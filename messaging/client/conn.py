@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from messaging.aio import wait_finished
-from messaging.client.times import TimeRuns, timed
+from messaging.client.times import TimedBatch, TimeRuns, timed
 from messaging.clock import parse_moment
 from messaging.errors import (
     ConnClosedError,
@@ -227,29 +227,45 @@ class Conn:
         return message if not self.times else await self._timed(message)
 
     async def _timed(self, message: Message) -> Message:
-        """``message`` with its append time: from the runs fetched last, or fetched now for
-        every message received from it on (one request for a stretch of messages).
+        """``message`` with its append time (see :meth:`_runs_through`)."""
+        runs = await self._runs_through(message.index, message.index)
+        covered = runs is not None and runs.covers(message.index)
+        return timed(message, runs.time_of(message.index) if covered and runs else None)
+
+    async def _runs_through(self, first: int, last: int) -> TimeRuns | None:
+        """The append times of messages ``first`` through ``last``: the runs fetched last,
+        or fetched now for every message received from ``first`` on (one request for a
+        stretch of messages).
 
         A node behind the one streaming (a cluster, after a failover) may not have the
-        message yet: it is asked again a few times; a topic deleted meanwhile, or a broker
-        without times, gives None."""
+        messages yet: it is asked again a few times. None: a topic deleted meanwhile, or a
+        broker without times (times of messages that retention took since are None too)."""
         runs = self._runs
         for attempt in range(TIMES_ATTEMPTS):
-            if runs is not None and runs.covers(message.index):
-                return timed(message, runs.time_of(message.index))
-            if runs is not None and message.index < runs.index:
-                return timed(message, None)  # retention took it since: its time too
+            if runs is not None and runs.covers(last):
+                return runs
+            if runs is not None and last < runs.index:
+                return None  # retention took them since: their times too
             if attempt:
                 await asyncio.sleep(TIMES_RETRY_DELAY * attempt)
             try:
-                runs = self._runs = await self.client.times(self.topic, message.index,
-                                                            self._received + 1)
+                runs = self._runs = await self.client.times(self.topic, first,
+                                                            max(self._received, last) + 1)
             except (NotFoundError, TopicTruncatedError):
-                return timed(message, None)  # gone, or a broker from before times
-        return timed(message, None)
+                return None  # gone, or a broker from before times
+        return None
+
+    async def _with_times(self, batch: FrameBatch) -> FrameBatch:
+        """``batch`` with its messages' times, when this Conn was made with ``times``."""
+        if not self.times:
+            return batch
+        return TimedBatch(batch.buffer, batch.count, batch.first, batch.last, batch.offsets,
+                          batch.topic, await self._runs_through(batch.first, batch.last))
 
     async def batches(self) -> AsyncIterator[FrameBatch]:
-        """Messages in batches over one buffer each (no Python object per message)."""
+        """Messages in batches over one buffer each (no Python object per message); with
+        ``times``, each a :class:`~messaging.client.times.TimedBatch` (one request for the
+        times of a stretch of messages, as message by message)."""
         batch = self._current_batch
         if batch is not None:
             handed = self._current[:self._position]
@@ -261,15 +277,15 @@ class Conn:
                 # intact (indexes need not be consecutive: the first is read from its frame).
                 rest = batch.buffer[used:]
                 self.index = batch.last
-                yield FrameBatch(rest, left, HEADER.unpack_from(rest, 0)[0], batch.last,
-                                 topic=self.topic)
+                yield await self._with_times(FrameBatch(
+                    rest, left, HEADER.unpack_from(rest, 0)[0], batch.last, topic=self.topic))
         while True:
             try:
                 batch = await self._next_batch()
             except StopAsyncIteration:
                 return
             self.index = batch.last
-            yield batch
+            yield await self._with_times(batch)
 
     async def _next_batch(self) -> FrameBatch:
         if self._state == "new":

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from messaging.errors import MessagingError
-from messaging.frames import Message
+from messaging.frames import FrameBatch, Message, decode_verified
 
 _new_tuple = tuple.__new__
 
@@ -68,3 +68,23 @@ class TimeRuns:
     def stamp(self, messages: Iterable[Message]) -> list[TimedMessage]:
         """Each message with its time."""
         return [timed(m, self.time_of(m.index)) for m in messages]
+
+
+@dataclass(frozen=True, slots=True)
+class TimedBatch(FrameBatch):
+    """A :class:`~messaging.frames.FrameBatch` with its messages' append times (what
+    ``Conn.batches()`` hands out for a Conn made with ``times=True``): :meth:`time_of` looks
+    one up, :meth:`messages` decodes them as :class:`TimedMessage`."""
+
+    runs: TimeRuns | None = None  # None: times unknown (retention took them, or no times)
+
+    def time_of(self, index: int) -> int | None:
+        """The append time of message ``index`` of this batch (None: unknown)."""
+        runs = self.runs
+        if runs is None or not runs.covers(index):
+            return None
+        return runs.time_of(index)
+
+    def messages(self) -> list[Message]:
+        """Decode every message of the batch, each with its time (a :class:`TimedMessage`)."""
+        return [timed(m, self.time_of(m.index)) for m in decode_verified(self.buffer)]

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from messaging.client.client import Client
-from messaging.client.times import TimedMessage, TimeRuns, timed
+from messaging.client.times import TimedBatch, TimedMessage, TimeRuns, timed
 from messaging.clock import format_moment, now_ms
 from messaging.errors import ConnStateError, MessagingError
 from messaging.frames import Message
@@ -67,6 +67,48 @@ async def test_a_conn_hands_out_times_fetching_a_stretch_at_a_time(server: Broke
         await conn.close()
         assert len(got) == 500 and all(isinstance(m.time, int) for m in got)
         assert calls == 1  # one batch, one request
+
+
+async def test_conn_batches_carry_times_when_asked(server: BrokerServer) -> None:
+    """``conn.batches()`` of a Conn made with ``times=True``: every batch looks up its
+    messages' times and decodes them with their times (one request per stretch), also the
+    rest of a batch that iteration message by message had started; without ``times``, plain
+    batches with no request."""
+    async with Client(server.url) as client:
+        indexes, later = await bursts(client)
+        await client.publish_batch(1, [b"e%d" % i for i in range(300)])
+        calls = 0
+        fetch = client.times
+
+        async def counted(*args: object, **kwargs: object) -> TimeRuns:
+            nonlocal calls
+            calls += 1
+            return await fetch(*args, **kwargs)  # type: ignore[arg-type]
+
+        client.times = counted  # type: ignore[method-assign]
+        conn = client.conn(1, times=True)
+        await conn.open(streaming=False)
+        first = await anext(conn)  # message by message first, then the rest in batches
+        assert (first.data, first.time) == (b"a", (await fetch(1)).time_of(indexes[0]))
+        batches = [batch async for batch in conn.batches()]
+        await conn.close()
+        assert batches and all(isinstance(batch, TimedBatch) for batch in batches)
+        messages = [m for batch in batches for m in batch.messages()]
+        assert [m.data for m in messages][:3] == [b"b", b"c", b"d"] and len(messages) == 303
+        assert all(isinstance(m, TimedMessage) and isinstance(m.time, int) for m in messages)
+        assert [m.time for m in messages[1:3]] == [later, later]
+        head = batches[0]
+        assert isinstance(head, TimedBatch)
+        assert head.time_of(indexes[2]) == later and head.time_of(10**9) is None
+        assert calls <= len(batches)  # a request per stretch at most, never per message
+
+        calls = 0
+        plain = client.conn(1)
+        await plain.open(streaming=False)
+        batches = [batch async for batch in plain.batches()]
+        await plain.close()
+        assert not any(isinstance(batch, TimedBatch) for batch in batches)
+        assert sum(batch.count for batch in batches) == 304 and calls == 0
 
 
 async def test_a_following_conn_since_a_time_starts_there_and_follows(
