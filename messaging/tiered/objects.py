@@ -123,8 +123,13 @@ class SegmentObjectReader:
         return before + passed
 
     def index_at_ordinal(self, obj: SegmentObject, ordinal: int) -> int:
-        """The index of ``obj``'s ``ordinal``-th message (from 0)."""
+        """The index of ``obj``'s ``ordinal``-th message (from 0): read from the mark before
+        it, or none of the object when the manifest says (its last message, or a mark's)."""
+        if ordinal == obj.count - 1:
+            return obj.last
         index, position, before = obj.mark_at_ordinal(ordinal)
+        if before == ordinal:
+            return index
         last, left = index - 1, ordinal - before + 1
         while left > 0:
             _start, read = self.frames(obj, position, last, self.cache.chunk, max_count=left)

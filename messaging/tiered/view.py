@@ -146,7 +146,11 @@ class TieredTopic:
             raise ValueError("count must be at least 1")
         start = max(after, self.first_index)
         local_first = self.local.first_index
-        last_seen: int | None = None
+        # The last message passed over: an index, or (object, ordinal) to look up only if
+        # nothing later is found. An object passed over whole ends at its manifest's last
+        # index, so a count past it reads none of its bytes (planning a Spark read asks
+        # where each batch ends: it reads no object it only passes).
+        last_seen: int | tuple[SegmentObject, int] | None = None
         for obj in self._stored(start):
             through = min(obj.last, local_first - 1) if local_first else obj.last
             skipped = self.objects.count(obj, start - 1)
@@ -155,10 +159,14 @@ class TieredTopic:
                 return self.objects.index_at_ordinal(obj, skipped + count - 1)
             count -= here
             if here:
-                last_seen = self.objects.index_at_ordinal(obj, skipped + here - 1)
+                last_seen = obj.last if through == obj.last else (obj, skipped + here - 1)
             start = through + 1
         found = self.local.index_after(max(start, local_first), count)
-        return found if found is not None else last_seen
+        if found is not None:
+            return found
+        if isinstance(last_seen, tuple):
+            return self.objects.index_at_ordinal(*last_seen)
+        return last_seen
 
     def index_before_end(self, count: int) -> int | None:
         """The index of the ``count``-th message counting back from the last one (the first

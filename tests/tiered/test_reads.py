@@ -148,3 +148,50 @@ async def test_a_corrupt_object_is_an_error_naming_it(start_server: StartServer,
         await asyncio.to_thread(drain, view.reader(0))
     assert obj.name(TOPIC).name in str(raised.value)
     assert raised.value.status == 500
+
+
+async def store_read_bytes(http: aiohttp.ClientSession, url: str) -> float:
+    """The broker's own reads from the store so far (its metric)."""
+    async with http.get(f"{url}/metrics") as resp:
+        text = await resp.text()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("messaging_object_store_read_bytes_total"))
+
+
+async def test_finding_where_a_batch_ends_reads_no_object_it_passes(
+        start_server: StartServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``after``/``count`` lookups (a Spark read's planning) over offloaded segments: a count
+    that passes whole objects, or ends at an object's last message or at a mark, is answered
+    from the manifest without reading the store; one that ends between marks reads from the
+    mark before its answer (a chunk of that object), none of the objects it passed."""
+    monkeypatch.setattr("messaging.offload.candidates.MARK_STRIDE", 8192)
+    server, broker, _store = await fill(start_server, tmp_path, segment=64 << 10, repeat=200)
+    local = broker.store.get(TOPIC)
+    assert isinstance(local, Topic)
+    indexes = [i for i, _d in await asyncio.to_thread(drain, local.reader(0))]
+    await asyncio.to_thread(local_only, broker)
+    objects = broker.manifest(TOPIC).objects
+    assert len(objects) >= 2
+    async with aiohttp.ClientSession() as http:
+        async def index_after(after: int, count: int) -> tuple[int, float]:
+            before = await store_read_bytes(http, server.url)
+            async with http.get(f"{server.url}/messaging/topics/{TOPIC}",
+                                params={"after": str(after), "count": str(count)}) as resp:
+                assert resp.status == 200
+                index = (await resp.json())["index"]
+            return index, await store_read_bytes(http, server.url) - before
+
+        # Past every object (and the disk): the last message, from the manifest alone.
+        assert await index_after(0, 10**9) == (indexes[-1], 0)
+        # Exactly through the first object: its last index, from its manifest entry.
+        first = objects[0]
+        assert await index_after(0, first.count) == (first.last, 0)
+        # At a mark of the second object: its index, from the manifest's marks.
+        mark_index, _position, mark_ordinal = objects[1].marks[1]
+        assert await index_after(0, first.count + mark_ordinal + 1) == (mark_index, 0)
+        # Between marks: exact, reading (a cache chunk from) the mark before the answer: of
+        # the object that holds it only.
+        count = first.count + mark_ordinal + 3
+        index, read = await index_after(0, count)
+        assert index == indexes[count - 1]
+        assert 0 < read <= objects[1].size
