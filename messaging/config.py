@@ -62,6 +62,7 @@ DEFAULT_OBJECT_CACHE_SIZE = 256 << 20
 DEFAULT_OBJECT_UPLOADS = 4
 #: Seconds an object no manifest will ever record is left before the sweep deletes it.
 DEFAULT_OBJECT_SWEEP_GRACE = 600.0
+DEFAULT_OBJECT_STORE_TIMEOUT = 10.0
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
 
@@ -259,6 +260,11 @@ class BrokerConfig:
         "that no manifest records or ever will (an interrupted upload or deletion) is left "
         "before it is deleted", parse=positive_duration, show=show_duration,
         metavar="DURATION")
+    object_store_timeout: float = _option(
+        DEFAULT_OBJECT_STORE_TIMEOUT, "--object-store-timeout", "how long a read waits for one "
+        "request to the object store, retries included: a read that needs a store that does "
+        "not answer gets its 503 (naming the object, with Retry-After) after this",
+        parse=positive_duration, show=show_duration, metavar="DURATION")
     truncation_interval: float = _option(
         DEFAULT_TRUNCATION_INTERVAL, "--truncation-interval", "how often retention runs",
         parse=positive_duration, show=show_duration, metavar="DURATION")

@@ -50,7 +50,8 @@ class ObjectStorage:
         registered with its metrics. Call on the event loop."""
         store_metrics = StoreMetrics(metrics.registry)
         cache = ObjectCache(self.store, asyncio.get_running_loop(),
-                            self.config.object_cache_size, store_metrics)
+                            self.config.object_cache_size, store_metrics,
+                            timeout=self.config.object_store_timeout)
         return BrokerObjects(self, cache, store_metrics)
 
 

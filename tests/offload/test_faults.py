@@ -52,15 +52,16 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-def s3_broker(broker_process: MakeBroker, server: SeaweedFS, prefix: str, data: Path, *,
-              secret: str = SECRET_KEY, faults: dict[str, str] | None = None) -> BrokerProcess:
-    """A broker process (not started) keeping its segments in ``server`` under ``prefix``;
-    under tests/faultpoint.py when ``faults`` are given."""
+def s3_broker(broker_process: MakeBroker, server: SeaweedFS, prefix: str, data: Path,
+              *extra: str, secret: str = SECRET_KEY,
+              faults: dict[str, str] | None = None) -> BrokerProcess:
+    """A broker process (not started) keeping its segments in ``server`` under ``prefix``
+    (``extra``: more options); under tests/faultpoint.py when ``faults`` are given."""
     env = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": secret,
            "AWS_REGION": "us-east-1", **(faults or {})}
     launcher = [sys.executable, str(FAULTPOINT)] if faults else None
     return broker_process(data, "--object-store", f"s3://{BUCKET}/{prefix}",
-                          "--s3-endpoint", server.endpoint, *OPTIONS, env=env,
+                          "--s3-endpoint", server.endpoint, *OPTIONS, *extra, env=env,
                           launcher=launcher)
 
 
@@ -389,6 +390,46 @@ async def test_store_stopped_mid_read(broker_process: MakeBroker,
     assert [i for i, _d in local] == [i for i in sorted(acked)
                                       if i >= info["local_first_index"]]
     await publish_many(http, broker.url, range(200, 210), acked)  # writes go on
+
+
+async def test_a_hung_store_is_answered_within_the_timeout(
+        broker_process: MakeBroker, start_seaweedfs: Callable[[], SeaweedFS], tmp_path: Path,
+        http: aiohttp.ClientSession) -> None:
+    """The store takes connections and never answers (SIGSTOP): a read that needs it answers
+    503 with Retry-After, naming the store and the object, within --object-store-timeout
+    (not the 30 s of the store client's own retries); a streaming read from 0 ends with the
+    same error; once the store answers again, every message reads from 0."""
+    server = start_seaweedfs()
+    assert server.process is not None
+    prefix = unique_prefix()
+    broker = s3_broker(broker_process, server, prefix, tmp_path / "data",
+                       "--object-store-timeout", "2s").start()
+    acked: dict[int, bytes] = {}
+    await publish_many(http, broker.url, range(200), acked)
+    info = await wait_offloaded(http, broker.url, 3)
+    names = sorted(await listed(raw_store(server, prefix)))
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        started = asyncio.get_running_loop().time()
+        status, headers, messages = await read(http, broker.url, 0)
+        took = asyncio.get_running_loop().time() - started
+        assert status == 503, (status, headers.get("X-Broker-Error"))
+        assert took < 2 + 3, f"the 503 took {took:.1f} s"
+        assert int(headers["Retry-After"]) >= 1 and not messages
+        error = headers["X-Broker-Error"]
+        assert f"s3://{BUCKET}/{prefix}" in error and "no answer in 2 s" in error, error
+        assert any(name in error for name in names), error
+        async with http.get(f"{broker.url}/messaging/messages",
+                            params={"topicID": str(TOPIC), "index": "0",
+                                    "streaming": "true"}) as resp:
+            assert resp.status == 503, resp.status
+            assert "no answer in 2 s" in resp.headers["X-Broker-Error"]
+        local = await read_all(http, broker.url, max(acked), info["local_first_index"])
+        assert [i for i, _d in local] == [i for i in sorted(acked)
+                                          if i >= info["local_first_index"]]
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    await assert_all_acked(http, broker.url, acked)
 
 
 # -- the store's data harmed ---------------------------------------------------------------
