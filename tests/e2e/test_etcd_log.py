@@ -938,6 +938,81 @@ async def test_a_damaged_entry_stops_every_node_and_is_never_skipped(
         assert await contents(session, nodes.url(1)) == before
 
 
+#: The last commit before log entries carried a checksum (entry format 3): the release a
+#: cluster is upgraded from in the test below.
+PREVIOUS_RELEASE = "499b0b4"
+
+
+async def _format_in_etcd(etcd: EtcdCluster, cluster: str) -> tuple[bytes | None, bytes]:
+    """The cluster's recorded entry format (None: none) and the magic of its newest entry."""
+    recorded = await _range(etcd.members[0].client_url, f"/messaging/{cluster}/format".encode())
+    log_value = await _range(etcd.members[0].client_url, f"/messaging/{cluster}/log".encode())
+    return (recorded.kvs[0].value if recorded.kvs else None), log_value.kvs[0].value[:4]
+
+
+async def test_a_rolling_upgrade_from_the_previous_release(
+        etcd: EtcdCluster, broker_process, tmp_path: Path) -> None:
+    """Three nodes of the previous release (a git worktree) are upgraded one at a time
+    under load: while any old node is live every node writes the entry format it reads (2),
+    so no acknowledged publish is lost or skipped by anyone; once all three run this code the
+    cluster moves to format 3 by itself; the files end byte-identical. A node too old for
+    the recorded format refuses to start, in one line naming both formats."""
+    from bench.harness.checkouts import worktree
+
+    with worktree(PREVIOUS_RELEASE, tmp_path) as tree:
+        # -P: the working directory (this checkout) does not come before PYTHONPATH.
+        launcher = [sys.executable, "-P", "-m", "messaging.cli"]
+        env = {"PYTHONPATH": str(tree)}
+        old: dict[str, Any] = {"launcher": launcher, "env": env}
+        imported = subprocess.run([sys.executable, "-P", "-c",
+                                   "import messaging; print(messaging.__file__)"],
+                                  capture_output=True, text=True, timeout=60,
+                                  env={**os.environ, **env}).stdout.strip()
+        assert imported == str(tree / "messaging" / "__init__.py"), imported
+        nodes = Nodes(broker_process, tmp_path, etcd)
+        await nodes.start(0, 1, 2, **old)
+        await nodes.wait_ready(0, 1, 2)
+        async with aiohttp.ClientSession() as session:
+            load = Load(nodes.urls)
+            load.start(session, workers=4)
+            await load.until_acked(100, 30, "load on the previous release")
+            for i in range(3):
+                load.down.add(nodes.url(i))
+                assert nodes.procs[i].terminate() == 0
+                await nodes.start(i)  # this code
+                await nodes.wait_ready(i)
+                load.down.discard(nodes.url(i))
+                await load.until_acked(100, 30, f"load after node {i}'s upgrade")
+                if i < 2:  # old nodes still live: nobody writes what they cannot read
+                    recorded, magic = await _format_in_etcd(etcd, nodes.name)
+                    assert recorded is None and magic in (b"MSG2", b"MSZ2"), (recorded, magic)
+
+            async def format_3() -> bool:
+                recorded, magic = await _format_in_etcd(etcd, nodes.name)
+                return recorded == b"3" and magic in (b"MSG3", b"MSZ3")
+
+            await wait_until(format_3, timeout=20, what="the cluster writing entry format 3")
+            await load.until_acked(100, 30, "load in format 3")
+            await load.finish()
+            assert load.statuses.get(200), load.statuses
+            await settled(session, nodes, load)
+        async with grpc.aio.insecure_channel(
+                etcd.members[0].client_url.removeprefix("http://")) as channel:
+            await rpc.KVStub(channel).Put(rpc.PutRequest(
+                key=f"/messaging/{nodes.name}/format".encode(), value=b"4"), timeout=5)
+        nodes.kill(2)
+        refused = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "messaging.cli", "broker", "--data",
+                             str(nodes.data(2)), "--bind", f"127.0.0.1:{nodes.ports[2]}",
+                             "--etcd", etcd.endpoints, "--cluster", nodes.name,
+                             "--advertise", nodes.url(2)],
+            capture_output=True, text=True, timeout=60)
+        assert refused.returncode != 0
+        assert (f"cluster {nodes.name!r} writes log entries of format 4; this node reads "
+                "formats up to 3") in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+
+
 @pytest.mark.parametrize("fsync", ["always", "interval"])
 async def test_in_process_node_never_blocks_the_loop(etcd: EtcdCluster, start_server,
                                                      fsync: str) -> None:

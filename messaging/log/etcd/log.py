@@ -54,6 +54,7 @@ from messaging.broker.commands import ApplyResult
 from messaging.broker.snapshot import SnapshotStream
 from messaging.config import FSYNC_MODES, EtcdSettings, FsyncMode
 from messaging.errors import BrokerClosedError, ClusterUnavailableError, MessagingError
+from messaging.log.etcd import entry_format
 from messaging.log.etcd.apply import Applier
 from messaging.log.etcd.budget import DEFAULT_WINDOW
 from messaging.log.etcd.checkpoint import CHECKPOINT, Checkpoints
@@ -139,6 +140,7 @@ class EtcdLog:
             raise
         self._client = EtcdClient(self.settings, credentials)
         self._membership.client = self._writes.client = self._watch.client = self._client
+        await self._check_entry_format()
         self._watch.received = revision
         log.info("cluster %s: node %s replays etcd's log from revision %d (broker index %d); "
                  "etcd %s", self.cluster, self.url, revision + 1, self.broker.index,
@@ -149,7 +151,7 @@ class EtcdLog:
             asyncio.create_task(self._supervised("etcd monitor", self._monitor,
                                                  MONITOR_INTERVAL),
                                 name="messaging-etcd-monitor"),
-            asyncio.create_task(self._supervised("membership", self._membership.step,
+            asyncio.create_task(self._supervised("membership", self._membership_step,
                                                  MEMBERSHIP_INTERVAL),
                                 name="messaging-etcd-membership"),
         ]
@@ -163,6 +165,24 @@ class EtcdLog:
         after. Refuses foreign data directories."""
         credentials = load_credentials(self.settings)
         return credentials, self._checkpoints.load().revision
+
+    async def _check_entry_format(self) -> None:
+        """Refuse to start when the cluster writes an entry format this node cannot read;
+        else write the active one from the first put. An etcd that does not answer yet is
+        no reason to stop: the membership step reads it within a second."""
+        try:
+            active = await entry_format.active_version(self._client, self.cluster)
+        except (grpc.aio.AioRpcError, MessagingError) as err:
+            log.info("cluster %s: could not read the log entry format yet (%s)", self.cluster,
+                     describe(err))
+            return
+        entry_format.check_supported(self.cluster, active)
+        self._membership.entry_version = self._writes.entry_version = active
+
+    async def _membership_step(self) -> None:
+        """The membership's step; puts follow the cluster's entry format it keeps."""
+        await self._membership.step()
+        self._writes.entry_version = self._membership.entry_version
 
     async def close(self) -> None:
         """Let in-flight writes apply (briefly), stop every task, fsync and checkpoint."""

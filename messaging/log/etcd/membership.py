@@ -1,11 +1,13 @@
 """Cluster membership in etcd: registration under a lease, the live node list, compaction.
 
 Each broker node keeps ``/messaging/<cluster>/nodes/<advertise URL>`` = ``{url,
-durable_revision}`` bound to a lease it keeps alive; the key vanishes a few seconds after the
-node dies (or at once when it stops cleanly). The live nodes are the ones registered. The first
-live node by URL compacts etcd's history below the smallest durable revision of every node
-registered in this etcd (compaction is etcd-wide, so every messaging cluster counts): any node
-may do it, one at a time, and repeating it is harmless.
+durable_revision, entry_version}`` bound to a lease it keeps alive; the key vanishes a few
+seconds after the node dies (or at once when it stops cleanly). The live nodes are the ones
+registered. The first live node by URL compacts etcd's history below the smallest durable
+revision of every node registered in this etcd (compaction is etcd-wide, so every messaging
+cluster counts): any node may do it, one at a time, and repeating it is harmless. The nodes'
+announced entry formats move the cluster's active one
+(:mod:`messaging.log.etcd.entry_format`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from messaging.log.etcd import entry_format
 from messaging.log.etcd.client import QUICK_TIMEOUT, EtcdClient
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,10 @@ class Membership:
         self._durable_revision = durable_revision
         self._prefix = nodes_prefix(cluster, kind)
         self._name = f"cluster {cluster}" if kind == "nodes" else f"cluster {cluster} {kind}"
+        self._cluster = cluster
+        self._kind = kind
+        #: The log entry format the cluster writes (nodes of a log only; see entry_format).
+        self.entry_version = entry_format.BASE_VERSION
         self._key = self._prefix + url.encode()
         self.lease = 0
         self._registered: str | None = None
@@ -55,10 +62,21 @@ class Membership:
         return sorted({*self.nodes, self.url})
 
     async def step(self) -> None:
-        """Keep the lease and registration, refresh the node list, compact when due."""
+        """Keep the lease and registration, refresh the node list, move the entry format
+        up when every node reads the newer one, compact when due."""
         await self.register()
         await self.refresh()
+        if self._kind == "nodes":
+            active = await entry_format.active_version(self.client, self._cluster)
+            self.entry_version = await entry_format.advance(
+                self.client, self._cluster, max(active, self.entry_version),
+                [*self.nodes.values(), self._announcement()])
         await self.maybe_compact()
+
+    def _announcement(self) -> dict[str, Any]:
+        """What this node registers."""
+        return {"url": self.url, "durable_revision": self._durable_revision(),
+                "entry_version": entry_format.ENTRY_VERSION}
 
     async def register(self) -> None:
         """Keep the lease alive (a new one if it expired) and the registration current."""
@@ -70,8 +88,7 @@ class Membership:
         if not self.lease:
             self.lease = await self.client.grant_lease(LEASE_TTL)
             self._registered = None
-        value = json.dumps({"url": self.url, "durable_revision": self._durable_revision()},
-                           sort_keys=True)
+        value = json.dumps(self._announcement(), sort_keys=True)
         now = time.monotonic()
         if value != self._registered and (self._registered is None
                                           or now - self._registered_at >= REGISTER_INTERVAL):
@@ -146,14 +163,16 @@ def nodes_prefix(cluster: str, kind: str = "nodes") -> bytes:
 
 
 async def read_nodes(client: EtcdClient, prefix: bytes) -> dict[str, dict[str, Any]]:
-    """The registrations under ``prefix``: URL → {url, durable_revision}."""
+    """The registrations under ``prefix``: URL → {url, durable_revision, entry_version}
+    (entry_format.BASE_VERSION for a node that announces none: an older release)."""
     response = await client.get(prefix, prefix=True)
     nodes = {}
     for kv in response.kvs:
         try:
             info = json.loads(kv.value)
             nodes[str(info["url"])] = {"url": str(info["url"]),
-                                       "durable_revision": int(info["durable_revision"])}
+                                       "durable_revision": int(info["durable_revision"]),
+                                       "entry_version": entry_format.announced(info)}
         except (ValueError, KeyError, TypeError):
             continue  # not ours: ignore it
     return nodes

@@ -37,6 +37,7 @@ from messaging.errors import (
 from messaging.log.base import answer_callers
 from messaging.log.etcd.budget import Budget
 from messaging.log.etcd.client import EtcdClient, describe
+from messaging.log.etcd.entry_format import BASE_VERSION, ENTRY_VERSION
 from messaging.log.etcd.startup import Startup
 from messaging.quiet_log import RECURRING_LOG_INTERVAL, QuietLog
 
@@ -92,6 +93,7 @@ _ENTRY_V2 = struct.Struct(">4s8sQIq")
 _MAGICS_V2 = {b"MSG2": False, b"MSZ2": True}
 _ENTRY_V1 = struct.Struct(">4s8sQI")
 _MAGICS_V1 = {b"MSG1": False, b"MSZ1": True}
+_PLAIN_MAGICS = (_MAGIC, b"MSG2")  # what a body that did not compress is written under
 _LENGTH = struct.Struct(">I")
 #: Bodies shorter than this go uncompressed (a frame's header costs more than it saves).
 COMPRESS_FROM = 512
@@ -135,10 +137,15 @@ class LogEntry:
 
 
 def encode_entry(node: bytes, seq: int, commands: Sequence[bytes], *,
-                 compress: bool = True, time_ms: int | None = None) -> bytes:
+                 compress: bool = True, time_ms: int | None = None,
+                 version: int = ENTRY_VERSION) -> bytes:
     """One log value holding ``commands`` (each a buffer of frames), its body compressed
     when ``compress`` and it pays (see COMPRESS_FROM and COMPRESS_KEEP), stamped with
-    ``time_ms`` (default: the clock now): the time every node gives its commands."""
+    ``time_ms`` (default: the clock now): the time every node gives its commands. In entry
+    format ``version`` (3, with its checksum; or 2, which the previous release reads: see
+    :mod:`messaging.log.etcd.entry_format`)."""
+    if version not in (2, 3):
+        raise ValueError(f"this node writes log entry formats 2 and 3, not {version}")
     if time_ms is None:
         time_ms = now_ms()
     parts = []
@@ -146,11 +153,15 @@ def encode_entry(node: bytes, seq: int, commands: Sequence[bytes], *,
         parts.append(_LENGTH.pack(len(command)))
         parts.append(command)
     body = b"".join(parts)
+    zstd = False
     if compress and len(body) >= COMPRESS_FROM:
         packed = _compressor().compress(body)
         if len(packed) <= len(body) * COMPRESS_KEEP:
-            return _sealed(_MAGIC_ZSTD, node, seq, len(commands), time_ms, packed)
-    return _sealed(_MAGIC, node, seq, len(commands), time_ms, body)
+            body, zstd = packed, True
+    if version == 2:
+        return _ENTRY_V2.pack(b"MSZ2" if zstd else b"MSG2", node, seq, len(commands),
+                              time_ms) + body
+    return _sealed(_MAGIC_ZSTD if zstd else _MAGIC, node, seq, len(commands), time_ms, body)
 
 
 def _sealed(magic: bytes, node: bytes, seq: int, count: int, time_ms: int,
@@ -272,6 +283,9 @@ class LogWriter:
         self._settled = settled
         self.log_key = log_key
         self.node_id = node_id
+        #: The entry format puts are written in: the cluster's active one (the membership
+        #: keeps it current), the previous release's until it is known.
+        self.entry_version = BASE_VERSION
         self._on_quorum_read = on_quorum_read
         self._pending: list[_Pending] = []
         self._pending_bytes = 0  # of the commands in _pending
@@ -543,12 +557,14 @@ class LogWriter:
         (random or encrypted payloads): then only every COMPRESS_RETRY-th entry tries."""
         size = sum(map(len, commands))
         attempt = size >= COMPRESS_FROM and self._compress_misses % COMPRESS_RETRY == 0
+        version = self.entry_version
         if size <= ENCODE_ON_LOOP:
-            value = encode_entry(self.node_id, seq, commands, compress=attempt)
+            value = encode_entry(self.node_id, seq, commands, compress=attempt,
+                                 version=version)
         else:  # compressing a big entry takes a millisecond or more: not on the loop
             value = await asyncio.to_thread(encode_entry, self.node_id, seq, commands,
-                                            compress=attempt)
-        if attempt and value[:4] == _MAGIC:
+                                            compress=attempt, version=version)
+        if attempt and value[:4] in _PLAIN_MAGICS:
             self._compress_misses = 1  # it did not pay: skip the next ones
         elif self._compress_misses and size >= COMPRESS_FROM:
             self._compress_misses = 0 if attempt else self._compress_misses + 1

@@ -136,17 +136,37 @@ def test_an_entry_of_a_newer_version_is_named_as_such() -> None:
         decode_entry(b"MSG9" + value[4:])
 
 
-async def test_after_an_entry_that_did_not_compress_only_every_sixteenth_tries() -> None:
+@pytest.mark.parametrize("version", [2, 3])
+async def test_after_an_entry_that_did_not_compress_only_every_sixteenth_tries(
+        version: int) -> None:
     """Incompressible payloads cost no zstd work on every put: after a miss, compression is
-    tried again only every COMPRESS_RETRY-th entry, and from a hit on, every entry."""
+    tried again only every COMPRESS_RETRY-th entry, and from a hit on, every entry; in
+    either entry format a writer may be told to write."""
     writer = LogWriter(cast(EtcdClient, None), b"/log", b"n" * 8, lambda _response: None)
+    assert writer.entry_version == 2  # until the cluster's active format is known
+    writer.entry_version = version
+    plain, packed = b"MSG%d" % version, b"MSZ%d" % version
     noise = [encode_batch(1, [os.urandom(4000)]) for _ in range(4)]
     json_events = _events(50)
-    assert (await writer.encode_value(1, json_events))[:4] == b"MSZ3"
-    assert (await writer.encode_value(2, noise))[:4] == b"MSG3"  # a miss
+    assert (await writer.encode_value(1, json_events))[:4] == packed
+    assert (await writer.encode_value(2, noise))[:4] == plain  # a miss
     magics = [(await writer.encode_value(3 + k, json_events))[:4] for k in range(COMPRESS_RETRY)]
-    assert magics == [b"MSG3"] * (COMPRESS_RETRY - 1) + [b"MSZ3"]
-    assert (await writer.encode_value(99, json_events))[:4] == b"MSZ3"  # compressing again
+    assert magics == [plain] * (COMPRESS_RETRY - 1) + [packed]
+    assert (await writer.encode_value(99, json_events))[:4] == packed  # compressing again
+    assert decode_entry(await writer.encode_value(100, json_events)).commands == json_events
+
+
+def test_entries_of_format_2_are_what_the_previous_release_reads() -> None:
+    """Format 2 (no checksum) is written byte for byte as the previous release wrote it, so
+    its nodes read what new ones put during a rolling upgrade; other formats are refused."""
+    commands = _events(30)
+    for compress in (False, True):
+        new = encode_entry(b"n" * 8, 5, commands, compress=compress, time_ms=77)
+        old = encode_entry(b"n" * 8, 5, commands, compress=compress, time_ms=77, version=2)
+        assert old == old[:3] + b"2" + new[4:32] + new[36:] and old[:3] == new[:3]
+        assert decode_entry(old) == decode_entry(new)
+    with pytest.raises(ValueError, match="formats 2 and 3, not 1"):
+        encode_entry(b"n" * 8, 5, commands, version=1)
 
 
 class FakeEtcd:
