@@ -5,6 +5,7 @@ topic, and the runs' parsing."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,20 @@ async def bursts(client: Client) -> tuple[list[int], int]:
     indexes += await client.publish_batch(1, [b"c", b"d"])
     runs = await client.times(1)
     return indexes, runs.time_of(indexes[2]) or 0
+
+
+class TimesRequests:
+    """Counts a client's ``GET /messaging/times`` requests (its ``times`` method, wrapped);
+    :meth:`fetch` asks without being counted."""
+
+    def __init__(self, client: Client) -> None:
+        self.calls = 0
+        self.fetch = client.times
+        client.times = self._counted  # type: ignore[method-assign]
+
+    async def _counted(self, *args: Any, **kwargs: Any) -> TimeRuns:
+        self.calls += 1
+        return await self.fetch(*args, **kwargs)
 
 
 async def test_messages_read_with_times_carry_them(server: BrokerServer) -> None:
@@ -52,21 +67,13 @@ async def test_a_conn_hands_out_times_fetching_a_stretch_at_a_time(server: Broke
                                                                    ) -> None:
     async with Client(server.url) as client:
         await client.publish_batch(1, [b"x%d" % i for i in range(500)])
-        calls = 0
-        fetch = client.times
-
-        async def counted(*args: object, **kwargs: object) -> TimeRuns:
-            nonlocal calls
-            calls += 1
-            return await fetch(*args, **kwargs)  # type: ignore[arg-type]
-
-        client.times = counted  # type: ignore[method-assign]
+        requests = TimesRequests(client)
         conn = client.conn(1, times=True)
         await conn.open(streaming=False)
         got = [m async for m in conn]
         await conn.close()
         assert len(got) == 500 and all(isinstance(m.time, int) for m in got)
-        assert calls == 1  # one batch, one request
+        assert requests.calls == 1  # one batch, one request
 
 
 async def test_conn_batches_carry_times_when_asked(server: BrokerServer) -> None:
@@ -77,19 +84,11 @@ async def test_conn_batches_carry_times_when_asked(server: BrokerServer) -> None
     async with Client(server.url) as client:
         indexes, later = await bursts(client)
         await client.publish_batch(1, [b"e%d" % i for i in range(300)])
-        calls = 0
-        fetch = client.times
-
-        async def counted(*args: object, **kwargs: object) -> TimeRuns:
-            nonlocal calls
-            calls += 1
-            return await fetch(*args, **kwargs)  # type: ignore[arg-type]
-
-        client.times = counted  # type: ignore[method-assign]
+        requests = TimesRequests(client)
         conn = client.conn(1, times=True)
         await conn.open(streaming=False)
         first = await anext(conn)  # message by message first, then the rest in batches
-        assert (first.data, first.time) == (b"a", (await fetch(1)).time_of(indexes[0]))
+        assert (first.data, first.time) == (b"a", (await requests.fetch(1)).time_of(indexes[0]))
         batches = [batch async for batch in conn.batches()]
         await conn.close()
         assert batches and all(isinstance(batch, TimedBatch) for batch in batches)
@@ -100,15 +99,15 @@ async def test_conn_batches_carry_times_when_asked(server: BrokerServer) -> None
         head = batches[0]
         assert isinstance(head, TimedBatch)
         assert head.time_of(indexes[2]) == later and head.time_of(10**9) is None
-        assert calls <= len(batches)  # a request per stretch at most, never per message
+        assert requests.calls <= len(batches)  # a request per stretch, never per message
 
-        calls = 0
+        requests.calls = 0
         plain = client.conn(1)
         await plain.open(streaming=False)
         batches = [batch async for batch in plain.batches()]
         await plain.close()
         assert not any(isinstance(batch, TimedBatch) for batch in batches)
-        assert sum(batch.count for batch in batches) == 304 and calls == 0
+        assert sum(batch.count for batch in batches) == 304 and requests.calls == 0
 
 
 async def test_a_following_conn_since_a_time_starts_there_and_follows(
