@@ -98,10 +98,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy messaging tests bench examples
 
-## make pytest: every test (pytest -q), without ruff and mypy; installs etcd, faketime, chromium
+## make pytest: every test (pytest -q, the 25 slowest listed at the end), without ruff and mypy; installs etcd, faketime, chromium
 ## and the conformance suite first when they are missing
 pytest: $(STAMP) etcd faketime chromium conformance
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # Unit tests measure no disk: their files go to a RAM-backed directory when there is one.
 ## make pytest-unit: the unit tests only, as make test-unit runs them, without ruff and mypy
