@@ -1,7 +1,7 @@
 """How much zstd saves on the etcd log entry, and what it costs, for realistic payloads.
 
 etcd's bandwidth is the ceiling of the whole cluster, so the entry (one put of the log key)
-is compressed when that pays (:func:`messaging.log.etcd.writer.encode_entry`). This measures
+is compressed when that pays (:func:`messaging.log.etcd.entry.encode_entry`). This measures
 the entries a cluster actually writes: one single publish, and a put of 1,000 messages, for
 JSON events like the Spark example's, the benchmarks' 100-byte payload, and random bytes; each
 at zstd levels 1 and 3, with the time to compress and decompress it. Run by
@@ -25,7 +25,7 @@ from bench.harness.figures import Row
 from bench.harness.results import command_line, report
 from examples.generate_events import make_events
 from messaging.frames import encode_batch
-from messaging.log.etcd.writer import COMPRESS_LEVEL, encode_entry
+from messaging.log.etcd.entry import COMPRESS_LEVEL, encode_entry
 
 NODE = b"bench-01"
 

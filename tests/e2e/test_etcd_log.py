@@ -34,7 +34,7 @@ from messaging.cli.client import RELEARN_INTERVAL
 from messaging.client.client import Client
 from messaging.frames import FRAMES_CONTENT_TYPE, decode, encode_batch
 from messaging.log.etcd.client import prefix_end
-from messaging.log.etcd.writer import encode_entry
+from messaging.log.etcd.entry import encode_entry
 from messaging.placement import group_of_name, group_of_topic
 from tests.conftest import BrokerProcess, cli, free_port, wait_until
 from tests.faultpoint import read_trace

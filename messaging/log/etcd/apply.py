@@ -48,8 +48,9 @@ from messaging.errors import (
     StorageFailedError,
 )
 from messaging.log.etcd.checkpoint import Checkpoints
+from messaging.log.etcd.entry import decode_entry
 from messaging.log.etcd.progress import Progress
-from messaging.log.etcd.writer import ApplyTiming, LogWriter, decode_entry
+from messaging.log.etcd.writer import ApplyTiming, LogWriter
 from messaging.log.local import DeferredSync
 from messaging.log.serial import SerialExecutor
 from messaging.quiet_log import RECURRING_LOG_INTERVAL, QuietLog

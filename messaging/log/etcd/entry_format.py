@@ -45,10 +45,13 @@ def announced(info: Mapping[str, Any]) -> int:
 async def active_version(client: EtcdClient, cluster: str) -> int:
     """The cluster's active entry format."""
     response = await client.get(format_key(cluster))
-    if not response.kvs:
-        return BASE_VERSION
+    return _version(response.kvs[0].value) if response.kvs else BASE_VERSION
+
+
+def _version(value: bytes) -> int:
+    """A recorded format (BASE_VERSION for a value that is not one)."""
     try:
-        return int(response.kvs[0].value)
+        return int(value)
     except ValueError:
         return BASE_VERSION
 
@@ -70,14 +73,7 @@ async def advance(client: EtcdClient, cluster: str, active: int,
     if not all(announced(info) >= ENTRY_VERSION for info in nodes):
         return active
     stored = await client.put_if_absent(format_key(cluster), str(ENTRY_VERSION).encode())
-    try:
-        now = int(stored)
-    except ValueError:
-        now = active
-    if now < ENTRY_VERSION:
-        # An older value was recorded by someone: replace it (only ever upwards).
-        await client.put(format_key(cluster), str(ENTRY_VERSION).encode())
-        now = ENTRY_VERSION
+    now = max(_version(stored), active)  # another node may have recorded it first
     log.info("cluster %s: every live node reads log entry format %d: writing it from now on",
              cluster, now)
     return now

@@ -66,7 +66,8 @@ class Membership:
         up when every node reads the newer one, compact when due."""
         await self.register()
         await self.refresh()
-        if self._kind == "nodes":
+        if self._kind == "nodes" and self.entry_version < entry_format.ENTRY_VERSION:
+            # Until the newest format is active (it never moves down): then nothing to read.
             active = await entry_format.active_version(self.client, self._cluster)
             self.entry_version = await entry_format.advance(
                 self.client, self._cluster, max(active, self.entry_version),

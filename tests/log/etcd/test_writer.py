@@ -20,15 +20,13 @@ from messaging.errors import CommitUnknownError, StorageFailedError
 from messaging.frames import encode_batch
 from messaging.log.etcd import writer as writer_module
 from messaging.log.etcd.client import EtcdClient
-from messaging.log.etcd.writer import (
-    COALESCE_BYTES,
-    COMPRESS_RETRY,
+from messaging.log.etcd.entry import (
     MAX_BODY_BYTES,
     CorruptEntryError,
-    LogWriter,
     decode_entry,
     encode_entry,
 )
+from messaging.log.etcd.writer import COALESCE_BYTES, COMPRESS_RETRY, LogWriter
 from tests.examples import examples
 
 
