@@ -9,7 +9,9 @@ in a child script. Only calls on paths under ``FAULT_ROOT`` count, and only whil
 - ``FAULT_KILL``: ``<n>`` sends this process SIGKILL just before the n-th counted call;
   ``<n>+`` just after it; ``<n>~`` (a write) after writing half of its bytes: a torn write.
 - ``FAULT_HOLD``: ``<op>:<suffix>``: that call on a path ending with ``suffix`` waits while
-  ``FAULT_ARM`` exists (the test kills the process while it waits).
+  ``FAULT_ARM`` exists (the test kills the process while it waits); ``<op>:<suffix>@<text>``
+  holds only a write whose bytes contain ``text``. The trace says ``held <op> <path>`` when
+  a hold begins.
 - ``FAULT_FAIL``: ``<op>:<suffix>``: the first such call on a path ending with ``suffix`` (once
   ``FAULT_ARM`` exists) fails with EIO instead of running (a disk that refuses a write or
   an fsync).
@@ -67,6 +69,7 @@ def install(environ: dict[str, str] | None = None) -> None:
     kill_at = int(kill.rstrip("+~")) if kill else 0
     kill_when = kill[-1] if kill and kill[-1] in "+~" else "-"
     hold_op, _, hold_suffix = env.get("FAULT_HOLD", "").partition(":")
+    hold_suffix, _, hold_text = hold_suffix.partition("@")
     fail_op, _, fail_suffix = env.get("FAULT_FAIL", "").partition(":")
     failed: list[str] = []
     skip = [part for part in env.get("FAULT_SKIP", "").split(",") if part]
@@ -94,7 +97,11 @@ def install(environ: dict[str, str] | None = None) -> None:
                     failed.append(path)
                 if first:
                     raise OSError(errno.EIO, f"injected {op} failure", path)
-            if op == hold_op and path.endswith(hold_suffix):
+            if op == hold_op and path.endswith(hold_suffix) and (
+                    not hold_text or hold_text.encode() in bytes(args[0])):
+                if trace:
+                    with _lock, open(trace, "a") as f:
+                        f.write(f"held {op} {path}\n")
                 deadline = time.monotonic() + 60
                 while os.path.exists(arm) and time.monotonic() < deadline:
                     time.sleep(0.005)
@@ -222,7 +229,7 @@ def read_trace(path: str | os.PathLike[str]) -> list[tuple[int, str, str, str]]:
         word, _, rest = line.partition(" ")
         if word == "op":
             current = rest
-        else:
+        elif word != "held":  # a hold began (FAULT_HOLD), not a call
             op, _, where = rest.partition(" ")
             calls.append((int(word), op, where, current))
     return calls

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -79,12 +80,18 @@ def inject(monkeypatch: pytest.MonkeyPatch, faults: Faults) -> Iterator[Faults]:
             faults.injected += 1
         return written
 
+    counting = threading.Lock()  # files are fsynced side by side on several threads
+
     def syncer(real: Callable[[int], None]) -> Callable[[int], None]:
         def sync(fd: int) -> None:
-            if faults.sync_failures > 0 and faults.covers(fd_path(fd)):
-                faults.sync_failures -= 1
-                faults.injected += 1
-                raise OSError(faults.sync_errno, os.strerror(faults.sync_errno))
+            if faults.covers(fd_path(fd)):
+                with counting:
+                    fail = faults.sync_failures > 0
+                    if fail:
+                        faults.sync_failures -= 1
+                        faults.injected += 1
+                if fail:
+                    raise OSError(faults.sync_errno, os.strerror(faults.sync_errno))
             real(fd)
         return sync
 

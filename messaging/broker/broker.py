@@ -9,14 +9,15 @@ Broker-internal frames (type bit 0x8000) take no index and are never stored in a
 record subscriber progress (:data:`SET_TOPIC_MAX_INDEX`) and consumer position resets and
 deletes (:data:`messaging.broker.subscribers.CONSUMER_OP`).
 
-A group of commands is one transaction (:meth:`Broker.write_group`): the state it changes
-besides frames (catalog, producer sequence numbers, subscriber positions) is written to the
-state journal first, then every topic it touches is written once and fsynced once, and only
-then does any of it become visible; any failure undoes all of it, so a client that got an
-error never sees its messages, and nothing on disk is left that the in-memory state does not
-account for. A crash between the journal and the frames is undone at start-up (the line is
-dropped, the frames that made it are cut back), so frames and the state recorded with them
-always agree.
+A group of commands is one transaction (:meth:`Broker.write_group`): every topic it touches
+is written once, then its line in the state journal (its commit mark, with the state it
+changes besides frames: catalog, producer sequence numbers, subscriber positions), then the
+topics and the journal are fsynced side by side, and only then does any of it become visible;
+any failure undoes all of it, so a client that got an error never sees its messages, and
+nothing on disk is left that the in-memory state does not account for. A crash anywhere in
+between is undone at start-up (frames no whole line covers are cut, across segments; a line
+whose frames are missing is dropped with them), so a batch is all or nothing and frames and
+the state recorded with them always agree.
 
 Who owns what: the writer side is this class (files, the state journal, fsyncs and carrying
 out a group's effects) over :class:`~messaging.broker.machine.StateMachine` (what each
@@ -201,18 +202,33 @@ class Broker:
         self.positions.restore(state.get("subscribers", {}))
         journaled = recovery.replay_journal(self._catalog_log, int(state.get("catalog_seq", 0)),
                                             self.store, self.catalog, self.positions)
+        marked = bool(state.get(recovery.MARKS))
+        if marked:  # frames no whole line covers: their group's commit mark never made it
+            recovery.cut_uncommitted(self.store, max(int(state.get("index", 0)), journaled))
         recovery.reconcile_streams(self.store, self.catalog)
         recovery.reconcile_deleted(self.store, self.catalog.topic_settings)
         self._configure(self.store.all())
-        # Each source alone may be behind: broker.json is saved now and then, a journal line
-        # is written only by groups that change state, and a deleted stream's topic took its
-        # indexes with it. Reusing an index would break the consistent cut.
+        # Each source alone may be behind: broker.json is saved now and then, a directory of
+        # an earlier release has groups without a journal line, and a deleted stream's topic
+        # took its indexes with it. Reusing an index would break the consistent cut.
         self.index = max([int(state.get("index", 0)), journaled]
                          + [t.last_index for t in self.store.all()])
         self.time = max([int(state.get("time", 0))]
                         + [t.last_time or 0 for t in self.store.all()])
-        # Nothing is written here: a broker whose disk is full still starts and serves reads.
+        if not marked:
+            self._mark()
         log.info("opened %s: %d topics, index %d", self.path, len(self.store.ids()), self.index)
+
+    def _mark(self) -> None:
+        """Save ``broker.json`` saying that every group from now on has a commit mark (a new
+        directory, or one an earlier release wrote). When that fails (a full disk) the
+        broker still starts and serves; a crash then keeps part of an interrupted batch, as
+        earlier releases did, and the next start tries again."""
+        try:
+            self.save_state(durable=True)
+        except OSError as err:
+            log.warning("could not save %s/broker.json (%s): until it is saved, a batch that "
+                        "a crash interrupts may be kept in part", self.path, err.strerror or err)
 
     def _configure(self, topics: Iterable[Topic]) -> None:
         """Give topics their effective segment size and the floor of their last deletion."""
@@ -234,6 +250,7 @@ class Broker:
             "subscribers": self.positions.saved(),
             "catalog": self.catalog.saved(),
             "catalog_seq": self._catalog_log.seq,
+            recovery.MARKS: True,
         }
 
     def save_state(self, *, durable: bool = True) -> None:
@@ -325,11 +342,16 @@ class Broker:
             self.store.sync_new_dirs()
             machine.seal(self)
             manifest = machine.manifest_staged
-            # The state first, then the frames: see messaging.broker.state_log for why.
-            journaled = self._journal(touched, before + 1, durable=durable or manifest)
             debug = log.isEnabledFor(logging.DEBUG)
             written = time.perf_counter() if debug else 0.0
-            rounds = self.store.write(list(touched), durable=durable)
+            # The frames, then the group's journal line (its commit mark), both made durable
+            # in one round: see messaging.broker.state_log for why in this order.
+            rounds = self.store.write(list(touched), durable=False)
+            journaled = self._journal(touched, before + 1)
+            if durable or (manifest and journaled):
+                beside = [self._catalog_log.flush] if journaled else []
+                self.store.sync(touched if durable else (), beside=beside)
+                rounds += 1
             if rounds:
                 self.metrics.fsyncs.inc(rounds)
             if debug:
@@ -475,13 +497,14 @@ class Broker:
                            "a group of %d commands failed, nothing of it kept: %s", commands,
                            error)
 
-    def _journal(self, touched: set[int], first: int, *, durable: bool) -> bool:
-        """Write the group's state changes (catalog, positions) and the frames it stages to
-        the state journal, before the frames; returns whether there was anything to write."""
+    def _journal(self, touched: set[int], first: int) -> bool:
+        """Append the group's line to the state journal (its commit mark, state changes and
+        the frames it wrote), without fsync: :meth:`_write_group` makes it durable beside
+        the frames. Returns whether there was anything to write."""
         entry = self.machine.journal_entry(first, touched, lambda t: self.store[t].last_index)
         if entry is None:
             return False
-        self._catalog_log.append(entry, durable=durable)
+        self._catalog_log.append(entry, durable=False)
         return True
 
     def _record_positions(self, changes: list[PositionChange]) -> None:
@@ -512,10 +535,11 @@ class Broker:
         self._catalog_log.sync()
 
     def sync(self, topic_ids: Iterable[int]) -> None:
-        """fsync the given topics (a deferred sync); raises the first failure after trying
-        every topic (see :meth:`TopicStore.sync`)."""
+        """fsync the given topics and, beside them, the state journal (a deferred sync: the
+        lines are the commit marks of the frames); raises the first failure after trying
+        every one (see :meth:`TopicStore.sync`)."""
         try:
-            self.store.sync(topic_ids)
+            self.store.sync(topic_ids, beside=[self._catalog_log.flush])
         finally:
             self.metrics.fsyncs.inc()
 

@@ -235,19 +235,20 @@ class StateMachine:
 
     def journal_entry(self, first: int, touched: Iterable[int],
                       last_index: Callable[[int], int]) -> dict[str, Any] | None:
-        """The state journal's line for the group (None: it changes nothing but frames):
-        its catalog changes, position changes, and the last index of each topic it writes,
-        from ``first`` (see :mod:`messaging.broker.state_log`)."""
-        if not self.pending:
+        """The state journal's line for the group, its commit mark (None: it changes nothing
+        and appends nothing): the broker index it ends at, its catalog changes, position
+        changes, and the last index of each topic it writes, from ``first`` (see
+        :mod:`messaging.broker.state_log`)."""
+        # A topic the group also frees (a stream written and deleted in one group) is gone
+        # after it commits: its frames prove nothing, and a restart must not miss them.
+        covered = set(touched).difference(self.catalog.removed)
+        if not self.pending and not covered:
             return None
         entry: dict[str, Any] = {"index": self.index}
         if self.catalog.pending:
             entry["changes"] = self.catalog.changes()
         if self._positions:
             entry["positions"] = [[c.topic, c.index, c.name, c.kind] for c in self._positions]
-        # A topic the group also frees (a stream written and deleted in one group) is gone
-        # after it commits: its frames prove nothing, and a restart must not miss them.
-        covered = set(touched).difference(self.catalog.removed)
         if covered:
             entry["group"] = {"first": first,
                               "last": {str(t): last_index(t) for t in covered}}

@@ -1,13 +1,20 @@
 """Opening a data directory: the state saved in ``broker.json``, the state journal's lines after
 it, and the topics' files made to agree with both (start-up only, before anything is served).
 
-A group is written as its journal line first, then its frames (see
-:mod:`messaging.broker.state_log`): a crash can leave a last line whose frames did not all
-reach the disk (that group was never acknowledged: the line is dropped and its frames cut
-back), frames of a named topic beyond its stream's saved tail, directories of named topics the
-catalog does not know, and files of a topic whose deletion was journaled but not carried out.
-Each function here mends one of these; none writes anything else, so a broker whose disk is
-full still starts and serves reads.
+A group is written as its frames first, then its journal line — the group's commit mark —
+and both are fsynced side by side (see :mod:`messaging.broker.state_log`). A crash can leave
+frames of a group whose line never made it, in one segment or across a roll (that group was
+never acknowledged: :func:`cut_uncommitted` removes every frame above the last line's broker
+index, so a batch is all or nothing), a last line whose frames did not all reach the disk (a
+power loss between the two fsyncs: the line is dropped and its frames cut back), frames of a
+named topic beyond its stream's saved tail, directories of named topics the catalog does not
+know, and files of a topic whose deletion was journaled but not carried out. Each function
+here mends one of these; none writes anything else, so a broker whose disk is full still
+starts and serves reads.
+
+``broker.json`` says ``"marks": true`` once every group since it was written has a line: a
+directory written by a release before commit marks has acknowledged groups without one, so
+nothing is cut there until the broker has marked it (:data:`MARKS`).
 """
 
 from __future__ import annotations
@@ -25,8 +32,12 @@ from messaging.errors import DataDirectoryError
 from messaging.files import read_json, remove_stale_temporaries
 from messaging.placement import NAMED_TOPIC_BASE
 from messaging.topic.store import TopicStore
+from messaging.topic.topic import Topic
 
 log = logging.getLogger(__name__)
+
+#: The key of ``broker.json`` that says every group after it has a journal line.
+MARKS = "marks"
 
 
 def read_saved_state(path: Path) -> dict[str, Any]:
@@ -51,10 +62,10 @@ def replay_journal(journal: CatalogLog, after: int, store: TopicStore, catalog: 
     """Apply the state journal's lines after ``after``; returns the broker index the last of
     them recorded.
 
-    Its last line may belong to a group a crash interrupted after the line was written and
-    before all of its frames were: that group was never acknowledged, so the line is
-    dropped and the frames of it that reached the disk are cut back. Frames and the state
-    recorded with them then agree.
+    Its last lines may belong to groups whose frames did not all reach the disk (a power
+    loss: the line was made durable, the frames were not): those groups were never
+    acknowledged, so their lines are dropped and the frames of them that did reach the disk
+    are cut back. Frames and the state recorded with them then agree.
     """
     def last_on_disk(topic_id: int) -> int:
         topic = store.get(topic_id)
@@ -62,7 +73,9 @@ def replay_journal(journal: CatalogLog, after: int, store: TopicStore, catalog: 
 
     try:
         entries = journal.read(after)
-        if entries and incomplete(entries[-1], last_on_disk):
+        # Without fsync (--fsync interval|never, a cluster) a power loss may keep several
+        # lines whose frames it took: each goes, the newest first.
+        while entries and incomplete(entries[-1], last_on_disk):
             cut_group(store, entries.pop())
             journal.drop_last()
         for entry in entries:
@@ -79,15 +92,27 @@ def cut_group(store: TopicStore, entry: dict[str, Any]) -> None:
     first = int(entry["group"]["first"])
     for key in entry["group"]["last"]:
         topic = store.get(int(key))
-        if topic is None or topic.last_index < first:
-            continue
-        removed = topic.cut_after(first - 1)
-        log.warning("topic %d: removed %d bytes of a group a crash interrupted (from index "
-                    "%d; it was never acknowledged)", topic.id, removed, first)
-        if not any(topic.path.iterdir()):  # it held nothing but that group
-            store.remove(topic.id)
-        else:
-            store.reopen(topic)
+        if topic is not None and topic.last_index >= first:
+            _cut(store, topic, first - 1, "a group a crash interrupted")
+
+
+def cut_uncommitted(store: TopicStore, committed: int) -> None:
+    """Remove every frame above broker index ``committed`` (the last whole journal line's, or
+    ``broker.json``'s): its group's commit mark never reached the disk, so it was never
+    acknowledged. A group split across a segment roll goes from both segments."""
+    for topic in store.all():
+        if topic.last_index > committed:
+            _cut(store, topic, committed, "a group whose commit mark a crash took")
+
+
+def _cut(store: TopicStore, topic: Topic, after: int, what: str) -> None:
+    removed = topic.cut_after(after)
+    log.warning("topic %d: removed %d bytes of %s (after index %d; it was never "
+                "acknowledged)", topic.id, removed, what, after)
+    if not any(topic.path.iterdir()):  # it held nothing but that group
+        store.remove(topic.id)
+    else:
+        store.reopen(topic)
 
 
 def reconcile_streams(store: TopicStore, catalog: Catalog) -> None:

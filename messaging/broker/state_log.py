@@ -1,28 +1,31 @@
-"""The state journal: what each group changed besides its frames, written before them.
+"""The state journal: one line per group, its commit mark and what it changed besides frames.
 
-Every group that changes state kept beside the topics — the catalog (streams, forks, producer
-sequence numbers of streams and of native topics) or subscriber positions (heartbeats,
-consumer resets and deletes) — appends one line to ``catalog.log``: its sequence number, the
-streams and producer tables it changed (whole), its position changes, and the frames it
-appends (``group``: its first broker index and, per topic, the last index it stages there).
-``broker.json`` holds a full copy of the state and the sequence number of the last line it
-includes; opening applies the lines after it. When the journal grows past
-:data:`COMPACT_BYTES` the broker folds it into ``broker.json`` (after a group committed, so
-``broker.json`` never holds a group whose frames may be missing) and empties it.
+Every group appends one line to ``catalog.log``: its sequence number, the broker index it ends
+at, the frames it appends (``group``: its first broker index and, per topic, the last index it
+stages there), and what it changed that is kept beside the topics — the catalog (streams,
+forks, producer sequence numbers of streams and of native topics, whole) and subscriber
+positions (heartbeats, consumer resets and deletes). ``broker.json`` holds a full copy of the
+state, the broker index and the sequence number of the last line it includes; opening applies
+the lines after it. When the journal grows past :data:`COMPACT_BYTES` the broker folds it into
+``broker.json`` (after a group committed, so ``broker.json`` never holds a group whose frames
+may be missing) and empties it.
 
-Why the line goes first: a group is acknowledged once its line and then its frames are
-durable. A crash between the two leaves a line whose frames are missing, which opening sees
-(:func:`incomplete`) and undoes: the line is dropped and the group's frames that did reach the
-disk are cut back — they were never acknowledged. The other order would leave frames whose
-producer sequence numbers are lost, and a retried idempotent publish would be stored twice.
-Groups are written one after another, each made durable (or, without fsync, at least written)
-before the next starts, so only the last line can be incomplete.
+The line is the group's commit mark: a group's frames are written first, then its line, and
+both are made durable side by side (one fsync round) before the group is answered. So frames
+above the broker index of the last whole line belong to a group a crash interrupted — it was
+never acknowledged — and opening cuts them, in every topic and across segment boundaries:
+a publish batch is all or nothing, also after a crash. A line whose frames did not all reach
+the disk (a power loss between the two fsyncs, or a failed one) is seen by :func:`incomplete`
+and undone with its frames (with ``--fsync always`` only the last line can be: each group
+is durable before the next starts; without fsync a power loss may keep several such lines,
+and each goes, newest first). Idempotent producers need the same order: a line never
+records a sequence number whose frames are not all there, and frames no line records are cut,
+so a retried publish is stored once.
 
 A line is part of the state only once its group succeeded: a failed write or fsync, or a
-failure of the group's frames after it, cuts the file back to where it was (a failed fsync
-also stops further journal writes until a restart, as a failed fsync of a topic does). A torn
-last line — a crash mid-append — belongs to a group that was never acknowledged, and is
-ignored.
+failure of the group's frames, cuts the file back to where it was (a failed fsync also stops
+further journal writes until a restart, as a failed fsync of a topic does). A torn last line
+— a crash mid-append — belongs to a group that was never acknowledged, and is ignored.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class CatalogLog:
         self.seq = 0  # the sequence number of the last line written (or folded in)
         self.size = 0
         self._before_last = 0  # the size before the last line appended (what undo cuts to)
+        self._new_file = False  # created by an append not yet flushed: the directory needs it
+        self._starts: list[int] = []  # where each line read() returned starts
         self._failed: StorageFailedError | None = None
 
     def read(self, after: int) -> list[dict[str, Any]]:
@@ -62,6 +67,7 @@ class CatalogLog:
         except FileNotFoundError:
             data = b""
         entries = []
+        self._starts = []
         good = 0
         self.seq = after
         lines = data.split(b"\n")
@@ -81,6 +87,7 @@ class CatalogLog:
             good += len(line) + 1
             if seq > after:
                 entries.append(entry)
+                self._starts.append(self._before_last)
                 self.seq = seq
         if good < len(data):
             os.truncate(self.path, good)
@@ -88,7 +95,9 @@ class CatalogLog:
         return entries
 
     def drop_last(self) -> None:
-        """Take back the last line :meth:`read` returned (its group's frames are missing)."""
+        """Take back the last line :meth:`read` returned and not yet dropped (its group's
+        frames are missing)."""
+        self._before_last = self._starts.pop()
         self._truncate(self._before_last)
         self.seq -= 1
 
@@ -121,9 +130,31 @@ class CatalogLog:
                                      f"({err.strerror or err})") from err
         finally:
             os.close(fd)
+        self._new_file |= created and not durable
         self.seq += 1
         self._before_last = self.size
         self.size += len(line)
+
+    def flush(self) -> None:
+        """Make the lines appended without fsync durable (fdatasync, and the directory when
+        the file is new): the group's frames are fsynced beside it. A failure stops the
+        journal (:class:`StorageFailedError`); the caller then undoes the group."""
+        if self._failed is not None:
+            raise self._failed
+        try:
+            fd = os.open(self.path, os.O_WRONLY)
+        except FileNotFoundError:
+            return  # no line written yet
+        try:
+            os.fdatasync(fd)
+            if self._new_file:
+                _fsync_dir(self.path.parent)
+                self._new_file = False
+        except OSError as err:
+            raise self._stop(f"state changes could not be made durable "
+                             f"({err.strerror or err})") from err
+        finally:
+            os.close(fd)
 
     def undo(self, *, durable: bool) -> None:
         """Take back the line just appended: the rest of its group failed.
@@ -162,8 +193,7 @@ class CatalogLog:
     def _stop(self, reason: str) -> StorageFailedError:
         """Refuse every further line until a restart re-reads the journal."""
         self._failed = StorageFailedError(
-            f"{reason}; streams, heartbeats and idempotent publishes stop taking writes until "
-            "a restart")
+            f"{reason}; the broker takes no writes until a restart")
         log.error("%s", self._failed)
         return self._failed
 
@@ -196,6 +226,7 @@ class CatalogLog:
             os.truncate(self.path, 0)
             self.size = 0
             self._before_last = 0
+        self._new_file = False
 
 
 def incomplete(entry: dict[str, Any], last_index: Callable[[int], int]) -> bool:

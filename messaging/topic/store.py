@@ -18,7 +18,7 @@ import os
 import resource
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -231,16 +231,18 @@ class TopicStore:
                     self._open_files.pop(topic_id, None)
         return rounds
 
-    def sync(self, topic_ids: Iterable[int]) -> None:
-        """fsync the given topics; raises the first failure after trying every topic.
+    def sync(self, topic_ids: Iterable[int],
+             beside: Sequence[Callable[[], None]] = ()) -> None:
+        """fsync the given topics, and run the fsyncs ``beside`` with them (the state
+        journal's line of the group); raises the first failure after trying every one.
 
-        Several topics are fsynced side by side on a few threads: the file system commits
+        Several files are fsynced side by side on a few threads: the file system commits
         their journal entries together (ten topics' fdatasyncs take about half as long as one
         after another on ext4). A topic that is gone by now (a deleted stream's, between a
         write and a deferred fsync) has nothing left to make durable.
         """
         topics = [topic for topic in map(self.get, topic_ids) if topic is not None]
-        self._side_by_side([topic.sync for topic in topics])
+        self._side_by_side([*(topic.sync for topic in topics), *beside])
 
     def write_times(self, topic_ids: Iterable[int]) -> None:
         """Write and fsync the time records the given topics staged, side by side (each
@@ -252,18 +254,23 @@ class TopicStore:
             self._side_by_side([topic.write_times for topic in topics])
 
     def _side_by_side(self, calls: list[Callable[[], None]]) -> None:
-        """Run blocking calls on the fsync threads (one alone on this thread); raises the
-        first failure once every call has ended."""
+        """Run blocking calls at once: the first on this thread, the others on the fsync
+        threads; raises the first failure once every call has ended."""
+        if not calls:
+            return
         if len(calls) == 1:
             calls[0]()
-        elif calls:
-            if self._syncers is None:
-                self._syncers = ThreadPoolExecutor(max_workers=SYNC_THREADS,
-                                                   thread_name_prefix="messaging-fsync")
-            outcomes = [self._syncers.submit(call) for call in calls]
+            return
+        if self._syncers is None:
+            self._syncers = ThreadPoolExecutor(max_workers=SYNC_THREADS,
+                                               thread_name_prefix="messaging-fsync")
+        outcomes = [self._syncers.submit(call) for call in calls[1:]]
+        try:
+            calls[0]()
+        finally:
             wait(outcomes)
-            for outcome in outcomes:
-                outcome.result()  # the first failure, once every fsync has ended
+        for outcome in outcomes:
+            outcome.result()  # the first failure, once every fsync has ended
 
     def _make_room(self, group: list[int]) -> None:
         """Close other topics' write files, least recently used first, so that those open

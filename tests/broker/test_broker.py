@@ -246,7 +246,8 @@ def test_a_failed_fsync_stops_the_topic_until_restart(
     model: Model = {}
     publish(broker, model, 1, [b"kept"])
     publish(broker, model, 2, [b"other"])
-    with inject(monkeypatch, Faults(tmp_path, sync_failures=1)) as faults:
+    with inject(monkeypatch, Faults(tmp_path, match=lambda p: p.endswith(".seg"),
+                                    sync_failures=1)) as faults:
         result = broker.write_group([encode(1, 1, b"never visible")], durable=True)[0]
         assert isinstance(result, StorageFailedError) and result.status == 503
         assert "fsync failed" in str(result) and "restart" in str(result)
@@ -294,7 +295,10 @@ def test_topics_fsynced_side_by_side_fail_as_one_group(
             [encode(1, topic, b"group %d" % topic) for topic in range(1, 6)], durable=True)
         assert faults.injected == 1
     assert all(isinstance(result, StorageFailedError) for result in results), results
-    assert len(synced) == 5 and all(name.startswith("messaging-fsync") for name in synced)
+    # Five topics and the group's journal line: one on this thread, the others beside it.
+    here = threading.current_thread().name
+    assert len(synced) == 6 and synced.count(here) == 1
+    assert all(name.startswith("messaging-fsync") for name in synced if name != here)
     assert broker.topic(3).failure is not None
     assert all(broker.topic(topic).failure is None for topic in (1, 2, 4, 5))
     assert_files_match_memory(broker)
@@ -350,6 +354,32 @@ def test_interval_mode_fsync_failure_stops_the_topic(
         broker.sync([1])
     assert isinstance(broker.write_group([encode(1, 1, b"no")], durable=False)[0],
                       StorageFailedError)
+    broker.close()
+
+
+def test_a_failed_fsync_of_the_commit_mark_stops_every_write_until_restart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The journal line is every group's commit mark: when its fsync fails the group fails
+    (nothing of it visible, before or after a restart) and no topic takes writes until a
+    restart re-reads the journal."""
+    broker = Broker.open(tmp_path)
+    model: Model = {}
+    publish(broker, model, 1, [b"kept"])
+    publish(broker, model, 2, [b"other"])
+    with inject(monkeypatch, Faults(tmp_path, match=lambda p: p.endswith("catalog.log"),
+                                    sync_failures=1)) as faults:
+        result = broker.write_group([encode(1, 1, b"never visible")], durable=True)[0]
+        assert faults.sync_failures == 0
+    assert isinstance(result, StorageFailedError) and result.status == 503
+    assert "could not be made durable" in str(result) and "restart" in str(result)
+    refused = broker.write_group([encode(2, 1, b"refused")], durable=True)[0]
+    assert isinstance(refused, StorageFailedError)
+    assert kept(broker) == model
+    assert_files_match_memory(broker)
+    broker = reopen(broker, tmp_path)
+    assert kept(broker) == model
+    publish(broker, model, 2, [b"after restart"])
+    assert kept(broker) == model
     broker.close()
 
 

@@ -21,7 +21,7 @@ from messaging.broker.catalog import stream_command
 from messaging.broker.commands import heartbeat_command
 from messaging.broker.subscribers import DELETE, RESET, consumer_command
 from messaging.errors import MessagingError, StreamNotFoundError
-from messaging.frames import encode_batch
+from messaging.frames import decode, encode_batch
 
 NOW = 1_790_000_000.0
 MAX_SEGMENT_SIZE = 4096
@@ -74,7 +74,31 @@ GROUPS: list[tuple[str, list[bytes]]] = [
     ("a stream written and deleted in one group, beside a producer", [
         _append("u", 0, b"u0"), _produce(2, "q", 2, b"b2"),
         _stream({"op": "delete", "name": "u"})]),
+    ("plain batch across segment rolls", [
+        encode_batch(1, [b"plain %d " % k + b"p" * 1200 for k in range(8)])]),
+    ("plain batches to two topics", [encode_batch(1, [b"c0", b"c1"]), encode_batch(2, [b"d0"])]),
 ]
+
+
+def plain(group: int) -> bool:
+    """Whether a group holds plain publishes (no producer: a client cannot retry them
+    blindly, so a test checks they are all there or all gone)."""
+    return GROUPS[group][0].startswith("plain")
+
+
+def present(broker: Broker, group: int) -> int:
+    """How many of a plain group's messages the broker holds."""
+    wanted = [m.data for command in GROUPS[group][1] for m in decode(command)[0]]
+    held = 0
+    for topic in broker.topics():
+        with topic.reader(topic.first_index) as reader:
+            held += sum(m.data in wanted for m in decode(reader.read_all(), after=0)[0])
+    return held
+
+
+def size(group: int) -> int:
+    """How many messages a group publishes."""
+    return sum(len(decode(command)[0]) for command in GROUPS[group][1])
 
 
 def apply(broker: Broker, group: int) -> list[ApplyResult | MessagingError]:

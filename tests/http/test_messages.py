@@ -416,7 +416,8 @@ async def test_failed_fsync_is_503_until_restart(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     server = await start_server()
     assert (await post(http, server, 1, b"stored")).status == 200
-    with inject(monkeypatch, Faults(tmp_path, sync_failures=1)):
+    with inject(monkeypatch, Faults(tmp_path, match=lambda p: p.endswith(".seg"),
+                                    sync_failures=1)):
         resp = await post(http, server, 1, b"never visible")
         assert resp.status == 503
         assert "fsync failed" in resp.headers["X-Broker-Error"]
