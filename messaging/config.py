@@ -45,6 +45,7 @@ DEFAULT_SUBSCRIBER_TIMEOUT = 600.0
 #: Seconds a connection may take to send a complete request head.
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_MAX_CONNECTIONS = 10_000
+DEFAULT_MAX_CLOCK_OFFSET = 0.5
 DEFAULT_CLUSTER_SYNC_INTERVAL = 0.1
 DEFAULT_ETCD_COMPACT_EVERY = 1000
 #: Streaming reads (native streams, long-polls, SSE) served at once; more are answered 503.
@@ -332,6 +333,12 @@ class BrokerConfig:
         "it); a node fsyncs its own files in groups at most this often, off the answer's "
         "path, and records how far they are durable", parse=positive_duration,
         show=show_duration, metavar="DURATION")
+    max_clock_offset: float = _option(
+        DEFAULT_MAX_CLOCK_OFFSET, "--max-clock-offset",
+        "in a cluster, how far a node's wall clock may be from its peers' (measured every "
+        "second); a node further off answers writes 503 and is not ready until its clock is "
+        "back, so no clock moves the cluster's time more than this", parse=positive_duration,
+        show=show_duration, metavar="DURATION")
     tokens: Path | None = _option(
         None, "--tokens", "bearer tokens and their scopes (see messaging token create); "
         "reread when it changes and on SIGHUP. Without it every request is allowed, which is "
@@ -396,7 +403,8 @@ class BrokerConfig:
             endpoints=tuple(u.strip() for u in self.etcd.split(",") if u.strip()),
             cluster=self.cluster, ca=self.etcd_ca, cert=self.etcd_cert, key=self.etcd_key,
             user=self.etcd_user, password=self.etcd_password if self.etcd_user else None,
-            compact_every=self.etcd_compact_every, sync_interval=self.cluster_sync_interval)
+            compact_every=self.etcd_compact_every, sync_interval=self.cluster_sync_interval,
+            max_clock_offset_ms=max(1, round(self.max_clock_offset * 1000)))
 
     def group_endpoints(self) -> dict[int, tuple[str, ...]]:
         """The groups given an etcd cluster of their own (``--group-etcd G=URL,...``)."""
@@ -430,6 +438,8 @@ class EtcdSettings:
     compact_every: int = 1000
     #: How often (at most) a node fsyncs what it applied (seconds): etcd is the WAL.
     sync_interval: float = 0.1
+    #: How far a node's clock may be from its peers' before it stops taking writes (ms).
+    max_clock_offset_ms: int = 500
 
     def __post_init__(self) -> None:
         if not self.endpoints:

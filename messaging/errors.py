@@ -145,6 +145,15 @@ class ClusterUnavailableError(MessagingError):
     status = 503
 
 
+class ClockOffsetError(ClusterUnavailableError):
+    """This node's clock is too far from its peers' (``--max-clock-offset``): it takes no
+    writes until its clock is back; another node may take the command."""
+
+    def headers(self) -> dict[str, str]:
+        """When to try again (clocks are checked every second)."""
+        return {"Retry-After": "1"}
+
+
 class ClusterNoSpaceError(MessagingError):
     """etcd raised its NOSPACE alarm (backend quota reached) and refuses every write.
 

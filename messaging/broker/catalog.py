@@ -199,6 +199,10 @@ class Catalog:
         #: Idempotent producers of numeric topics (native publishes), by topic.
         self.native: dict[int, dict[str, Producer]] = {}
         self._native_pending: dict[int, dict[str, Producer]] = {}
+        #: The time of the command being decided (ms since the epoch, the log's: the same
+        #: on every node, held within the cluster's clock bound); None: the one the
+        #: receiving node wrote into it (``now``), for commands applied without a time.
+        self.command_time: int | None = None
         # A lower bound of the last use of every producer of a native topic or a stream
         # (absent: unknown); only ever too low, never too high (see _expired).
         self._oldest: dict[int | str, float] = {}
@@ -662,8 +666,15 @@ class Catalog:
             fork = Fork(source.name, at, spec.get("offset"), int(spec.get("sub", 0)))
             tail = at
         return Stream(name=name, topic=0, content_type=content_type or "application/octet-stream",
-                      created=float(op.get("now", 0.0)), ttl=ttl, expires_at=expires_at,
+                      created=self._now(op), ttl=ttl, expires_at=expires_at,
                       expires=expires, fork=fork, tail=tail)
+
+    def _now(self, op: dict[str, Any]) -> float:
+        """A stream command's time in seconds: the log's time of the command, as a
+        publish's append time (see :attr:`command_time`)."""
+        if self.command_time is not None:
+            return self.command_time / 1000
+        return float(op.get("now", 0.0))
 
     @staticmethod
     def _same(existing: Stream, wanted: Stream, op: dict[str, Any]) -> bool:
@@ -702,7 +713,7 @@ class Catalog:
                 media_type(op["content_type"]) != media_type(stream.content_type)):
             raise StreamConflictError(f"Content-Type {op['content_type']!r} does not match the "
                                       f"stream's {stream.content_type!r}")
-        now = float(op.get("now", 0.0))
+        now = self._now(op)
         outcome: dict[str, Any] = {}
         new_state: Producer | None = None
         if producer is not None:
@@ -736,7 +747,7 @@ class Catalog:
         if topic >= NAMED_TOPIC_BASE:
             raise BadRequestError(f"topic {topic} belongs to a named stream")
         producers = self._native_pending.get(topic, self.native.get(topic, {}))
-        now = float(op.get("now", 0.0))
+        now = self._now(op)
         new_state, duplicate = check_producer(producers, op["producer"], now)
         if duplicate is not None:
             op["done"] = True

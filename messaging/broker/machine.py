@@ -129,6 +129,7 @@ class StateMachine:
         topic's own message size. Raises a :class:`MessagingError` when it must not apply
         (the caller rolls back to its :meth:`mark`)."""
         append_time = self.advance_time(time_ms)
+        self.catalog.command_time = append_time  # stream commands take the same time
         stamped = stamp(command, self.index, self.catalog)
         self.index = stamped.index
         for topic_id, run in stamped.runs:

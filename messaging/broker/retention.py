@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -58,6 +58,9 @@ class Retention:
         self.metrics = metrics
         #: Whether the broker has an object store (local copies then wait for the store).
         self.tiered = tiered
+        #: What ages are measured against (ms since the epoch): this node's clock, or in a
+        #: cluster the log's time, so that every holder deletes the same segments.
+        self.clock: Callable[[], int] = now_ms
         #: Held by a run for one topic at a time, by the writer thread while it deletes or
         #: swaps topics' files (:meth:`exclusive`), and by :meth:`close`.
         self.lock = threading.Lock()
@@ -210,4 +213,4 @@ class Retention:
             age_ms = round(self.limits.retention_age * 1000)
         if not age_ms:
             return None
-        return (now_ms() if wall_ms is None else wall_ms) - age_ms
+        return (self.clock() if wall_ms is None else wall_ms) - age_ms

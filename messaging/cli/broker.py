@@ -37,7 +37,10 @@ Durability (--fsync):
 In a cluster (--etcd), etcd is the write-ahead log: a publish is acknowledged once etcd
 committed it (fsynced on a majority of its members) and this node applied it; the node fsyncs
 its own files in groups every --cluster-sync-interval (at checkpoints only under --fsync
-never) and rebuilds whatever a crash or power loss took from etcd.
+never) and rebuilds whatever a crash or power loss took from etcd. Each node reads its
+peers' clocks every second: one more than --max-clock-offset from most of them answers
+writes 503 (and /readyz says why) until its clock is back, so no clock moves the cluster's
+time.
 
 Faults: a full disk answers 507 (reads go on; publishing resumes once space is freed); a
 failed write answers 500 and keeps nothing; a failed fsync stops the topic for writes (503)

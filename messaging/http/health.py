@@ -9,6 +9,7 @@ from aiohttp import web
 
 from messaging import __version__
 from messaging.broker.view import BrokerView
+from messaging.clock import now_ms
 from messaging.http.auth import OPEN, requires
 from messaging.http.responses import json_answer
 from messaging.log.base import Log
@@ -45,5 +46,6 @@ class HealthHandlers:
 
 @requires(OPEN)
 async def healthz(request: web.Request) -> web.Response:
-    """``GET /healthz``: the process answers (and its version); the same on every node."""
-    return json_answer({"status": "ok", "version": __version__})
+    """``GET /healthz``: the process answers, its version, and its wall clock (``time_ms``:
+    the peers of a cluster node measure their clocks' offset from it)."""
+    return json_answer({"status": "ok", "version": __version__, "time_ms": now_ms()})

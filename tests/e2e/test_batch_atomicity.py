@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from messaging.frames import FRAMES_CONTENT_TYPE, decode, encode_batch
 from tests.faultpoint import lose_unsynced
@@ -141,3 +142,56 @@ def _wait(proc: subprocess.Popen[str], timeout: float) -> bool:
     except subprocess.TimeoutExpired:
         return False
     return True
+
+
+async def test_no_reader_sees_a_batch_before_its_group_is_committed(broker_process,
+                                                                     tmp_path: Path) -> None:
+    """The segment's fsync held while a batch that straddles rolls is written: a read, a
+    streaming read already waiting, and the topic's description show none of it; once the
+    fsync returns the whole batch arrives at once."""
+    data, arm = tmp_path / "data", tmp_path / "arm"
+    env = {"FAULT_ROOT": str(data), "FAULT_ARM": str(arm), "FAULT_TRACE": str(tmp_path / "t"),
+           "FAULT_HOLD": "fdatasync:.seg"}
+    broker = broker_process(data, "--max-segment-size", "64K",
+                            launcher=[sys.executable, str(FAULTPOINT)], env=env).start()
+    url = broker.url
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        async with session.post(f"{url}/messaging/messages", params={"topicID": "1"},
+                                data=b"before") as resp:
+            assert resp.status == 200
+        async with session.get(f"{url}/messaging/messages",
+                               params={"topicID": "1", "index": "2", "streaming": "true"},
+                               ) as stream:
+            arm.touch()
+            datas = [b"held %d " % k + bytes(40) for k in range(BATCH)]
+            publishing = asyncio.ensure_future(session.post(
+                f"{url}/messaging/messages", data=encode_batch(1, datas),
+                headers={"Content-Type": FRAMES_CONTENT_TYPE}))
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 20
+            while "held fdatasync" not in _text(tmp_path / "t"):
+                assert loop.time() < deadline, "the fsync was never held"
+                await asyncio.sleep(0.02)
+            segments = sorted((data / "topics" / "1").glob("*.seg"))
+            assert len(segments) >= 2, "the batch did not straddle a roll"
+            async with session.get(f"{url}/messaging/messages",
+                                   params={"topicID": "1"}) as resp:
+                messages, _used = decode(await resp.read(), after=0)
+            assert [m.data for m in messages] == [b"before"]
+            async with session.get(f"{url}/messaging/topics/1") as resp:
+                assert (await resp.json())["last_index"] == 1
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(stream.content.readexactly(1), 0.5)
+            arm.unlink()
+            resp = await asyncio.wait_for(publishing, 20)
+            assert resp.status == 200
+            resp.release()
+            body = await asyncio.wait_for(stream.content.readexactly(
+                sum(26 + len(d) for d in datas)), 20)
+            streamed, _used = decode(body, after=1)
+            assert [m.data for m in streamed] == datas
+    assert broker.terminate() == 0
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""

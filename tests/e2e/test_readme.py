@@ -219,8 +219,10 @@ EXPECTED: list[tuple[str, Callable[[str], bool], str]] = [
         ["reporter", "read=1,chat/*", "consume=reporter-*"]], "NAME SCOPES, admin, reporter"),
     (r"/messaging/topics +# 401", lambda out: _lines(out)[-1:] == ["401"], "401: no token"),
     (r"--data-binary 'secured' +# 200", lambda out: _lines(out)[-1:] == ["200"], "200"),
-    (r"/healthz\s*(#|$)", lambda out: {"status": "ok", "version": _version()} in _json(out),
-     '{"status": "ok", "version": ...}'),
+    (r"/healthz\s*(#|$)", lambda out: any(
+        isinstance(v, dict) and v.get("status") == "ok" and v.get("version") == _version()
+        and isinstance(v.get("time_ms"), int) for v in _json(out)),
+     '{"status": "ok", "version": ..., "time_ms": ...}'),
     (r"/readyz(\s*#.*)?$", lambda out: {"ready": True} in _json(out), "200, ready"),
     (r"/metrics \| grep", lambda out: "messaging_build_info" in out, "messaging_build_info"),
     (r"messaging --version", lambda out: f"messaging {_version()}" in out.splitlines(),

@@ -27,6 +27,11 @@ Every key lives under ``/messaging/<cluster>/``: ``log`` (the command log) and
 - Install (:mod:`messaging.log.etcd.install`): a node whose next revision was compacted
   installs a snapshot fetched from a live peer (verified, staged, renamed over its topics,
   never merged) and watches on from there.
+- Clock (:mod:`messaging.log.etcd.clock_check`): every second the node reads its peers'
+  clocks; one too far off (``--max-clock-offset``) takes no writes until it is back, and no
+  command it forms gets a time further ahead of the cluster's than the bound. Retention by
+  age measures against the log's time (the newest applied command's), so every node deletes
+  the same segments whatever its own clock says.
 
 This module is the lifecycle and the public face: :class:`EtcdLog` builds those parts, starts
 and stops their tasks, supervises the periodic ones (the monitor: quorum, a stuck watch, an
@@ -53,12 +58,18 @@ from messaging.broker.broker import Broker
 from messaging.broker.commands import ApplyResult
 from messaging.broker.snapshot import SnapshotStream
 from messaging.config import FSYNC_MODES, EtcdSettings, FsyncMode
-from messaging.errors import BrokerClosedError, ClusterUnavailableError, MessagingError
+from messaging.errors import (
+    BrokerClosedError,
+    ClockOffsetError,
+    ClusterUnavailableError,
+    MessagingError,
+)
 from messaging.log.etcd import entry_format
 from messaging.log.etcd.apply import Applier
 from messaging.log.etcd.budget import DEFAULT_WINDOW
 from messaging.log.etcd.checkpoint import CHECKPOINT, Checkpoints
 from messaging.log.etcd.client import EtcdClient, describe, load_credentials
+from messaging.log.etcd.clock_check import CHECK_INTERVAL, ClockCheck
 from messaging.log.etcd.install import SnapshotInstaller
 from messaging.log.etcd.membership import Membership
 from messaging.log.etcd.progress import Progress
@@ -114,6 +125,11 @@ class EtcdLog:
         self._installer = SnapshotInstaller(broker, self.cluster, url, self._membership,
                                             self._writer, self._checkpoints, self._unsynced,
                                             peer_token=peer_token, peer_ca=peer_ca)
+        self._clock = ClockCheck(url, settings.max_clock_offset_ms, self._membership.urls,
+                                 ca=peer_ca)
+        self._writes.clock = self._clock.command_time
+        # Ages are measured by the log's time: the same on every node at the same revision.
+        broker.retention.clock = lambda: broker.time
         self._watch = LogWatch(self._client, self._log_key, list(settings.endpoints),
                                self._progress, self._applier.deliver, self._catch_up_from_peer,
                                self._startup)
@@ -141,6 +157,7 @@ class EtcdLog:
         self._client = EtcdClient(self.settings, credentials)
         self._membership.client = self._writes.client = self._watch.client = self._client
         await self._check_entry_format()
+        await self._first_clock_check()
         self._watch.received = revision
         log.info("cluster %s: node %s replays etcd's log from revision %d (broker index %d); "
                  "etcd %s", self.cluster, self.url, revision + 1, self.broker.index,
@@ -154,6 +171,9 @@ class EtcdLog:
             asyncio.create_task(self._supervised("membership", self._membership_step,
                                                  MEMBERSHIP_INTERVAL),
                                 name="messaging-etcd-membership"),
+            asyncio.create_task(self._supervised("clock check", self._clock.step,
+                                                 CHECK_INTERVAL),
+                                name="messaging-clock-check"),
         ]
         if self.fsync != "never":  # etcd is the WAL: files are fsynced in groups
             self._tasks.append(asyncio.create_task(
@@ -179,6 +199,20 @@ class EtcdLog:
         entry_format.check_supported(self.cluster, active)
         self._membership.entry_version = self._writes.entry_version = active
 
+    async def _first_clock_check(self) -> None:
+        """Read the live nodes and their clocks once before taking writes, so a node
+        started with its clock far off never forms a command. Peers or an etcd that do not
+        answer yet are no reason to stop: the periodic check follows within a second."""
+        try:
+            await self._membership.refresh()
+            await self._clock.step()
+        except (grpc.aio.AioRpcError, MessagingError, OSError) as err:
+            log.info("cluster %s: could not check this node's clock yet (%s)", self.cluster,
+                     describe(err))
+        problem = self._clock.problem()
+        if problem is not None:
+            log.error("cluster %s: %s", self.cluster, problem)
+
     async def _membership_step(self) -> None:
         """The membership's step; puts follow the cluster's entry format it keeps."""
         await self._membership.step()
@@ -193,6 +227,7 @@ class EtcdLog:
         for task in self._tasks:
             await cancel_and_wait(task)
         await self._writes.cancel_puts()
+        await self._clock.close()
         # Runs after whatever the writer thread is still doing (a cancelled apply's job).
         await loop.run_in_executor(self._writer, self._final_checkpoint)
         try:
@@ -223,6 +258,9 @@ class EtcdLog:
             raise BrokerClosedError("the broker is shutting down")
         if self._applier.failure is not None:
             raise self._applier.failure
+        clock = self._clock.problem()
+        if clock is not None:
+            raise ClockOffsetError(clock)
         future = self._writes.submit(command)
         started = time.perf_counter()
         result = await future
@@ -245,7 +283,7 @@ class EtcdLog:
             return f"the watch of etcd's log is not live: {self._watch.error or 'starting'}"
         if not self._writes.quorum:
             return f"no etcd quorum: {self._writes.quorum_error or 'not checked yet'}"
-        return None
+        return self._clock.problem()
 
     def caught_up(self) -> bool:
         """Whether this node may serve reads of its log: ready for writes, and it has applied
@@ -289,6 +327,7 @@ class EtcdLog:
             **self._applier.cost.report(window),
             "apply_error": self._applier.error,
             "failure": None if failure is None else str(failure),
+            "clock": self._clock.diagnostics(),
         }
 
     async def open_snapshot(self) -> SnapshotStream:

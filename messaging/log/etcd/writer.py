@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from messaging.broker.commands import ApplyResult
+from messaging.clock import now_ms
 from messaging.errors import (
     BrokerClosedError,
     ClusterNoSpaceError,
@@ -120,6 +121,9 @@ class LogWriter:
         #: The entry format puts are written in: the cluster's active one (the membership
         #: keeps it current), the previous release's until it is known.
         self.entry_version = BASE_VERSION
+        #: The time an entry formed now gets (ms since the epoch): the node's clock, held
+        #: within the cluster's bound (see messaging.log.etcd.clock_check).
+        self.clock: Callable[[], int] = now_ms
         self._on_quorum_read = on_quorum_read
         self._pending: list[_Pending] = []
         self._pending_bytes = 0  # of the commands in _pending
@@ -392,12 +396,14 @@ class LogWriter:
         size = sum(map(len, commands))
         attempt = size >= COMPRESS_FROM and self._compress_misses % COMPRESS_RETRY == 0
         version = self.entry_version
+        time_ms = self.clock()
         if size <= ENCODE_ON_LOOP:
             value = encode_entry(self.node_id, seq, commands, compress=attempt,
-                                 version=version)
+                                 version=version, time_ms=time_ms)
         else:  # compressing a big entry takes a millisecond or more: not on the loop
             value = await asyncio.to_thread(encode_entry, self.node_id, seq, commands,
-                                            compress=attempt, version=version)
+                                            compress=attempt, version=version,
+                                            time_ms=time_ms)
         if attempt and not compressed(value):
             self._compress_misses = 1  # it did not pay: skip the next ones
         elif self._compress_misses and size >= COMPRESS_FROM:

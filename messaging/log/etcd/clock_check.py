@@ -1,0 +1,192 @@
+"""This node's wall clock against its peers': a node whose clock is too far off stops serving
+writes rather than move the cluster's time (CockroachDB's maximum clock offset).
+
+Every command's time is the wall clock of the node that puts it to etcd, and the state
+machine never lets time go back, so one clock running ahead would push the shared time
+there for good. Each node therefore measures its offset from every live peer, every
+:data:`CHECK_INTERVAL`, as NTP does: it reads its clock, asks the peer's ``/healthz`` (which
+carries the peer's clock, ``time_ms``), and reads its clock again; the peer's clock lies
+between the two readings, so the offset is known to within half the round trip.
+
+- A node is **off** when it is more than ``--max-clock-offset`` (beyond that uncertainty)
+  from more than half of the peers that answered. Then it answers publishes and stream
+  commands 503 naming its clock and the offset, ``/readyz`` says so, and it serves again by
+  itself once a check finds it back within the bound. A node no peer answers (alone, or cut
+  off) has no verdict and goes on. In a cluster of two nodes, one clock off stops both:
+  neither can tell which clock is wrong.
+- **Between checks**, a clock that steps (an operator, a bad NTP step, a VM resumed) is
+  caught at once: the cluster's time is carried forward from the last check on the monotonic
+  clock, and a node whose wall clock has left it by more than the bound is off until the next
+  check. The time a command gets is never more than the bound ahead of that estimate
+  (:meth:`ClockCheck.command_time`), so no clock can move the shared time further.
+
+Threads: everything runs on the event loop (the writer thread reads the latest estimate, a
+tuple replaced whole).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from messaging.clock import now_ms
+
+log = logging.getLogger(__name__)
+
+#: How often every peer's clock is read (seconds).
+CHECK_INTERVAL = 1.0
+#: How long one peer may take to answer (seconds).
+ASK_TIMEOUT = 2.0
+#: The default bound on a node's offset (ms): CockroachDB's --max-offset.
+DEFAULT_MAX_CLOCK_OFFSET_MS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class PeerClock:
+    """One reading of a peer's clock: how far this node's clock is ahead of it (ms; negative:
+    behind), give or take ``uncertainty`` (half the round trip)."""
+
+    offset: float
+    uncertainty: float
+
+
+class ClockCheck:
+    """This node's clock against its live peers' (see the module)."""
+
+    def __init__(self, url: str, max_offset_ms: int, peers: Callable[[], list[str]], *,
+                 ca: str | None = None, clock: Callable[[], int] = now_ms,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.url = url
+        self.max_offset_ms = max_offset_ms
+        self._peers = peers
+        self._ca = ca
+        self._clock = clock
+        self._monotonic = monotonic
+        self._session: aiohttp.ClientSession | None = None
+        #: The last reading of each peer that answered.
+        self.readings: dict[str, PeerClock] = {}
+        #: Why the last check found this node off (None: it is not, or no verdict).
+        self._off: str | None = None
+        #: (monotonic seconds, the cluster's time then in ms) as of the last check.
+        self._reference: tuple[float, float] | None = None
+        self.checks = 0
+
+    # -- checking (the loop) ----------------------------------------------------------------
+
+    async def step(self) -> None:
+        """Read every live peer's clock once (side by side) and judge this node's."""
+        peers = [url for url in self._peers() if url != self.url]
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                ssl=ssl.create_default_context(cafile=self._ca) if self._ca else True)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=ASK_TIMEOUT))
+        answers = await asyncio.gather(*(self._ask(peer) for peer in peers))
+        self.readings = {peer: reading for peer, reading in zip(peers, answers, strict=True)
+                         if reading is not None}
+        self.checks += 1
+        self._judge()
+
+    async def _ask(self, peer: str) -> PeerClock | None:
+        """One reading of ``peer``'s clock (None: it did not answer in time)."""
+        assert self._session is not None
+        try:
+            before = self._clock()
+            async with self._session.get(f"{peer.rstrip('/')}/healthz") as resp:
+                body = await resp.json()
+            after = self._clock()
+            theirs = float(body["time_ms"])
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError, TypeError):
+            return None  # down, slow, or a release that does not tell its time
+        return PeerClock((before + after) / 2 - theirs, max(after - before, 0) / 2)
+
+    def _judge(self) -> None:
+        """Decide from the readings whether this node is off, and where the cluster's time
+        is (from the peers agreeing with the majority)."""
+        readings = list(self.readings.values())
+        now = self._clock()
+        if not readings:  # no verdict: alone, or no peer answers
+            self._off = None
+            self._reference = (self._monotonic(), float(now))
+            return
+        far = [r for r in readings if abs(r.offset) - r.uncertainty > self.max_offset_ms]
+        near = [r for r in readings if r not in far]
+        off = len(far) * 2 > len(readings)
+        agreeing = far if off else near
+        offset = statistics.median(r.offset for r in agreeing) if agreeing else 0.0
+        self._reference = (self._monotonic(), now - offset)
+        was = self._off
+        if off:
+            self._off = (f"this node's clock is {_seconds(offset)} "
+                         f"{'ahead of' if offset > 0 else 'behind'} {len(far)} of "
+                         f"{len(readings)} peers (--max-clock-offset "
+                         f"{self.max_offset_ms} ms): it takes no writes until its clock is "
+                         "back within the bound")
+            if was is None:
+                log.error("%s", self._off)
+        else:
+            self._off = None
+            if was is not None:
+                log.warning("this node's clock is back within %d ms of its peers: taking "
+                            "writes again", self.max_offset_ms)
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # -- what the node asks (any thread) ----------------------------------------------------
+
+    def cluster_time(self) -> float | None:
+        """The cluster's time now (ms), carried forward from the last check on the monotonic
+        clock (None: not checked yet)."""
+        reference = self._reference
+        if reference is None:
+            return None
+        at, cluster = reference
+        return cluster + (self._monotonic() - at) * 1000
+
+    def problem(self) -> str | None:
+        """Why this node must not take writes because of its clock (None: it may)."""
+        if self._off is not None:
+            return self._off
+        cluster = self.cluster_time()
+        if cluster is None or not self.readings:
+            return None
+        drift = self._clock() - cluster
+        if abs(drift) > self.max_offset_ms:
+            return (f"this node's clock moved {_seconds(drift)} "
+                    f"{'ahead' if drift > 0 else 'back'} since its last check against its "
+                    f"peers (--max-clock-offset {self.max_offset_ms} ms): it takes no writes "
+                    "until a check finds it within the bound")
+        return None
+
+    def command_time(self) -> int:
+        """The time a command formed now gets: this clock, never more than the bound ahead
+        of the cluster's time."""
+        now = self._clock()
+        cluster = self.cluster_time()
+        if cluster is None or not self.readings:
+            return now
+        return min(now, int(cluster) + self.max_offset_ms)
+
+    def diagnostics(self) -> dict[str, Any]:
+        """The last readings (offset and uncertainty in ms, per peer) and the verdict."""
+        return {"max_offset_ms": self.max_offset_ms, "checks": self.checks,
+                "peers": {url: {"offset_ms": round(r.offset, 1),
+                                "uncertainty_ms": round(r.uncertainty, 1)}
+                          for url, r in sorted(self.readings.items())},
+                "problem": self.problem()}
+
+
+def _seconds(ms: float) -> str:
+    return f"{abs(ms) / 1000:.3f} s"
