@@ -8,6 +8,8 @@ in a child script. Only calls on paths under ``FAULT_ROOT`` count, and only whil
   enumerates the boundaries of what it did); a child may add its own lines (``op <name>``).
 - ``FAULT_KILL``: ``<n>`` sends this process SIGKILL just before the n-th counted call;
   ``<n>+`` just after it; ``<n>~`` (a write) after writing half of its bytes: a torn write.
+- ``FAULT_TEAR``: ``<suffix>#<k>``: the k-th write to a path ending with ``suffix`` writes
+  half of its bytes and the process dies (a torn write at a chosen kind of file).
 - ``FAULT_HOLD``: ``<op>:<suffix>``: that call on a path ending with ``suffix`` waits while
   ``FAULT_ARM`` exists (the test kills the process while it waits); ``<op>:<suffix>@<text>``
   holds only a write whose bytes contain ``text``. The trace says ``held <op> <path>`` when
@@ -68,6 +70,8 @@ def install(environ: dict[str, str] | None = None) -> None:
     kill = env.get("FAULT_KILL", "")
     kill_at = int(kill.rstrip("+~")) if kill else 0
     kill_when = kill[-1] if kill and kill[-1] in "+~" else "-"
+    tear_suffix, _, tear_at = env.get("FAULT_TEAR", "").partition("#")
+    tears = [0]
     hold_op, _, hold_suffix = env.get("FAULT_HOLD", "").partition(":")
     hold_suffix, _, hold_text = hold_suffix.partition("@")
     fail_op, _, fail_suffix = env.get("FAULT_FAIL", "").partition(":")
@@ -107,6 +111,14 @@ def install(environ: dict[str, str] | None = None) -> None:
                     time.sleep(0.005)
             if n == kill_at and kill_when == "-":
                 die()
+            if tear_suffix and op == "write" and path.endswith(tear_suffix):
+                with _lock:
+                    tears[0] += 1
+                    torn = tears[0] == int(tear_at)
+                if torn:
+                    data = memoryview(args[0])
+                    real(target, data[:max(len(data) // 2, 1)])
+                    die()
             if n == kill_at and kill_when == "~" and op == "write":
                 data = memoryview(args[0])
                 real(target, data[:max(len(data) // 2, 1)])

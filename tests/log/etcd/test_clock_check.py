@@ -1,0 +1,121 @@
+"""The clock check against peers that are real HTTP servers on loopback, each answering
+``/healthz`` with its clock (set by the test), and this node's clocks (wall and monotonic)
+set by the test too."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from aiohttp import web
+
+from messaging.log.etcd.clock_check import ClockCheck
+
+NOW = 1_795_000_000_000
+HOUR = 3_600_000
+
+
+class Clocks:
+    """This node's wall clock (ms) and monotonic clock (s), moved by the test."""
+
+    def __init__(self) -> None:
+        self.wall = NOW
+        self.mono = 100.0
+
+    def advance(self, seconds: float) -> None:
+        self.wall += round(seconds * 1000)
+        self.mono += seconds
+
+
+@asynccontextmanager
+async def peer(clock: Callable[[], int]) -> AsyncIterator[str]:
+    """A peer whose ``/healthz`` says ``clock()``; its URL."""
+    async def healthz(_request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "version": "x", "time_ms": clock()})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def check(clocks: Clocks, peers: list[str], bound: int = 500) -> ClockCheck:
+    return ClockCheck("http://me", bound, lambda: ["http://me", *peers],
+                      clock=lambda: clocks.wall, monotonic=lambda: clocks.mono)
+
+
+async def test_a_node_within_the_bound_of_its_peers_takes_writes() -> None:
+    clocks = Clocks()
+    async with peer(lambda: clocks.wall + 200) as one, peer(lambda: clocks.wall - 100) as two:
+        checker = check(clocks, [one, two])
+        await checker.step()
+        assert checker.problem() is None
+        assert {round(r.offset) for r in checker.readings.values()} == {-200, 100}
+        assert checker.command_time() == clocks.wall
+        report = checker.diagnostics()
+        assert report["problem"] is None and set(report["peers"]) == {one, two}
+        await checker.close()
+
+
+async def test_a_node_an_hour_ahead_of_most_peers_is_refused_until_it_is_back() -> None:
+    clocks = Clocks()
+    real = [NOW]
+    async with peer(lambda: real[0]) as one, peer(lambda: real[0]) as two:
+        checker = check(clocks, [one, two])
+        clocks.wall = NOW + HOUR
+        await checker.step()
+        problem = checker.problem()
+        assert problem is not None and "3600.000 s ahead of 2 of 2 peers" in problem
+        assert "--max-clock-offset 500 ms" in problem
+        # What a command would get is held within the bound of the cluster's time.
+        assert checker.command_time() == NOW + 500
+        clocks.wall = NOW  # corrected: the next check clears it
+        await checker.step()
+        assert checker.problem() is None
+        await checker.close()
+
+
+async def test_one_peer_off_does_not_stop_the_others() -> None:
+    clocks = Clocks()
+    async with peer(lambda: clocks.wall) as good, peer(lambda: clocks.wall + HOUR) as fast:
+        checker = check(clocks, [good, fast])
+        await checker.step()
+        assert checker.problem() is None  # one of two peers far: not a majority
+        assert checker.command_time() == clocks.wall
+        await checker.close()
+
+
+async def test_a_clock_step_between_checks_is_caught_at_once() -> None:
+    clocks = Clocks()
+    async with peer(lambda: NOW + round((clocks.mono - 100.0) * 1000)) as one:
+        checker = check(clocks, [one])
+        await checker.step()
+        assert checker.problem() is None
+        clocks.advance(0.3)
+        assert checker.problem() is None  # wall and monotonic moved together
+        clocks.wall -= 10_000  # stepped back ten seconds
+        problem = checker.problem()
+        assert problem is not None and "moved 10.000 s back" in problem
+        clocks.wall += 10_000 + HOUR  # then an hour ahead: still caught, and held
+        assert "ahead" in (checker.problem() or "")
+        assert checker.command_time() == NOW + 300 + 500
+        await checker.close()
+
+
+async def test_no_peer_answering_gives_no_verdict() -> None:
+    clocks = Clocks()
+    async with peer(lambda: NOW) as gone:
+        pass  # its port is closed now
+    checker = check(clocks, [gone])
+    clocks.wall = NOW + HOUR
+    await checker.step()
+    assert checker.readings == {} and checker.problem() is None
+    assert checker.command_time() == clocks.wall
+    await checker.close()
