@@ -11,9 +11,10 @@ the lines after it. When the journal grows past :data:`COMPACT_BYTES` the broker
 may be missing) and empties it.
 
 The line is the group's commit mark: a group's frames are written first, then its line, and
-both are made durable side by side (one fsync round) before the group is answered. So frames
-above the broker index of the last whole line belong to a group a crash interrupted — it was
-never acknowledged — and opening cuts them, in every topic and across segment boundaries:
+both are made durable (side by side when the group wrote several topics) before the group
+is answered. So frames above the broker index of the last whole line belong to a group a
+crash interrupted — it was never acknowledged — and opening cuts them, in every topic and
+across segment boundaries:
 a publish batch is all or nothing, also after a crash. A line whose frames did not all reach
 the disk (a power loss between the two fsyncs, or a failed one) is seen by :func:`incomplete`
 and undone with its frames (with ``--fsync always`` only the last line can be: each group

@@ -51,7 +51,7 @@ async def read_topic(session: aiohttp.ClientSession, url: str, topic: int) -> di
     return {m.index: m.data for m in messages}
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+@pytest.mark.parametrize("seed", [1, 2])  # more rounds: tests/e2e/test_batch_atomicity.py
 async def test_sigkill_under_load_loses_nothing_acknowledged(broker_process, tmp_path: Path,
                                                              seed: int) -> None:
     rng = random.Random(seed)

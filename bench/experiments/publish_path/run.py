@@ -172,10 +172,10 @@ def main() -> None:
         f"{time.perf_counter() - started:.0f} s.\n\n**Where the milliseconds go.** "
         + breakdown(results, "after") + " " + breakdown(results, "before")
         + "\n\nEvery group now writes its state journal line (its commit mark: what makes a "
-        "batch all or nothing after a crash) after its frames, and the two are fsynced side "
-        "by side: a plain group pays a second fdatasync beside its frames' (about 0.1 ms on "
-        "this disk, measured alone), an idempotent one no longer waits for two syncs one "
-        "after the other (the code of 11-25 synced the line before writing the frames). The "
+        "batch all or nothing after a crash) after its frames, and both are fsynced before the "
+        "answer: a plain group pays a second fdatasync after its frames' (about 0.1 ms on this "
+        "disk, measured alone), an idempotent group paid two before as well (its line was "
+        "synced before its frames were written). The "
         "client library's part is aiohttp's request machinery on both sides of the "
         "connection (see the load process's frames below)."
         + "".join(f"\n\n{f}" for f in run["flames"]))
