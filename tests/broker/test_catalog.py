@@ -1127,3 +1127,19 @@ def test_an_applied_native_publish_is_settled_from_the_producer_state(broker: Br
     assert broker.settled_result(encode(1, 5, b"plain")) is None
     assert broker.settled_result(stream_command({"op": "create", "name": "s"})) is None
     assert broker.settled_result(b"\x00garbage") is None
+
+
+def test_stream_commands_take_the_log_time_not_the_receiving_nodes(tmp_path: Path) -> None:
+    """A stream command's time (its creation, producers' last use, TTLs) is the time the log
+    gave the command, as a publish's append time: the ``now`` the receiving node wrote into
+    it counts only for commands applied without a time."""
+    broker = Broker.open(tmp_path)
+    untimed = stream_command({"op": "create", "name": "old", "content_type": "text/plain",
+                              "now": 5.0})
+    broker.write_group([untimed], durable=True)
+    assert broker.catalog.streams["old"].created == 5.0
+    timed = stream_command({"op": "create", "name": "new", "content_type": "text/plain",
+                            "now": 3_600.0})  # the receiving node's clock, far off
+    broker.write_group([timed], durable=True, times=[1_795_000_000_000])
+    assert broker.catalog.streams["new"].created == 1_795_000_000.0
+    broker.close()

@@ -7,7 +7,8 @@ half-way through a random segment write (tests/faultpoint.py, a torn write, alwa
 batch); and a kill at a random system call followed by a simulated power loss (every file
 cut back to what was fsynced).
 After every round each batch is either entirely present, once, or entirely absent, and every
-acknowledged batch is present with the indexes it was answered with.
+acknowledged batch is present with the indexes it was answered with. A cluster node killed
+mid-batch ends byte for byte like the others, every batch whole.
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ import aiohttp
 import pytest
 
 from messaging.frames import FRAMES_CONTENT_TYPE, decode, encode_batch
+from tests.conftest import wait_until
+from tests.e2e.test_etcd_log import (  # noqa: F401  (fixtures used by name)
+    LOCAL_ONLY,
+    TOPIC,
+    EtcdCluster,
+    Nodes,
+    check_identical,
+    etcd,
+    etcd_cluster,
+)
 from tests.faultpoint import lose_unsynced
 
 FAULTPOINT = Path(__file__).resolve().parent.parent / "faultpoint.py"
@@ -35,12 +46,13 @@ Acked = dict[str, tuple[int, int]]
 
 
 async def sender(session: aiohttp.ClientSession, url: str, worker: int, round_: int,
-                 acked: Acked, rng: random.Random) -> None:
-    """Publish batches until the broker goes away (bounded)."""
-    for n in range(200):
+                 acked: Acked, rng: random.Random, *, topics: tuple[int, ...] = TOPICS,
+                 limit: int = 200) -> None:
+    """Publish batches until the broker goes away (at most ``limit``)."""
+    for n in range(limit):
         tag = f"r{round_}w{worker}b{n}"
         datas = [f"{tag}-{k}-".encode() + bytes(rng.randrange(40)) for k in range(BATCH)]
-        topic = TOPICS[(worker + n) % len(TOPICS)]
+        topic = topics[(worker + n) % len(topics)]
         try:
             async with session.post(f"{url}/messaging/messages", data=encode_batch(topic, datas),
                                     headers={"Content-Type": FRAMES_CONTENT_TYPE}) as resp:
@@ -53,17 +65,18 @@ async def sender(session: aiohttp.ClientSession, url: str, worker: int, round_: 
         acked[tag] = (result["first"], result["last"])
 
 
-async def stored_batches(url: str, after: int = 0) -> tuple[dict[str, list[tuple[int, int]]],
-                                                           int]:
+async def stored_batches(url: str, after: int = 0, *, topics: tuple[int, ...] = TOPICS,
+                         headers: dict[str, str] | None = None,
+                         ) -> tuple[dict[str, list[tuple[int, int]]], int]:
     """The batches on the broker above index ``after``: tag -> [(index, k)] in index order,
     and the highest index seen."""
     batches: dict[str, list[tuple[int, int]]] = {}
     highest = after
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        for topic in TOPICS:
+        for topic in topics:
             async with session.get(f"{url}/messaging/messages",
                                    params={"topicID": str(topic), "index": str(after + 1)},
-                                   ) as resp:
+                                   headers=headers) as resp:
                 if resp.status == 404:
                     continue
                 assert resp.status == 200, await resp.text()
@@ -197,3 +210,54 @@ async def test_no_reader_sees_a_batch_before_its_group_is_committed(broker_proce
 
 def _text(path: Path) -> str:
     return path.read_text() if path.exists() else ""
+
+
+async def test_a_cluster_node_killed_mid_batch_replays_every_batch_whole(
+        etcd: EtcdCluster, broker_process, tmp_path: Path) -> None:  # noqa: F811
+    """A cluster node dies half-way through a segment write of 2,000-message batches over
+    small segments (three times): started again, it cuts what no commit mark covers,
+    replays the rest from etcd, and ends byte for byte like the others, every batch whole."""
+    rng = random.Random(38)
+    arm = tmp_path / "arm"
+    arm.touch()
+    nodes = Nodes(broker_process, tmp_path, etcd, "--max-segment-size", "64K")
+
+    def tearing() -> dict[str, object]:
+        return {"launcher": [sys.executable, str(FAULTPOINT)],
+                "env": {"FAULT_ROOT": str(nodes.data(1)), "FAULT_ARM": str(arm),
+                        "FAULT_TEAR": f".seg#{rng.randrange(2, 8)}"}}
+
+    await nodes.start(0, 2)
+    await nodes.start(1, **tearing())
+    await nodes.wait_ready(0, 1, 2)
+    acked: Acked = {}
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for round_ in range(3):
+            senders = [asyncio.ensure_future(
+                sender(session, nodes.url(0), w, round_, acked, rng, topics=(TOPIC,),
+                       limit=8)) for w in range(2)]
+            proc = nodes.procs[1].proc
+            assert proc is not None
+            died = await asyncio.to_thread(_wait, proc, 30.0)
+            await asyncio.wait_for(asyncio.gather(*senders), 60)
+            assert died, "node 1 never reached its torn write"
+            nodes.kill(1)
+            await nodes.start(1, **(tearing() if round_ < 2 else {}))
+        await nodes.wait_ready(0, 1, 2)
+        last = max(span[1] for span in acked.values())
+        stored: list[dict[str, list[tuple[int, int]]]] = []
+        for i in range(3):
+            async def caught_up(url: str = nodes.url(i)) -> bool:
+                async with session.get(f"{url}/messaging/topics/{TOPIC}",
+                                       headers=LOCAL_ONLY) as resp:
+                    return resp.status == 200 and (await resp.json())["last_index"] >= last
+            await wait_until(caught_up, timeout=60, what=f"node {i} caught up")
+            batches, _highest = await stored_batches(nodes.url(i), topics=(TOPIC,),
+                                                     headers=LOCAL_ONLY)
+            check(batches, acked, f"node {i}")
+            stored.append(batches)
+        assert stored[0] == stored[1] == stored[2]
+        await check_identical(nodes)
+    log = (tmp_path / "node1.log").read_text()
+    assert log.count("whose commit mark a crash took") >= 3, log[-3000:]
