@@ -82,6 +82,12 @@ def install(environ: dict[str, str] | None = None) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(10)  # SIGKILL is delivered at once; never run on
 
+    def tear(write: Callable[..., Any], target: Any, data: Any) -> None:
+        """Write half of ``data`` and die: a torn write."""
+        view = memoryview(data)
+        write(target, view[:max(len(view) // 2, 1)])
+        die()
+
     def wrap(op: str, real: Callable[..., Any]) -> Callable[..., Any]:
         def call(target: Any, *args: Any, **kwargs: Any) -> Any:
             global _count
@@ -116,13 +122,9 @@ def install(environ: dict[str, str] | None = None) -> None:
                     tears[0] += 1
                     torn = tears[0] == int(tear_at)
                 if torn:
-                    data = memoryview(args[0])
-                    real(target, data[:max(len(data) // 2, 1)])
-                    die()
+                    tear(real, target, args[0])
             if n == kill_at and kill_when == "~" and op == "write":
-                data = memoryview(args[0])
-                real(target, data[:max(len(data) // 2, 1)])
-                die()
+                tear(real, target, args[0])
             result = real(target, *args, **kwargs)
             if n == kill_at:
                 die()

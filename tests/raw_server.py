@@ -1,6 +1,7 @@
-"""A raw TCP server on 127.0.0.1 for tests that need a peer which misbehaves.
+"""Servers on 127.0.0.1 for tests: a raw TCP server for a peer which misbehaves
+(:func:`raw_server`), and an aiohttp application on a free port (:func:`app_server`).
 
-Every connection's handler runs as a task the server keeps; leaving the context cancels the
+Every raw connection's handler runs as a task the server keeps; leaving the context cancels the
 handlers still running and closes their connections before the test's loop ends, so nothing
 is left for the garbage collector to warn about in a later test.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -41,3 +44,16 @@ async def raw_server(handler: Handler) -> AsyncIterator[int]:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
         await server.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def app_server(app: web.Application) -> AsyncIterator[str]:
+    """Serve an aiohttp application on a free port of 127.0.0.1; yields its base URL."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()

@@ -25,7 +25,7 @@ from messaging.errors import (
 )
 from messaging.http.server import BrokerServer
 from tests.proxy import FaultProxy, dead_url
-from tests.raw_server import raw_server
+from tests.raw_server import app_server, raw_server
 
 
 @contextlib.asynccontextmanager
@@ -160,20 +160,12 @@ async def test_redirect_is_followed_and_remembered(server: BrokerServer) -> None
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", redirect)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        async with Client(f"http://127.0.0.1:{port}") as client:
-            assert await client.publish(1, b"a") == 1
-            assert client.leader == server.url
-            assert await client.publish(1, b"b") == 2
-            # (The client asked once for the map of topic groups: a 404 there, none.)
-            assert hits == ["/messaging/groups", "/messaging/messages"]
-    finally:
-        await runner.cleanup()
+    async with app_server(app) as url, Client(url) as client:
+        assert await client.publish(1, b"a") == 1
+        assert client.leader == server.url
+        assert await client.publish(1, b"b") == 2
+        # (The client asked once for the map of topic groups: a 404 there, none.)
+        assert hits == ["/messaging/groups", "/messaging/messages"]
 
 
 async def test_publish_cut_mid_request_is_outcome_unknown(server: BrokerServer,

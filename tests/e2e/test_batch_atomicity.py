@@ -33,6 +33,7 @@ from tests.e2e.test_etcd_log import (  # noqa: F401  (fixtures used by name)
     etcd,
     etcd_cluster,
 )
+from tests.e2e.test_exactly_once import wait_for_trace
 from tests.faultpoint import lose_unsynced
 
 FAULTPOINT = Path(__file__).resolve().parent.parent / "faultpoint.py"
@@ -182,11 +183,7 @@ async def test_no_reader_sees_a_batch_before_its_group_is_committed(broker_proce
             publishing = asyncio.ensure_future(session.post(
                 f"{url}/messaging/messages", data=encode_batch(1, datas),
                 headers={"Content-Type": FRAMES_CONTENT_TYPE}))
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 20
-            while "held fdatasync" not in _text(tmp_path / "t"):
-                assert loop.time() < deadline, "the fsync was never held"
-                await asyncio.sleep(0.02)
+            await wait_for_trace(tmp_path / "t", "held fdatasync")
             segments = sorted((data / "topics" / "1").glob("*.seg"))
             assert len(segments) >= 2, "the batch did not straddle a roll"
             async with session.get(f"{url}/messaging/messages",
@@ -206,10 +203,6 @@ async def test_no_reader_sees_a_batch_before_its_group_is_committed(broker_proce
             streamed, _used = decode(body, after=1)
             assert [m.data for m in streamed] == datas
     assert broker.terminate() == 0
-
-
-def _text(path: Path) -> str:
-    return path.read_text() if path.exists() else ""
 
 
 async def test_a_cluster_node_killed_mid_batch_replays_every_batch_whole(

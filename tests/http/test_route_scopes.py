@@ -38,6 +38,7 @@ from messaging.http.auth import (
 )
 from messaging.log.local import LocalLog
 from messaging.stack.assemble import Stack
+from tests.raw_server import app_server
 
 #: A sample value for each path parameter of the routes.
 SAMPLES = {"id": "1", "name": "s1"}
@@ -96,14 +97,10 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
     tokens_file = await loop.run_in_executor(None, Tokens, path)
     app = make_app(Stack(broker, log), config, tokens=tokens_file,
                    snapshots=FakeSnapshots(broker))
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
     try:
-        yield Node(app, f"http://127.0.0.1:{runner.addresses[0][1]}", tokens)
+        async with app_server(app) as url:
+            yield Node(app, url, tokens)
     finally:
-        await runner.cleanup()
         await log.close()
         await loop.run_in_executor(None, broker.close)
 
@@ -256,21 +253,16 @@ async def test_a_route_without_a_declaration_is_refused(tmp_path: Path,
         return web.Response(text="served")
 
     app.router.add_get("/forgotten", forgotten)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
     try:
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}/forgotten"
-        for headers in ({}, {"Authorization": f"Bearer {token}"}):
-            async with http.get(url, headers=headers) as resp:
-                assert resp.status == 500
-                assert "declares no scope" in resp.headers["X-Broker-Error"]
-        assert not ran
-        with pytest.raises(AssertionError, match="/forgotten declares no scope"):
-            list(routes(app))
+        async with app_server(app) as base:
+            for headers in ({}, {"Authorization": f"Bearer {token}"}):
+                async with http.get(f"{base}/forgotten", headers=headers) as resp:
+                    assert resp.status == 500
+                    assert "declares no scope" in resp.headers["X-Broker-Error"]
+            assert not ran
+            with pytest.raises(AssertionError, match="/forgotten declares no scope"):
+                list(routes(app))
     finally:
-        await runner.cleanup()
         await log.close()
         await loop.run_in_executor(None, broker.close)
 

@@ -29,7 +29,7 @@ from tests.objects.conftest import (
     SECRET_KEY,
     SeaweedFS,
 )
-from tests.raw_server import raw_server
+from tests.raw_server import app_server, raw_server
 
 pytestmark = pytest.mark.e2e
 
@@ -118,14 +118,8 @@ async def failing_server(status: int) -> AsyncIterator[int]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield runner.addresses[0][1]
-    finally:
-        await runner.cleanup()
+    async with app_server(app) as url:
+        yield int(url.rsplit(":", 1)[1])
 
 
 async def test_server_errors_are_their_own_kind() -> None:

@@ -117,8 +117,10 @@ class ClockCheck:
             self._off = None
             self._reference = (self._monotonic(), float(now))
             return
-        far = [r for r in readings if abs(r.offset) - r.uncertainty > self.max_offset_ms]
-        near = [r for r in readings if r not in far]
+        far: list[PeerClock] = []
+        near: list[PeerClock] = []
+        for r in readings:
+            (far if abs(r.offset) - r.uncertainty > self.max_offset_ms else near).append(r)
         off = len(far) * 2 > len(readings)
         agreeing = far if off else near
         offset = statistics.median(r.offset for r in agreeing) if agreeing else 0.0

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from aiohttp import web
 
 from messaging.log.etcd.clock_check import ClockCheck
+from tests.raw_server import app_server
 
 NOW = 1_795_000_000_000
 HOUR = 3_600_000
@@ -35,15 +36,8 @@ async def peer(clock: Callable[[], int]) -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_get("/healthz", healthz)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with app_server(app) as url:
+        yield url
 
 
 def check(clocks: Clocks, peers: list[str], bound: int = 500) -> ClockCheck:
