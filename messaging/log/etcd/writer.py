@@ -139,6 +139,8 @@ class LogWriter:
         self.quorum_error: str | None = NOT_CHECKED
         self.alarm: str | None = None
         self._installed = 0  # revisions through here were applied by a snapshot install
+        # Set when the node stopped applying: what was not sent yet is refused with it.
+        self._stopped: MessagingError | None = None
         # Puts on their way to etcd (sent, not answered yet): batch seq -> when sent; and a
         # moving average of how long etcd takes to answer one.
         self._sending: dict[int, float] = {}
@@ -155,6 +157,9 @@ class LogWriter:
                 f"per request (etcd's default request limit is 1.5 MiB); this one has "
                 f"{len(command)}: split it into smaller batches")
         future: asyncio.Future[ApplyResult] = asyncio.get_running_loop().create_future()
+        if self._stopped is not None:
+            future.set_exception(self._stopped)
+            return future
         self._pending.append(_Pending(command, future, time.monotonic()))
         self._pending_bytes += len(command)
         self._wakeup.set()
@@ -214,7 +219,9 @@ class LogWriter:
 
     def fail_waiting(self, unknown: MessagingError, refused: MessagingError) -> None:
         """The node stopped applying: publishes whose puts were sent hear ``unknown``, those
-        not sent yet ``refused``."""
+        not sent yet ``refused``, also those taken for a put whose task has not started
+        and those submitted from now on (no put goes out any more)."""
+        self._stopped = refused
         for batch in list(self._batches.values()):
             _fail(batch, unknown)
         self._refuse_pending(refused)
@@ -336,6 +343,9 @@ class LogWriter:
         seq = self._seq
         batch = _Batch([item.future for item in group], [item.submitted for item in group],
                        [item.command for item in group])
+        if self._stopped is not None:  # taken before the node stopped, never sent
+            _fail(batch, self._stopped)
+            return
         self._batches[seq] = batch
         commands = batch.commands
         self.groups += 1

@@ -245,3 +245,29 @@ async def test_failed_publishes_stop_counting_as_waiting_while_their_puts_are_on
         etcd.go.set()
         await cancel_and_wait(running)
         await writer.cancel_puts()
+
+
+async def test_a_group_taken_just_before_the_node_stopped_is_refused_not_sent() -> None:
+    """The node stops applying between the writer taking a group for a put and the put's
+    task starting: the group is refused at once and never sent (nothing would answer it for
+    APPLY_TIMEOUT), and so is whatever is submitted afterwards."""
+    etcd = FakeEtcd()
+    etcd.go.set()
+    writer = LogWriter(cast(EtcdClient, etcd), b"/log", b"n" * 8, lambda _response: None)
+    running = asyncio.create_task(writer.run())
+    try:
+        await asyncio.sleep(0)  # the writer waits for commands
+        taken = writer.submit(b"taken")
+        await asyncio.sleep(0)  # the writer takes it and creates the put's task, not run yet
+        assert writer.diagnostics()["puts_in_flight"] == 1 and not taken.done()
+        writer.fail_waiting(CommitUnknownError("unknown"), StorageFailedError("stopped"))
+        with pytest.raises(StorageFailedError):
+            await asyncio.wait_for(taken, 1)
+        later = writer.submit(b"later")
+        with pytest.raises(StorageFailedError):
+            await asyncio.wait_for(later, 1)
+        await _until(lambda: writer.diagnostics()["puts_in_flight"] == 0)
+        assert etcd.puts == [] and writer.waiting() == 0
+    finally:
+        await cancel_and_wait(running)
+        await writer.cancel_puts()
