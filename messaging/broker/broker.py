@@ -276,6 +276,7 @@ class Broker:
                 log.warning("could not save %s/broker.json on close: %s", self.path,
                             err.strerror or err)
             self.store.unlock()
+        self._catalog_log.close()
         self._new_topics.notify()
 
     # -- the state machine ------------------------------------------------------------------

@@ -59,6 +59,7 @@ class CatalogLog:
         self._new_file = False  # created by an append not yet flushed: the directory needs it
         self._starts: list[int] = []  # where each line read() returned starts
         self._failed: StorageFailedError | None = None
+        self._fd: int | None = None  # lines are appended through it (writer thread)
 
     def read(self, after: int) -> list[dict[str, Any]]:
         """The lines after sequence number ``after``, in order (each a dict with ``changes``,
@@ -108,29 +109,26 @@ class CatalogLog:
             raise self._failed
         line = json.dumps({"seq": self.seq + 1, **entry},
                           separators=(",", ":")).encode() + b"\n"
-        created = not self.path.exists()
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        created = self._fd is None and not self.path.exists()
+        fd = self._open()
         try:
+            written = os.write(fd, line)
+            if written != len(line):
+                raise OSError(28, "short write")
+        except OSError:
+            self._cut(fd, self.size)
+            raise
+        if durable:
             try:
-                written = os.write(fd, line)
-                if written != len(line):
-                    raise OSError(28, "short write")
-            except OSError:
+                # The line and the file's size are what a restart needs: fdatasync
+                # (an fsync would also wait for the inode's times to be journaled).
+                os.fdatasync(fd)
+                if created:
+                    _fsync_dir(self.path.parent)
+            except OSError as err:
                 self._cut(fd, self.size)
-                raise
-            if durable:
-                try:
-                    # The line and the file's size are what a restart needs: fdatasync
-                    # (an fsync would also wait for the inode's times to be journaled).
-                    os.fdatasync(fd)
-                    if created:
-                        _fsync_dir(self.path.parent)
-                except OSError as err:
-                    self._cut(fd, self.size)
-                    raise self._stop(f"state changes could not be made durable "
-                                     f"({err.strerror or err})") from err
-        finally:
-            os.close(fd)
+                raise self._stop(f"state changes could not be made durable "
+                                 f"({err.strerror or err})") from err
         self._new_file |= created and not durable
         self.seq += 1
         self._before_last = self.size
@@ -142,20 +140,29 @@ class CatalogLog:
         journal (:class:`StorageFailedError`); the caller then undoes the group."""
         if self._failed is not None:
             raise self._failed
+        if self._fd is None:
+            return  # no line written since it was opened
         try:
-            fd = os.open(self.path, os.O_WRONLY)
-        except FileNotFoundError:
-            return  # no line written yet
-        try:
-            os.fdatasync(fd)
+            os.fdatasync(self._fd)
             if self._new_file:
                 _fsync_dir(self.path.parent)
                 self._new_file = False
         except OSError as err:
             raise self._stop(f"state changes could not be made durable "
                              f"({err.strerror or err})") from err
-        finally:
+
+    def close(self) -> None:
+        """Close the journal's descriptor (the broker is closing; a later append reopens)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
             os.close(fd)
+
+    def _open(self) -> int:
+        """The descriptor lines are appended through, opened on the first append."""
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                               0o644)
+        return self._fd
 
     def undo(self, *, durable: bool) -> None:
         """Take back the line just appended: the rest of its group failed.
@@ -166,7 +173,7 @@ class CatalogLog:
         self.seq -= 1
         self.size = self._before_last
         try:
-            fd = os.open(self.path, os.O_WRONLY)
+            fd = self._open()
         except OSError as err:
             self._stop(f"could not undo a failed state write ({err.strerror or err})")
             return
@@ -177,8 +184,6 @@ class CatalogLog:
         except OSError as err:
             self._stop(f"could not make the undo of a failed group durable "
                        f"({err.strerror or err})")
-        finally:
-            os.close(fd)
 
     def _cut(self, fd: int, size: int) -> None:
         """Cut the file back to ``size`` bytes (a line that must not count)."""
@@ -203,17 +208,13 @@ class CatalogLog:
         and in a cluster, become durable: a checkpoint that covers them needs them)."""
         if self._failed is not None:
             raise self._failed
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
+        if self._fd is None and not self.path.exists():
             return
         try:
-            os.fsync(fd)
+            os.fsync(self._open())
         except OSError as err:
             raise self._stop(f"state changes could not be made durable "
                              f"({err.strerror or err})") from err
-        finally:
-            os.close(fd)
         _fsync_dir(self.path.parent)
 
     @property

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from messaging.aio import cancel_and_wait
+from messaging.broker.commands import ApplyResult, validate_publish
 from messaging.errors import CommitUnknownError, StorageFailedError
 from messaging.frames import encode_batch
 from messaging.log.etcd import writer as writer_module
@@ -26,7 +27,7 @@ from messaging.log.etcd.entry import (
     decode_entry,
     encode_entry,
 )
-from messaging.log.etcd.writer import COALESCE_BYTES, COMPRESS_RETRY, LogWriter
+from messaging.log.etcd.writer import COALESCE_BYTES, COMPRESS_RETRY, ApplyTiming, LogWriter
 from tests.examples import examples
 
 
@@ -268,6 +269,29 @@ async def test_a_group_taken_just_before_the_node_stopped_is_refused_not_sent() 
             await asyncio.wait_for(later, 1)
         await _until(lambda: writer.diagnostics()["puts_in_flight"] == 0)
         assert etcd.puts == [] and writer.waiting() == 0
+    finally:
+        await cancel_and_wait(running)
+        await writer.cancel_puts()
+
+
+async def test_publishes_of_one_topic_go_in_one_command_and_each_gets_its_range() -> None:
+    """Single publishes of one topic waiting for the same put go to etcd as one command of
+    their frames (every node stages it once); each publisher is answered with its own index
+    range, in the order they were taken."""
+    etcd = FakeEtcd()
+    etcd.go.set()
+    writer = LogWriter(cast(EtcdClient, etcd), b"/log", b"n" * 8, lambda _response: None)
+    publishes = [validate_publish(encode_batch(7, [b"m%d" % k] * (k + 1))) for k in range(3)]
+    running = asyncio.create_task(writer.run())
+    try:
+        futures = [writer.submit(p) for p in publishes] + [writer.submit(b"other")]
+        await _until(lambda: len(etcd.puts) == 1)
+        assert etcd.puts[0] == [b"".join(publishes), b"other"]
+        writer.answer(b"n" * 8, 1, [ApplyResult(11, 16, frozenset({7})),
+                                    ApplyResult(0, 0, frozenset())],
+                      ApplyTiming(0.0, 0.0, 0.0))
+        results = [await asyncio.wait_for(f, 1) for f in futures]
+        assert [(r.first, r.last) for r in results] == [(11, 11), (12, 13), (14, 16), (0, 0)]
     finally:
         await cancel_and_wait(running)
         await writer.cancel_puts()
