@@ -19,6 +19,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -101,11 +102,19 @@ def test_every_group_has_boundaries(reference: tuple[dict[str, Any], list[str]])
 def test_kill_at_every_boundary_then_retry(reference: tuple[dict[str, Any], list[str]],
                                            tmp_path: Path) -> None:
     expected, points = reference
-    for point in points:
-        work = tmp_path / f"kill{point.replace('+', 'p').replace('~', 't')}"
+    works = {point: tmp_path / f"kill{point.replace('+', 'p').replace('~', 't')}"
+             for point in points}
+    for work in works.values():
         work.mkdir()
+    # The children are independent (a directory each): two at a time, then checked in order.
+    with ThreadPoolExecutor(2) as pool:
+        deaths = dict(zip(points, pool.map(
+            lambda point: run_child(works[point] / "data", works[point], kill=point), points),
+            strict=True))
+    for point in points:
+        work = works[point]
         data = work / "data"
-        died = run_child(data, work, kill=point)
+        died = deaths[point]
         assert died.returncode == -9, f"kill point {point} was never reached: {died.stderr}"
         interrupted = int(read_trace(work / "trace")[-1][3])
         broker = scenario.open_broker(data)
