@@ -100,8 +100,14 @@ class Broker:
                  max_open_files: int | None = None,
                  metrics: BrokerMetrics | None = None,
                  first_named_topic: int = NAMED_TOPIC_BASE,
-                 object_reads: ObjectReads | None = None) -> None:
+                 object_reads: ObjectReads | None = None,
+                 lines_first: bool = False) -> None:
         self.path = path
+        #: Whether groups write their journal line before their frames and a group of
+        #: single-message publishes writes none (every group durable: ``--fsync always`` on
+        #: one node), or every group writes its line after its frames (see
+        #: :mod:`messaging.broker.state_log`).
+        self.lines_first = lines_first
         self.max_segment_size = max_segment_size
         self.subscriber_timeout = subscriber_timeout
         self.metrics = metrics or BrokerMetrics()
@@ -202,9 +208,10 @@ class Broker:
         self.positions.restore(state.get("subscribers", {}))
         journaled = recovery.replay_journal(self._catalog_log, int(state.get("catalog_seq", 0)),
                                             self.store, self.catalog, self.positions)
-        marked = bool(state.get(recovery.MARKS))
-        if marked:  # frames no whole line covers: their group's commit mark never made it
+        marks = state.get(recovery.MARKS)
+        if marks is True:  # frames no whole line covers: their group's commit mark never made it
             recovery.cut_uncommitted(self.store, max(int(state.get("index", 0)), journaled))
+        # (marks written first: frames no line covers are whole single-message groups)
         recovery.reconcile_streams(self.store, self.catalog)
         recovery.reconcile_deleted(self.store, self.catalog.topic_settings)
         self._configure(self.store.all())
@@ -215,20 +222,28 @@ class Broker:
                          + [t.last_index for t in self.store.all()])
         self.time = max([int(state.get("time", 0))]
                         + [t.last_time or 0 for t in self.store.all()])
-        if not marked:
-            self._mark()
+        if marks != self._marks:
+            self._mark(marks)
         log.info("opened %s: %d topics, index %d", self.path, len(self.store.ids()), self.index)
 
-    def _mark(self) -> None:
-        """Save ``broker.json`` saying that every group from now on has a commit mark (a new
-        directory, or one an earlier release wrote). When that fails (a full disk) the
-        broker still starts and serves; a crash then keeps part of an interrupted batch, as
-        earlier releases did, and the next start tries again."""
+    @property
+    def _marks(self) -> str | bool:
+        """How this broker's groups mark their commit (``broker.json``'s ``marks``)."""
+        return recovery.LINES_FIRST if self.lines_first else True
+
+    def _mark(self, saved: Any) -> None:
+        """Save ``broker.json`` saying how groups mark their commit from now on (a new
+        directory, one an earlier release wrote, or one written in the other way). When that
+        fails (a full disk) the broker still starts and serves; a crash may then keep part of
+        an interrupted batch, as earlier releases did, and the next start tries again."""
         try:
             self.save_state(durable=True)
         except OSError as err:
             log.warning("could not save %s/broker.json (%s): until it is saved, a batch that "
                         "a crash interrupts may be kept in part", self.path, err.strerror or err)
+            if saved is True and self.lines_first:
+                # The next start would cut frames no line covers: every group writes one.
+                self.lines_first = False
 
     def _configure(self, topics: Iterable[Topic]) -> None:
         """Give topics their effective segment size and the floor of their last deletion."""
@@ -250,7 +265,7 @@ class Broker:
             "subscribers": self.positions.saved(),
             "catalog": self.catalog.saved(),
             "catalog_seq": self._catalog_log.seq,
-            recovery.MARKS: True,
+            recovery.MARKS: self._marks,
         }
 
     def save_state(self, *, durable: bool = True) -> None:
@@ -345,14 +360,28 @@ class Broker:
             manifest = machine.manifest_staged
             debug = log.isEnabledFor(logging.DEBUG)
             written = time.perf_counter() if debug else 0.0
-            # The frames, then the group's journal line (its commit mark), both made durable
-            # in one round: see messaging.broker.state_log for why in this order.
-            rounds = self.store.write(list(touched), durable=False)
-            journaled = self._journal(touched, before + 1)
-            if durable or (manifest and journaled):
-                beside = [self._catalog_log.flush] if journaled else []
-                self.store.sync(touched if durable else (), beside=beside)
-                rounds += 1
+            if self.lines_first:
+                # The group's line made durable before its frames are written (none for a
+                # group of single-message publishes): see messaging.broker.state_log.
+                rounds = 0
+                if not _lone_messages(results) or machine.pending:
+                    journaled = self._journal(touched, before + 1)
+                    if journaled:
+                        self._catalog_log.flush()
+                        rounds += 1
+                rounds += self.store.write(list(touched), durable=False)
+                if durable:
+                    self.store.sync(touched)
+                    rounds += 1
+            else:
+                # The frames, then the group's journal line (its commit mark), both made
+                # durable in one round: see messaging.broker.state_log for why in this order.
+                rounds = self.store.write(list(touched), durable=False)
+                journaled = self._journal(touched, before + 1)
+                if durable or (manifest and journaled):
+                    beside = [self._catalog_log.flush] if journaled else []
+                    self.store.sync(touched if durable else (), beside=beside)
+                    rounds += 1
             if rounds:
                 self.metrics.fsyncs.inc(rounds)
             if debug:
@@ -660,6 +689,14 @@ class Broker:
         self._new_topics.notify()
         log.info("restored snapshot: %d topics, index %d", len(opened), self.index)
         return header
+
+
+def _lone_messages(results: Sequence[ApplyResult | MessagingError]) -> bool:
+    """Whether every command of a group that applied holds one message and no stream
+    operation: such a group needs no commit mark (a frame is whole or cut by its checksum)."""
+    return all(isinstance(r, MessagingError) or (r.last == r.first and r.stream is None
+                                                 and not r.created)
+               for r in results)
 
 
 def _by_time(parts: list[tuple[Run, int | None]]) -> list[tuple[int | None, list[Run]]]:

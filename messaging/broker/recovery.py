@@ -1,20 +1,27 @@
 """Opening a data directory: the state saved in ``broker.json``, the state journal's lines after
 it, and the topics' files made to agree with both (start-up only, before anything is served).
 
-A group is written as its frames first, then its journal line — the group's commit mark —
-and both are fsynced side by side (see :mod:`messaging.broker.state_log`). A crash can leave
-frames of a group whose line never made it, in one segment or across a roll (that group was
-never acknowledged: :func:`cut_uncommitted` removes every frame above the last line's broker
-index, so a batch is all or nothing), a last line whose frames did not all reach the disk (a
-power loss between the two fsyncs: the line is dropped and its frames cut back), frames of a
-named topic beyond its stream's saved tail, directories of named topics the catalog does not
-know, and files of a topic whose deletion was journaled but not carried out. Each function
-here mends one of these; none writes anything else, so a broker whose disk is full still
-starts and serves reads.
+A group's journal line is its commit mark (see :mod:`messaging.broker.state_log`), written in
+one of two ways, which ``broker.json`` records (:data:`MARKS`):
 
-``broker.json`` says ``"marks": true`` once every group since it was written has a line: a
-directory written by a release before commit marks has acknowledged groups without one, so
-nothing is cut there until the broker has marked it (:data:`MARKS`).
+- *after the frames* (``--fsync interval|never``, a cluster node): frames first, then the
+  line, both fsynced side by side. A crash can leave frames of a group whose line never made
+  it, in one segment or across a roll: that group was never acknowledged, and
+  :func:`cut_uncommitted` removes every frame above the last line's broker index, so a batch
+  is all or nothing;
+- *lines first* (``--fsync always`` on one node): a group's line is durable before its frames
+  are written, and a group of single-message publishes has none (a message is whole or cut by
+  its checksum). Frames no line covers are such messages, acknowledged or not: they stay.
+
+Either way a last line whose frames did not all reach the disk (a power loss between the
+fsyncs, a crash after a line written first) is dropped and its frames cut back. Besides,
+recovery mends frames of a named topic beyond its stream's saved tail, directories of named
+topics the catalog does not know, and files of a topic whose deletion was journaled but not
+carried out. Each function here mends one of these; none writes anything else, so a broker
+whose disk is full still starts and serves reads.
+
+A directory written by a release before commit marks has acknowledged groups without a line,
+so nothing is cut there until the broker has marked it.
 """
 
 from __future__ import annotations
@@ -36,8 +43,12 @@ from messaging.topic.topic import Topic
 
 log = logging.getLogger(__name__)
 
-#: The key of ``broker.json`` that says every group after it has a journal line.
+#: The key of ``broker.json`` that says how the groups after it mark their commit: ``true``,
+#: every group has a journal line, written after its frames; :data:`LINES_FIRST`, a group's
+#: line is durable before its frames are written, and groups of single-message publishes have
+#: none. Absent: a release before commit marks wrote the directory.
 MARKS = "marks"
+LINES_FIRST = "lines first"
 
 
 def read_saved_state(path: Path) -> dict[str, Any]:

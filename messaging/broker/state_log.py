@@ -1,6 +1,6 @@
 """The state journal: one line per group, its commit mark and what it changed besides frames.
 
-Every group appends one line to ``catalog.log``: its sequence number, the broker index it ends
+Every group that needs one appends a line to ``catalog.log``: its sequence number, the broker index it ends
 at, the frames it appends (``group``: its first broker index and, per topic, the last index it
 stages there), and what it changed that is kept beside the topics — the catalog (streams,
 forks, producer sequence numbers of streams and of native topics, whole) and subscriber
@@ -10,18 +10,27 @@ the lines after it. When the journal grows past :data:`COMPACT_BYTES` the broker
 ``broker.json`` (after a group committed, so ``broker.json`` never holds a group whose frames
 may be missing) and empties it.
 
-The line is the group's commit mark: a group's frames are written first, then its line, and
-both are made durable (side by side when the group wrote several topics) before the group
-is answered. So frames above the broker index of the last whole line belong to a group a
-crash interrupted — it was never acknowledged — and opening cuts them, in every topic and
-across segment boundaries:
-a publish batch is all or nothing, also after a crash. A line whose frames did not all reach
-the disk (a power loss between the two fsyncs, or a failed one) is seen by :func:`incomplete`
-and undone with its frames (with ``--fsync always`` only the last line can be: each group
-is durable before the next starts; without fsync a power loss may keep several such lines,
-and each goes, newest first). Idempotent producers need the same order: a line never
-records a sequence number whose frames are not all there, and frames no line records are cut,
-so a retried publish is stored once.
+The line is the group's commit mark, written in one of two ways (the broker's
+``lines_first``; ``broker.json`` records which, see :mod:`messaging.broker.recovery`):
+
+- *after the frames* (a cluster node, ``--fsync interval|never``): a group's frames are
+  written first, then its line, and both are made durable (side by side when the group wrote
+  several topics) before the group is answered. So frames above the broker index of the last
+  whole line belong to a group a crash interrupted — it was never acknowledged — and opening
+  cuts them, in every topic and across segment boundaries;
+- *lines first* (``--fsync always`` on one node): a group's line is made durable before its
+  frames are written, and a group whose commands each hold a single message and change no
+  state writes none — a message is whole or cut by its checksum, so it needs no mark, and it
+  pays one fsync instead of two. Frames no line covers are such messages and stay.
+
+Either way a publish batch is all or nothing, also after a crash. A line whose frames did not
+all reach the disk (a power loss between the two fsyncs, a crash after a line written first,
+or a failed write) is seen by :func:`incomplete` and undone with its frames (with
+``--fsync always`` only the last line can be: each group is durable before the next starts;
+without fsync a power loss may keep several such lines, and each goes, newest first).
+Idempotent producers need the same: a line never records a sequence number whose frames are
+not all there, and frames no line records are cut (or, lines first, were never recorded by
+a producer), so a retried publish is stored once.
 
 A line is part of the state only once its group succeeded: a failed write or fsync, or a
 failure of the group's frames, cuts the file back to where it was (a failed fsync also stops

@@ -69,7 +69,9 @@ def broker_options(config: BrokerConfig) -> dict[str, Any]:
             "retention_age": config.retention_age,
             "local_retention_size": config.local_retention_size,
             "local_retention_age": config.local_retention_age,
-            "subscriber_timeout": config.subscriber_timeout}
+            "subscriber_timeout": config.subscriber_timeout,
+            # Every group durable, on one node: lines first (see messaging.broker.recovery).
+            "lines_first": config.fsync == "always" and config.etcd is None}
 
 
 async def open_stack(config: BrokerConfig, url: str, start_log: LogMaker[LogT], *,

@@ -19,7 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from messaging.broker.broker import Broker
+from messaging.broker.broker import ApplyResult, Broker
+from messaging.broker.recovery import LINES_FIRST
 from messaging.frames import decode, encode_batch
 from messaging.topic.segment import SEGMENT_SUFFIX
 from tests.faults import Faults, inject
@@ -159,3 +160,127 @@ def test_a_directory_that_cannot_be_marked_still_opens(
     assert "could not save" in caplog.text and "in part" in caplog.text
     assert not (tmp_path / "broker.json").exists()
     reopened.close()
+
+
+# -- lines first (--fsync always on one node) ----------------------------------------------
+
+def _group(kind: str, group: int, count: int) -> list[bytes]:
+    """A group's commands: ``lone`` single-message publishes (to topics 1 and 2 in turn), a
+    ``batch`` to topic 1, or ``both``: a batch to topic 1 and a message to topic 2."""
+    if kind == "lone":
+        return [encode_batch(1 + k % 2, batch(group, count)[k:k + 1]) for k in range(count)]
+    if kind == "batch":
+        return [encode_batch(1, batch(group, count))]
+    return [encode_batch(1, batch(group, count)), encode_batch(2, batch(group, 1))]
+
+
+def _expect(kind: str, group: int, count: int) -> dict[int, list[bytes]]:
+    messages = batch(group, count)
+    if kind == "lone":
+        out: dict[int, list[bytes]] = {}
+        for k, message in enumerate(messages):
+            out.setdefault(1 + k % 2, []).append(message)
+        return out
+    if kind == "batch":
+        return {1: messages}
+    return {1: messages, 2: batch(group, 1)}
+
+
+def _merge(into: dict[int, list[bytes]], more: dict[int, list[bytes]]) -> None:
+    for topic, messages in more.items():
+        into.setdefault(topic, []).extend(messages)
+
+
+@given(groups=st.lists(st.tuples(st.sampled_from(["lone", "batch", "both"]),
+                                 st.integers(1, 6)), min_size=2, max_size=6),
+       segment_size=st.sampled_from([700, 1500, 4096]), torn=st.floats(0.0, 1.0),
+       line_kept=st.booleans())
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_lines_first_a_crash_keeps_whole_messages_and_no_part_of_a_batch(
+        tmp_path_factory: pytest.TempPathFactory, groups: list[tuple[str, int]],
+        segment_size: int, torn: float, line_kept: bool) -> None:
+    """Lines first: groups of single-message publishes write no line, others write theirs
+    before their frames. The last group's frames torn anywhere: a batch goes whole (its line,
+    durable first, says how far its frames must reach) unless every byte made it; of lone
+    messages, each whole one stays and the torn one goes. Earlier groups all stay."""
+    root = tmp_path_factory.mktemp("first")
+    broker = Broker.open(root, max_segment_size=segment_size, lines_first=True)
+    expected: dict[int, list[bytes]] = {}
+    for group, (kind, count) in enumerate(groups[:-1]):
+        assert all(isinstance(r, ApplyResult)
+                   for r in broker.write_group(_group(kind, group, count), durable=True))
+        _merge(expected, _expect(kind, group, count))
+    journal = root / "catalog.log"
+    line_at = journal.stat().st_size if journal.exists() else 0
+    before = segment_sizes(root)
+    last = len(groups) - 1
+    kind, count = groups[-1]
+    broker.write_group(_group(kind, last, count), durable=True)
+    lined = journal.exists() and journal.stat().st_size > line_at
+    assert lined == (kind != "lone" and count > 1)
+    after = segment_sizes(root)
+    abandon(broker)
+    appended = sum(size - before.get(path, 0) for path, size in after.items())
+    keep = int(appended * torn)
+    tear(root, before, after, keep)
+    if lined and not keep and not line_kept:
+        os.truncate(journal, line_at)  # the crash came before its line was durable
+    reopened = Broker.open(root, max_segment_size=segment_size)  # marks say: lines first
+    try:
+        if keep == appended:
+            _merge(expected, _expect(kind, last, count))
+        elif not lined:  # whole frames stay: in write order (topic 1's, then topic 2's)
+            written = sorted(((topic, message) for topic, messages
+                              in _expect(kind, last, count).items() for message in messages),
+                             key=lambda item: item[0])
+            size = len(encode_batch(1, batch(last, 1)))
+            for topic, message in written[:keep // size]:
+                _merge(expected, {topic: [message]})
+        assert {t: m for t, m in held(reopened).items() if m} == expected
+        assert json.loads((root / "broker.json").read_text())["marks"] is True  # reopened so
+    finally:
+        reopened.close()
+
+
+def test_lines_first_lone_messages_write_no_line_and_survive_a_switch_of_modes(
+        tmp_path: Path) -> None:
+    """One fsync for a single message: no journal line. A broker then opened the other way
+    (--fsync interval) keeps those messages, and marks the directory for its own way; opened
+    lines first again, it keeps what that wrote too."""
+    broker = Broker.open(tmp_path, lines_first=True)
+    for k in range(3):
+        broker.write_group([encode_batch(1, [b"one %d" % k])], durable=True)
+    assert not (tmp_path / "catalog.log").exists() or \
+        (tmp_path / "catalog.log").stat().st_size == 0
+    abandon(broker)
+    assert json.loads((tmp_path / "broker.json").read_text())["marks"] == LINES_FIRST
+    after_way = Broker.open(tmp_path)
+    assert held(after_way) == {1: [b"one 0", b"one 1", b"one 2"]}
+    assert after_way.index == 3
+    after_way.write_group([encode_batch(1, [b"later"])], durable=False)
+    abandon(after_way)
+    assert json.loads((tmp_path / "broker.json").read_text())["marks"] is True
+    first_way = Broker.open(tmp_path, lines_first=True)
+    assert held(first_way) == {1: [b"one 0", b"one 1", b"one 2", b"later"]}
+    first_way.close()
+
+
+def test_lines_first_falls_back_when_the_directory_cannot_be_marked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """broker.json says every group has a line after its frames (the next start cuts frames
+    no line covers) and cannot be rewritten: a broker asked for lines first writes every
+    group's line after its frames instead, so nothing it acknowledges is cut."""
+    broker = Broker.open(tmp_path)
+    broker.write_group([encode_batch(1, [b"a"])], durable=True)
+    abandon(broker)
+    with inject(monkeypatch, Faults(tmp_path, match=lambda p: "broker.json" in p,
+                                    write_budget=0)):
+        reopened = Broker.open(tmp_path, lines_first=True)
+    assert not reopened.lines_first and "could not save" in caplog.text
+    reopened.write_group([encode_batch(1, [b"b"])], durable=True)
+    abandon(reopened)
+    again = Broker.open(tmp_path)
+    assert held(again) == {1: [b"a", b"b"]}
+    again.close()

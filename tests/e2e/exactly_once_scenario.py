@@ -116,18 +116,20 @@ def retry(broker: Broker, group: int) -> list[ApplyResult | MessagingError]:
     return results
 
 
-def open_broker(path: Path) -> Broker:
-    """The broker the scenario runs on."""
-    return Broker.open(path, max_segment_size=MAX_SEGMENT_SIZE)
+def open_broker(path: Path, lines_first: bool = False) -> Broker:
+    """The broker the scenario runs on: journal lines after frames (a cluster node's way,
+    and ``--fsync interval``'s) or ``lines_first`` (``--fsync always`` on one node)."""
+    return Broker.open(path, max_segment_size=MAX_SEGMENT_SIZE, lines_first=lines_first)
 
 
 def main() -> None:
-    """Apply the groups from ``argv[2]``, arming the fault points after the first group."""
+    """Apply the groups from ``argv[2]``, arming the fault points after the first group
+    (lines first when ``argv[3]`` is ``first``)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository
     from tests import faultpoint
 
     faultpoint.install()
-    broker = open_broker(Path(sys.argv[1]))
+    broker = open_broker(Path(sys.argv[1]), sys.argv[3:4] == ["first"])
     for group in range(int(sys.argv[2]), len(GROUPS)):
         if group == 1 and os.environ.get("FAULT_ARM"):
             Path(os.environ["FAULT_ARM"]).touch()

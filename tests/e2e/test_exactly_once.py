@@ -36,12 +36,14 @@ HERE = Path(__file__).resolve().parent
 FAULTPOINT = HERE.parent / "faultpoint.py"
 
 
-def run_child(data: Path, work: Path, kill: str = "") -> subprocess.CompletedProcess[str]:
+def run_child(data: Path, work: Path, lines_first: bool,
+              kill: str = "") -> subprocess.CompletedProcess[str]:
     """Run the scenario in a child process with fault points (tracing; killing at ``kill``)."""
     env = {**os.environ, "FAULT_ROOT": str(data), "FAULT_ARM": str(work / "arm"),
            "FAULT_TRACE": str(work / "trace"), "FAULT_KILL": kill}
     return subprocess.run([sys.executable, str(HERE / "exactly_once_scenario.py"), str(data),
-                           "0"], env=env, capture_output=True, text=True, timeout=60)
+                           "0", "first" if lines_first else "after"], env=env,
+                          capture_output=True, text=True, timeout=60)
 
 
 def state(broker: Broker) -> dict[str, Any]:
@@ -70,13 +72,19 @@ def kill_points(calls: list[tuple[int, str, str, str]]) -> list[str]:
     return points
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], list[str]]:
-    """The state after the scenario without a crash, and the kill points its trace lists."""
+Reference = tuple[dict[str, Any], list[str], bool]
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["lines-after", "lines-first"])
+def reference(request: pytest.FixtureRequest,
+              tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    """The state after the scenario without a crash, the kill points its trace lists, and
+    which way its groups mark their commit (lines after their frames, or lines first)."""
+    lines_first: bool = request.param
     work = tmp_path_factory.mktemp("reference")
-    done = run_child(work / "data", work)
+    done = run_child(work / "data", work, lines_first)
     assert done.returncode == 0, done.stderr
-    broker = scenario.open_broker(work / "data")
+    broker = scenario.open_broker(work / "data", lines_first)
     try:
         expected = state(broker)
     finally:
@@ -86,11 +94,11 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any],
     assert groups == {str(g) for g in range(1, len(scenario.GROUPS))}, groups
     ops = {op for _n, op, _path, _group in calls}
     assert {"write", "fsync", "fdatasync", "mkdir"} <= ops, ops
-    return expected, kill_points(calls)
+    return expected, kill_points(calls), lines_first
 
 
-def test_every_group_has_boundaries(reference: tuple[dict[str, Any], list[str]]) -> None:
-    expected, points = reference
+def test_every_group_has_boundaries(reference: Reference) -> None:
+    expected, points, _lines_first = reference
     assert len(points) > 3 * len(scenario.GROUPS)
     # The scenario did what it says: the stream deleted, the fork alive, consumers gone.
     names = {s["name"] for s in expected["catalog"]["streams"]}
@@ -99,9 +107,8 @@ def test_every_group_has_boundaries(reference: tuple[dict[str, Any], list[str]])
     assert [data for _i, _t, data in expected["topics"][1]][:4] == [b"a0", b"a1", b"a2", b"a3"]
 
 
-def test_kill_at_every_boundary_then_retry(reference: tuple[dict[str, Any], list[str]],
-                                           tmp_path: Path) -> None:
-    expected, points = reference
+def test_kill_at_every_boundary_then_retry(reference: Reference, tmp_path: Path) -> None:
+    expected, points, lines_first = reference
     works = {point: tmp_path / f"kill{point.replace('+', 'p').replace('~', 't')}"
              for point in points}
     for work in works.values():
@@ -109,7 +116,8 @@ def test_kill_at_every_boundary_then_retry(reference: tuple[dict[str, Any], list
     # The children are independent (a directory each): two at a time, then checked in order.
     with ThreadPoolExecutor(2) as pool:
         deaths = dict(zip(points, pool.map(
-            lambda point: run_child(works[point] / "data", works[point], kill=point), points),
+            lambda point: run_child(works[point] / "data", works[point], lines_first,
+                                    kill=point), points),
             strict=True))
     for point in points:
         work = works[point]
@@ -117,7 +125,7 @@ def test_kill_at_every_boundary_then_retry(reference: tuple[dict[str, Any], list
         died = deaths[point]
         assert died.returncode == -9, f"kill point {point} was never reached: {died.stderr}"
         interrupted = int(read_trace(work / "trace")[-1][3])
-        broker = scenario.open_broker(data)
+        broker = scenario.open_broker(data, lines_first)
         try:
             if scenario.plain(interrupted):
                 # No producer: the batch is all there or all gone, and sent again if gone.
@@ -142,7 +150,7 @@ def test_kill_at_every_boundary_then_retry(reference: tuple[dict[str, Any], list
                 f"({scenario.GROUPS[interrupted][0]})")
         finally:
             broker.close()
-        reopened = scenario.open_broker(data)
+        reopened = scenario.open_broker(data, lines_first)
         try:
             assert state(reopened) == expected, f"after a clean restart (kill point {point})"
         finally:
@@ -231,13 +239,13 @@ async def test_client_retries_through_a_kill_at_each_boundary(broker_process,
     traced.terminate()
     calls = read_trace(probe / "trace")
     assert {op for _n, op, _path, _group in calls} >= {"write", "fdatasync"}
-    # The frames are written first, then the state journal's line (the group's commit mark,
-    # with the producer's new seq); both are then fsynced, side by side.
-    writes = [str(path) for _n, op, path, _group in calls if op == "write"]
-    assert [w.endswith(".seg") for w in writes] == [True, False], writes
-    assert writes[1].endswith("catalog.log"), writes
-    synced = {str(path)[-4:] for _n, op, path, _group in calls if op == "fdatasync"}
-    assert synced == {".seg", ".log"}, synced
+    # One node under --fsync always writes lines first: the state journal's line (the
+    # group's commit mark, with the producer's new seq) is written and fdatasynced, then the
+    # frames are written and fdatasynced.
+    steps = [(op, str(path)[-4:]) for _n, op, path, _group in calls
+             if op in ("write", "fdatasync")]
+    assert steps == [("write", ".log"), ("fdatasync", ".log"), ("write", ".seg"),
+                     ("fdatasync", ".seg")], steps
     points = [str(n) for n, _op, _p, _g in calls] + [f"{calls[-1][0]}+"]
     for point in points:
         work = tmp_path / f"kill{point.replace('+', 'p')}"
