@@ -6,7 +6,8 @@ stream appends, a close), stream create, fork create, TTL, delete, heartbeats, c
 resets and deletes, a group of several commands over two topics, a segment roll, and a
 stream written and deleted in one group. Run as
 a script it opens a broker on ``argv[1]``, applies the groups from ``argv[2]`` on (arming
-the fault points after the first) and exits without closing, as a crash would.
+the fault points after the first) and exits without closing, as a crash would; ``serve``
+does so once per line of its input, in forked children.
 """
 
 from __future__ import annotations
@@ -122,21 +123,59 @@ def open_broker(path: Path, lines_first: bool = False) -> Broker:
     return Broker.open(path, max_segment_size=MAX_SEGMENT_SIZE, lines_first=lines_first)
 
 
-def main() -> None:
-    """Apply the groups from ``argv[2]``, arming the fault points after the first group
-    (lines first when ``argv[3]`` is ``first``)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository
+def run(data: Path, first_group: int, lines_first: bool) -> None:
+    """Apply the groups from ``first_group`` on (arming the fault points after the first
+    group) and exit without closing, as a crash would (fault points installed already)."""
     from tests import faultpoint
 
-    faultpoint.install()
-    broker = open_broker(Path(sys.argv[1]), sys.argv[3:4] == ["first"])
-    for group in range(int(sys.argv[2]), len(GROUPS)):
+    broker = open_broker(data, lines_first)
+    for group in range(first_group, len(GROUPS)):
         if group == 1 and os.environ.get("FAULT_ARM"):
             Path(os.environ["FAULT_ARM"]).touch()
         faultpoint.mark(str(group))
         for result in retry(broker, group):
             assert isinstance(result, ApplyResult), result
     os._exit(0)  # no close: broker.json is not saved again, as after a crash
+
+
+def serve() -> None:
+    """Run the scenario once per line of standard input (``DATA<TAB>WORK<TAB>KILL<TAB>first|
+    after``), each in a child forked from this process (its imports done once, not per run),
+    with the fault points of that line; print each child's exit code (``-9``: killed), its
+    standard error in ``WORK/stderr``."""
+    from tests import faultpoint
+
+    for line in sys.stdin:
+        data, work, kill, way = line.rstrip("\n").split("\t")
+        pid = os.fork()
+        if pid == 0:
+            err = os.open(os.path.join(work, "stderr"), os.O_WRONLY | os.O_CREAT, 0o644)
+            os.dup2(err, 2)
+            os.environ.update(FAULT_ROOT=data, FAULT_ARM=os.path.join(work, "arm"),
+                              FAULT_TRACE=os.path.join(work, "trace"), FAULT_KILL=kill)
+            try:
+                faultpoint.install()
+                run(Path(data), 0, way == "first")
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+                os._exit(1)
+        _pid, status = os.waitpid(pid, 0)
+        print(-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status),
+              flush=True)
+
+
+def main() -> None:
+    """``DATA FIRST_GROUP first|after``: one run (fault points from the environment);
+    ``serve``: see :func:`serve`."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository
+    if sys.argv[1:2] == ["serve"]:
+        serve()
+        return
+    from tests import faultpoint
+
+    faultpoint.install()
+    run(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:4] == ["first"])
 
 
 if __name__ == "__main__":

@@ -46,6 +46,38 @@ def run_child(data: Path, work: Path, lines_first: bool,
                           capture_output=True, text=True, timeout=60)
 
 
+class Forks:
+    """``exactly_once_scenario.py serve`` in a child process: runs of the scenario forked
+    from one process that imported everything once (a run is then a fork, not a start)."""
+
+    def __enter__(self) -> Forks:
+        self._proc = subprocess.Popen(
+            [sys.executable, str(HERE / "exactly_once_scenario.py"), "serve"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        return self
+
+    def run(self, data: Path, work: Path, lines_first: bool, kill: str) -> tuple[int, str]:
+        """One run killed at ``kill``: its exit code and standard error."""
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        way = "first" if lines_first else "after"
+        self._proc.stdin.write(f"{data}\t{work}\t{kill}\t{way}\n")
+        self._proc.stdin.flush()
+        code = int(self._proc.stdout.readline())
+        stderr = work / "stderr"
+        return code, stderr.read_text() if stderr.exists() else ""
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.close()
+        try:
+            self._proc.wait(30)
+        finally:
+            if self._proc.poll() is None:
+                self._proc.kill()
+                self._proc.wait(10)
+            self._proc.stdout.close()
+
+
 def state(broker: Broker) -> dict[str, Any]:
     """Everything a client can observe: messages, catalog (producers, streams, forks),
     positions and the broker index."""
@@ -113,17 +145,23 @@ def test_kill_at_every_boundary_then_retry(reference: Reference, tmp_path: Path)
              for point in points}
     for work in works.values():
         work.mkdir()
-    # The children are independent (a directory each): two at a time, then checked in order.
-    with ThreadPoolExecutor(2) as pool:
-        deaths = dict(zip(points, pool.map(
-            lambda point: run_child(works[point] / "data", works[point], lines_first,
-                                    kill=point), points),
-            strict=True))
+    # The children are independent (a directory each): forked by two servers at once,
+    # then checked in order.
+    deaths: dict[str, tuple[int, str]] = {}
+
+    def kill_each(server: Forks, share: list[str]) -> None:
+        for point in share:
+            deaths[point] = server.run(works[point] / "data", works[point], lines_first, point)
+
+    with Forks() as first, Forks() as second, ThreadPoolExecutor(2) as pool:
+        for done in [pool.submit(kill_each, first, points[0::2]),
+                     pool.submit(kill_each, second, points[1::2])]:
+            done.result()
     for point in points:
         work = works[point]
         data = work / "data"
-        died = deaths[point]
-        assert died.returncode == -9, f"kill point {point} was never reached: {died.stderr}"
+        code, stderr = deaths.get(point, (0, "not run"))
+        assert code == -9, f"kill point {point} was never reached: {stderr}"
         interrupted = int(read_trace(work / "trace")[-1][3])
         broker = scenario.open_broker(data, lines_first)
         try:

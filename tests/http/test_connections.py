@@ -233,7 +233,11 @@ async def test_malformed_requests_log_no_tracebacks(server: BrokerServer,
     summaries = [int(m.group(1)) for r in warnings
                  if (m := re.match(r"(\d+) more rejected", r.getMessage()))]
     assert len(warnings) == len(rejected) + len(summaries)
-    assert len(rejected) + sum(summaries) == len(requests)  # each one exactly once
+    # A rejection logged after a window whose summary had not fired yet (a busy loop) carries
+    # the count held back before it instead of a summary line.
+    carried = [int(m.group(1)) for r in rejected
+               if (m := re.search(r"\((\d+) more like it not logged\)$", r.getMessage()))]
+    assert len(rejected) + sum(summaries) + sum(carried) == len(requests)  # each exactly once
     seconds = int(elapsed) + 2  # rate windows the flood can touch
     assert len(rejected) <= seconds * server.connections.rejections.per_second
     assert len(summaries) <= seconds
