@@ -13,7 +13,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 
 .PHONY: help run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
-	bench-split bench-latency bench-publish-path bench-fanout bench-scaling bench-groups bench-cli bench-tiering \
+	bench-split bench-latency bench-publish-path bench-commit-marks bench-fanout bench-scaling bench-groups bench-cli bench-tiering \
 	soak soak-cluster soak-tiered etcd faketime chromium conformance spark s3 dist clean
 
 .DEFAULT_GOAL := help
@@ -236,6 +236,11 @@ bench-latency: $(STAMP)
 ## beside the code of 2026-11-25 from a git worktree; about 4 minutes
 bench-publish-path: $(STAMP)
 	$(BIN)/python bench/experiments/publish_path/run.py
+
+## make bench-commit-marks: single publishes one at a time, this checkout beside the code
+## before lines first (a git worktree): what a commit mark costs a publish; about 1 minute
+bench-commit-marks: $(STAMP)
+	$(BIN)/python bench/experiments/commit_marks/run.py
 
 ## make bench-fanout: 1,000 streaming subscribers at 1,000 msg/s: the broker's own part of the
 ## p99 (its lag histogram), what the rests between fan-out slices trade, Redis beside; ~2 minutes
