@@ -1,14 +1,14 @@
 """The state journal: one line per group, its commit mark and what it changed besides frames.
 
-Every group that needs one appends a line to ``catalog.log``: its sequence number, the broker index it ends
-at, the frames it appends (``group``: its first broker index and, per topic, the last index it
-stages there), and what it changed that is kept beside the topics — the catalog (streams,
-forks, producer sequence numbers of streams and of native topics, whole) and subscriber
-positions (heartbeats, consumer resets and deletes). ``broker.json`` holds a full copy of the
-state, the broker index and the sequence number of the last line it includes; opening applies
-the lines after it. When the journal grows past :data:`COMPACT_BYTES` the broker folds it into
-``broker.json`` (after a group committed, so ``broker.json`` never holds a group whose frames
-may be missing) and empties it.
+Every group that needs one appends a line to ``catalog.log``: its sequence number, the broker
+index it ends at, the frames it appends (``group``: its first broker index and, per topic, the
+last index it stages there), and what it changed that is kept beside the topics — the catalog
+(streams, forks, producer sequence numbers of streams and of native topics, whole) and
+subscriber positions (heartbeats, consumer resets and deletes). ``broker.json`` holds a full
+copy of the state, the broker index and the sequence number of the last line it includes;
+opening applies the lines after it. When the journal grows past :data:`COMPACT_BYTES` the
+broker folds it into ``broker.json`` (after a group committed, so ``broker.json`` never holds a
+group whose frames may be missing) and empties it.
 
 The line is the group's commit mark, written in one of two ways (the broker's
 ``lines_first``; ``broker.json`` records which, see :mod:`messaging.broker.recovery`):

@@ -158,7 +158,11 @@ def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdClust
             or (3, 5, 0) <= (major, minor, patch) < (3, 5, 6):
         pytest.fail(f"etcd {major}.{minor}.{patch} is not safe to test against: use 3.4.22+ "
                     "or 3.5.6+ (3.5.0-3.5.5 have known data-inconsistency bugs)")
-    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"))
+    yield from serving(EtcdCluster(tmp_path_factory.mktemp("etcd")))
+
+
+def serving(cluster: EtcdCluster) -> Iterator[EtcdCluster]:
+    """Start ``cluster``, yield it once it serves, stop it afterwards (for a fixture)."""
     cluster.ensure_running()
     try:
         asyncio.run(cluster.wait_healthy())

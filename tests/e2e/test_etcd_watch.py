@@ -21,7 +21,7 @@ from messaging.log.etcd.progress import Progress
 from messaging.log.etcd.startup import Startup
 from messaging.log.etcd.watch import LogWatch
 from tests.conftest import wait_until
-from tests.e2e.test_etcd_log import EtcdCluster
+from tests.e2e.test_etcd_log import EtcdCluster, serving
 
 log = logging.getLogger(__name__)
 
@@ -29,13 +29,7 @@ log = logging.getLogger(__name__)
 @pytest.fixture(scope="module")
 def one_member(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
     """One etcd member of its own for the module."""
-    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd-watch"), size=1)
-    cluster.ensure_running()
-    try:
-        asyncio.run(cluster.wait_healthy())
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from serving(EtcdCluster(tmp_path_factory.mktemp("etcd-watch"), size=1))
 
 
 def _watch(member: EtcdCluster, key: bytes,
