@@ -19,6 +19,8 @@ whose frames span topics are never joined, and the order of everything else is k
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import groupby
+from typing import cast
 
 from messaging.broker.commands import ApplyResult, Command
 from messaging.errors import MessagingError
@@ -40,37 +42,15 @@ def coalesce(commands: Sequence[bytes]) -> tuple[list[bytes], Parts | None]:
     was joined: the commands go as they are)."""
     out: list[bytes] = []
     parts: Parts = []
-    joined = False
-    run: list[Command] = []
-    run_topic: int | None = None
-
-    def close_run() -> None:
-        nonlocal joined
-        if len(run) == 1:
-            out.append(run[0])
-            parts.append(None)
-        elif run:
-            out.append(b"".join(run))
-            parts.append([len(command.offsets) for command in run])
-            joined = True
-        run.clear()
-
-    for command in commands:
-        topic = _joinable(command)
-        if topic is not None and topic == run_topic:
-            assert isinstance(command, Command)
-            run.append(command)
-            continue
-        close_run()
-        run_topic = topic
-        if topic is not None:
-            assert isinstance(command, Command)
-            run.append(command)
+    for topic, same in groupby(commands, key=_joinable):
+        run = list(same)
+        if topic is None or len(run) == 1:
+            out.extend(run)
+            parts.extend([None] * len(run))
         else:
-            out.append(command)
-            parts.append(None)
-    close_run()
-    return (out, parts) if joined else (list(commands), None)
+            out.append(b"".join(run))
+            parts.append([len(cast(Command, command).offsets) for command in run])
+    return (out, parts) if len(out) < len(commands) else (list(commands), None)
 
 
 def spread(results: Sequence[ApplyResult | MessagingError],
