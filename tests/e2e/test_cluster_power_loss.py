@@ -94,7 +94,10 @@ async def test_a_power_loss_of_every_node_loses_nothing_acknowledged(
         nodes.kill(i)  # reaps the killed process
     assert len(acknowledged) >= 200, "the publishers did not get going"
     lost = [lose_unsynced(nodes.data(i), records[i]) for i in range(3)]
-    assert all(lost), f"nothing was left unfsynced ({lost} bytes): the test proves nothing"
+    # A node that had just checkpointed when the power went (or was starved of CPU since its
+    # last one) has nothing unfsynced: that is a power loss too. The test proves something
+    # as long as one node must replay what it lost.
+    assert any(lost), f"nothing was left unfsynced ({lost} bytes): the test proves nothing"
     await nodes.start(0, 1, 2)
 
     async def caught_up() -> bool:
