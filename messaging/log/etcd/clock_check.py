@@ -11,9 +11,12 @@ between the two readings, so the offset is known to within half the round trip.
 - A node is **off** when it is more than ``--max-clock-offset`` (beyond that uncertainty)
   from more than half of the peers that answered. Then it answers publishes and stream
   commands 503 naming its clock and the offset, ``/readyz`` says so, and it serves again by
-  itself once a check finds it back within the bound. A node no peer answers (alone, or cut
-  off) has no verdict and goes on. In a cluster of two nodes, one clock off stops both:
-  neither can tell which clock is wrong.
+  itself once a check finds it back within the bound. A node that no peer has answered yet
+  (alone) has no verdict and goes on. A check that no peer answers (peers slow, restarting,
+  or cut off) changes nothing: the last verdict stands, and the clock is still held to the
+  cluster's time carried forward from the last check that had answers, so a clock that
+  steps while its peers are silent is caught all the same. In a cluster of two nodes, one
+  clock off stops both: neither can tell which clock is wrong.
 - **Between checks**, a clock that steps (an operator, a bad NTP step, a VM resumed) is
   caught at once: the cluster's time is carried forward from the last check on the monotonic
   clock, and a node whose wall clock has left it by more than the bound is off until the next
@@ -77,6 +80,8 @@ class ClockCheck:
         self._off: str | None = None
         #: (monotonic seconds, the cluster's time then in ms) as of the last check.
         self._reference: tuple[float, float] | None = None
+        #: Whether ``_reference`` comes from peers' readings (False: none answered yet).
+        self._anchored = False
         self.checks = 0
 
     # -- checking (the loop) ----------------------------------------------------------------
@@ -113,8 +118,10 @@ class ClockCheck:
         is (from the peers agreeing with the majority)."""
         readings = list(self.readings.values())
         now = self._clock()
-        if not readings:  # no verdict: alone, or no peer answers
-            self._off = None
+        if not readings:
+            if self._anchored:
+                return  # silent peers: the last verdict and the cluster's time stand
+            self._off = None  # no verdict: alone so far
             self._reference = (self._monotonic(), float(now))
             return
         far: list[PeerClock] = []
@@ -125,6 +132,7 @@ class ClockCheck:
         agreeing = far if off else near
         offset = statistics.median(r.offset for r in agreeing) if agreeing else 0.0
         self._reference = (self._monotonic(), now - offset)
+        self._anchored = True
         was = self._off
         if off:
             self._off = (f"this node's clock is {_seconds(offset)} "
@@ -162,7 +170,7 @@ class ClockCheck:
         if self._off is not None:
             return self._off
         cluster = self.cluster_time()
-        if cluster is None or not self.readings:
+        if cluster is None or not self._anchored:
             return None
         drift = self._clock() - cluster
         if abs(drift) > self.max_offset_ms:
@@ -177,7 +185,7 @@ class ClockCheck:
         of the cluster's time."""
         now = self._clock()
         cluster = self.cluster_time()
-        if cluster is None or not self.readings:
+        if cluster is None or not self._anchored:
             return now
         return min(now, int(cluster) + self.max_offset_ms)
 

@@ -113,3 +113,39 @@ async def test_no_peer_answering_gives_no_verdict() -> None:
     assert checker.readings == {} and checker.problem() is None
     assert checker.command_time() == clocks.wall
     await checker.close()
+
+
+async def test_a_step_while_no_peer_answers_is_still_caught_and_held() -> None:
+    """Peers that answered once and then fall silent (slow, restarting, cut off) leave the
+    last verdict and the cluster's time in place: a clock that steps meanwhile is refused
+    and held within the bound, not taken as the cluster's time."""
+    clocks = Clocks()
+    answering = [True]
+
+    async def healthz(_request: web.Request) -> web.StreamResponse:
+        if not answering[0]:
+            raise web.HTTPServiceUnavailable()
+        return web.json_response({"status": "ok", "version": "x",
+                                  "time_ms": NOW + round((clocks.mono - 100.0) * 1000)})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    async with app_server(app) as one, app_server(app) as two:
+        checker = check(clocks, [one, two])
+        await checker.step()
+        assert checker.problem() is None
+        answering[0] = False
+        clocks.advance(1.0)
+        clocks.wall += HOUR  # stepped an hour ahead while the peers are silent
+        await checker.step()
+        assert checker.readings == {}
+        problem = checker.problem()
+        assert problem is not None and "moved 3600.000 s ahead" in problem
+        assert checker.command_time() == NOW + 1000 + 500
+        answering[0] = True  # they answer again: the check finds the node far ahead
+        await checker.step()
+        assert "3600.000 s ahead of 2 of 2 peers" in (checker.problem() or "")
+        clocks.wall -= HOUR  # corrected
+        await checker.step()
+        assert checker.problem() is None and checker.command_time() == clocks.wall
+        await checker.close()
