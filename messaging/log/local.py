@@ -55,6 +55,12 @@ class DeferredSync:
         with self._lock:
             self._topics.update(topics)
 
+    @property
+    def pending(self) -> bool:
+        """Whether topics wait for a flush (any thread)."""
+        with self._lock:
+            return bool(self._topics)
+
     def flush(self) -> None:
         """fsync every remembered topic (blocking: run it on a thread).
 
@@ -73,11 +79,13 @@ class DeferredSync:
 
     async def run(self, executor: Executor | None = None,
                   interval: float = FSYNC_INTERVAL) -> None:
-        """Flush every ``interval`` seconds until cancelled."""
+        """Flush every ``interval`` seconds until cancelled; an idle tick hands nothing to
+        the executor (waking a thread ten times a second per log is not free)."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval)
-            await loop.run_in_executor(executor, self.flush)
+            if self.pending:
+                await loop.run_in_executor(executor, self.flush)
 
 
 class WriterWakeup:

@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -114,3 +115,38 @@ async def test_a_writer_that_ends_answers_every_queued_publish(
         await log.apply(command())
     await log.close()
     await asyncio.to_thread(broker.close)
+
+
+async def test_the_periodic_flush_hands_the_executor_nothing_while_idle(
+        tmp_path: Path) -> None:
+    """A cluster node runs :meth:`DeferredSync.run` per group log: an idle tick must not wake
+    the writer thread (ten times a second per group adds up); a written topic is flushed at
+    the next tick."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    broker = await asyncio.to_thread(Broker.open, tmp_path)
+    jobs: list[object] = []
+
+    class Counting(ThreadPoolExecutor):
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            jobs.append(fn)
+            return super().submit(fn, *args, **kwargs)
+
+    executor = Counting(max_workers=1)
+    unsynced = DeferredSync(broker)
+    running = asyncio.create_task(unsynced.run(executor, interval=0.01))
+    try:
+        await asyncio.sleep(0.2)  # about twenty idle ticks
+        assert jobs == []
+        await asyncio.to_thread(broker.write_group, [command(7)], durable=False)
+        unsynced.add([7])
+        for _ in range(200):
+            if jobs and not unsynced.pending:
+                break
+            await asyncio.sleep(0.01)
+        assert len(jobs) == 1 and not unsynced.pending
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        executor.shutdown()
+        await asyncio.to_thread(broker.close)

@@ -117,6 +117,12 @@ class Checkpoints:
         self._index = index
         self._since += revisions
 
+    def may_be_due(self) -> bool:
+        """Whether anything was applied or covered since the last checkpoint, so that
+        :meth:`if_due` may find one due (any thread: reads only the progress)."""
+        view = self._progress.view()
+        return view.covered > view.checkpointed
+
     def if_due(self) -> None:
         """Checkpoint after enough revisions or time, or after a while idle."""
         age = time.monotonic() - self._at

@@ -371,6 +371,6 @@ class EtcdLog:
             await self._writes.check_quorum()
         self._startup.check(self.not_ready())
         self._watch.restart_if_stuck(time.monotonic(), self._log_revision)
-        if self._applier.failure is None:
+        if self._applier.failure is None and self._checkpoints.may_be_due():
             await asyncio.get_running_loop().run_in_executor(self._writer,
                                                              self._checkpoints.if_due)
