@@ -55,10 +55,14 @@ DEFAULT_MAX_CLOCK_OFFSET_MS = 500
 @dataclass(frozen=True, slots=True)
 class PeerClock:
     """One reading of a peer's clock: how far this node's clock is ahead of it (ms; negative:
-    behind), give or take ``uncertainty`` (half the round trip)."""
+    behind), give or take ``uncertainty`` (half the round trip); and the peer's time itself
+    (``time``, ms) with this node's monotonic clock in the middle of the round trip (``at``,
+    s), which is where the cluster's time is carried forward from."""
 
     offset: float
     uncertainty: float
+    time: float = 0.0
+    at: float = 0.0
 
 
 class ClockCheck:
@@ -104,25 +108,25 @@ class ClockCheck:
         """One reading of ``peer``'s clock (None: it did not answer in time)."""
         assert self._session is not None
         try:
-            before = self._clock()
+            before, sent = self._clock(), self._monotonic()
             async with self._session.get(f"{peer.rstrip('/')}/healthz") as resp:
                 body = await resp.json()
-            after = self._clock()
+            after, received = self._clock(), self._monotonic()
             theirs = float(body["time_ms"])
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError, TypeError):
             return None  # down, slow, or a release that does not tell its time
-        return PeerClock((before + after) / 2 - theirs, max(after - before, 0) / 2)
+        return PeerClock((before + after) / 2 - theirs, max(after - before, 0) / 2, theirs,
+                         (sent + received) / 2)
 
     def _judge(self) -> None:
         """Decide from the readings whether this node is off, and where the cluster's time
         is (from the peers agreeing with the majority)."""
         readings = list(self.readings.values())
-        now = self._clock()
         if not readings:
             if self._anchored:
                 return  # silent peers: the last verdict and the cluster's time stand
             self._off = None  # no verdict: alone so far
-            self._reference = (self._monotonic(), float(now))
+            self._reference = (self._monotonic(), float(self._clock()))
             return
         far: list[PeerClock] = []
         near: list[PeerClock] = []
@@ -130,8 +134,13 @@ class ClockCheck:
             (far if abs(r.offset) - r.uncertainty > self.max_offset_ms else near).append(r)
         off = len(far) * 2 > len(readings)
         agreeing = far if off else near
-        offset = statistics.median(r.offset for r in agreeing) if agreeing else 0.0
-        self._reference = (self._monotonic(), now - offset)
+        offset = statistics.median(r.offset for r in agreeing)  # never empty: see off
+        # The cluster's time from the peers' own readings, each carried to one monotonic
+        # moment: never from this clock read after them, which may have stepped meanwhile
+        # (a reference taken from a stepped clock would let it stamp commands unchecked).
+        at = self._monotonic()
+        self._reference = (at, statistics.median(r.time + (at - r.at) * 1000
+                                                 for r in agreeing))
         self._anchored = True
         was = self._off
         if off:

@@ -149,3 +149,26 @@ async def test_a_step_while_no_peer_answers_is_still_caught_and_held() -> None:
         await checker.step()
         assert checker.problem() is None and checker.command_time() == clocks.wall
         await checker.close()
+
+
+async def test_a_step_between_the_readings_and_the_verdict_does_not_move_the_reference(
+        ) -> None:
+    """The clock steps an hour ahead after the peers were read and before the check judges:
+    the cluster's time comes from the peers' readings (carried on the monotonic clock), so
+    the step is caught at once and commands are held within the bound, rather than the
+    stepped clock becoming the cluster's time until the next check."""
+    clocks = Clocks()
+    readings = [0]
+
+    def wall() -> int:  # the four readings of the two round trips see NOW, then +1 h
+        readings[0] += 1
+        return NOW if readings[0] <= 4 else NOW + HOUR
+
+    async with peer(lambda: NOW) as one, peer(lambda: NOW) as two:
+        checker = ClockCheck("http://me", 500, lambda: ["http://me", one, two], clock=wall,
+                             monotonic=lambda: clocks.mono)
+        await checker.step()
+        problem = checker.problem()
+        assert problem is not None and "moved 3600.000 s ahead" in problem
+        assert checker.command_time() == NOW + 500
+        await checker.close()
