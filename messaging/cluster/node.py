@@ -39,6 +39,7 @@ from messaging.errors import (
 )
 from messaging.files import DELETING, lock_exclusive, read_json, remove_directory
 from messaging.log.etcd.client import EtcdClient, describe, load_credentials, unavailable
+from messaging.log.etcd.clock_check import CHECK_INTERVAL, ClockCheck
 from messaging.log.etcd.log import CHECKPOINT, EtcdLog
 from messaging.log.etcd.membership import Membership, nodes_prefix, read_nodes
 from messaging.offload.service import ObjectStorage
@@ -126,6 +127,10 @@ class GroupNode:
         self._clients: dict[tuple[str, ...], EtcdClient] = {}
         self._members = Membership(self._client, self.cluster, url, lambda: 0, 1 << 62,
                                    kind="members")
+        #: This node's clock against every member's, checked once for all its groups' logs.
+        self.clock = ClockCheck(url, settings.max_clock_offset_ms, self.members,
+                                ca=str(config.peer_ca) if config.peer_ca else None)
+        self._clock_task: asyncio.Task[None] | None = None
         self.stacks: dict[int, GroupStack] = {}
         #: Groups this node stopped holding whose files it keeps: group → revision it had.
         self.retired: dict[int, int] = {}
@@ -217,6 +222,7 @@ class GroupNode:
             await record_groups(self._client, self.cluster, self.groups)
             await self._members.register()
             await self._settle()
+            await self._first_clock_check()
             self.retired = await loop.run_in_executor(
                 None, find_retired, self.config.data / GROUPS_DIR, self.groups)
             await self._place()
@@ -225,8 +231,28 @@ class GroupNode:
             await self.close()
             raise
         self._task = asyncio.create_task(self._run(), name="messaging-groups")
+        self._clock_task = asyncio.create_task(self._check_clock(), name="messaging-clock-check")
         log.info("cluster %s: %d groups, %d replicas; this node holds %s", self.cluster,
                  self.groups, self.replicas, self._held_text())
+
+    async def _first_clock_check(self) -> None:
+        """Check this node's clock against the members before any group takes a write, so
+        a node started with its clock far off never forms a command. Peers that do not
+        answer yet are no reason to stop: the periodic check follows within a second."""
+        await self.clock.step()
+        problem = self.clock.problem()
+        if problem is not None:
+            log.error("cluster %s: %s", self.cluster, problem)
+
+    async def _check_clock(self) -> None:
+        """Check the clock every CHECK_INTERVAL (a failure is logged, never fatal)."""
+        while True:
+            await asyncio.sleep(CHECK_INTERVAL)
+            try:
+                await self.clock.step()
+            except Exception:  # a bug: logged, and the check goes on next time
+                self._quiet.log("clock check", logging.ERROR, "checking the clock failed",
+                                exc_info=True)
 
     def _lock(self) -> int:
         """Take the data directory (one node per directory)."""
@@ -272,6 +298,8 @@ class GroupNode:
         await cancel_and_wait(self._task)
         for group in sorted(self.stacks):
             await self._stop(group)
+        await cancel_and_wait(self._clock_task)
+        await self.clock.close()
         with contextlib.suppress(grpc.aio.AioRpcError, MessagingError):
             await self._members.leave()
         for client in [self._client, *self._clients.values()]:
@@ -324,7 +352,7 @@ class GroupNode:
         try:
             stack = await open_stack(
                 self.config, self.url, etcd_log(self.config, self.url,
-                                                self.group_settings(group)),
+                                                self.group_settings(group), self.clock),
                 path=path, storage=self.storage, first_named_topic=first_named_topic(group),
                 is_uploader=lambda: self.holders(group)[:1] == [self.url], group=group)
         except (MessagingError, OSError, grpc.aio.AioRpcError) as err:

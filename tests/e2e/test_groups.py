@@ -12,18 +12,25 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
 from messaging.client.client import Client
+from messaging.clock import now_ms
+from messaging.config import EtcdSettings
 from messaging.frames import decode
+from messaging.log.etcd.client import EtcdClient
+from messaging.log.etcd.membership import Membership
 from messaging.placement import GROUP_SHIFT, NAMED_TOPIC_BASE, group_of_name, group_of_topic
 from tests.client.test_conn import collect  # type: ignore[attr-defined]
 from tests.conftest import wait_until
 from tests.e2e.test_etcd_log import EtcdCluster, Nodes, _range, etcd, etcd_cluster
+from tests.raw_server import app_server
 
 __all__ = ["etcd", "etcd_cluster"]  # the module's etcd cluster (fixtures)
 
@@ -583,3 +590,51 @@ async def test_redirecting_instead_of_forwarding(etcd: EtcdCluster, broker_proce
                                     data=b"y") as resp:  # followed: the body is sent again
                 assert resp.status == 200 and resp.headers["X-Messaging-Node"] in held
             assert [d for _, d in await read_topic(session, other, t)] == [b"y"]
+
+
+async def test_a_node_checks_its_clock_once_for_all_its_groups(
+        etcd: EtcdCluster, broker_process: Any, tmp_path: Path) -> None:
+    """A node holding four groups reads each member's clock once a check interval, not once
+    per group log: a member that only answers ``/healthz`` (registered in the cluster's
+    member list, so every group has two holders: the node and it) is asked about once a
+    second."""
+    asked: list[float] = []
+
+    async def healthz(_request: web.Request) -> web.Response:
+        asked.append(time.monotonic())
+        return web.json_response({"status": "ok", "version": "x", "time_ms": now_ms()})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    nodes = group_nodes(broker_process, tmp_path, etcd)
+    async with app_server(app) as peer:
+        client = EtcdClient(EtcdSettings(tuple(etcd.endpoints.split(",")), nodes.name))
+        member = Membership(client, nodes.name, peer, lambda: 0, 1 << 62, kind="members")
+
+        async def registered() -> None:
+            for _ in range(120):  # bounded: the test ends well within it
+                await member.register()
+                await asyncio.sleep(1.0)
+
+        keeping = asyncio.create_task(registered())
+        try:
+            await asyncio.sleep(0.5)
+            await nodes.start(0)
+            async with aiohttp.ClientSession() as session:
+                async def holds_every_group() -> bool:
+                    view = await get_json(session, f"{nodes.url(0)}/messaging/groups")
+                    return (sorted(view["members"]) == sorted([nodes.url(0), peer])
+                            and all(g["here"] is not None for g in view["groups"]))
+
+                await wait_until(holds_every_group, timeout=30, what="the node holding all")
+                before = len(asked)
+                await asyncio.sleep(3.0)
+                during = len(asked) - before
+                assert 2 <= during <= 5, f"{during} clock readings in 3 s (one a second)"
+                clock = (await get_json(session, f"{nodes.url(0)}/messaging/diagnostics"))
+        finally:
+            keeping.cancel()
+            await asyncio.gather(keeping, return_exceptions=True)
+            await member.leave()
+            await client.close()
+        assert peer in json.dumps(clock), clock

@@ -94,7 +94,7 @@ class EtcdLog:
 
     def __init__(self, broker: Broker, url: str, settings: EtcdSettings,
                  fsync: FsyncMode = "always", *, peer_token: str | None = None,
-                 peer_ca: str | None = None) -> None:
+                 peer_ca: str | None = None, clock: ClockCheck | None = None) -> None:
         if fsync not in FSYNC_MODES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}")
         self.broker = broker
@@ -125,8 +125,11 @@ class EtcdLog:
         self._installer = SnapshotInstaller(broker, self.cluster, url, self._membership,
                                             self._writer, self._checkpoints, self._unsynced,
                                             peer_token=peer_token, peer_ca=peer_ca)
-        self._clock = ClockCheck(url, settings.max_clock_offset_ms, self._membership.urls,
-                                 ca=peer_ca)
+        # One check per node: a node holding topic groups passes its own to every group's
+        # log (its peers are the cluster's members); a log without one checks for itself.
+        self._own_clock = clock is None
+        self._clock = clock if clock is not None else ClockCheck(
+            url, settings.max_clock_offset_ms, self._membership.urls, ca=peer_ca)
         self._writes.clock = self._clock.command_time
         # Ages are measured by the log's time: the same on every node at the same revision.
         broker.retention.clock = lambda: broker.time
@@ -157,7 +160,8 @@ class EtcdLog:
         self._client = EtcdClient(self.settings, credentials)
         self._membership.client = self._writes.client = self._watch.client = self._client
         await self._check_entry_format()
-        await self._first_clock_check()
+        if self._own_clock:
+            await self._first_clock_check()
         self._watch.received = revision
         log.info("cluster %s: node %s replays etcd's log from revision %d (broker index %d); "
                  "etcd %s", self.cluster, self.url, revision + 1, self.broker.index,
@@ -171,10 +175,11 @@ class EtcdLog:
             asyncio.create_task(self._supervised("membership", self._membership_step,
                                                  MEMBERSHIP_INTERVAL),
                                 name="messaging-etcd-membership"),
-            asyncio.create_task(self._supervised("clock check", self._clock.step,
-                                                 CHECK_INTERVAL),
-                                name="messaging-clock-check"),
         ]
+        if self._own_clock:
+            self._tasks.append(asyncio.create_task(
+                self._supervised("clock check", self._clock.step, CHECK_INTERVAL),
+                name="messaging-clock-check"))
         if self.fsync != "never":  # etcd is the WAL: files are fsynced in groups
             self._tasks.append(asyncio.create_task(
                 self._unsynced.run(self._writer, self.settings.sync_interval),
@@ -227,7 +232,8 @@ class EtcdLog:
         for task in self._tasks:
             await cancel_and_wait(task)
         await self._writes.cancel_puts()
-        await self._clock.close()
+        if self._own_clock:
+            await self._clock.close()
         # Runs after whatever the writer thread is still doing (a cancelled apply's job).
         await loop.run_in_executor(self._writer, self._final_checkpoint)
         try:
