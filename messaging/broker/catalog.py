@@ -17,7 +17,7 @@ Rules this module documents:
 
 - ``Stream-Seq`` is scoped per stream (one writer sequence for all writers of a stream).
 - Producer state (``Producer-Id`` → epoch, last seq) is kept per stream; an entry unused for
-  :data:`PRODUCER_TTL` (7 days, by the proposing node's clock carried in the command) is
+  :data:`PRODUCER_TTL` (7 days, by the log's time: the command's append time) is
   dropped at the stream's next append, and a stream keeps at most :data:`MAX_PRODUCERS`
   (the least recently used goes first; among equally old ones, by id).
 - A fork is a reference ``(source, position)``, never a copy; a stream with forks that is
