@@ -13,7 +13,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 
 .PHONY: help run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
-	bench-split bench-latency bench-publish-path bench-commit-marks bench-watch-cost bench-fanout bench-scaling bench-groups bench-cli bench-tiering \
+	bench-split bench-latency bench-publish-path bench-commit-marks bench-watch-cost bench-idle-groups bench-fanout bench-scaling bench-groups bench-cli bench-tiering \
 	soak soak-cluster soak-tiered etcd faketime chromium conformance spark s3 dist clean
 
 .DEFAULT_GOAL := help
@@ -247,6 +247,11 @@ bench-commit-marks: $(STAMP)
 ## one bare event-loop wake-up; one etcd member, about 1 minute
 bench-watch-cost: $(STAMP) etcd
 	$(BIN)/python bench/experiments/watch_cost/run.py
+
+## make bench-idle-groups: what an idle cluster node and its etcd cost by the number of topic
+## groups the node holds (1, 4, 16), by thread; one etcd member, about 2 minutes
+bench-idle-groups: $(STAMP) etcd
+	$(BIN)/python bench/experiments/idle_groups/run.py
 
 ## make bench-fanout: 1,000 streaming subscribers at 1,000 msg/s: the broker's own part of the
 ## p99 (its lag histogram), what the rests between fan-out slices trade, Redis beside; ~2 minutes
