@@ -114,6 +114,12 @@ class Membership:
         live = sorted(self.nodes)
         if not live or live[0] != self.url:
             return
+        # The target is the least durable revision of every node, this one's included: while
+        # even this one's is not far enough past the last compaction, nothing can be due, and
+        # the reads of every cluster's registrations (one per group log, every second) are
+        # skipped. (They made an idle node's cost grow with the square of its groups.)
+        if self._durable_revision() - self.compacted < self.compact_every:
+            return
         floors = await self._durable_revisions()
         if not floors:
             return
