@@ -114,6 +114,14 @@ async def etcd_leader(session: Session, members: list[Etcd]) -> Etcd:
     raise RuntimeError("no etcd leader found")
 
 
+def wait_for_leader(members: list[Etcd]) -> None:
+    """Block until one of ``members`` leads (from synchronous code, before any load)."""
+    async def led() -> None:
+        async with aiohttp.ClientSession() as session:
+            await etcd_leader(session, members)
+    asyncio.run(led())
+
+
 async def etcd_healthy(session: Session, members: list[Etcd]) -> bool:
     """Every member runs, answers /health and names the same leader."""
     leaders = set()

@@ -12,7 +12,6 @@ second of idling (1,000 ms/s is one core).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import sys
@@ -22,9 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-import aiohttp
 
-from bench.harness.etcd_members import Etcd, etcd_cluster, etcd_leader
+from bench.harness.etcd_members import etcd_cluster, wait_for_leader
 from bench.harness.figures import Row
 from bench.harness.procs import broker
 from bench.harness.results import add_to_json, command_line, report
@@ -68,12 +66,6 @@ def idle_cost(tmp: Path, etcd_url: str, etcd_pid: int, groups: int,
         proc.stop()
 
 
-async def _led(members: list[Etcd]) -> None:
-    """Until the member leads (the node's first puts need a leader)."""
-    async with aiohttp.ClientSession() as session:
-        await etcd_leader(session, members)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--groups", type=int, nargs="+", default=[1, 4, 16])
@@ -87,7 +79,7 @@ def main() -> None:
         member = etcd_cluster(tmp, size=1)[0]
         member.start()
         try:
-            asyncio.run(_led([member]))
+            wait_for_leader([member])
             assert member.pid is not None
             for k in range(args.rounds):
                 for groups in args.groups:

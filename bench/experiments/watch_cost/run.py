@@ -35,10 +35,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-import aiohttp
 
 from bench.experiments.watch_cost.watcher import KEY
-from bench.harness.etcd_members import Etcd, etcd_cluster, etcd_leader
+from bench.harness.etcd_members import etcd_cluster, wait_for_leader
 from bench.harness.figures import Row
 from bench.harness.procs import child_env
 from bench.harness.results import add_to_json, command_line, report
@@ -82,12 +81,6 @@ async def _put(url: str, rate: int, size: int, total: int) -> None:
                 await asyncio.sleep(delay)
     finally:
         await client.close()
-
-
-async def _led(members: list[Etcd]) -> None:
-    """Until the members have a leader (the watches and puts need one)."""
-    async with aiohttp.ClientSession() as session:
-        await etcd_leader(session, members)
 
 
 def _send(port: int, rate: int, size: int, total: int) -> None:
@@ -139,7 +132,7 @@ def main() -> None:
         member = etcd_cluster(Path(t), size=1)[0]
         member.start()
         try:
-            asyncio.run(_led([member]))
+            wait_for_leader([member])
             for k in range(args.rounds):
                 for name, rate, size, seconds in LOADS:
                     result = one_load(member.client_url, rate, size, seconds)

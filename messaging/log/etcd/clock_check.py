@@ -61,8 +61,8 @@ class PeerClock:
 
     offset: float
     uncertainty: float
-    time: float = 0.0
-    at: float = 0.0
+    time: float
+    at: float
 
 
 class ClockCheck:
