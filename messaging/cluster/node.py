@@ -327,6 +327,7 @@ class GroupNode:
                 await self._members.refresh()
                 await self._place()
                 await self._delete_retired()
+                await self.clock.meet()  # a member that joined: its clock read at once
             except (grpc.aio.AioRpcError, MessagingError, OSError) as err:
                 self._quiet.log("placement", logging.WARNING, "cannot place groups now: %s",
                                 describe(err))

@@ -12,15 +12,19 @@ between the two readings, so the offset is known to within half the round trip.
   from more than half of the peers that answered. Then it answers publishes and stream
   commands 503 naming its clock and the offset, ``/readyz`` says so, and it serves again by
   itself once a check finds it back within the bound. A node that no peer has answered yet
-  (alone) has no verdict and goes on. A check that no peer answers (peers slow, restarting,
-  or cut off) changes nothing: the last verdict stands, and the clock is still held to the
-  cluster's time carried forward from the last check that had answers, so a clock that
-  steps while its peers are silent is caught all the same. In a cluster of two nodes, one
-  clock off stops both: neither can tell which clock is wrong.
+  (alone) has no verdict and goes on, its own clock as of each check the reference that a
+  step is caught against (below). A check that no peer answers (peers slow, restarting, or
+  cut off) changes nothing once peers have answered: the last verdict stands, and the clock
+  is still held to the cluster's time carried forward from the last check that had answers,
+  so a clock that steps while its peers are silent is caught all the same. A peer that
+  joins is read at once (:meth:`ClockCheck.meet`), not at the next check. In a cluster of
+  two nodes, one clock off stops both: neither can tell which clock is wrong.
 - **Between checks**, a clock that steps (an operator, a bad NTP step, a VM resumed) is
   caught at once: the cluster's time is carried forward from the last check on the monotonic
   clock, and a node whose wall clock has left it by more than the bound is off until the next
-  check. The time a command gets is never more than the bound ahead of that estimate
+  check. That holds before any peer has answered too (nodes started together do not see one
+  another's registrations at once): the reference is then this clock as of the last check.
+  The time a command gets is never more than the bound ahead of that estimate
   (:meth:`ClockCheck.command_time`), so no clock can move the shared time further.
 
 Threads: everything runs on the event loop (the writer thread reads the latest estimate, a
@@ -84,9 +88,12 @@ class ClockCheck:
         self._off: str | None = None
         #: (monotonic seconds, the cluster's time then in ms) as of the last check.
         self._reference: tuple[float, float] | None = None
-        #: Whether ``_reference`` comes from peers' readings (False: none answered yet).
+        #: Whether ``_reference`` comes from peers' readings (False: none answered yet, and
+        #: it is this clock as of the last check).
         self._anchored = False
         self.checks = 0
+        #: The peers the last check asked.
+        self._asked: frozenset[str] = frozenset()
 
     # -- checking (the loop) ----------------------------------------------------------------
 
@@ -98,11 +105,18 @@ class ClockCheck:
                 ssl=ssl.create_default_context(cafile=self._ca) if self._ca else True)
             self._session = aiohttp.ClientSession(
                 connector=connector, timeout=aiohttp.ClientTimeout(total=ASK_TIMEOUT))
+        self._asked = frozenset(peers)
         answers = await asyncio.gather(*(self._ask(peer) for peer in peers))
         self.readings = {peer: reading for peer, reading in zip(peers, answers, strict=True)
                          if reading is not None}
         self.checks += 1
         self._judge()
+
+    async def meet(self) -> None:
+        """Check at once when a live peer has appeared since the last check (a node started
+        beside others learns of them after it started checking)."""
+        if any(url != self.url and url not in self._asked for url in self._peers()):
+            await self.step()
 
     async def _ask(self, peer: str) -> PeerClock | None:
         """One reading of ``peer``'s clock (None: it did not answer in time)."""
@@ -179,13 +193,13 @@ class ClockCheck:
         if self._off is not None:
             return self._off
         cluster = self.cluster_time()
-        if cluster is None or not self._anchored:
+        if cluster is None:
             return None
         drift = self._clock() - cluster
         if abs(drift) > self.max_offset_ms:
             return (f"this node's clock moved {_seconds(drift)} "
-                    f"{'ahead' if drift > 0 else 'back'} since its last check against its "
-                    f"peers (--max-clock-offset {self.max_offset_ms} ms): it takes no writes "
+                    f"{'ahead' if drift > 0 else 'back'} since its last clock check "
+                    f"(--max-clock-offset {self.max_offset_ms} ms): it takes no writes "
                     "until a check finds it within the bound")
         return None
 
@@ -194,7 +208,7 @@ class ClockCheck:
         of the cluster's time."""
         now = self._clock()
         cluster = self.cluster_time()
-        if cluster is None or not self._anchored:
+        if cluster is None:
             return now
         return min(now, int(cluster) + self.max_offset_ms)
 

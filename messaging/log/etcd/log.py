@@ -205,10 +205,12 @@ class EtcdLog:
         self._membership.entry_version = self._writes.entry_version = active
 
     async def _first_clock_check(self) -> None:
-        """Read the live nodes and their clocks once before taking writes, so a node
-        started with its clock far off never forms a command. Peers or an etcd that do not
-        answer yet are no reason to stop: the periodic check follows within a second."""
+        """Register, read the live nodes and their clocks once before taking writes, so a
+        node started with its clock far off never forms a command, and nodes started
+        together see one another at once. Peers or an etcd that do not answer yet are no
+        reason to stop: the periodic check follows within a second."""
         try:
+            await self._membership.register()
             await self._membership.refresh()
             await self._clock.step()
         except (grpc.aio.AioRpcError, MessagingError, OSError) as err:
@@ -219,9 +221,12 @@ class EtcdLog:
             log.error("cluster %s: %s", self.cluster, problem)
 
     async def _membership_step(self) -> None:
-        """The membership's step; puts follow the cluster's entry format it keeps."""
+        """The membership's step; puts follow the cluster's entry format it keeps; a node
+        that joined has its clock read at once."""
         await self._membership.step()
         self._writes.entry_version = self._membership.entry_version
+        if self._own_clock:
+            await self._clock.meet()
 
     async def close(self) -> None:
         """Let in-flight writes apply (briefly), stop every task, fsync and checkpoint."""

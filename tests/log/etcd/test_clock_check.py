@@ -172,3 +172,40 @@ async def test_a_step_between_the_readings_and_the_verdict_does_not_move_the_ref
         assert problem is not None and "moved 3600.000 s ahead" in problem
         assert checker.command_time() == NOW + 500
         await checker.close()
+
+
+async def test_a_step_before_any_peer_answered_is_caught_against_the_last_check() -> None:
+    """Nodes started together do not see one another's registrations at once: until a peer
+    answers, this clock as of the last check is the reference, so a step meanwhile is caught
+    and held rather than stamped on commands."""
+    clocks = Clocks()
+    checker = check(clocks, [])
+    await checker.step()  # alone so far: no verdict
+    assert checker.problem() is None and checker.command_time() == NOW
+    clocks.advance(0.4)
+    assert checker.problem() is None and checker.command_time() == NOW + 400
+    clocks.wall += HOUR
+    problem = checker.problem()
+    assert problem is not None and "moved 3600.000 s ahead" in problem
+    assert checker.command_time() == NOW + 400 + 500
+    await checker.close()
+
+
+async def test_a_peer_that_joins_is_read_at_once() -> None:
+    clocks = Clocks()
+    members: list[str] = ["http://me"]
+    async with peer(lambda: NOW) as one:
+        checker = ClockCheck("http://me", 500, lambda: list(members),
+                             clock=lambda: clocks.wall, monotonic=lambda: clocks.mono)
+        await checker.step()
+        assert checker.checks == 1
+        await checker.meet()  # nobody new: no check
+        assert checker.checks == 1
+        clocks.wall = NOW + HOUR
+        members.append(one)
+        await checker.meet()
+        assert checker.checks == 2 and set(checker.readings) == {one}
+        assert "3600.000 s ahead of 1 of 1 peers" in (checker.problem() or "")
+        await checker.meet()  # read already: not again before the next check
+        assert checker.checks == 2
+        await checker.close()
