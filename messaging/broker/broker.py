@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from messaging.aio import Notifier
-from messaging.broker import describe, recovery, snapshot
+from messaging.broker import coalesce, describe, recovery, snapshot
 from messaging.broker.catalog import STREAM_OP, Catalog
 from messaging.broker.commands import ApplyResult, Run, is_topic_command
 from messaging.broker.machine import StateMachine
@@ -456,7 +456,31 @@ class Broker:
         machine = self.machine
         runs: dict[int, list[tuple[Run, int | None]]] = {}
         results: list[ApplyResult | MessagingError] = []
-        for command, command_time in zip(commands, times, strict=True):
+        total = len(commands)
+        if len(times) != total:
+            raise ValueError(f"{total} commands with {len(times)} times")
+        at = alone_until = 0
+        while at < total:
+            command, command_time = commands[at], times[at]
+            # Lone publishes to one topic in a row: one command (messaging.broker.coalesce).
+            lone = coalesce.lone_topic(command) if at >= alone_until else None
+            end = at + 1 if lone is None else coalesce.run_end(commands, times, at, lone)
+            if end - at > 1:
+                assert lone is not None
+                joined, counts = coalesce.joined(commands[at:end], lone)
+                mark = machine.mark()
+                try:
+                    staged = machine.stage(joined, command_time, self)
+                except MessagingError:
+                    machine.rollback(mark)  # each on its own below: each its own answer
+                    alone_until = end
+                else:
+                    for topic_id, run in staged.runs:
+                        runs.setdefault(topic_id, []).append((run, staged.append_time))
+                    results.extend(coalesce.split(staged.result, counts))
+                    at = end
+                    continue
+            at += 1
             mark = machine.mark()
             try:
                 staged = machine.stage(command, command_time, self)

@@ -568,6 +568,39 @@ async def test_coalesced_puts_keep_each_connections_order(etcd: EtcdCluster, bro
         assert mine == [b"c%d m%d" % (w, n) for n in range(40)]
 
 
+async def test_a_publish_too_large_for_its_topic_fails_alone_in_a_coalesced_put(
+        etcd: EtcdCluster, broker_process, tmp_path: Path) -> None:
+    """Publishes that go to etcd in one put and apply together: the one over its topic's
+    max-message-size is answered 413, and every other one is stored (none shares its
+    error)."""
+    nodes = Nodes(broker_process, tmp_path, etcd)
+    await nodes.start(0, 1)
+    url = nodes.url(0)
+    async with aiohttp.ClientSession() as session:
+        async with session.put(f"{url}/messaging/topics/{TOPIC}",
+                               json={"max-message-size": 100}) as resp:
+            assert resp.status == 201, await resp.text()
+
+        async def connection(w: int) -> list[tuple[bytes, int]]:
+            answers = []
+            for n in range(20):
+                data = b"c%d m%d " % (w, n) * (30 if n % 5 == 2 else 1)
+                async with session.post(f"{url}/messaging/messages",
+                                        params={"topicID": str(TOPIC)}, data=data) as resp:
+                    answers.append((data, resp.status))
+                    if resp.status == 413:
+                        assert "max-message-size of 100" in resp.headers["X-Broker-Error"]
+            return answers
+
+        answers = [a for one in await asyncio.gather(*(connection(w) for w in range(10)))
+                   for a in one]
+        assert {status for data, status in answers if len(data) > 100} == {413}
+        assert {status for data, status in answers if len(data) <= 100} == {200}
+        stored = await converge(session, nodes.urls[:2], 160)
+    assert sorted(data for _index, data in stored) == sorted(
+        data for data, status in answers if status == 200)
+
+
 @with_groups
 async def test_a_publish_is_answered_without_waiting_for_an_fsync(
         etcd: EtcdCluster, broker_process, tmp_path: Path) -> None:

@@ -30,7 +30,6 @@ from messaging.errors import (
     MessagingError,
 )
 from messaging.log.base import answer_callers
-from messaging.log.coalesce import Parts, coalesce, spread
 from messaging.log.etcd.budget import Budget
 from messaging.log.etcd.client import EtcdClient, describe
 from messaging.log.etcd.entry import COMPRESS_FROM, compressed, encode_entry
@@ -94,7 +93,6 @@ class _Batch:
     sent: float = 0.0  # when the put left
     put_done: float = 0.0  # when etcd answered it
     applied: tuple[ApplyTiming, float] | None = None  # apply timing; when it was answered
-    parts: Parts | None = None  # how the commands were joined in the put (None: they were not)
 
 
 class _Pending(NamedTuple):
@@ -176,8 +174,7 @@ class LogWriter:
         batch = self._batches.pop(seq, None)
         if batch is None:
             return  # its publishers were already told the outcome is unknown
-        answer_callers(batch.futures,
-                       results if batch.parts is None else spread(results, batch.parts))
+        answer_callers(batch.futures, results)
         batch.done.set()
         batch.applied = (timing, time.monotonic())
         if batch.put_done:
@@ -350,7 +347,7 @@ class LogWriter:
             _fail(batch, self._stopped)
             return
         self._batches[seq] = batch
-        commands, batch.parts = coalesce(batch.commands)
+        commands = batch.commands
         self.groups += 1
         try:
             try:

@@ -274,10 +274,11 @@ async def test_a_group_taken_just_before_the_node_stopped_is_refused_not_sent() 
         await writer.cancel_puts()
 
 
-async def test_publishes_of_one_topic_go_in_one_command_and_each_gets_its_range() -> None:
-    """Single publishes of one topic waiting for the same put go to etcd as one command of
-    their frames (every node stages it once); each publisher is answered with its own index
-    range, in the order they were taken."""
+async def test_publishes_waiting_for_one_put_go_as_they_are_and_each_gets_its_answer(
+        ) -> None:
+    """Single publishes of one topic waiting for the same put go to etcd in one entry, each
+    its own command, in the order they were taken (the broker stages them as one: see
+    messaging.broker.coalesce), and each publisher gets the answer to its own command."""
     etcd = FakeEtcd()
     etcd.go.set()
     writer = LogWriter(cast(EtcdClient, etcd), b"/log", b"n" * 8, lambda _response: None)
@@ -286,12 +287,11 @@ async def test_publishes_of_one_topic_go_in_one_command_and_each_gets_its_range(
     try:
         futures = [writer.submit(p) for p in publishes] + [writer.submit(b"other")]
         await _until(lambda: len(etcd.puts) == 1)
-        assert etcd.puts[0] == [b"".join(publishes), b"other"]
-        writer.answer(b"n" * 8, 1, [ApplyResult(11, 16, frozenset({7})),
-                                    ApplyResult(0, 0, frozenset())],
-                      ApplyTiming(0.0, 0.0, 0.0))
-        results = [await asyncio.wait_for(f, 1) for f in futures]
-        assert [(r.first, r.last) for r in results] == [(11, 11), (12, 13), (14, 16), (0, 0)]
+        assert etcd.puts[0] == [*publishes, b"other"]
+        answers = [ApplyResult(11, 11, frozenset({7})), ApplyResult(12, 13, frozenset({7})),
+                   ApplyResult(14, 16, frozenset({7})), ApplyResult(0, 0, frozenset())]
+        writer.answer(b"n" * 8, 1, answers, ApplyTiming(0.0, 0.0, 0.0))
+        assert [await asyncio.wait_for(f, 1) for f in futures] == answers
     finally:
         await cancel_and_wait(running)
         await writer.cancel_puts()
