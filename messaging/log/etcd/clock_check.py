@@ -13,7 +13,9 @@ between the two readings, so the offset is known to within half the round trip.
   commands 503 naming its clock and the offset, ``/readyz`` says so, and it serves again by
   itself once a check finds it back within the bound. A node that no peer has answered yet
   (alone) has no verdict and goes on, its own clock as of each check the reference that a
-  step is caught against (below). A check that no peer answers (peers slow, restarting, or
+  step is caught against (below); so has one whose peers answered only slowly (a round
+  trip longer than the bound: too inexact to carry the cluster's time, though not to judge
+  a clock an hour off). A check that no peer answers (peers slow, restarting, or
   cut off) changes nothing once peers have answered: the last verdict stands, and the clock
   is still held to the cluster's time carried forward from the last check that had answers,
   so a clock that steps while its peers are silent is caught all the same. A peer that
@@ -149,13 +151,19 @@ class ClockCheck:
         off = len(far) * 2 > len(readings)
         agreeing = far if off else near
         offset = statistics.median(r.offset for r in agreeing)  # never empty: see off
-        # The cluster's time from the peers' own readings, each carried to one monotonic
-        # moment: never from this clock read after them, which may have stepped meanwhile
-        # (a reference taken from a stepped clock would let it stamp commands unchecked).
+        # The cluster's time from the most precise of the agreeing peers' own readings,
+        # carried to now on the monotonic clock: never from this clock read after them,
+        # which may have stepped meanwhile (a reference taken from a stepped clock would let
+        # it stamp commands unchecked). A reading is only as exact as half its round trip:
+        # one less exact than half the bound (peers busy starting, say) would make a right
+        # clock look moved, so it leaves the reference where it was.
         at = self._monotonic()
-        self._reference = (at, statistics.median(r.time + (at - r.at) * 1000
-                                                 for r in agreeing))
-        self._anchored = True
+        best = min(agreeing, key=lambda r: r.uncertainty)
+        if best.uncertainty <= self.max_offset_ms / 2:
+            self._reference = (at, best.time + (at - best.at) * 1000)
+            self._anchored = True
+        elif not self._anchored:
+            self._reference = (at, float(self._clock()))  # as if alone, until one is exact
         was = self._off
         if off:
             self._off = (f"this node's clock is {_seconds(offset)} "

@@ -209,3 +209,35 @@ async def test_a_peer_that_joins_is_read_at_once() -> None:
         await checker.meet()  # read already: not again before the next check
         assert checker.checks == 2
         await checker.close()
+
+
+async def test_a_slow_answer_does_not_make_a_right_clock_look_moved() -> None:
+    """Peers busy starting answer after 1.2 s: the reading is exact only to 0.6 s, so it
+    neither finds this (right) clock off nor becomes the cluster's time that this clock is
+    held to; a prompt answer later does."""
+    clocks = Clocks()
+    slow = [True]
+
+    async def healthz(_request: web.Request) -> web.StreamResponse:
+        now = clocks.wall  # the peer's clock agrees with this node's
+        if slow[0]:
+            clocks.advance(1.2)  # it answers 1.2 s after it read its clock
+        return web.json_response({"status": "ok", "version": "x", "time_ms": now})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    async with app_server(app) as one:
+        checker = check(clocks, [one])
+        await checker.step()
+        reading = checker.readings[one]
+        assert reading.uncertainty == 600
+        assert checker.problem() is None and checker.command_time() == clocks.wall
+        clocks.wall += HOUR  # a step is still caught, against this clock at the check
+        assert "moved 3600.000 s ahead" in (checker.problem() or "")
+        clocks.wall -= HOUR
+        slow[0] = False
+        await checker.step()
+        assert checker.problem() is None
+        clocks.wall += HOUR
+        assert "moved 3600.000 s ahead" in (checker.problem() or "")
+        await checker.close()
