@@ -13,9 +13,11 @@ between the two readings, so the offset is known to within half the round trip.
   commands 503 naming its clock and the offset, ``/readyz`` says so, and it serves again by
   itself once a check finds it back within the bound. A node that no peer has answered yet
   (alone) has no verdict and goes on, its own clock as of each check the reference that a
-  step is caught against (below); so has one whose peers answered only slowly (a round
-  trip longer than the bound: too inexact to carry the cluster's time, though not to judge
-  a clock an hour off). A check that no peer answers (peers slow, restarting, or
+  step is caught against (below). The cluster's time is the median of the agreeing peers'
+  readings, each exact to half its round trip: while this node is within the bound, readings
+  less exact than half the bound (peers busy starting) judge it but leave the reference as
+  it was, and a clock is judged moved only beyond the bound give or take the reference's
+  own uncertainty, as a check judges. A check that no peer answers (peers slow, restarting, or
   cut off) changes nothing once peers have answered: the last verdict stands, and the clock
   is still held to the cluster's time carried forward from the last check that had answers,
   so a clock that steps while its peers are silent is caught all the same. A peer that
@@ -23,14 +25,15 @@ between the two readings, so the offset is known to within half the round trip.
   two nodes, one clock off stops both: neither can tell which clock is wrong.
 - **Between checks**, a clock that steps (an operator, a bad NTP step, a VM resumed) is
   caught at once: the cluster's time is carried forward from the last check on the monotonic
-  clock, and a node whose wall clock has left it by more than the bound is off until the next
-  check. That holds before any peer has answered too (nodes started together do not see one
-  another's registrations at once): the reference is then this clock as of the last check.
+  clock, and a node whose wall clock has left it by more than the bound is off until a check
+  finds it back within the bound. That holds before any peer has answered too (nodes
+  started together do not see one another's registrations at once): the reference is then
+  this clock as of the last check.
   The time a command gets is never more than the bound ahead of that estimate
   (:meth:`ClockCheck.command_time`), so no clock can move the shared time further.
 
-Threads: everything runs on the event loop (the writer thread reads the latest estimate, a
-tuple replaced whole).
+Threads: everything runs on the event loop, one check at a time (the writer thread reads
+the latest estimate, a tuple replaced whole).
 """
 
 from __future__ import annotations
@@ -88,37 +91,51 @@ class ClockCheck:
         self.readings: dict[str, PeerClock] = {}
         #: Why the last check found this node off (None: it is not, or no verdict).
         self._off: str | None = None
-        #: (monotonic seconds, the cluster's time then in ms) as of the last check.
-        self._reference: tuple[float, float] | None = None
-        #: Whether ``_reference`` comes from peers' readings (False: none answered yet, and
-        #: it is this clock as of the last check).
+        #: (monotonic seconds, the cluster's time then in ms, give or take ms) as of the
+        #: last check.
+        self._reference: tuple[float, float, float] | None = None
+        #: Whether a peer has answered since start: from then on, a check no peer answers
+        #: changes nothing (False: alone so far, the reference is this clock at each check).
+        self._answered = False
+        #: Whether ``_reference`` comes from peers' readings.
         self._anchored = False
         self.checks = 0
         #: The peers the last check asked.
         self._asked: frozenset[str] = frozenset()
+        #: One check at a time (the periodic one and :meth:`meet`'s).
+        self._checking = asyncio.Lock()
 
     # -- checking (the loop) ----------------------------------------------------------------
 
     async def step(self) -> None:
-        """Read every live peer's clock once (side by side) and judge this node's."""
-        peers = [url for url in self._peers() if url != self.url]
-        if self._session is None:
-            connector = aiohttp.TCPConnector(
-                ssl=ssl.create_default_context(cafile=self._ca) if self._ca else True)
-            self._session = aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=ASK_TIMEOUT))
-        self._asked = frozenset(peers)
-        answers = await asyncio.gather(*(self._ask(peer) for peer in peers))
-        self.readings = {peer: reading for peer, reading in zip(peers, answers, strict=True)
-                         if reading is not None}
-        self.checks += 1
-        self._judge()
+        """Read every live peer's clock once (side by side) and judge this node's; one check
+        at a time, so an older check never overrides a newer one's verdict."""
+        async with self._checking:
+            peers = [url for url in self._peers() if url != self.url]
+            if self._session is None:
+                connector = aiohttp.TCPConnector(
+                    ssl=ssl.create_default_context(cafile=self._ca) if self._ca else True)
+                self._session = aiohttp.ClientSession(
+                    connector=connector, timeout=aiohttp.ClientTimeout(total=ASK_TIMEOUT))
+            self._asked = frozenset(peers)
+            answers = await asyncio.gather(*(self._ask(peer) for peer in peers))
+            self.readings = {peer: reading
+                             for peer, reading in zip(peers, answers, strict=True)
+                             if reading is not None}
+            self.checks += 1
+            self._judge()
 
     async def meet(self) -> None:
         """Check at once when a live peer has appeared since the last check (a node started
         beside others learns of them after it started checking)."""
-        if any(url != self.url and url not in self._asked for url in self._peers()):
+        if self._new_peer():
+            async with self._checking:
+                if not self._new_peer():
+                    return  # a check that ended meanwhile asked it
             await self.step()
+
+    def _new_peer(self) -> bool:
+        return any(url != self.url and url not in self._asked for url in self._peers())
 
     async def _ask(self, peer: str) -> PeerClock | None:
         """One reading of ``peer``'s clock (None: it did not answer in time)."""
@@ -139,11 +156,12 @@ class ClockCheck:
         is (from the peers agreeing with the majority)."""
         readings = list(self.readings.values())
         if not readings:
-            if self._anchored:
+            if self._answered:
                 return  # silent peers: the last verdict and the cluster's time stand
             self._off = None  # no verdict: alone so far
-            self._reference = (self._monotonic(), float(self._clock()))
+            self._reference = (self._monotonic(), float(self._clock()), 0.0)
             return
+        self._answered = True
         far: list[PeerClock] = []
         near: list[PeerClock] = []
         for r in readings:
@@ -151,19 +169,24 @@ class ClockCheck:
         off = len(far) * 2 > len(readings)
         agreeing = far if off else near
         offset = statistics.median(r.offset for r in agreeing)  # never empty: see off
-        # The cluster's time from the most precise of the agreeing peers' own readings,
+        # The cluster's time from the agreeing peers' own readings (their median), each
         # carried to now on the monotonic clock: never from this clock read after them,
         # which may have stepped meanwhile (a reference taken from a stepped clock would let
         # it stamp commands unchecked). A reading is only as exact as half its round trip:
-        # one less exact than half the bound (peers busy starting, say) would make a right
-        # clock look moved, so it leaves the reference where it was.
+        # while this node is within the bound, readings less exact than half the bound
+        # (peers busy starting, say) leave the reference where it was, since they would make
+        # a right clock look moved; a node found off is held to the peers' time however
+        # inexact, which is still nearer than its own.
         at = self._monotonic()
-        best = min(agreeing, key=lambda r: r.uncertainty)
-        if best.uncertainty <= self.max_offset_ms / 2:
-            self._reference = (at, best.time + (at - best.at) * 1000)
+        exact = agreeing if off else [r for r in agreeing
+                                      if r.uncertainty <= self.max_offset_ms / 2]
+        if exact:
+            self._reference = (at, statistics.median(r.time + (at - r.at) * 1000
+                                                     for r in exact),
+                               statistics.median(r.uncertainty for r in exact))
             self._anchored = True
-        elif not self._anchored:
-            self._reference = (at, float(self._clock()))  # as if alone, until one is exact
+        elif not self._anchored:  # as if alone, until a reading is exact enough
+            self._reference = (at, float(self._clock()), 0.0)
         was = self._off
         if off:
             self._off = (f"this node's clock is {_seconds(offset)} "
@@ -190,21 +213,28 @@ class ClockCheck:
     def cluster_time(self) -> float | None:
         """The cluster's time now (ms), carried forward from the last check on the monotonic
         clock (None: not checked yet)."""
-        reference = self._reference
+        estimate = self._estimate()
+        return None if estimate is None else estimate[0]
+
+    def _estimate(self) -> tuple[float, float] | None:
+        """The cluster's time now (ms) and how exact it is (ms), from one reference."""
+        reference = self._reference  # replaced whole by the loop: read once
         if reference is None:
             return None
-        at, cluster = reference
-        return cluster + (self._monotonic() - at) * 1000
+        at, cluster, give_or_take = reference
+        return cluster + (self._monotonic() - at) * 1000, give_or_take
 
     def problem(self) -> str | None:
         """Why this node must not take writes because of its clock (None: it may)."""
         if self._off is not None:
             return self._off
-        cluster = self.cluster_time()
-        if cluster is None:
+        estimate = self._estimate()
+        if estimate is None:
             return None
+        cluster, give_or_take = estimate
+        # Within the bound give or take the reference's own uncertainty, as a check judges.
         drift = self._clock() - cluster
-        if abs(drift) > self.max_offset_ms:
+        if abs(drift) - give_or_take > self.max_offset_ms:
             return (f"this node's clock moved {_seconds(drift)} "
                     f"{'ahead' if drift > 0 else 'back'} since its last clock check "
                     f"(--max-clock-offset {self.max_offset_ms} ms): it takes no writes "

@@ -4,6 +4,7 @@ set by the test too."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -240,4 +241,86 @@ async def test_a_slow_answer_does_not_make_a_right_clock_look_moved() -> None:
         assert checker.problem() is None
         clocks.wall += HOUR
         assert "moved 3600.000 s ahead" in (checker.problem() or "")
+        await checker.close()
+
+
+async def test_a_node_off_stays_off_when_its_slow_peers_then_fall_silent() -> None:
+    """Restarted an hour ahead beside peers that are busy (answers too slow to carry the
+    cluster's time): it is off, its commands are held to the peers' time, and a check that
+    no peer answers then changes nothing."""
+    clocks = Clocks()
+    mode = ["slow"]
+
+    async def healthz(_request: web.Request) -> web.StreamResponse:
+        if mode[0] == "silent":
+            raise web.HTTPServiceUnavailable()
+        real = NOW + round((clocks.mono - 100.0) * 1000)
+        clocks.advance(1.7)
+        return web.json_response({"status": "ok", "version": "x", "time_ms": real})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    async with app_server(app) as one, app_server(app) as two:
+        checker = check(clocks, [one, two])
+        clocks.wall += HOUR
+        await checker.step()
+        assert all(r.uncertainty > 800 for r in checker.readings.values())
+        assert "ahead of 2 of 2 peers" in (checker.problem() or "")
+        real_now = NOW + round((clocks.mono - 100.0) * 1000)
+        assert abs(checker.command_time() - (real_now + 500)) < 2000  # not an hour ahead
+        mode[0] = "silent"
+        await checker.step()
+        assert checker.readings == {}
+        assert "ahead of 2 of 2 peers" in (checker.problem() or "")
+        assert checker.command_time() < clocks.wall - HOUR + 3000
+        await checker.close()
+
+
+async def test_one_peer_near_the_bound_does_not_make_the_agreeing_majority_refuse() -> None:
+    """Two peers agree with this clock, a third is 499 ms behind (within the bound, as
+    exact as the others): the cluster's time is the agreeing readings' median, not the one
+    peer's, so a wobble of this clock by a few ms is not judged a move past the bound."""
+    clocks = Clocks()
+    async with peer(lambda: clocks.wall - 499) as a, peer(lambda: clocks.wall) as b, \
+            peer(lambda: clocks.wall + 20) as c:
+        checker = check(clocks, [a, b, c])
+        await checker.step()
+        clocks.advance(0.5)
+        clocks.wall += 2
+        assert checker.problem() is None
+        assert checker.command_time() == clocks.wall
+        await checker.close()
+
+
+async def test_checks_run_one_at_a_time() -> None:
+    clocks = Clocks()
+    inflight = [0, 0]  # now, most
+    release = asyncio.Event()
+
+    async def healthz(_request: web.Request) -> web.StreamResponse:
+        inflight[0] += 1
+        inflight[1] = max(inflight[1], inflight[0])
+        await release.wait()
+        inflight[0] -= 1
+        return web.json_response({"status": "ok", "version": "x", "time_ms": clocks.wall})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    members = ["http://me"]
+    async with app_server(app) as one, app_server(app) as two:
+        members.append(one)
+        checker = ClockCheck("http://me", 500, lambda: list(members),
+                             clock=lambda: clocks.wall, monotonic=lambda: clocks.mono)
+        periodic = asyncio.create_task(checker.step())
+        try:
+            await asyncio.sleep(0.05)
+            members.append(two)  # joins while the periodic check waits for the first peer
+            meeting = asyncio.create_task(checker.meet())
+            await asyncio.sleep(0.05)
+            assert inflight == [1, 1]  # the second check waits for the first
+        finally:
+            release.set()
+        await asyncio.gather(periodic, meeting)
+        assert inflight[1] <= 2 and checker.checks == 2
+        assert set(checker.readings) == {one, two}
         await checker.close()
