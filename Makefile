@@ -13,7 +13,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 
 .PHONY: help run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
-	bench-split bench-latency bench-publish-path bench-commit-marks bench-watch-cost bench-idle-groups bench-fanout bench-scaling bench-groups bench-cli bench-tiering \
+	bench-split bench-latency bench-publish-path bench-commit-marks bench-group-staging bench-watch-cost bench-idle-groups bench-fanout bench-scaling bench-groups bench-cli bench-tiering \
 	soak soak-cluster soak-tiered etcd faketime chromium conformance spark s3 dist clean
 
 .DEFAULT_GOAL := help
@@ -241,6 +241,12 @@ bench-publish-path: $(STAMP)
 ## before lines first (a git worktree): what a commit mark costs a publish; about 1 minute
 bench-commit-marks: $(STAMP)
 	$(BIN)/python bench/experiments/commit_marks/run.py
+
+## make bench-group-staging: single POSTs (wrk -c50) to a broker that stages a group's
+## publishes to one topic as one run, beside the code that staged each on its own (a git
+## worktree); about 2 minutes
+bench-group-staging: $(STAMP)
+	$(BIN)/python bench/experiments/group_staging/run.py
 
 ## make bench-watch-cost: what one etcd watch event costs the process that receives it, by
 ## client (grpc.aio, blocking grpc, etcd's JSON gateway on the loop or on a thread) beside
