@@ -23,9 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from bench.harness.checkouts import Code, other_checkout, this_checkout, worktree
+from bench.harness.ab_brokers import ab_brokers, round_order
 from bench.harness.figures import Row, percentile
-from bench.harness.procs import Proc, broker
 from bench.harness.results import add_to_json, command_line, report
 from bench.harness.sampling import cpu_seconds
 
@@ -73,32 +72,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-commit-marks-",
                                      dir=os.environ.get("BENCH_DIR")) as t:
         tmp = Path(t)
-        with worktree(args.before, tmp) as tree:
-            codes: dict[str, Code] = {"before": other_checkout("before", args.before, tree),
-                                      "after": this_checkout()}
-            procs: dict[str, tuple[Proc, str]] = {}
-            try:
-                for arm, code in codes.items():
-                    code.check_import()
-                    procs[arm] = broker(tmp / arm, env=code.env, cwd=code.cwd)
-                for _proc, url in procs.values():
-                    publish_one_at_a_time(url, 100)  # warm-up: the topic exists
-                for k in range(args.rounds):
-                    for arm in (["before", "after"] if k % 2 == 0 else ["after", "before"]):
-                        proc, url = procs[arm]
-                        cpu = cpu_seconds(proc.pid)
-                        times = publish_one_at_a_time(url, args.count)
-                        used = cpu_seconds(proc.pid) - cpu
-                        side = figures[arm]
-                        side.setdefault("p50", []).append(percentile(times, 50) * 1e3)
-                        side.setdefault("p99", []).append(percentile(times, 99) * 1e3)
-                        side.setdefault("cpu", []).append(used * 1e6 / args.count)
-                        print(f"  round {k + 1} {arm:6} p50 {side['p50'][-1]:.3f} ms, p99 "
-                              f"{side['p99'][-1]:.3f} ms, broker CPU {side['cpu'][-1]:.0f} "
-                              "µs/publish", flush=True)
-            finally:
-                for proc, _url in procs.values():
-                    proc.stop()
+        with ab_brokers(args.before, tmp) as (codes, procs):
+            for _proc, url in procs.values():
+                publish_one_at_a_time(url, 100)  # warm-up: the topic exists
+            for k in range(args.rounds):
+                for arm in round_order(k):
+                    proc, url = procs[arm]
+                    cpu = cpu_seconds(proc.pid)
+                    times = publish_one_at_a_time(url, args.count)
+                    used = cpu_seconds(proc.pid) - cpu
+                    side = figures[arm]
+                    side.setdefault("p50", []).append(percentile(times, 50) * 1e3)
+                    side.setdefault("p99", []).append(percentile(times, 99) * 1e3)
+                    side.setdefault("cpu", []).append(used * 1e6 / args.count)
+                    print(f"  round {k + 1} {arm:6} p50 {side['p50'][-1]:.3f} ms, p99 "
+                          f"{side['p99'][-1]:.3f} ms, broker CPU {side['cpu'][-1]:.0f} "
+                          "µs/publish", flush=True)
 
     def median(arm: str, key: str) -> float:
         return statistics.median(figures[arm][key])

@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from bench.harness.checkouts import Code, other_checkout, this_checkout, worktree
+from bench.harness.ab_brokers import ab_brokers, round_order
 from bench.harness.figures import Row
 from bench.harness.http_load import wrk_rate
-from bench.harness.procs import Proc, broker, ensure_tool
+from bench.harness.procs import ensure_tool
 from bench.harness.results import add_to_json, command_line, report
 from bench.harness.sampling import cpu_seconds
 
@@ -45,35 +45,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-group-staging-",
                                      dir=os.environ.get("BENCH_DIR")) as t:
         tmp = Path(t)
-        with worktree(args.before, tmp) as tree:
-            codes: dict[str, Code] = {"before": other_checkout("before", args.before, tree),
-                                      "after": this_checkout()}
-            procs: dict[str, tuple[Proc, str]] = {}
-            try:
-                for arm, code in codes.items():
-                    code.check_import()
-                    procs[arm] = broker(tmp / arm, "--fsync", "always", env=code.env,
-                                        cwd=code.cwd)
-                for _proc, url in procs.values():
-                    wrk_rate(wrk, url, PATH, 1)  # warm-up: the topic exists
-                for k in range(args.rounds):
-                    for arm in (["before", "after"] if k % 2 == 0 else ["after", "before"]):
-                        proc, url = procs[arm]
-                        cpu = cpu_seconds(proc.pid)
-                        figure = wrk_rate(wrk, url, PATH, args.seconds)
-                        used = cpu_seconds(proc.pid) - cpu
-                        side = figures[arm]
-                        side.setdefault("rate", []).append(figure.value)
-                        side.setdefault("p50", []).append(figure.extra["latency_p50_ms"])
-                        side.setdefault("p99", []).append(figure.extra["latency_p99_ms"])
-                        side.setdefault("cpu", []).append(
-                            used * 1e6 / (figure.value * args.seconds))
-                        print(f"  round {k + 1} {arm:6} {figure.value:,.0f} req/s, p50 "
-                              f"{side['p50'][-1]:.2f} ms, p99 {side['p99'][-1]:.2f} ms, "
-                              f"broker CPU {side['cpu'][-1]:.0f} µs/request", flush=True)
-            finally:
-                for proc, _url in procs.values():
-                    proc.stop()
+        with ab_brokers(args.before, tmp, "--fsync", "always") as (codes, procs):
+            for _proc, url in procs.values():
+                wrk_rate(wrk, url, PATH, 1)  # warm-up: the topic exists
+            for k in range(args.rounds):
+                for arm in round_order(k):
+                    proc, url = procs[arm]
+                    cpu = cpu_seconds(proc.pid)
+                    figure = wrk_rate(wrk, url, PATH, args.seconds)
+                    used = cpu_seconds(proc.pid) - cpu
+                    side = figures[arm]
+                    side.setdefault("rate", []).append(figure.value)
+                    side.setdefault("p50", []).append(figure.extra["latency_p50_ms"])
+                    side.setdefault("p99", []).append(figure.extra["latency_p99_ms"])
+                    side.setdefault("cpu", []).append(
+                        used * 1e6 / (figure.value * args.seconds))
+                    print(f"  round {k + 1} {arm:6} {figure.value:,.0f} req/s, p50 "
+                          f"{side['p50'][-1]:.2f} ms, p99 {side['p99'][-1]:.2f} ms, "
+                          f"broker CPU {side['cpu'][-1]:.0f} µs/request", flush=True)
 
     def median(arm: str, key: str) -> float:
         return statistics.median(figures[arm][key])
