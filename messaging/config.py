@@ -47,6 +47,7 @@ DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_MAX_CONNECTIONS = 10_000
 DEFAULT_MAX_CLOCK_OFFSET = 0.5
 DEFAULT_CLUSTER_SYNC_INTERVAL = 0.1
+DEFAULT_CLUSTER_APPLY_LINGER = 0.02
 DEFAULT_ETCD_COMPACT_EVERY = 1000
 #: Streaming reads (native streams, long-polls, SSE) served at once; more are answered 503.
 DEFAULT_MAX_STREAMS = 10_000
@@ -333,6 +334,13 @@ class BrokerConfig:
         "it); a node fsyncs its own files in groups at most this often, off the answer's "
         "path, and records how far they are durable", parse=positive_duration,
         show=show_duration, metavar="DURATION")
+    cluster_apply_linger: float = _option(
+        DEFAULT_CLUSTER_APPLY_LINGER, "--cluster-apply-linger",
+        "in a cluster, a node applies a steady stream of revisions made by other nodes at "
+        "most this often, several at a time (each wake-up of its writer costs CPU); what its "
+        "own publishers wait for and anything after a quiet spell is applied at once; 0 "
+        "applies every revision as it comes", parse=parse_duration,
+        show=show_duration, metavar="DURATION")
     max_clock_offset: float = _option(
         DEFAULT_MAX_CLOCK_OFFSET, "--max-clock-offset",
         "in a cluster, how far a node's wall clock may be from its peers' (measured every "
@@ -404,6 +412,7 @@ class BrokerConfig:
             cluster=self.cluster, ca=self.etcd_ca, cert=self.etcd_cert, key=self.etcd_key,
             user=self.etcd_user, password=self.etcd_password if self.etcd_user else None,
             compact_every=self.etcd_compact_every, sync_interval=self.cluster_sync_interval,
+            apply_linger=self.cluster_apply_linger,
             max_clock_offset_ms=max(1, round(self.max_clock_offset * 1000)))
 
     def group_endpoints(self) -> dict[int, tuple[str, ...]]:
@@ -438,6 +447,9 @@ class EtcdSettings:
     compact_every: int = 1000
     #: How often (at most) a node fsyncs what it applied (seconds): etcd is the WAL.
     sync_interval: float = 0.1
+    #: How long a steady stream of other nodes' revisions may wait to be applied together
+    #: (seconds; 0: each as it comes).
+    apply_linger: float = 0.02
     #: How far a node's clock may be from its peers' before it stops taking writes (ms).
     max_clock_offset_ms: int = 500
 

@@ -191,10 +191,23 @@ def test_every_duration_flag_reads_durations() -> None:
     assert durations == {"retention_age", "truncation_interval", "subscriber_timeout",
                          "long_poll_timeout", "header_timeout", "object_sweep_grace",
                          "local_retention_age", "cluster_sync_interval", "object_store_timeout",
-                         "max_clock_offset"}
+                         "max_clock_offset", "cluster_apply_linger"}
     for name, option, _default in broker_options():
         if name in durations:
             assert option.parse is not None and option.metavar == "DURATION", name
             assert option.parse("90s") == 90, name
             with pytest.raises(argparse.ArgumentTypeError, match="add a unit"):
                 option.parse("90")
+
+
+def test_the_apply_linger_reaches_the_etcd_settings_and_zero_turns_it_off() -> None:
+    from messaging.config import load_config
+
+    base = {"etcd": "http://127.0.0.1:2379", "cluster": "c"}
+    settings = load_config(base, {}, None).etcd_settings()
+    assert settings is not None and settings.apply_linger == 0.02
+    settings = load_config(base, {"MESSAGING_CLUSTER_APPLY_LINGER": "0"}, None).etcd_settings()
+    assert settings is not None and settings.apply_linger == 0
+    settings = load_config(base, {"MESSAGING_CLUSTER_APPLY_LINGER": "5ms"},
+                           None).etcd_settings()
+    assert settings is not None and settings.apply_linger == 0.005

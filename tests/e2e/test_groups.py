@@ -592,6 +592,48 @@ async def test_redirecting_instead_of_forwarding(etcd: EtcdCluster, broker_proce
             assert [d for _, d in await read_topic(session, other, t)] == [b"y"]
 
 
+async def test_a_node_watches_every_group_it_holds_on_one_stream(
+        etcd: EtcdCluster, broker_process: Any, tmp_path: Path) -> None:
+    """A node alone holds all four groups: their logs' watches share one watch stream at
+    etcd (one stream, four watchers; each log had a stream of its own before), and each group
+    still gets its own revisions: a message published to a topic of every group is read
+    back."""
+    before = await watch_gauges(etcd)
+    nodes = group_nodes(broker_process, tmp_path, etcd)
+    await nodes.start(0)
+    async with aiohttp.ClientSession() as session:
+        async def holds_every_group() -> bool:
+            view = await get_json(session, f"{nodes.url(0)}/messaging/groups")
+            return all(g["here"] is not None and g["here"]["caught_up"] for g in view["groups"])
+
+        await wait_until(holds_every_group, timeout=30, what="the node holding every group")
+        during = await watch_gauges(etcd)
+        for group in range(GROUPS):
+            async with session.post(f"{nodes.url(0)}/messaging/messages",
+                                    params={"topicID": str(topic_in(group))},
+                                    data=b"g%d" % group) as resp:
+                assert resp.status == 200, await resp.text()
+            assert [d for _, d in await read_topic(session, nodes.url(0),
+                                                   topic_in(group))] == [b"g%d" % group]
+    assert (during[0] - before[0], during[1] - before[1]) == (1, GROUPS)
+
+
+async def watch_gauges(etcd: EtcdCluster) -> tuple[int, int]:
+    """Watch streams and watchers open at every etcd member together (etcd's gauges)."""
+    streams = watchers = 0
+    async with aiohttp.ClientSession() as session:
+        for member in etcd.members:
+            async with session.get(f"{member.client_url}/metrics") as resp:
+                text = await resp.text()
+            for line in text.splitlines():
+                name, _, value = line.partition(" ")
+                if name == "etcd_debugging_mvcc_watch_stream_total":
+                    streams += int(float(value))
+                elif name == "etcd_debugging_mvcc_watcher_total":
+                    watchers += int(float(value))
+    return streams, watchers
+
+
 async def test_a_node_checks_its_clock_once_for_all_its_groups(
         etcd: EtcdCluster, broker_process: Any, tmp_path: Path) -> None:
     """A node holding four groups reads each member's clock once a check interval, not once

@@ -5,7 +5,19 @@ applier's inbox (at most QUEUED_REVISIONS unapplied: more hold the watch back). 
 writer thread takes what has queued up, up to APPLY_BATCH_BYTES, as one batch: each
 revision's value is decoded into its commands and all of them go through one
 ``Broker.write_group``, so every node assigns the same indexes and writes the same segment
-files. The loop hears of a batch (one ``call_soon_threadsafe``) only when it has something to do:
+files.
+
+A node pays for every wake-up of its writer thread (on a shared machine a thread that slept
+runs its first few hundred µs of Python cold: bench/RESULTS.md "Cluster cost"), so a steady
+stream of other nodes' revisions is applied at most once per ``linger`` (``--cluster-apply-
+linger``): a revision that comes within ``linger`` of the last drain waits for the next one,
+with whatever else arrives meanwhile. A revision that holds a put of this node (its
+publishers wait), anything delivered after a quiet spell, a full half of the inbox, and anyone
+waiting for revisions to apply are drained at once; so only subscribers of this node to
+topics published through other nodes wait, at most ``linger``, and only while revisions
+stream in.
+
+The loop hears of a batch (one ``call_soon_threadsafe``) only when it has something to do:
 answer the publishers of this node whose puts made those revisions
 (:meth:`~messaging.log.etcd.writer.LogWriter.answer`, then wake the followers of the touched
 topics), or wake whoever waits for revisions to apply. A batch of other nodes' revisions wakes
@@ -18,12 +30,13 @@ value this node cannot decode (a checksum that does not match, a newer version's
 skipped), stops this node for good (:attr:`Applier.failure`): it refuses publishes until it is
 restarted.
 
-Ownership: the delivered count, :attr:`Applier.failure` and :attr:`Applier.error` belong to
-the loop; the inbox is a deque the loop appends to and the writer thread takes from; whether
-a drain is posted, the applied count and the waiters are shared, behind the applier's lock
-(taken for a few attribute operations, never across I/O); :meth:`Applier._drain` runs on the
-writer thread and shares besides only :class:`~messaging.log.etcd.progress.Progress` (behind
-its lock), :class:`ApplyCost` (behind its own) and the writer-thread-only
+Ownership: the delivered count, the linger's timer and the time of the last drain it posted,
+:attr:`Applier.failure` and :attr:`Applier.error` belong to the loop; the inbox is a deque
+the loop appends to and the writer thread takes from; whether a drain is posted, the applied
+count and the waiters are shared, behind the applier's lock (taken for a few attribute
+operations, never across I/O); :meth:`Applier._drain` runs on the writer thread and shares
+besides only :class:`~messaging.log.etcd.progress.Progress` (behind its lock),
+:class:`ApplyCost` (behind its own) and the writer-thread-only
 :class:`~messaging.log.etcd.checkpoint.Checkpoints`.
 """
 
@@ -48,7 +61,7 @@ from messaging.errors import (
     StorageFailedError,
 )
 from messaging.log.etcd.checkpoint import Checkpoints
-from messaging.log.etcd.entry import decode_entry
+from messaging.log.etcd.entry import decode_entry, entry_writer
 from messaging.log.etcd.progress import Progress
 from messaging.log.etcd.writer import ApplyTiming, LogWriter
 from messaging.log.local import DeferredSync
@@ -61,6 +74,10 @@ log = logging.getLogger(__name__)
 APPLY_BATCH_BYTES = 32 << 20
 #: Revisions delivered but not yet applied: this many hold the watch back.
 QUEUED_REVISIONS = 64
+#: Other nodes' revisions wait for the linger only while fewer than this many are queued.
+LINGER_REVISIONS = QUEUED_REVISIONS // 2
+#: How long a steady stream of other nodes' revisions may wait to be applied together.
+DEFAULT_APPLY_LINGER = 0.02
 #: A batch that failed as a whole is tried again after this long, doubling up to RETRY_MAX.
 RETRY_FIRST = 0.1
 RETRY_MAX = 2.0
@@ -113,31 +130,38 @@ class ApplyCost:
         self._keep = keep
         self._lock = threading.Lock()
         self._batches: deque[tuple[float, float, int, int]] = deque()  # at, cpu, revs, msgs
+        #: Batches applied since start (tests and diagnostics count drains with it).
+        self.batches = 0
 
     def record(self, cpu: float, revisions: int, messages: int) -> None:
         """One applied batch."""
         now = time.monotonic()
         with self._lock:
+            self.batches += 1
             self._batches.append((now, cpu, revisions, messages))
             while self._batches and self._batches[0][0] < now - self._keep:
                 self._batches.popleft()
 
     def report(self, window: float) -> dict[str, float | None]:
-        """``apply_cpu_us_per_revision`` and ``apply_cpu_us_per_message`` over the last
-        ``window`` seconds (None: nothing applied then)."""
+        """``apply_cpu_us_per_revision``, ``apply_cpu_us_per_message`` and
+        ``revisions_per_apply`` (how many revisions a batch held) over the last ``window``
+        seconds (None: nothing applied then)."""
         since = time.monotonic() - window
         cpu = revisions = messages = 0.0
+        count = 0
         with self._lock:
             batches = list(self._batches)
         for at, spent, revs, msgs in batches:
             if at >= since:
+                count += 1
                 cpu += spent
                 revisions += revs
                 messages += msgs
         return {"apply_cpu_us_per_revision": round(cpu * 1e6 / revisions, 1)
                 if revisions else None,
                 "apply_cpu_us_per_message": round(cpu * 1e6 / messages, 2)
-                if messages else None}
+                if messages else None,
+                "revisions_per_apply": round(revisions / count, 2) if count else None}
 
 
 class Applier:
@@ -149,12 +173,13 @@ class Applier:
     queued up (up to APPLY_BATCH_BYTES), applies it, hands the loop what it must do (if
     anything) with one ``call_soon_threadsafe``, and posts the next drain itself while
     revisions wait (behind the other jobs queued meanwhile, such as a group fsync). No
-    future and no asyncio queue per revision.
+    future and no asyncio queue per revision. Other nodes' revisions that stream in are
+    drained at most once per ``linger`` seconds (0: each at once; see the module).
     """
 
     def __init__(self, broker: Broker, writer: SerialExecutor, writes: LogWriter,
                  progress: Progress, checkpoints: Checkpoints, unsynced: DeferredSync,
-                 log_key: bytes) -> None:
+                 log_key: bytes, linger: float = DEFAULT_APPLY_LINGER) -> None:
         self.broker = broker
         self._writer = writer
         self._writes = writes
@@ -172,6 +197,9 @@ class Applier:
         self._delivered = 0  # revisions delivered (the loop's)
         self._done = 0  # of them applied or given up
         self._waiters: list[asyncio.Future[None]] = []  # on the loop, for _done to move
+        self._linger = linger
+        self._kicked_at = float("-inf")  # loop time of the last drain the loop posted
+        self._lingering: asyncio.TimerHandle | None = None  # the drain a linger defers
         self._retry_delay = RETRY_FIRST
         self._quiet = QuietLog(log, RECURRING_LOG_INTERVAL)
         #: Why the last batch failed while it is being retried (None: it did not).
@@ -188,16 +216,37 @@ class Applier:
             self._loop = asyncio.get_running_loop()
         self._inbox.append(revision)
         self._delivered += 1
-        self._kick()
+        if self._lingers(revision, self._loop.time()):
+            if self._lingering is None:
+                self._lingering = self._loop.call_at(self._kicked_at + self._linger,
+                                                     self._kick)
+        else:
+            self._kick()
         await self._until(self._delivered - QUEUED_REVISIONS + 1)
 
+    def _lingers(self, revision: Revision, now: float) -> bool:
+        """Whether ``revision`` may wait for the drain that ends the linger: another node's,
+        within ``linger`` of the last drain, with room in the inbox and nobody waiting."""
+        if (now - self._kicked_at >= self._linger or len(self._inbox) >= LINGER_REVISIONS
+                or entry_writer(revision.value) == self._node):
+            return False
+        with self._lock:
+            return not self._waiters
+
     async def drained(self) -> None:
-        """Wait until every revision delivered so far is applied."""
+        """Wait until every revision delivered so far is applied (without a linger)."""
+        self._kick()
         await self._until(self._delivered)
 
     def close(self) -> None:
         """Post no more drains (the node is closing; one under way finishes)."""
         self._closed = True
+        self._stop_lingering()
+
+    def _stop_lingering(self) -> None:
+        if self._lingering is not None:
+            self._lingering.cancel()
+            self._lingering = None
 
     async def _until(self, done: int) -> None:
         """Wait until at least ``done`` revisions are applied (or given up) (on the loop)."""
@@ -211,13 +260,17 @@ class Applier:
             await waiter
 
     def _kick(self) -> None:
-        """Post a drain unless one is under way (on the loop)."""
+        """Post a drain unless one is under way (on the loop); it ends any linger (the
+        drain under way posts the next one itself while revisions wait)."""
+        self._stop_lingering()
         if self._closed or self.failure is not None or not self._inbox:
             return
         with self._lock:
             if self._scheduled:
                 return
             self._scheduled = True
+        assert self._loop is not None
+        self._kicked_at = self._loop.time()
         self._writer.post(self._drain)
 
     def _drain(self) -> None:

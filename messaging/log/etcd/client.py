@@ -364,23 +364,37 @@ class EtcdClient:
 
     async def watch(self, key: bytes, start_revision: int, endpoint: int,
                     ) -> grpc.aio.StreamStreamCall:
-        """Open a watch stream of ``key`` from ``start_revision`` on one endpoint.
-
-        Responses are fragmented by etcd (each one stays near its request limit); the stream
-        is cancelled by etcd if its member loses the leader (``hasleader``).
-        """
-        create = rpc.WatchCreateRequest(key=key, start_revision=start_revision,
-                                        progress_notify=True, fragment=True)
-        md = await self.metadata(endpoint)
-        # No request iterator: the create request is written on the call, so cancelling the
-        # call leaves no generator or consumer task of ours behind.
-        call = rpc.WatchStub(self.channel(endpoint)).Watch(metadata=md)
+        """Open a watch stream of ``key`` from ``start_revision`` on one endpoint (a stream
+        of its own; a node's logs share one: :mod:`messaging.log.etcd.watch_stream`)."""
+        call = await self.watch_stream(endpoint)
         try:
-            await call.write(rpc.WatchRequest(create_request=create))
+            await call.write(self.watch_create(key, start_revision))
         except BaseException:
             call.cancel()
             raise
         return call
+
+    async def watch_stream(self, endpoint: int) -> grpc.aio.StreamStreamCall:
+        """A watch stream on one endpoint, with no watch yet (write :meth:`watch_create`
+        requests on it). etcd cancels it if its member loses the leader (``hasleader``)."""
+        md = await self.metadata(endpoint)
+        # No request iterator: requests are written on the call, so cancelling the call
+        # leaves no generator or consumer task of ours behind.
+        return rpc.WatchStub(self.channel(endpoint)).Watch(metadata=md)
+
+    @staticmethod
+    def watch_create(key: bytes, start_revision: int, watch_id: int = 0) -> Any:
+        """The request that watches ``key`` from ``start_revision`` as ``watch_id`` (0: etcd
+        picks it). Responses are fragmented by etcd (each one stays near its request
+        limit)."""
+        return rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
+            key=key, start_revision=start_revision, progress_notify=True, fragment=True,
+            watch_id=watch_id))
+
+    @staticmethod
+    def watch_cancel(watch_id: int) -> Any:
+        """The request that ends watch ``watch_id`` on its stream."""
+        return rpc.WatchRequest(cancel_request=rpc.WatchCancelRequest(watch_id=watch_id))
 
     async def close(self) -> None:
         """Close every channel (cancelling calls still running on them)."""

@@ -117,6 +117,13 @@ def _sealed(magic: bytes, node: bytes, seq: int, count: int, time_ms: int,
     return head + _CHECKSUM.pack(crc32c(body, crc32c(head))) + body
 
 
+def entry_writer(value: bytes) -> bytes:
+    """The node id that wrote a log value, read from its header alone (every format carries
+    it at the same place; b"" for a value too short to be an entry, which decoding refuses).
+    Nothing is checked: the applier only uses it to tell this node's puts from the others'."""
+    return bytes(value[4:12]) if len(value) >= _ENTRY_V1.size else b""
+
+
 class CorruptEntryError(ValueError):
     """A log value whose checksum does not match its body: it is never applied."""
 

@@ -75,6 +75,7 @@ from messaging.log.etcd.membership import Membership
 from messaging.log.etcd.progress import Progress
 from messaging.log.etcd.startup import Startup
 from messaging.log.etcd.watch import WATCH_STUCK, LogWatch, watch_stuck
+from messaging.log.etcd.watch_stream import WatchStream
 from messaging.log.etcd.writer import LogWriter
 from messaging.log.local import DeferredSync
 from messaging.log.serial import SerialExecutor
@@ -94,7 +95,8 @@ class EtcdLog:
 
     def __init__(self, broker: Broker, url: str, settings: EtcdSettings,
                  fsync: FsyncMode = "always", *, peer_token: str | None = None,
-                 peer_ca: str | None = None, clock: ClockCheck | None = None) -> None:
+                 peer_ca: str | None = None, clock: ClockCheck | None = None,
+                 streams: WatchStream | None = None) -> None:
         if fsync not in FSYNC_MODES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}")
         self.broker = broker
@@ -106,7 +108,13 @@ class EtcdLog:
         self.peer_ca = peer_ca
         prefix = f"/messaging/{settings.cluster}/".encode()
         self._log_key = prefix + b"log"
-        self._client = EtcdClient(settings)
+        # A node holding topic groups passes every group's log in one etcd cluster the same
+        # client and watch stream (its own, closed by it); a log without one makes its own
+        # at start, when its TLS files are read.
+        self._own_client = streams is None
+        self._client = EtcdClient(settings) if streams is None else streams.client
+        self._streams = (streams if streams is not None
+                         else WatchStream(self._client, list(settings.endpoints)))
         self._writer = SerialExecutor("messaging-writer")
         self._unsynced = DeferredSync(broker)
         self._tasks: list[asyncio.Task[None]] = []
@@ -118,7 +126,8 @@ class EtcdLog:
                                  startup=self._startup)
         self._checkpoints = Checkpoints(broker, self.cluster, self._progress, self._unsynced)
         self._applier = Applier(broker, self._writer, self._writes, self._progress,
-                                self._checkpoints, self._unsynced, self._log_key)
+                                self._checkpoints, self._unsynced, self._log_key,
+                                linger=settings.apply_linger)
         self._membership = Membership(self._client, self.cluster, url,
                                       lambda: self._progress.checkpointed,
                                       settings.compact_every)
@@ -133,9 +142,8 @@ class EtcdLog:
         self._writes.clock = self._clock.command_time
         # Ages are measured by the log's time: the same on every node at the same revision.
         broker.retention.clock = lambda: broker.time
-        self._watch = LogWatch(self._client, self._log_key, list(settings.endpoints),
-                               self._progress, self._applier.deliver, self._catch_up_from_peer,
-                               self._startup)
+        self._watch = LogWatch(self._streams, self._log_key, self._progress,
+                               self._applier.deliver, self._catch_up_from_peer, self._startup)
         # as of the last quorum read (on the loop)
         self._etcd_revision = 0
         self._log_revision = 0  # the log key's last revision
@@ -157,8 +165,9 @@ class EtcdLog:
         except BaseException:
             await loop.run_in_executor(None, self._writer.shutdown)
             raise
-        self._client = EtcdClient(self.settings, credentials)
-        self._membership.client = self._writes.client = self._watch.client = self._client
+        if self._own_client:
+            self._client = EtcdClient(self.settings, credentials)
+            self._membership.client = self._writes.client = self._streams.client = self._client
         await self._check_entry_format()
         if self._own_clock:
             await self._first_clock_check()
@@ -245,7 +254,9 @@ class EtcdLog:
             await self._membership.leave()
         except (grpc.aio.AioRpcError, MessagingError) as err:
             log.info("could not revoke this node's lease on close: %s", describe(err))
-        await self._client.close()
+        if self._own_client:
+            await self._streams.close()
+            await self._client.close()
         await loop.run_in_executor(None, self._writer.shutdown)
 
     def _final_checkpoint(self) -> None:

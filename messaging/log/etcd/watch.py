@@ -1,13 +1,18 @@
-"""The watch of etcd's command log that feeds a node: one stream, supervised.
+"""The watch of etcd's command log that feeds a node: one key watch, supervised.
 
-One watch of the log key runs at a time, from the revision after the last one received (or
+The key watch runs on the node's watch stream to that etcd cluster, which it shares with the
+logs of the other topic groups the node holds there
+(:class:`~messaging.log.etcd.watch_stream.WatchStream`). One watch of the log key runs at a
+time, from the revision after the last one received (or
 after a stretch a quorum read saw empty). Each revision it brings is delivered to the apply
 side (:meth:`messaging.log.etcd.apply.Applier.deliver`), whose full queue holds the watch
-back. The stream is this node's lifeline: when it fails in any way but cancellation, the
-failure is logged and the watch restarts on the next endpoint, with a short back-off. The
-node's monitor cancels an attempt that is stuck (:func:`watch_stuck`): the log moved on and
-the watch brought nothing for WATCH_STUCK seconds. When etcd compacted the revision the
-watch needs, ``on_compacted`` (a snapshot install from a peer) brings the node past it.
+back. The watch is this node's lifeline: when it fails in any way but cancellation, the failure is
+logged and the watch restarts, with a short back-off (a failed stream is opened again on the
+next endpoint). The node's monitor cancels an attempt that is stuck (:func:`watch_stuck`):
+the log moved on and the watch brought nothing for WATCH_STUCK seconds; its stream is then
+restarted on the next endpoint, since a stuck watch means a stuck stream. When etcd
+compacted the revision the watch needs, ``on_compacted`` (a snapshot install from a peer)
+brings the node past it.
 
 Everything here runs on the event loop: :class:`LogWatch` and its fields belong to it.
 """
@@ -22,9 +27,10 @@ from typing import Any
 
 from messaging.aio import cancel_and_wait
 from messaging.log.etcd.apply import Revision
-from messaging.log.etcd.client import CompactedError, EtcdClient, describe
+from messaging.log.etcd.client import CompactedError, describe
 from messaging.log.etcd.progress import Progress
 from messaging.log.etcd.startup import Startup
+from messaging.log.etcd.watch_stream import WatchStream
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +58,11 @@ class LogWatch:
     through which the node has caught up meanwhile (a snapshot install).
     """
 
-    def __init__(self, client: EtcdClient, log_key: bytes, endpoints: list[str],
-                 progress: Progress, deliver: Callable[[Revision], Awaitable[None]],
+    def __init__(self, streams: WatchStream, log_key: bytes, progress: Progress,
+                 deliver: Callable[[Revision], Awaitable[None]],
                  on_compacted: Callable[[int], Awaitable[int]], startup: Startup) -> None:
-        self.client = client
+        self.streams = streams
         self._log_key = log_key
-        self._endpoints = endpoints
         self._progress = progress
         self._deliver = deliver
         self._on_compacted = on_compacted
@@ -68,7 +73,6 @@ class LogWatch:
         self.live = False
         #: Why the watch last failed (None once an attempt is live again).
         self.error: str | None = None
-        self._endpoint = 0
         self._attempt: asyncio.Task[None] | None = None
         self._event_at = 0.0
         self._attempt_at = 0.0
@@ -82,7 +86,7 @@ class LogWatch:
         return {
             "live": self.live,
             "from_revision": self._from,
-            "endpoint": self._endpoints[self._endpoint],
+            "endpoint": self.streams.endpoint_url(),
             "last_event_age": (round(time.monotonic() - self._event_at, 3)
                                if self._event_at else None),
             "restarts": self._restarts,
@@ -120,6 +124,8 @@ class LogWatch:
             if attempt.cancelled():
                 error = TimeoutError(f"no event for {WATCH_STUCK:.0f}s while etcd's log moved "
                                      "on")
+                self.streams.restart(f"the watch of {self._log_key.decode()} is stuck: "
+                                     f"{error}")
             else:
                 error = attempt.exception()
             if isinstance(error, CompactedError):
@@ -135,11 +141,9 @@ class LogWatch:
             self._restarts += 1
             # Every restart is logged: a watch that keeps failing over must show in the log
             # (at INFO while the node starts: etcd may be starting too).
-            log.log(self._startup.level(), "watch of %s on %s failed (%s); restarting from "
-                    "revision %d on the next endpoint (restart %d)", self._log_key.decode(),
-                    self._endpoints[self._endpoint], reason, self.received + 1,
-                    self._restarts)
-            self._endpoint = (self._endpoint + 1) % len(self._endpoints)
+            log.log(self._startup.level(), "watch of %s failed (%s); restarting from "
+                    "revision %d on %s (restart %d)", self._log_key.decode(), reason,
+                    self.received + 1, self.streams.endpoint_url(), self._restarts)
             if self._event_at and time.monotonic() - self._event_at < 1.0:
                 failures = 0
             await asyncio.sleep(min(0.1 * 2 ** failures, 1.0))
@@ -148,19 +152,12 @@ class LogWatch:
     async def _watch_once(self) -> None:
         start = await self._start_revision()
         self._from = start
-        call = await self.client.watch(self._log_key, start, self._endpoint)
+        watch = await self.streams.open(self._log_key, start)
         try:
-            async for response in call:
+            async for response in watch:
                 self._event_at = time.monotonic()
-                if response.compact_revision:
-                    raise CompactedError(int(response.compact_revision))
-                if response.canceled:
-                    raise ConnectionError(response.cancel_reason or "watch canceled by etcd")
                 if response.created:
-                    self.live = True
-                    self.error = None
-                    log.info("watching %s from revision %d on %s", self._log_key.decode(), start,
-                             self._endpoints[self._endpoint])
+                    self._now_live(start)
                 for event in response.events:
                     revision = int(event.kv.mod_revision)
                     if event.type != _EVENT_PUT or revision <= self.received:
@@ -170,14 +167,20 @@ class LogWatch:
                     self.received = revision
                     self._event_at = time.monotonic()  # a full queue is not a stuck watch
         finally:
-            call.cancel()
-        raise ConnectionError("watch stream ended")
+            watch.close()
+        raise ConnectionError("watch ended")
+
+    def _now_live(self, start: int) -> None:
+        self.live = True
+        self.error = None
+        log.info("watching %s from revision %d on %s", self._log_key.decode(), start,
+                 self.streams.endpoint_url())
 
     async def _start_revision(self) -> int:
         """The revision to watch from: after what was received, skipping log-free history."""
         start = max(self.received, self._progress.idle_covered) + 1
-        response = await self.client.get(self._log_key, keys_only=True,
-                                         endpoint=self._endpoint)
+        response = await self.streams.client.get(self._log_key, keys_only=True,
+                                                 endpoint=self.streams.endpoint)
         head = int(response.header.revision)
         if not response.kvs:
             return max(start, head + 1)

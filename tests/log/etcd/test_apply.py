@@ -1,0 +1,165 @@
+"""The applier's linger: a steady stream of other nodes' revisions is applied a batch at a time,
+while this node's own puts, a revision after a quiet spell and anyone waiting are never held
+back by it. A real broker and writer thread; revisions are delivered as the watch would."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from messaging.broker.broker import Broker
+from messaging.broker.commands import validate_publish
+from messaging.frames import encode_batch
+from messaging.log.etcd.apply import LINGER_REVISIONS, Applier, Revision
+from messaging.log.etcd.checkpoint import Checkpoints
+from messaging.log.etcd.entry import encode_entry, entry_writer
+from messaging.log.etcd.progress import Progress
+from messaging.log.etcd.writer import LogWriter
+from messaging.log.local import DeferredSync
+from messaging.log.serial import SerialExecutor
+
+THIS_NODE = b"this-nod"
+OTHER_NODE = b"other-no"
+LINGER = 0.5  # long, so that "not yet applied" is not a race with the timer
+TOPIC = 9
+
+
+@dataclass
+class Answers:
+    """What the applier hands this node's writer: the answers of its own puts."""
+
+    node_id: bytes = THIS_NODE
+    answered: list[tuple[bytes, int]] = field(default_factory=list)
+
+    def answer(self, node: bytes, seq: int, results: Any, timing: Any) -> None:
+        if node == self.node_id:
+            self.answered.append((node, seq))
+
+    def fail_waiting(self, error: Any, failure: Any) -> None:
+        raise AssertionError(f"the applier stopped: {failure}")
+
+
+@dataclass
+class Setup:
+    applier: Applier
+    progress: Progress
+    answers: Answers
+    revision: int = 0
+
+    def entry(self, node: bytes) -> Revision:
+        """The next revision, one put of ``node`` holding one message."""
+        self.revision += 1
+        value = encode_entry(node, self.revision,
+                             [validate_publish(encode_batch(TOPIC, [b"m%d" % self.revision]))])
+        return Revision(self.revision, value, time.monotonic())
+
+    def applied(self) -> int:
+        """The revision applied through (one message each)."""
+        return self.progress.applied
+
+
+@pytest.fixture
+async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
+    broker = await asyncio.to_thread(Broker.open, tmp_path)
+    writer = SerialExecutor("messaging-writer")
+    progress = Progress()
+    unsynced = DeferredSync(broker)
+    checkpoints = Checkpoints(broker, "test", progress, unsynced)
+    answers = Answers()
+    applier = Applier(broker, writer, cast(LogWriter, answers), progress, checkpoints,
+                      unsynced, b"/messaging/test/log", linger=LINGER)
+    try:
+        yield Setup(applier, progress, answers)
+    finally:
+        applier.close()
+        await asyncio.to_thread(writer.shutdown)
+        await asyncio.to_thread(broker.close)
+
+
+async def until_applied(setup: Setup, count: int, within: float) -> float:
+    """Seconds until ``count`` messages are applied (fails after ``within``)."""
+    started = time.monotonic()
+    while setup.applied() < count:
+        assert time.monotonic() - started < within, (
+            f"{setup.applied()} of {count} messages applied after {within}s")
+        await asyncio.sleep(0.005)
+    return time.monotonic() - started
+
+
+def test_entry_writer_reads_the_node_from_the_header_alone() -> None:
+    value = encode_entry(OTHER_NODE, 3, [b"x" * 600])  # compressed body: header untouched
+    assert entry_writer(value) == OTHER_NODE
+    assert entry_writer(b"short") == b""
+
+
+async def test_a_stream_of_other_nodes_revisions_is_applied_a_batch_per_linger(
+        setup: Setup) -> None:
+    applier = setup.applier
+    await applier.deliver(setup.entry(OTHER_NODE))  # after a quiet spell: at once
+    assert await until_applied(setup, 1, LINGER * 0.8) < LINGER * 0.8
+    batches = applier.cost.batches
+    for _ in range(5):  # within the linger of that drain: they wait for the next one
+        await applier.deliver(setup.entry(OTHER_NODE))
+    await asyncio.sleep(LINGER * 0.3)
+    assert setup.applied() == 1
+    await until_applied(setup, 6, LINGER * 3)
+    assert applier.cost.batches == batches + 1  # the five went in one batch
+    report = applier.cost.report(60)
+    assert report["revisions_per_apply"] == 3.0  # 6 revisions in 2 batches
+
+
+async def test_a_revision_of_this_node_is_applied_at_once_with_what_waits(
+        setup: Setup) -> None:
+    applier = setup.applier
+    await applier.deliver(setup.entry(OTHER_NODE))
+    await until_applied(setup, 1, LINGER * 0.8)
+    await applier.deliver(setup.entry(OTHER_NODE))  # lingers
+    await applier.deliver(setup.entry(THIS_NODE))  # its publisher waits: no linger
+    assert await until_applied(setup, 3, LINGER * 0.8) < LINGER * 0.8
+    assert setup.answers.answered == [(THIS_NODE, 3)]
+
+
+async def test_waiting_for_the_applier_ends_a_linger(setup: Setup) -> None:
+    applier = setup.applier
+    await applier.deliver(setup.entry(OTHER_NODE))
+    await until_applied(setup, 1, LINGER * 0.8)
+    await applier.deliver(setup.entry(OTHER_NODE))
+    started = time.monotonic()
+    await asyncio.wait_for(applier.drained(), LINGER * 3)
+    assert time.monotonic() - started < LINGER * 0.8
+    assert setup.applied() == 2
+
+
+async def test_a_full_half_of_the_inbox_is_applied_without_waiting(setup: Setup) -> None:
+    applier = setup.applier
+    await applier.deliver(setup.entry(OTHER_NODE))
+    await until_applied(setup, 1, LINGER * 0.8)
+    for _ in range(LINGER_REVISIONS):
+        await applier.deliver(setup.entry(OTHER_NODE))
+    assert await until_applied(setup, 1 + LINGER_REVISIONS, LINGER * 0.8) < LINGER * 0.8
+
+
+async def test_a_linger_of_zero_applies_each_revision_as_it_comes(tmp_path: Path) -> None:
+    broker = await asyncio.to_thread(Broker.open, tmp_path)
+    writer = SerialExecutor("messaging-writer")
+    progress = Progress()
+    unsynced = DeferredSync(broker)
+    applier = Applier(broker, writer, cast(LogWriter, Answers()), progress,
+                      Checkpoints(broker, "test", progress, unsynced), unsynced,
+                      b"/messaging/test/log", linger=0)
+    setup = Setup(applier, progress, Answers())
+    try:
+        for count in range(1, 4):
+            await applier.deliver(setup.entry(OTHER_NODE))
+            await until_applied(setup, count, 5)
+        assert applier.cost.batches == 3
+    finally:
+        applier.close()
+        await asyncio.to_thread(writer.shutdown)
+        await asyncio.to_thread(broker.close)
