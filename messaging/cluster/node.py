@@ -42,7 +42,7 @@ from messaging.log.etcd.client import EtcdClient, describe, load_credentials, un
 from messaging.log.etcd.clock_check import CHECK_INTERVAL, ClockCheck
 from messaging.log.etcd.log import CHECKPOINT, EtcdLog
 from messaging.log.etcd.membership import Membership, nodes_prefix, read_nodes
-from messaging.log.etcd.watch_stream import WatchStream
+from messaging.log.etcd.share import EtcdShare
 from messaging.offload.service import ObjectStorage
 from messaging.placement import check_groups, first_named_topic, holders, log_name
 from messaging.quiet_log import RECURRING_LOG_INTERVAL, QuietLog
@@ -126,8 +126,9 @@ class GroupNode:
         self._client = EtcdClient(settings)
         self._credentials: grpc.ChannelCredentials | None = None
         self._clients: dict[tuple[str, ...], EtcdClient] = {}
-        #: One watch stream per etcd cluster, for the logs of every group held there.
-        self._streams: dict[tuple[str, ...], WatchStream] = {}
+        #: One share (watch stream, quorum reads) per etcd cluster, for the logs of every
+        #: group held there.
+        self._shares: dict[tuple[str, ...], EtcdShare] = {}
         self._members = Membership(self._client, self.cluster, url, lambda: 0, 1 << 62,
                                    kind="members")
         #: This node's clock against every member's, checked once for all its groups' logs.
@@ -202,6 +203,11 @@ class GroupNode:
             })
         return {"cluster": self.cluster, "groups": groups, "replicas": self.replicas,
                 "members": self.members(), "node": self.url}
+
+    def etcd_diagnostics(self) -> list[dict[str, Any]]:
+        """Each etcd cluster this node's groups use: its endpoints, the one watch stream and
+        the gathered quorum reads the groups held there share."""
+        return [share.diagnostics() for share in self._shares.values()]
 
     @staticmethod
     def _progress(stack: GroupStack) -> dict[str, Any]:
@@ -305,9 +311,9 @@ class GroupNode:
         await self.clock.close()
         with contextlib.suppress(grpc.aio.AioRpcError, MessagingError):
             await self._members.leave()
-        for streams in self._streams.values():
-            await streams.close()
-        self._streams.clear()
+        for share in self._shares.values():
+            await share.close()
+        self._shares.clear()
         for client in [self._client, *self._clients.values()]:
             await client.close()
         self._clients.clear()
@@ -360,7 +366,7 @@ class GroupNode:
             stack = await open_stack(
                 self.config, self.url, etcd_log(self.config, self.url,
                                                 self.group_settings(group), self.clock,
-                                                self._streams_for(group)),
+                                                self._share_for(group)),
                 path=path, storage=self.storage, first_named_topic=first_named_topic(group),
                 is_uploader=lambda: self.holders(group)[:1] == [self.url], group=group)
         except (MessagingError, OSError, grpc.aio.AioRpcError) as err:
@@ -377,15 +383,15 @@ class GroupNode:
             await stopped(group)
         await stack.close()
 
-    def _streams_for(self, group: int) -> WatchStream:
-        """The watch stream (and with it the client) of the etcd cluster of ``group``'s
-        log, shared by every group held there."""
+    def _share_for(self, group: int) -> EtcdShare:
+        """The client, watch stream and quorum reads of the etcd cluster of ``group``'s log,
+        shared by every group held there."""
         endpoints = self.group_settings(group).endpoints
-        streams = self._streams.get(endpoints)
-        if streams is None:
-            streams = self._streams[endpoints] = WatchStream(self._client_for(group),
+        share = self._shares.get(endpoints)
+        if share is None:
+            share = self._shares[endpoints] = EtcdShare.over(self._client_for(group),
                                                              list(endpoints))
-        return streams
+        return share
 
     def _client_for(self, group: int) -> EtcdClient:
         settings = self.group_settings(group)

@@ -357,6 +357,7 @@ class GroupRouter:
         seconds = float(window) if window and window.replace(".", "", 1).isdigit() else 60.0
         return json_answer({
             **self.node.describe(),
+            "etcd": self.node.etcd_diagnostics(),
             "held": {str(g): stack.log.diagnostics(seconds)
                      for g, stack in sorted(self.node.stacks.items())}})
 

@@ -618,6 +618,53 @@ async def test_a_node_watches_every_group_it_holds_on_one_stream(
     assert (during[0] - before[0], during[1] - before[1]) == (1, GROUPS)
 
 
+async def test_a_node_reads_the_quorum_once_a_tick_for_all_its_groups(
+        etcd: EtcdCluster, broker_process: Any, tmp_path: Path) -> None:
+    """A node alone holds all four groups: their monitors' quorum reads (each twice a second)
+    reach etcd as one read-only transaction a tick, not as a range read per group."""
+    nodes = group_nodes(broker_process, tmp_path, etcd)
+    await nodes.start(0)
+    async with aiohttp.ClientSession() as session:
+        async def holds_every_group() -> bool:
+            view = await get_json(session, f"{nodes.url(0)}/messaging/groups")
+            return all(g["here"] is not None and g["here"]["caught_up"] for g in view["groups"])
+
+        await wait_until(holds_every_group, timeout=30, what="the node holding every group")
+        diagnostics = f"{nodes.url(0)}/messaging/diagnostics"
+        before = await etcd_calls(etcd), (await get_json(session, diagnostics))["etcd"]
+        await asyncio.sleep(3.0)
+        after = await etcd_calls(etcd), (await get_json(session, diagnostics))["etcd"]
+    [share_before], [share] = before[1], after[1]
+    assert share["watch_stream"]["watches"] == GROUPS and share["watch_stream"]["opened"] == 1
+    requests = share["quorum_reads"]["requests"] - share_before["quorum_reads"]["requests"]
+    keys = share["quorum_reads"]["keys_read"] - share_before["quorum_reads"]["keys_read"]
+    assert 5 <= requests <= 7 and keys == GROUPS * requests, (requests, keys)
+    # etcd answered them as transactions; the range reads left are the groups' membership
+    # steps and the node's member list (the monitors alone made 24 range reads in 3 s).
+    txns, ranges = after[0][0] - before[0][0], after[0][1] - before[0][1]
+    assert txns >= requests and ranges < 24, (txns, ranges)
+
+
+async def etcd_calls(etcd: EtcdCluster) -> tuple[int, int]:
+    """Txn and Range calls etcd's members answered so far (their gRPC counters)."""
+    txns = ranges = 0
+    async with aiohttp.ClientSession() as session:
+        for member in etcd.members:
+            async with session.get(f"{member.client_url}/metrics") as resp:
+                text = await resp.text()
+            for line in text.splitlines():
+                if not line.startswith("grpc_server_handled_total{"):
+                    continue
+                labels, _, value = line.rpartition(" ")
+                if 'grpc_service="etcdserverpb.KV"' not in labels:
+                    continue
+                if 'grpc_method="Txn"' in labels:
+                    txns += int(float(value))
+                elif 'grpc_method="Range"' in labels:
+                    ranges += int(float(value))
+    return txns, ranges
+
+
 async def watch_gauges(etcd: EtcdCluster) -> tuple[int, int]:
     """Watch streams and watchers open at every etcd member together (etcd's gauges)."""
     streams = watchers = 0

@@ -311,11 +311,39 @@ class EtcdClient:
         Tries the current endpoint, then the others; the first that answers becomes current.
         Raises :class:`ClusterUnavailableError` when none does.
         """
+        request = rpc.RangeRequest(key=key, keys_only=True)
+        return await self._on_quorum(
+            lambda channel, md: rpc.KVStub(channel).Range(request, timeout=timeout,
+                                                          metadata=md))
+
+    async def check_quorum_of(self, keys: list[bytes],
+                              timeout: float = QUICK_TIMEOUT) -> list[Any]:
+        """:meth:`check_quorum` of several keys in one request (a read-only transaction:
+        linearizable, every key at one revision): a range response (keys only, with the
+        transaction's header) per key, in order."""
+        if len(keys) == 1:
+            return [await self.check_quorum(keys[0], timeout)]
+        request = rpc.TxnRequest(success=[
+            rpc.RequestOp(request_range=rpc.RangeRequest(key=key, keys_only=True))
+            for key in keys])
+        response = await self._on_quorum(
+            lambda channel, md: rpc.KVStub(channel).Txn(request, timeout=timeout,
+                                                        metadata=md))
+        ranges = []
+        for op in response.responses:
+            ranges.append(op.response_range)
+            ranges[-1].header.CopyFrom(response.header)
+        return ranges
+
+    async def _on_quorum(self, make: Callable[[grpc.aio.Channel, tuple[tuple[str, str], ...]],
+                                              Awaitable[T]]) -> T:
+        """A read on the current endpoint, else on the next ones; the first that answers
+        becomes current. Raises :class:`ClusterUnavailableError` when none does."""
         failures: list[tuple[str, BaseException]] = []
         for step in range(len(self.endpoints)):
             i = (self.current + step) % len(self.endpoints)
             try:
-                response = await self.get(key, keys_only=True, timeout=timeout, endpoint=i)
+                response = await self.call(make, endpoint=i)
             except grpc.aio.AioRpcError as err:
                 failures.append((self.endpoints[i], err))
                 continue

@@ -73,9 +73,10 @@ from messaging.log.etcd.clock_check import CHECK_INTERVAL, ClockCheck
 from messaging.log.etcd.install import SnapshotInstaller
 from messaging.log.etcd.membership import Membership
 from messaging.log.etcd.progress import Progress
+from messaging.log.etcd.quorum_reads import aligned_sleep
+from messaging.log.etcd.share import EtcdShare
 from messaging.log.etcd.startup import Startup
 from messaging.log.etcd.watch import WATCH_STUCK, LogWatch, watch_stuck
-from messaging.log.etcd.watch_stream import WatchStream
 from messaging.log.etcd.writer import LogWriter
 from messaging.log.local import DeferredSync
 from messaging.log.serial import SerialExecutor
@@ -96,7 +97,7 @@ class EtcdLog:
     def __init__(self, broker: Broker, url: str, settings: EtcdSettings,
                  fsync: FsyncMode = "always", *, peer_token: str | None = None,
                  peer_ca: str | None = None, clock: ClockCheck | None = None,
-                 streams: WatchStream | None = None) -> None:
+                 share: EtcdShare | None = None) -> None:
         if fsync not in FSYNC_MODES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}")
         self.broker = broker
@@ -109,12 +110,12 @@ class EtcdLog:
         prefix = f"/messaging/{settings.cluster}/".encode()
         self._log_key = prefix + b"log"
         # A node holding topic groups passes every group's log in one etcd cluster the same
-        # client and watch stream (its own, closed by it); a log without one makes its own
-        # at start, when its TLS files are read.
-        self._own_client = streams is None
-        self._client = EtcdClient(settings) if streams is None else streams.client
-        self._streams = (streams if streams is not None
-                         else WatchStream(self._client, list(settings.endpoints)))
+        # share (client, watch stream, quorum reads: its own, closed by it); a log without
+        # one makes its own, with its client made at start, when its TLS files are read.
+        self._own_share = share is None
+        self._share = (share if share is not None
+                       else EtcdShare.over(EtcdClient(settings), list(settings.endpoints)))
+        self._client = self._share.client
         self._writer = SerialExecutor("messaging-writer")
         self._unsynced = DeferredSync(broker)
         self._tasks: list[asyncio.Task[None]] = []
@@ -142,7 +143,8 @@ class EtcdLog:
         self._writes.clock = self._clock.command_time
         # Ages are measured by the log's time: the same on every node at the same revision.
         broker.retention.clock = lambda: broker.time
-        self._watch = LogWatch(self._streams, self._log_key, self._progress,
+        self._writes.quorum_reads = self._share.quorum
+        self._watch = LogWatch(self._share.streams, self._log_key, self._progress,
                                self._applier.deliver, self._catch_up_from_peer, self._startup)
         # as of the last quorum read (on the loop)
         self._etcd_revision = 0
@@ -165,9 +167,10 @@ class EtcdLog:
         except BaseException:
             await loop.run_in_executor(None, self._writer.shutdown)
             raise
-        if self._own_client:
+        if self._own_share:
             self._client = EtcdClient(self.settings, credentials)
-            self._membership.client = self._writes.client = self._streams.client = self._client
+            self._share.use(self._client)
+            self._membership.client = self._writes.client = self._client
         await self._check_entry_format()
         if self._own_clock:
             await self._first_clock_check()
@@ -179,7 +182,7 @@ class EtcdLog:
             asyncio.create_task(self._writes.run(), name="messaging-etcd-puts"),
             asyncio.create_task(self._watch.run(), name="messaging-etcd-watch"),
             asyncio.create_task(self._supervised("etcd monitor", self._monitor,
-                                                 MONITOR_INTERVAL),
+                                                 MONITOR_INTERVAL, aligned=True),
                                 name="messaging-etcd-monitor"),
             asyncio.create_task(self._supervised("membership", self._membership_step,
                                                  MEMBERSHIP_INTERVAL),
@@ -254,8 +257,8 @@ class EtcdLog:
             await self._membership.leave()
         except (grpc.aio.AioRpcError, MessagingError) as err:
             log.info("could not revoke this node's lease on close: %s", describe(err))
-        if self._own_client:
-            await self._streams.close()
+        if self._own_share:
+            await self._share.close()
             await self._client.close()
         await loop.run_in_executor(None, self._writer.shutdown)
 
@@ -373,10 +376,12 @@ class EtcdLog:
     # -- health, membership, compaction -----------------------------------------------------
 
     async def _supervised(self, what: str, step: Callable[[], Awaitable[None]],
-                          interval: float) -> None:
-        """Run ``step`` every ``interval`` until cancelled; a failure is logged, never fatal."""
+                          interval: float, *, aligned: bool = False) -> None:
+        """Run ``step`` every ``interval`` until cancelled; a failure is logged, never fatal.
+        ``aligned``: at the multiples of ``interval`` on the loop's clock, as the same step
+        of the node's other logs (their quorum reads then go to etcd as one)."""
         while True:
-            await asyncio.sleep(interval)
+            await (aligned_sleep(interval) if aligned else asyncio.sleep(interval))
             try:
                 await step()
             except asyncio.CancelledError:

@@ -34,6 +34,7 @@ from messaging.log.etcd.budget import Budget
 from messaging.log.etcd.client import EtcdClient, describe
 from messaging.log.etcd.entry import COMPRESS_FROM, compressed, encode_entry
 from messaging.log.etcd.entry_format import BASE_VERSION
+from messaging.log.etcd.quorum_reads import QuorumReads
 from messaging.log.etcd.startup import Startup
 from messaging.quiet_log import RECURRING_LOG_INTERVAL, QuietLog
 
@@ -125,6 +126,8 @@ class LogWriter:
         #: within the cluster's bound (see messaging.log.etcd.clock_check).
         self.clock: Callable[[], int] = now_ms
         self._on_quorum_read = on_quorum_read
+        #: The node's gathered quorum reads of this etcd cluster (None: read alone).
+        self.quorum_reads: QuorumReads | None = None
         self._pending: list[_Pending] = []
         self._pending_bytes = 0  # of the commands in _pending
         self._wakeup = asyncio.Event()
@@ -439,7 +442,9 @@ class LogWriter:
 
     async def _check_quorum(self) -> None:
         try:
-            response = await self.client.check_quorum(self.log_key)
+            response = await (self.client.check_quorum(self.log_key)
+                              if self.quorum_reads is None
+                              else self.quorum_reads.read(self.log_key))
         except ClusterUnavailableError as err:
             self.quorum_error = str(err)
             self._quorum_failed_at = time.monotonic()
