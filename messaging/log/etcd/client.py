@@ -316,24 +316,28 @@ class EtcdClient:
             lambda channel, md: rpc.KVStub(channel).Range(request, timeout=timeout,
                                                           metadata=md))
 
-    async def check_quorum_of(self, keys: list[bytes],
+    async def check_quorum_of(self, ranges: list[tuple[bytes, bool]],
                               timeout: float = QUICK_TIMEOUT) -> list[Any]:
         """:meth:`check_quorum` of several keys in one request (a read-only transaction:
-        linearizable, every key at one revision): a range response (keys only, with the
-        transaction's header) per key, in order."""
-        if len(keys) == 1:
-            return [await self.check_quorum(keys[0], timeout)]
-        request = rpc.TxnRequest(success=[
-            rpc.RequestOp(request_range=rpc.RangeRequest(key=key, keys_only=True))
-            for key in keys])
+        linearizable, every key at one revision): for each ``(key, prefix)``, the range
+        response (with the transaction's header) of ``key`` alone, keys only, or of every key
+        under it with their values (``prefix``), in order."""
+        requests = [rpc.RangeRequest(key=key, range_end=prefix_end(key) if prefix else b"",
+                                     keys_only=not prefix) for key, prefix in ranges]
+        if len(requests) == 1:
+            alone = requests[0]
+            return [await self._on_quorum(
+                lambda channel, md: rpc.KVStub(channel).Range(alone, timeout=timeout,
+                                                              metadata=md))]
+        request = rpc.TxnRequest(success=[rpc.RequestOp(request_range=r) for r in requests])
         response = await self._on_quorum(
             lambda channel, md: rpc.KVStub(channel).Txn(request, timeout=timeout,
                                                         metadata=md))
-        ranges = []
+        answers = []
         for op in response.responses:
-            ranges.append(op.response_range)
-            ranges[-1].header.CopyFrom(response.header)
-        return ranges
+            answers.append(op.response_range)
+            answers[-1].header.CopyFrom(response.header)
+        return answers
 
     async def _on_quorum(self, make: Callable[[grpc.aio.Channel, tuple[tuple[str, str], ...]],
                                               Awaitable[T]]) -> T:
@@ -351,6 +355,12 @@ class EtcdClient:
             return response
         raise unavailable("etcd has no quorum or cannot be reached, so no write can commit",
                           failures)
+
+    async def delete(self, key: bytes) -> None:
+        """Delete ``key`` (gone already is fine)."""
+        request = rpc.DeleteRangeRequest(key=key)
+        await self.call(lambda channel, md: rpc.KVStub(channel).DeleteRange(
+            request, timeout=QUICK_TIMEOUT, metadata=md))
 
     async def compact(self, revision: int) -> None:
         """Compact etcd's history below ``revision`` (an already compacted one is fine)."""

@@ -131,7 +131,8 @@ class EtcdLog:
                                 linger=settings.apply_linger)
         self._membership = Membership(self._client, self.cluster, url,
                                       lambda: self._progress.checkpointed,
-                                      settings.compact_every)
+                                      settings.compact_every, lease=self._share.lease,
+                                      reads=self._share.quorum)
         self._installer = SnapshotInstaller(broker, self.cluster, url, self._membership,
                                             self._writer, self._checkpoints, self._unsynced,
                                             peer_token=peer_token, peer_ca=peer_ca)
@@ -185,7 +186,7 @@ class EtcdLog:
                                                  MONITOR_INTERVAL, aligned=True),
                                 name="messaging-etcd-monitor"),
             asyncio.create_task(self._supervised("membership", self._membership_step,
-                                                 MEMBERSHIP_INTERVAL),
+                                                 MEMBERSHIP_INTERVAL, aligned=True),
                                 name="messaging-etcd-membership"),
         ]
         if self._own_clock:

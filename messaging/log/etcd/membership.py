@@ -2,16 +2,19 @@
 
 Each broker node keeps ``/messaging/<cluster>/nodes/<advertise URL>`` = ``{url,
 durable_revision, entry_version}`` bound to a lease it keeps alive; the key vanishes a few
-seconds after the node dies (or at once when it stops cleanly). The live nodes are the ones
-registered. The first live node by URL compacts etcd's history below the smallest durable
-revision of every node registered in this etcd (compaction is etcd-wide, so every messaging
-cluster counts): any node may do it, one at a time, and repeating it is harmless. The nodes'
-announced entry formats move the cluster's active one
+seconds after the node dies (or at once when it stops cleanly). The logs of the topic groups
+a node holds in one etcd cluster share one lease (:class:`SharedLease`, kept alive once a
+second for all of them) and read their node lists together (one request a tick). The live
+nodes are the ones registered. The first live node by URL compacts etcd's history below the
+smallest durable revision of every node registered in this etcd (compaction is etcd-wide, so
+every messaging cluster counts): any node may do it, one at a time, and repeating it is
+harmless. The nodes' announced entry formats move the cluster's active one
 (:mod:`messaging.log.etcd.entry_format`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -20,6 +23,7 @@ from typing import Any
 
 from messaging.log.etcd import entry_format
 from messaging.log.etcd.client import QUICK_TIMEOUT, EtcdClient
+from messaging.log.etcd.quorum_reads import QuorumReads
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +31,48 @@ LEASE_TTL = 5
 #: A changed durable revision is re-registered at most this often (each put is a revision).
 REGISTER_INTERVAL = 5.0
 _ROOT = b"/messaging/"
+#: A shared lease is kept alive at most this often, however many registrations ask.
+KEEP_EVERY = 0.5
+
+
+class SharedLease:
+    """One lease for every registration a node keeps in one etcd cluster (on the loop)."""
+
+    def __init__(self, client: EtcdClient) -> None:
+        self.client = client
+        #: The lease (0: none yet, or it expired).
+        self.id = 0
+        self._kept_at = float("-inf")
+        self._lock = asyncio.Lock()
+        #: Keep-alives sent and leases granted so far.
+        self.keep_alives = 0
+        self.grants = 0
+
+    async def current(self) -> int:
+        """A live lease: kept alive now unless that was done within KEEP_EVERY; a new one
+        when it expired (whoever holds keys under the old one registers again)."""
+        async with self._lock:
+            now = time.monotonic()
+            if self.id and now - self._kept_at < KEEP_EVERY:
+                return self.id
+            if self.id:
+                self.keep_alives += 1
+                if await self.client.keep_alive(self.id) > 0:
+                    self._kept_at = now
+                    return self.id
+                log.warning("this node's lease in etcd expired; registering again")
+                self.id = 0
+            self.grants += 1
+            self.id = await self.client.grant_lease(LEASE_TTL)
+            self._kept_at = time.monotonic()
+            return self.id
+
+    async def revoke(self) -> None:
+        """Revoke the lease: every registration under it vanishes at once."""
+        async with self._lock:
+            if self.id:
+                lease, self.id = self.id, 0
+                await self.client.revoke_lease(lease)
 
 
 class Membership:
@@ -34,10 +80,15 @@ class Membership:
 
     def __init__(self, client: EtcdClient, cluster: str, url: str,
                  durable_revision: Callable[[], int], compact_every: int, *,
-                 kind: str = "nodes") -> None:
+                 kind: str = "nodes", lease: SharedLease | None = None,
+                 reads: QuorumReads | None = None) -> None:
         """``kind``: ``nodes`` for the appliers of one command log (their durable revisions
-        bound compaction); ``members`` for a cluster of topic groups' node list."""
+        bound compaction); ``members`` for a cluster of topic groups' node list. ``lease``
+        and ``reads``: the node's shared lease and gathered reads for this etcd cluster (None:
+        a lease of its own, and reads alone)."""
         self.client = client
+        self._shared_lease = lease
+        self._reads = reads
         self.url = url
         self.compact_every = compact_every
         self._durable_revision = durable_revision
@@ -81,12 +132,16 @@ class Membership:
 
     async def register(self) -> None:
         """Keep the lease alive (a new one if it expired) and the registration current."""
-        if self.lease:
+        if self._shared_lease is not None:
+            lease = await self._shared_lease.current()
+            if lease != self.lease:
+                self.lease, self._registered = lease, None
+        elif self.lease:
             ttl = await self.client.keep_alive(self.lease)
             if ttl <= 0:
                 log.warning("lease of %s expired; registering again", self.url)
                 self.lease = 0
-        if not self.lease:
+        if not self.lease:  # (a shared lease is never 0 here)
             self.lease = await self.client.grant_lease(LEASE_TTL)
             self._registered = None
         value = json.dumps(self._announcement(), sort_keys=True)
@@ -100,7 +155,10 @@ class Membership:
 
     async def refresh(self) -> None:
         """Read the live nodes of this cluster (membership changes are logged)."""
-        nodes = await self._read_nodes(self._prefix)
+        if self._reads is not None:
+            nodes = registrations(await self._reads.read(self._prefix, prefix=True))
+        else:
+            nodes = await self._read_nodes(self._prefix)
         joined = sorted(set(nodes) - set(self.nodes) - {self.url})
         left = sorted(set(self.nodes) - set(nodes) - {self.url})
         if joined:
@@ -131,8 +189,14 @@ class Membership:
         log.info("compacted etcd's history below revision %d", target)
 
     async def leave(self) -> None:
-        """Revoke the lease: the registration vanishes at once."""
-        if self.lease:
+        """Leave at once: revoke this registration's lease, or delete it from a shared one
+        (which the node's other logs keep)."""
+        if self._shared_lease is not None:
+            if self._registered is not None:
+                await self.client.delete(self._key)
+            self._registered = None
+            self.lease = 0
+        elif self.lease:
             await self.client.revoke_lease(self.lease)
             self.lease = 0
 
@@ -172,7 +236,11 @@ def nodes_prefix(cluster: str, kind: str = "nodes") -> bytes:
 async def read_nodes(client: EtcdClient, prefix: bytes) -> dict[str, dict[str, Any]]:
     """The registrations under ``prefix``: URL → {url, durable_revision, entry_version}
     (entry_format.BASE_VERSION for a node that announces none: an older release)."""
-    response = await client.get(prefix, prefix=True)
+    return registrations(await client.get(prefix, prefix=True))
+
+
+def registrations(response: Any) -> dict[str, dict[str, Any]]:
+    """The registrations in a range response of a nodes prefix (see :func:`read_nodes`)."""
     nodes = {}
     for kv in response.kvs:
         try:

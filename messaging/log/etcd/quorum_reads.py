@@ -1,11 +1,12 @@
-"""Quorum reads of several command logs' keys in one etcd request.
+"""Quorum reads of several command logs' keys (and registrations) in one etcd request.
 
 Every command log a node applies proves etcd's quorum and learns how far its log key is with a
 linearizable read twice a second (its monitor). A node holding many topic groups whose logs
 live in one etcd cluster made one read per group; :class:`QuorumReads` gathers the reads asked
 for in one turn of the event loop into one read-only transaction (a linearizable read of every
 key at one revision), and the groups' monitors tick together (:func:`aligned_sleep`), so a
-node makes one such request per tick and etcd cluster, however many groups it holds.
+node makes one such request per tick and etcd cluster, however many groups it holds. The
+logs' membership steps read their node lists (a prefix each) the same way.
 
 Everything here runs on the event loop.
 """
@@ -30,20 +31,21 @@ class QuorumReads:
 
     def __init__(self, client: EtcdClient) -> None:
         self.client = client
-        self._waiting: dict[bytes, list[asyncio.Future[Any]]] = {}
+        self._waiting: dict[tuple[bytes, bool], list[asyncio.Future[Any]]] = {}
         self._gathering = False
         self._reads: set[asyncio.Task[None]] = set()
         #: Requests sent to etcd so far, and the key reads they carried.
         self.requests = 0
         self.keys_read = 0
 
-    async def read(self, key: bytes) -> Any:
-        """The range response of a quick linearizable read of ``key`` (keys only), read
-        together with the other keys asked for in this turn of the loop; raises what
+    async def read(self, key: bytes, *, prefix: bool = False) -> Any:
+        """The range response of a quick linearizable read of ``key`` (keys only), or of
+        every key under it with their values (``prefix``), read together with the others
+        asked for in this turn of the loop; raises what
         :meth:`~messaging.log.etcd.client.EtcdClient.check_quorum` raises."""
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Any] = loop.create_future()
-        self._waiting.setdefault(key, []).append(waiter)
+        self._waiting.setdefault((key, prefix), []).append(waiter)
         if not self._gathering:
             self._gathering = True
             loop.call_soon(self._send)
@@ -61,7 +63,8 @@ class QuorumReads:
         self._reads.add(task)
         task.add_done_callback(self._reads.discard)
 
-    async def _read(self, waiting: dict[bytes, list[asyncio.Future[Any]]]) -> None:
+    async def _read(self, waiting: dict[tuple[bytes, bool], list[asyncio.Future[Any]]],
+                    ) -> None:
         keys = sorted(waiting)
         self.requests += 1
         self.keys_read += len(keys)

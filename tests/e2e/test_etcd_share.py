@@ -1,0 +1,141 @@
+"""What a node's logs in one etcd cluster share, against a real etcd member: quorum reads
+gathered into one request (the reads asked for in one turn of the loop go as one read-only
+transaction and each gets its key's answer; an etcd that cannot be reached fails every read
+that waited), and one lease for their registrations (kept alive once, left one by one,
+replaced for all when it expired)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from messaging.config import EtcdSettings
+from messaging.errors import ClusterUnavailableError
+from messaging.log.etcd.client import EtcdClient
+from messaging.log.etcd.membership import KEEP_EVERY, Membership, nodes_prefix
+from messaging.log.etcd.quorum_reads import QuorumReads, aligned_sleep
+from messaging.log.etcd.share import EtcdShare
+from tests.conftest import free_port
+from tests.e2e.test_etcd_log import EtcdCluster, serving
+
+
+@pytest.fixture(scope="module")
+def one_member(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """One etcd member of its own for the module."""
+    yield from serving(EtcdCluster(tmp_path_factory.mktemp("etcd-share"), size=1))
+
+
+async def test_reads_asked_together_go_as_one_request(one_member: EtcdCluster) -> None:
+    url = one_member.members[0].client_url
+    client = EtcdClient(EtcdSettings(endpoints=(url,), cluster="quorum"))
+    reads = QuorumReads(client)
+    keys = [f"/quorum/{uuid.uuid4().hex}/{k}".encode() for k in range(5)]
+    try:
+        written = {key: await client.put(key, b"x") for key in keys[:4]}  # the 5th: absent
+        responses = await asyncio.gather(*(reads.read(key) for key in [*keys, keys[0]]))
+        assert (reads.requests, reads.keys_read) == (1, 5)  # keys[0] asked twice, read once
+        head = responses[0].header.revision
+        assert head >= max(written.values())
+        for key, response in zip([*keys, keys[0]], responses, strict=True):
+            assert response.header.revision == head  # one read, at one revision
+            assert [kv.mod_revision for kv in response.kvs] == (
+                [written[key]] if key in written else [])
+            assert all(kv.value == b"" for kv in response.kvs)  # keys only
+        alone = await reads.read(keys[1])  # asked alone: a plain range read
+        assert (reads.requests, alone.kvs[0].mod_revision) == (2, written[keys[1]])
+    finally:
+        await reads.close()
+        await client.close()
+
+
+async def test_an_unreachable_etcd_fails_every_read_that_waited() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    client = EtcdClient(EtcdSettings(endpoints=(url,), cluster="quorum"))
+    reads = QuorumReads(client)
+    try:
+        results = await asyncio.wait_for(asyncio.gather(
+            *(reads.read(b"/quorum/%d" % k) for k in range(3)), return_exceptions=True), 10)
+        assert reads.requests == 1
+        assert all(isinstance(r, ClusterUnavailableError) for r in results), results
+    finally:
+        await reads.close()
+        await client.close()
+
+
+async def test_aligned_sleeps_end_in_one_turn_of_the_loop() -> None:
+    loop = asyncio.get_running_loop()
+    ends: list[float] = []
+
+    async def step(offset: float) -> None:
+        await asyncio.sleep(offset)
+        await aligned_sleep(0.2)
+        ends.append(loop.time())
+
+    await aligned_sleep(0.2)  # then each starts at another moment before the next multiple
+    await asyncio.wait_for(asyncio.gather(*(step(k * 0.03) for k in range(4))), 5)
+    assert max(ends) - min(ends) < 0.02
+    assert all(abs(t - round(t / 0.2) * 0.2) < 0.02 for t in ends)
+
+
+async def test_logs_sharing_a_lease_keep_it_alive_once_and_leave_alone(
+        one_member: EtcdCluster) -> None:
+    """Two logs' memberships on one shared lease: both registrations are under it, it is kept
+    alive once however many step together, one leaving deletes only its own registration, and
+    revoking the lease takes the rest."""
+    url = one_member.members[0].client_url
+    client = EtcdClient(EtcdSettings(endpoints=(url,), cluster="lease"))
+    share = EtcdShare.over(client, [url])
+    clusters = [f"lease{uuid.uuid4().hex[:8]}x{k}" for k in range(2)]
+    members = [Membership(client, cluster, "http://node", lambda: 0, 1 << 62,
+                          lease=share.lease, reads=share.quorum) for cluster in clusters]
+    try:
+        await asyncio.gather(*(m.register() for m in members))
+        assert (share.lease.grants, share.lease.keep_alives) == (1, 0)
+        for _ in range(3):
+            await asyncio.sleep(KEEP_EVERY)
+            await asyncio.gather(*(m.register() for m in members))
+        assert share.lease.grants == 1 and share.lease.keep_alives == 3
+        leases = [await _lease_of(client, nodes_prefix(c) + b"http://node") for c in clusters]
+        assert leases == [share.lease.id] * 2
+        await asyncio.gather(*(m.refresh() for m in members))  # the node lists: one read
+        assert share.quorum.requests == 1 and all(m.nodes for m in members)
+        await members[0].leave()
+        assert await _lease_of(client, nodes_prefix(clusters[0]) + b"http://node") is None
+        assert await _lease_of(client, nodes_prefix(clusters[1]) + b"http://node") == leases[1]
+        await share.close()
+        assert await _lease_of(client, nodes_prefix(clusters[1]) + b"http://node") is None
+    finally:
+        await share.close()
+        await client.close()
+
+
+async def test_an_expired_shared_lease_is_replaced_and_every_log_registers_again(
+        one_member: EtcdCluster) -> None:
+    url = one_member.members[0].client_url
+    client = EtcdClient(EtcdSettings(endpoints=(url,), cluster="lease"))
+    share = EtcdShare.over(client, [url])
+    clusters = [f"lease{uuid.uuid4().hex[:8]}x{k}" for k in range(2)]
+    members = [Membership(client, cluster, "http://node", lambda: 0, 1 << 62,
+                          lease=share.lease, reads=share.quorum) for cluster in clusters]
+    try:
+        await asyncio.gather(*(m.register() for m in members))
+        old = share.lease.id
+        await client.revoke_lease(old)  # as etcd does once a lease's TTL passed unrenewed
+        await asyncio.sleep(KEEP_EVERY)
+        await asyncio.gather(*(m.register() for m in members))
+        assert share.lease.id not in (0, old) and share.lease.grants == 2
+        for cluster in clusters:
+            assert await _lease_of(client, nodes_prefix(cluster) + b"http://node") == (
+                share.lease.id)
+    finally:
+        await share.close()
+        await client.close()
+
+
+async def _lease_of(client: EtcdClient, key: bytes) -> int | None:
+    """The lease ``key`` is bound to (None: no such key)."""
+    response = await client.get(key)
+    return int(response.kvs[0].lease) if response.kvs else None
