@@ -26,7 +26,7 @@ from messaging.log.etcd.progress import Progress
 from messaging.log.etcd.startup import Startup
 from messaging.log.etcd.watch import LogWatch
 from messaging.log.etcd.watch_stream import FellBehind, KeyWatch, WatchStream
-from tests.conftest import wait_until
+from tests.conftest import free_port, wait_until
 from tests.e2e.test_etcd_log import EtcdCluster, serving
 
 log = logging.getLogger(__name__)
@@ -38,21 +38,28 @@ def one_member(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster
     yield from serving(EtcdCluster(tmp_path_factory.mktemp("etcd-watch"), size=1))
 
 
-def _stream(member: EtcdCluster, copies: int = 1) -> WatchStream:
-    """A watch stream on the member (its URL ``copies`` times: endpoints to fail over to)."""
-    url = member.members[0].client_url
-    client = EtcdClient(EtcdSettings(endpoints=(url,) * copies, cluster="watch"))
-    return WatchStream(client, [url] * copies)
+def _stream(member: EtcdCluster, copies: int = 1, *, dead_first: bool = False) -> WatchStream:
+    """A watch stream on the member (its URL ``copies`` times: endpoints to fail over to;
+    ``dead_first``: behind an endpoint where nothing listens)."""
+    urls = [member.members[0].client_url] * copies
+    if dead_first:
+        urls.insert(0, f"http://127.0.0.1:{free_port()}")
+    client = EtcdClient(EtcdSettings(endpoints=tuple(urls), cluster="watch"))
+    return WatchStream(client, urls)
 
 
-def _watch(member: EtcdCluster, key: bytes,
-           deliver: Callable[[Revision], Awaitable[None]],
-           streams: WatchStream | None = None) -> LogWatch:
+async def _room() -> None:
+    """An apply queue that always has room."""
+
+
+def _watch(member: EtcdCluster, key: bytes, deliver: Callable[[Revision], None],
+           streams: WatchStream | None = None,
+           room: Callable[[], Awaitable[None]] = _room) -> LogWatch:
     async def never_compacted(revision: int) -> int:
         raise AssertionError(f"compacted at {revision}")
 
-    return LogWatch(streams or _stream(member), key, Progress(), deliver, never_compacted,
-                    Startup(log, key.decode(), grace=0.0))
+    return LogWatch(streams or _stream(member), key, Progress(), deliver, room,
+                    never_compacted, Startup(log, key.decode(), grace=0.0))
 
 
 async def test_every_revision_once_in_order_across_restarted_attempts(
@@ -60,7 +67,7 @@ async def test_every_revision_once_in_order_across_restarted_attempts(
     key = f"/watch/{uuid.uuid4().hex}".encode()
     got: list[int] = []
 
-    async def deliver(revision: Revision) -> None:
+    def deliver(revision: Revision) -> None:
         got.append(revision.revision)
 
     watch = _watch(one_member, key, deliver)
@@ -89,24 +96,42 @@ async def test_every_revision_once_in_order_across_restarted_attempts(
         await watch.streams.client.close()
 
 
-async def test_an_attempt_held_back_by_a_full_queue_ends_at_once_when_cancelled(
+async def test_an_attempt_held_back_by_a_full_queue_is_not_stuck_and_delivers_once(
         one_member: EtcdCluster) -> None:
+    """A revision is queued once: the attempt held back by a full apply queue is not judged
+    stuck (however long), ends at once when cancelled, and the next attempt goes on after
+    what was queued (a revision delivered twice would get other indexes here than on the
+    other nodes)."""
     key = f"/watch/{uuid.uuid4().hex}".encode()
-    held = asyncio.Event()
+    got: list[int] = []
+    full = asyncio.Event()
+    full.set()
 
-    async def deliver(_revision: Revision) -> None:
-        held.set()
-        await asyncio.sleep(60)  # a queue that does not drain
+    def deliver(revision: Revision) -> None:
+        got.append(revision.revision)
 
-    watch = _watch(one_member, key, deliver)
+    async def room() -> None:
+        while full.is_set():  # a queue that does not drain (bounded: the test ends first)
+            await asyncio.sleep(0.01)
+
+    watch = _watch(one_member, key, deliver, room=room)
     running = asyncio.create_task(watch.run())
     try:
-        await watch.streams.client.put(key, b"held")
-        await wait_until(lambda: _true(held.is_set()), 10, "the delivery to be held back")
+        first = await watch.streams.client.put(key, b"held")
+        second = await watch.streams.client.put(key, b"next")
+        await wait_until(lambda: _true(got == [first]), 10, "the delivery to be held back")
+        watch.restart_if_stuck(time.monotonic() + 60, first + 5)
+        assert watch.diagnostics()["restarts"] == 0 and not running.done()
         started = time.monotonic()
         await cancel_and_wait(running)
         assert time.monotonic() - started < 2
-        assert watch.received == 0  # not delivered: the queue never took it
+        assert watch.received == first  # queued, so never delivered again
+        full.clear()
+        running = asyncio.create_task(watch.run())
+        last = await watch.streams.client.put(key, b"last")
+        await wait_until(lambda: _true(bool(got) and got[-1] == last), 10, "the rest")
+        assert got == [first, second, last]
+        assert watch.streams.generation == 1  # one watch cancelled: its stream went on
     finally:
         await cancel_and_wait(running)
         await watch.streams.close()
@@ -161,7 +186,7 @@ async def test_several_logs_watched_on_one_stream_each_get_their_own_events(
                 await streams.client.put(key, b"%d:%d" % (k, n))
         for k, watch in enumerate(watches):
             assert await _events(watch, 5) == [b"%d:%d" % (k, n) for n in range(5)]
-        assert streams.streams == 1 and streams.watches() == 4
+        assert streams.generation == 1 and streams.watches() == 4
         watches[0].close()  # one closed: the others go on, etcd drops its watcher
         await streams.client.put(keys[1], b"after")
         assert await _events(watches[1], 1) == [b"after"]
@@ -174,9 +199,11 @@ async def test_several_logs_watched_on_one_stream_each_get_their_own_events(
 
 async def test_a_watch_that_falls_behind_fails_alone(one_member: EtcdCluster,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """A watch whose consumer does not read is cancelled once BUFFERED_RESPONSES wait, with
-    FellBehind; the watch beside it on the same stream keeps getting its events."""
+    """A watch whose consumer does not read is cancelled once BUFFERED_RESPONSES wait and it
+    did not catch up within HOLD, with FellBehind; the watch beside it on the same stream
+    keeps getting its events."""
     monkeypatch.setattr(watch_stream, "BUFFERED_RESPONSES", 5)
+    monkeypatch.setattr(watch_stream, "HOLD", 0.3)
     streams = _stream(one_member)
     slow_key, busy_key = (f"/watch/{uuid.uuid4().hex}".encode() for _ in range(2))
     try:
@@ -190,10 +217,129 @@ async def test_a_watch_that_falls_behind_fails_alone(one_member: EtcdCluster,
         with pytest.raises(FellBehind, match="fell 6 responses"):
             while True:
                 await _next(slow)
-        assert streams.watches() == 1 and streams.streams == 1
+        assert streams.watches() == 1 and streams.generation == 1
         await streams.client.put(busy_key, b"still")
         assert await _events(busy, 1) == [b"still"]
     finally:
+        await streams.close()
+        await streams.client.close()
+
+
+async def test_a_consumer_behind_but_reading_holds_the_stream_back_and_loses_nothing(
+        one_member: EtcdCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catching up slower than etcd sends: the reader waits for the consumer (as gRPC flow
+    control would) instead of cancelling its watch, and every event arrives in order."""
+    monkeypatch.setattr(watch_stream, "BUFFERED_RESPONSES", 5)
+    streams = _stream(one_member)
+    key = f"/watch/{uuid.uuid4().hex}".encode()
+    try:
+        first = await streams.client.put(key, b"0")
+        for n in range(1, 30):
+            await streams.client.put(key, b"%d" % n)
+        watch = await streams.open(key, first)  # the history at once: 30 responses or fewer
+        values: list[bytes] = []
+        while len(values) < 30:
+            response = await _next(watch)
+            values.extend(bytes(event.kv.value) for event in response.events)
+            await asyncio.sleep(0.02)  # a slow apply
+        assert values == [b"%d" % n for n in range(30)]
+        assert streams.watches() == 1 and streams.generation == 1
+    finally:
+        await streams.close()
+        await streams.client.close()
+
+
+async def test_a_watch_etcd_refuses_fails_the_stream_and_the_next_one_serves(
+        one_member: EtcdCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """etcd refuses a watch (here: its id is taken, made so by the test; an expired token or
+    a permission looks the same: a cancel, of watch -1 for a refused create): the stream
+    fails for every watch on it, and the watches opened next run on a new one."""
+    streams = _stream(one_member)
+    key = f"/watch/{uuid.uuid4().hex}".encode()
+    try:
+        live = await streams.open(key, 0)
+        assert (await _next(live)).created
+        head = await streams.client.put(key, b"now")
+        create = EtcdClient.watch_create
+        with monkeypatch.context() as patch:
+            patch.setattr(streams.client, "watch_create",
+                          lambda key, start, _watch_id=0: create(key, start, live.watch_id))
+            refused = await streams.open(key, head)
+        for watch in (refused, live):
+            with pytest.raises(ConnectionError, match=r"cancelled a watch.*duplicate"):
+                while True:
+                    await _next(watch)
+        again = await streams.open(key, head)
+        assert await _events(again, 1) == [b"now"]
+        assert streams.generation == 2
+    finally:
+        await streams.close()
+        await streams.client.close()
+
+
+async def test_a_watch_etcd_does_not_confirm_fails_the_stream(
+        one_member: EtcdCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watch_stream, "CREATED_WITHIN", 0.0)
+    streams = _stream(one_member)
+    try:
+        watch = await streams.open(f"/watch/{uuid.uuid4().hex}".encode(), 0)
+        with pytest.raises(TimeoutError, match="did not confirm"):
+            while True:
+                await _next(watch)
+        assert streams.watches() == 0
+    finally:
+        await streams.close()
+        await streams.client.close()
+
+
+async def test_a_log_watch_whose_first_endpoint_is_down_goes_live_on_the_next(
+        one_member: EtcdCluster) -> None:
+    key = f"/watch/{uuid.uuid4().hex}".encode()
+    got: list[int] = []
+    watch = _watch(one_member, key, lambda r: got.append(r.revision),
+                   streams=_stream(one_member, dead_first=True))
+    running = asyncio.create_task(watch.run())
+    try:
+        await wait_until(lambda: _true(watch.live), 10, "the watch to be live")
+        revision = await watch.streams.client.put(key, b"x")
+        await wait_until(lambda: _true(got == [revision]), 10, "the revision")
+        assert watch.streams.endpoint == 1
+    finally:
+        await cancel_and_wait(running)
+        await watch.streams.close()
+        await watch.streams.client.close()
+
+
+async def test_a_log_watch_held_back_by_its_apply_does_not_restart_its_neighbours_stream(
+        one_member: EtcdCluster) -> None:
+    """Two logs on one stream; one's apply queue stays full and the monitor asks whether it
+    is stuck: it is not (nothing restarts), and the other log keeps getting its revisions."""
+    streams = _stream(one_member)
+    keys = [f"/watch/{uuid.uuid4().hex}".encode() for _ in range(2)]
+    got: list[list[int]] = [[], []]
+
+    async def full() -> None:
+        await asyncio.sleep(60)  # bounded: the test cancels it first
+
+    watches = [_watch(one_member, keys[0], lambda r: got[0].append(r.revision), streams,
+                      room=full),
+               _watch(one_member, keys[1], lambda r: got[1].append(r.revision), streams)]
+    running = [asyncio.create_task(w.run()) for w in watches]
+    try:
+        for watch in watches:
+            await wait_until(functools.partial(_live, watch), 10, "both watches live")
+        held = await streams.client.put(keys[0], b"held")
+        await wait_until(lambda: _true(got[0] == [held]), 10, "the held revision")
+        later = [await streams.client.put(keys[0], b"more")]
+        for _ in range(3):
+            watches[0].restart_if_stuck(time.monotonic() + 60, later[-1] + 1)
+            later.append(await streams.client.put(keys[1], b"other"))
+        await wait_until(lambda: _true(got[1] == later[1:]), 10, "the other log's revisions")
+        assert streams.generation == 1
+        assert [w.diagnostics()["restarts"] for w in watches] == [0, 0]
+    finally:
+        for task in running:
+            await cancel_and_wait(task)
         await streams.close()
         await streams.client.close()
 
@@ -230,7 +376,7 @@ async def test_a_restarted_stream_fails_every_watch_and_runs_on_the_next_endpoin
         for watch in watches:
             assert (await _next(watch)).created
         assert streams.endpoint == 0
-        streams.restart("stuck")
+        streams.restart("stuck", streams.generation)
         for watch in watches:
             with pytest.raises(TimeoutError, match="stuck"):
                 await _next(watch)
@@ -239,7 +385,7 @@ async def test_a_restarted_stream_fails_every_watch_and_runs_on_the_next_endpoin
         again = [await streams.open(key, revision) for key, revision in zip(keys, put, strict=True)]
         for watch in again:
             assert await _events(watch, 1) == [b"meanwhile"]
-        assert streams.streams == 2 and streams.watches() == 2
+        assert streams.generation == 2 and streams.watches() == 2
     finally:
         await streams.close()
         await streams.client.close()
@@ -247,6 +393,10 @@ async def test_a_restarted_stream_fails_every_watch_and_runs_on_the_next_endpoin
 
 async def _now(member: EtcdCluster, expected: tuple[int, int]) -> bool:
     return await _etcd_watch_streams(member) == expected
+
+
+async def _live(watch: LogWatch) -> bool:
+    return watch.live
 
 
 async def _true(value: bool) -> bool:

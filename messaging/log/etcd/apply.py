@@ -209,9 +209,9 @@ class Applier:
         #: Set when this node stopped applying for good: publishes are refused with it.
         self.failure: MessagingError | None = None
 
-    async def deliver(self, revision: Revision) -> None:
-        """Queue a revision for applying; waits while QUEUED_REVISIONS are not applied yet
-        (for good once this node stopped applying: the watch is held back)."""
+    def deliver(self, revision: Revision) -> None:
+        """Queue a revision for applying (see :meth:`room`). Synchronous: a revision the watch
+        delivered is queued, once, whatever happens to the watch next."""
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         self._inbox.append(revision)
@@ -222,7 +222,15 @@ class Applier:
                                                      self._kick)
         else:
             self._kick()
+
+    async def room(self) -> None:
+        """Wait while QUEUED_REVISIONS delivered revisions are not applied yet (for good once
+        this node stopped applying: the watch is held back)."""
         await self._until(self._delivered - QUEUED_REVISIONS + 1)
+
+    def hurry(self) -> None:
+        """Apply what waits now, without a linger (someone needs this node caught up)."""
+        self._kick()
 
     def _lingers(self, revision: Revision, now: float) -> bool:
         """Whether ``revision`` may wait for the drain that ends the linger: another node's,

@@ -146,7 +146,8 @@ class EtcdLog:
         broker.retention.clock = lambda: broker.time
         self._writes.quorum_reads = self._share.quorum
         self._watch = LogWatch(self._share.streams, self._log_key, self._progress,
-                               self._applier.deliver, self._catch_up_from_peer, self._startup)
+                               self._applier.deliver, self._applier.room,
+                               self._catch_up_from_peer, self._startup)
         # as of the last quorum read (on the loop)
         self._etcd_revision = 0
         self._log_revision = 0  # the log key's last revision
@@ -373,6 +374,8 @@ class EtcdLog:
             self._log_revision = int(response.kvs[0].mod_revision)
         # Nothing in the log after what is applied: everything through here is covered.
         self._progress.cover_idle(self._log_revision, self._etcd_revision)
+        if self._progress.applied < self._log_revision:
+            self._applier.hurry()  # whether this node is caught up is judged by it: no linger
 
     # -- health, membership, compaction -----------------------------------------------------
 

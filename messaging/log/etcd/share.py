@@ -48,7 +48,7 @@ class EtcdShare:
         quorum read requests sent and the key reads they carried."""
         return {"endpoints": list(self.client.endpoints),
                 "watch_stream": {"endpoint": self.streams.endpoint_url(),
-                                 "opened": self.streams.streams,
+                                 "opened": self.streams.generation,
                                  "watches": self.streams.watches()},
                 "quorum_reads": {"requests": self.quorum.requests,
                                  "keys_read": self.quorum.keys_read},

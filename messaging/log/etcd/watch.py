@@ -25,6 +25,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import grpc
+
 from messaging.aio import cancel_and_wait
 from messaging.log.etcd.apply import Revision
 from messaging.log.etcd.client import CompactedError, describe
@@ -59,10 +61,11 @@ class LogWatch:
     """
 
     def __init__(self, streams: WatchStream, log_key: bytes, progress: Progress,
-                 deliver: Callable[[Revision], Awaitable[None]],
+                 deliver: Callable[[Revision], None], room: Callable[[], Awaitable[None]],
                  on_compacted: Callable[[int], Awaitable[int]], startup: Startup) -> None:
         self.streams = streams
         self._log_key = log_key
+        self._room = room
         self._progress = progress
         self._deliver = deliver
         self._on_compacted = on_compacted
@@ -79,6 +82,10 @@ class LogWatch:
         self._behind_since: float | None = None
         self._restarts = 0
         self._from = 0
+        self._reading = False  # the attempt waits on its stream (not on the apply queue)
+        self._holding = False  # the attempt waits for room in the apply queue
+        self._generation = 0  # the stream the attempt's watch runs on
+        self._stuck_on: int | None = None  # the stream of an attempt judged stuck reading
 
     def diagnostics(self) -> dict[str, Any]:
         """Whether the watch is live, from where, on which endpoint, how recent its last
@@ -96,13 +103,15 @@ class LogWatch:
     def restart_if_stuck(self, now: float, log_revision: int) -> None:
         """Cancel the current attempt if the log (last written at ``log_revision``) has been
         ahead of what it brought for WATCH_STUCK seconds of this attempt, with no event
-        meanwhile: :meth:`run` restarts it on the next endpoint."""
-        if self._attempt is None or log_revision <= self.received:
+        meanwhile: :meth:`run` restarts it, and its stream on the next endpoint when it was
+        waiting on the stream. An attempt held back by a full apply queue is not stuck."""
+        if self._attempt is None or log_revision <= self.received or self._holding:
             self._behind_since = None
             return
         if self._behind_since is None:
             self._behind_since = now
         if watch_stuck(now, self._behind_since, self._event_at, self._attempt_at):
+            self._stuck_on = self._generation if self._reading else None
             self._attempt.cancel()
 
     async def run(self) -> None:
@@ -124,8 +133,10 @@ class LogWatch:
             if attempt.cancelled():
                 error = TimeoutError(f"no event for {WATCH_STUCK:.0f}s while etcd's log moved "
                                      "on")
-                self.streams.restart(f"the watch of {self._log_key.decode()} is stuck: "
-                                     f"{error}")
+                if self._stuck_on is not None:
+                    self.streams.restart(f"the watch of {self._log_key.decode()} is stuck: "
+                                         f"{error}", self._stuck_on)
+                self._stuck_on = None
             else:
                 error = attempt.exception()
             if isinstance(error, CompactedError):
@@ -153,8 +164,16 @@ class LogWatch:
         start = await self._start_revision()
         self._from = start
         watch = await self.streams.open(self._log_key, start)
+        self._generation = watch.generation
         try:
-            async for response in watch:
+            while True:
+                self._reading = True
+                try:
+                    response = await anext(watch)
+                except StopAsyncIteration:
+                    break
+                finally:
+                    self._reading = False
                 self._event_at = time.monotonic()
                 if response.created:
                     self._now_live(start)
@@ -162,9 +181,13 @@ class LogWatch:
                     revision = int(event.kv.mod_revision)
                     if event.type != _EVENT_PUT or revision <= self.received:
                         continue
-                    await self._deliver(Revision(revision, bytes(event.kv.value),
-                                                 time.monotonic()))
-                    self.received = revision
+                    self._deliver(Revision(revision, bytes(event.kv.value), time.monotonic()))
+                    self.received = revision  # queued: never delivered twice
+                    self._holding = True
+                    try:
+                        await self._room()
+                    finally:
+                        self._holding = False
                     self._event_at = time.monotonic()  # a full queue is not a stuck watch
         finally:
             watch.close()
@@ -179,8 +202,13 @@ class LogWatch:
     async def _start_revision(self) -> int:
         """The revision to watch from: after what was received, skipping log-free history."""
         start = max(self.received, self._progress.idle_covered) + 1
-        response = await self.streams.client.get(self._log_key, keys_only=True,
-                                                 endpoint=self.streams.endpoint)
+        endpoint = self.streams.endpoint
+        try:
+            response = await self.streams.client.get(self._log_key, keys_only=True,
+                                                     endpoint=endpoint)
+        except grpc.aio.AioRpcError:
+            self.streams.endpoint_failed(endpoint)  # the next attempt tries the next one
+            raise
         head = int(response.header.revision)
         if not response.kvs:
             return max(start, head + 1)

@@ -7,13 +7,17 @@ of them rather than one per group. :class:`WatchStream` owns the stream: it open
 use, on its current endpoint; reads every response and hands it to the :class:`KeyWatch` of
 its watch id; and, when the stream fails, fails every watch on it and opens the next one on
 the next endpoint when a watch is opened again (:class:`~messaging.log.etcd.watch.LogWatch`
-restarts its watch after any failure).
+restarts its watch after any failure). A watch etcd refuses or cancels, or does not confirm
+within CREATED_WITHIN, fails the stream as well: the next one is opened with fresh
+credentials (a long-lived stream keeps the token it was opened with).
 
-A key watch never holds the others back: each has a buffer of its own, and one whose consumer
-falls behind by more than BUFFERED_RESPONSES responses or BUFFERED_BYTES of values (an applier
-that stopped, a disk that stalls) is cancelled at etcd and fails with :class:`FellBehind`; its
-log watch opens it again from the revision after the last one it delivered, which etcd still
-holds (compaction never passes a node's durable revision).
+A key watch holds the others back only briefly: each has a buffer of its own, and the reader
+waits (at most HOLD seconds) for a consumer more than BUFFERED_RESPONSES responses or
+BUFFERED_BYTES of values behind to take half of them, as gRPC's flow control holds back a
+stream of its own; one that does not (an applier that stopped, a disk that stalls) is
+cancelled at etcd and fails with :class:`FellBehind`, and its log watch opens it again from
+the revision after the last one it delivered, which etcd still holds (compaction never passes
+a node's durable revision).
 
 Everything here runs on the event loop.
 """
@@ -33,10 +37,14 @@ from messaging.log.etcd.client import CompactedError, EtcdClient, describe
 
 log = logging.getLogger(__name__)
 
-#: A key watch whose consumer has this many responses waiting is cancelled (FellBehind).
-BUFFERED_RESPONSES = 1024
-#: ... or this many bytes of values waiting.
-BUFFERED_BYTES = 64 << 20
+#: A consumer this many responses behind holds the reader back (see the module).
+BUFFERED_RESPONSES = 256
+#: ... or this many bytes of values behind.
+BUFFERED_BYTES = 32 << 20
+#: How long the reader waits for such a consumer before it cancels its watch (FellBehind).
+HOLD = 2.0
+#: A watch etcd has not confirmed this long after it was asked for fails its stream.
+CREATED_WITHIN = 5.0
 
 
 class FellBehind(Exception):
@@ -45,23 +53,23 @@ class FellBehind(Exception):
 
 class KeyWatch:
     """One key's watch on a :class:`WatchStream`: an async iterator of its responses (each an
-    etcd ``WatchResponse`` of this watch), ending with the failure that stopped it.
+    etcd ``WatchResponse`` of this watch, its ``created`` one first), ending with the failure
+    that stopped it. A compaction past its start raises
+    :class:`~messaging.log.etcd.client.CompactedError`; a failed stream or a consumer that
+    fell behind raise an error that says why."""
 
-    ``live`` once etcd confirmed it (its ``created`` response is handed on too). A
-    compaction past its start raises :class:`~messaging.log.etcd.client.CompactedError`; a
-    watch etcd cancelled, a failed stream or a consumer that fell behind raise an error that
-    says why.
-    """
-
-    def __init__(self, stream: WatchStream, watch_id: int, key: bytes) -> None:
+    def __init__(self, stream: WatchStream, watch_id: int, key: bytes, generation: int) -> None:
         self.watch_id = watch_id
         self.key = key
+        #: The stream it runs on (WatchStream.generation when it was opened).
+        self.generation = generation
         self.live = False
         self._stream = stream
         self._responses: deque[Any] = deque()
         self._bytes = 0
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._room: asyncio.Future[None] | None = None  # the reader, waiting for a take
         self._closed = False
 
     def __aiter__(self) -> KeyWatch:
@@ -80,6 +88,8 @@ class KeyWatch:
                 self._waiter = None
         response = self._responses.popleft()
         self._bytes -= _value_bytes(response)
+        if self._room is not None and not self._over(2):
+            _wake(self._room)
         return response
 
     def close(self) -> None:
@@ -87,8 +97,10 @@ class KeyWatch:
         if not self._closed:
             self._closed = True
             self._responses.clear()
+            self._bytes = 0
             self._stream.forget(self)
-            self._wake()
+            _wake(self._waiter)
+            _wake(self._room)
 
     # -- the stream's side ------------------------------------------------------------------
 
@@ -99,34 +111,51 @@ class KeyWatch:
         if response.compact_revision:
             self.fail(CompactedError(int(response.compact_revision)))
             return
-        if response.canceled:
-            self.fail(ConnectionError(response.cancel_reason or "watch canceled by etcd"))
-            return
         if response.created:
             self.live = True
-        elif not response.events:
-            return  # progress: nothing to deliver
         self._responses.append(response)
         self._bytes += _value_bytes(response)
-        if len(self._responses) > BUFFERED_RESPONSES or self._bytes > BUFFERED_BYTES:
-            waiting, size = len(self._responses), self._bytes
-            self._responses.clear()
-            self._bytes = 0
-            self.fail(FellBehind(f"the watch of {self.key.decode()} fell {waiting} responses "
-                                 f"({size} bytes) behind its stream: cancelled, to be "
-                                 "opened again from where it is"))
-            self._stream.forget(self)
-        self._wake()
+        _wake(self._waiter)
+
+    async def room(self, hold: float) -> bool:
+        """Wait (at most ``hold`` seconds) while this watch's consumer is too far behind;
+        whether it caught up enough (the reader's side)."""
+        if not self._over(1) or self._closed or self._error is not None:
+            return True
+        self._room = asyncio.get_running_loop().create_future()
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._room), hold)
+        finally:
+            self._room = None
+        return not self._over(2) or self._closed or self._error is not None
+
+    def fell_behind(self) -> None:
+        """Give up on a consumer that did not catch up: drop what waits, fail, cancel."""
+        waiting, size = len(self._responses), self._bytes
+        self._responses.clear()
+        self._bytes = 0
+        self.fail(FellBehind(f"the watch of {self.key.decode()} fell {waiting} responses "
+                             f"({size} bytes) behind its stream: cancelled, to be opened "
+                             "again from where it is"))
+        self._stream.forget(self)
 
     def fail(self, error: BaseException) -> None:
         """End this watch with ``error`` (after what it already holds)."""
         if self._error is None:
             self._error = error
-        self._wake()
+        _wake(self._waiter)
+        _wake(self._room)
 
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+    def _over(self, fraction: int) -> bool:
+        """Whether more than 1/``fraction`` of the budget waits."""
+        return (len(self._responses) * fraction > BUFFERED_RESPONSES
+                or self._bytes * fraction > BUFFERED_BYTES)
+
+
+def _wake(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
 
 
 def _value_bytes(response: Any) -> int:
@@ -148,50 +177,61 @@ class WatchStream:
         self._writing = asyncio.Lock()
         self._watches: dict[int, KeyWatch] = {}
         self._next_id = 1
-        self._cancels: set[asyncio.Task[None]] = set()
-        #: Streams opened so far (a new one after each failure).
-        self.streams = 0
+        self._chores: set[asyncio.Task[None]] = set()
+        #: Streams opened so far (a new one after each failure): the current one's number.
+        self.generation = 0
 
     def endpoint_url(self) -> str:
-        """The URL of the endpoint the stream runs on."""
+        """The URL of the endpoint the stream runs (or will run) on."""
         return self._endpoints[self.endpoint]
 
     def watches(self) -> int:
         """Key watches on the stream now."""
         return len(self._watches)
 
+    def endpoint_failed(self, endpoint: int) -> None:
+        """A call to ``endpoint`` failed: while no stream runs, the next one goes to the next
+        endpoint (a running stream stays where it works)."""
+        if self._call is None and endpoint == self.endpoint:
+            self.endpoint = (self.endpoint + 1) % len(self._endpoints)
+
     async def open(self, key: bytes, start_revision: int) -> KeyWatch:
         """Watch ``key`` from ``start_revision`` on the stream (opened first if none runs)."""
         call = await self._running_call()
-        watch = KeyWatch(self, self._next_id, key)
+        watch = KeyWatch(self, self._next_id, key, self.generation)
         self._next_id += 1
         self._watches[watch.watch_id] = watch
-        create = self.client.watch_create(key, start_revision, watch.watch_id)
         try:
             async with self._writing:
-                await call.write(create)
-        except BaseException as err:
-            self._watches.pop(watch.watch_id, None)
-            if not isinstance(err, asyncio.CancelledError):
-                self._failed(call, err)
+                await call.write(self.client.watch_create(key, start_revision, watch.watch_id))
+        except asyncio.CancelledError:
+            self.forget(watch)  # the create may have gone out
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            raise ConnectionError("the watch stream ended while a watch was opened on it"
+                                  ) from None
+        except Exception as err:
+            self.forget(watch)
+            self._failed(call, err)
             raise
+        self._chore(self._confirmed(call, watch), "messaging-etcd-watch-created")
         return watch
 
-    def restart(self, reason: str) -> None:
-        """End the stream (every watch on it fails with ``reason``): the next watch opened
-        starts one on the next endpoint. A watch judged stuck calls this: its stream is."""
+    def restart(self, reason: str, generation: int) -> None:
+        """End stream ``generation`` if it still runs (every watch on it fails with
+        ``reason``): the next watch opened starts one on the next endpoint. A watch judged
+        stuck while it waited on its stream calls this."""
         call = self._call
-        if call is not None:
+        if call is not None and generation == self.generation:
             self._failed(call, TimeoutError(reason))
 
     def forget(self, watch: KeyWatch) -> None:
-        """A watch closed or fell behind: cancel it at etcd while the stream runs."""
+        """A watch closed or fell behind: cancel it at etcd while its stream runs."""
         if self._watches.pop(watch.watch_id, None) is None or self._call is None:
             return
-        task = asyncio.get_running_loop().create_task(self._cancel(self._call, watch.watch_id),
-                                                       name="messaging-etcd-watch-cancel")
-        self._cancels.add(task)
-        task.add_done_callback(self._cancels.discard)
+        if watch.generation == self.generation:
+            self._chore(self._cancel(self._call, watch.watch_id), "messaging-etcd-watch-cancel")
 
     async def close(self) -> None:
         """End the stream and every watch on it."""
@@ -203,7 +243,7 @@ class WatchStream:
         self._watches.clear()
         if self._reader is not None:
             await cancel_and_wait(self._reader)
-        for task in list(self._cancels):
+        for task in list(self._chores):
             await cancel_and_wait(task)
 
     # -- the stream ---------------------------------------------------------------------------
@@ -211,10 +251,13 @@ class WatchStream:
     async def _running_call(self) -> grpc.aio.StreamStreamCall:
         async with self._opening:
             if self._call is None:
-                self._call = await self.client.watch_stream(self.endpoint)
-                self.streams += 1
+                call = await self.client.watch_stream(self.endpoint)
+                self._call = call
+                self.generation += 1
+                if self._reader is not None and not self._reader.done():
+                    self._reader.cancel()  # an older stream's, ending anyway
                 self._reader = asyncio.get_running_loop().create_task(
-                    self._read(self._call), name="messaging-etcd-watch-stream")
+                    self._read(call), name="messaging-etcd-watch-stream")
             return self._call
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
@@ -223,15 +266,27 @@ class WatchStream:
         try:
             async for response in call:
                 watch = self._watches.get(int(response.watch_id))
-                if watch is not None:
-                    watch.take(response)
+                if watch is None and response.watch_id != -1:
+                    continue  # a watch closed meanwhile (or the confirmation of its cancel)
+                if response.canceled and not response.compact_revision:
+                    # etcd refused or ended a watch of ours (an expired token, permissions:
+                    # refused creates come as watch -1): a stream opened afresh is the way out
+                    error = ConnectionError(f"etcd cancelled a watch on this stream: "
+                                            f"{response.cancel_reason or 'no reason given'}")
+                    self._failed(call, error)
+                    return
+                if watch is None:
+                    continue
+                watch.take(response)
+                if not await watch.room(HOLD):
+                    watch.fell_behind()
             error = ConnectionError("watch stream ended")
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
-                raise  # the reader itself is cancelled (close)
+                raise  # the reader itself is cancelled (close, or a newer stream)
             error = ConnectionError("watch stream cancelled")  # the call, under the reader
-        except grpc.aio.AioRpcError as err:
+        except Exception as err:
             error = err
         self._failed(call, error)
 
@@ -250,11 +305,24 @@ class WatchStream:
                   self.endpoint_url(), describe(error), len(watches))
         self.endpoint = (self.endpoint + 1) % len(self._endpoints)
 
+    async def _confirmed(self, call: grpc.aio.StreamStreamCall, watch: KeyWatch) -> None:
+        """Fail the stream if etcd has not confirmed ``watch`` within CREATED_WITHIN."""
+        await asyncio.sleep(CREATED_WITHIN)
+        if not watch.live and self._watches.get(watch.watch_id) is watch:
+            self._failed(call, TimeoutError(
+                f"etcd did not confirm the watch of {watch.key.decode()} within "
+                f"{CREATED_WITHIN:g}s"))
+
     async def _cancel(self, call: grpc.aio.StreamStreamCall, watch_id: int) -> None:
-        with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError, RuntimeError):
+        with contextlib.suppress(Exception):  # best effort: a dead stream took it along
             async with self._writing:
                 if self._runs(call):
                     await call.write(self.client.watch_cancel(watch_id))
+
+    def _chore(self, work: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._chores.add(task)
+        task.add_done_callback(self._chores.discard)
 
     def _runs(self, call: grpc.aio.StreamStreamCall) -> bool:
         """Whether ``call`` is the stream that runs now."""

@@ -92,6 +92,12 @@ async def until_applied(setup: Setup, count: int, within: float) -> float:
     return time.monotonic() - started
 
 
+async def settled() -> None:
+    """Let the writer thread finish the drain under way (its tail: the checkpoint check, the
+    next drain's check), well within the linger: a busy writer takes what comes at once."""
+    await asyncio.sleep(0.05)
+
+
 def test_entry_writer_reads_the_node_from_the_header_alone() -> None:
     value = encode_entry(OTHER_NODE, 3, [b"x" * 600])  # compressed body: header untouched
     assert entry_writer(value) == OTHER_NODE
@@ -101,11 +107,12 @@ def test_entry_writer_reads_the_node_from_the_header_alone() -> None:
 async def test_a_stream_of_other_nodes_revisions_is_applied_a_batch_per_linger(
         setup: Setup) -> None:
     applier = setup.applier
-    await applier.deliver(setup.entry(OTHER_NODE))  # after a quiet spell: at once
+    applier.deliver(setup.entry(OTHER_NODE))  # after a quiet spell: at once
     assert await until_applied(setup, 1, LINGER * 0.8) < LINGER * 0.8
+    await settled()
     batches = applier.cost.batches
     for _ in range(5):  # within the linger of that drain: they wait for the next one
-        await applier.deliver(setup.entry(OTHER_NODE))
+        applier.deliver(setup.entry(OTHER_NODE))
     await asyncio.sleep(LINGER * 0.3)
     assert setup.applied() == 1
     await until_applied(setup, 6, LINGER * 3)
@@ -117,19 +124,21 @@ async def test_a_stream_of_other_nodes_revisions_is_applied_a_batch_per_linger(
 async def test_a_revision_of_this_node_is_applied_at_once_with_what_waits(
         setup: Setup) -> None:
     applier = setup.applier
-    await applier.deliver(setup.entry(OTHER_NODE))
+    applier.deliver(setup.entry(OTHER_NODE))
     await until_applied(setup, 1, LINGER * 0.8)
-    await applier.deliver(setup.entry(OTHER_NODE))  # lingers
-    await applier.deliver(setup.entry(THIS_NODE))  # its publisher waits: no linger
+    await settled()
+    applier.deliver(setup.entry(OTHER_NODE))  # lingers
+    applier.deliver(setup.entry(THIS_NODE))  # its publisher waits: no linger
     assert await until_applied(setup, 3, LINGER * 0.8) < LINGER * 0.8
     assert setup.answers.answered == [(THIS_NODE, 3)]
 
 
 async def test_waiting_for_the_applier_ends_a_linger(setup: Setup) -> None:
     applier = setup.applier
-    await applier.deliver(setup.entry(OTHER_NODE))
+    applier.deliver(setup.entry(OTHER_NODE))
     await until_applied(setup, 1, LINGER * 0.8)
-    await applier.deliver(setup.entry(OTHER_NODE))
+    await settled()
+    applier.deliver(setup.entry(OTHER_NODE))
     started = time.monotonic()
     await asyncio.wait_for(applier.drained(), LINGER * 3)
     assert time.monotonic() - started < LINGER * 0.8
@@ -138,10 +147,11 @@ async def test_waiting_for_the_applier_ends_a_linger(setup: Setup) -> None:
 
 async def test_a_full_half_of_the_inbox_is_applied_without_waiting(setup: Setup) -> None:
     applier = setup.applier
-    await applier.deliver(setup.entry(OTHER_NODE))
+    applier.deliver(setup.entry(OTHER_NODE))
     await until_applied(setup, 1, LINGER * 0.8)
+    await settled()
     for _ in range(LINGER_REVISIONS):
-        await applier.deliver(setup.entry(OTHER_NODE))
+        applier.deliver(setup.entry(OTHER_NODE))
     assert await until_applied(setup, 1 + LINGER_REVISIONS, LINGER * 0.8) < LINGER * 0.8
 
 
@@ -156,10 +166,21 @@ async def test_a_linger_of_zero_applies_each_revision_as_it_comes(tmp_path: Path
     setup = Setup(applier, progress, Answers())
     try:
         for count in range(1, 4):
-            await applier.deliver(setup.entry(OTHER_NODE))
+            applier.deliver(setup.entry(OTHER_NODE))
             await until_applied(setup, count, 5)
         assert applier.cost.batches == 3
     finally:
         applier.close()
         await asyncio.to_thread(writer.shutdown)
         await asyncio.to_thread(broker.close)
+
+
+async def test_hurry_ends_a_linger(setup: Setup) -> None:
+    """What a quorum read that finds the log ahead does: apply what waits now."""
+    applier = setup.applier
+    applier.deliver(setup.entry(OTHER_NODE))
+    await until_applied(setup, 1, LINGER * 0.8)
+    await settled()
+    applier.deliver(setup.entry(OTHER_NODE))
+    applier.hurry()
+    assert await until_applied(setup, 2, LINGER * 0.8) < LINGER * 0.8
