@@ -210,6 +210,10 @@ class EtcdClient:
             items.append(("token", self._token))
         return tuple(items)
 
+    def forget_token(self) -> None:
+        """Ask for a new auth token on the next call (etcd refused the one it had)."""
+        self._token = None
+
     async def _authenticate(self, i: int) -> None:
         async with self._auth_lock:
             if self._token is not None:
@@ -312,7 +316,7 @@ class EtcdClient:
         Raises :class:`ClusterUnavailableError` when none does.
         """
         request = rpc.RangeRequest(key=key, keys_only=True)
-        return await self._on_quorum(
+        return await self._on_any_endpoint(
             lambda channel, md: rpc.KVStub(channel).Range(request, timeout=timeout,
                                                           metadata=md))
 
@@ -326,11 +330,11 @@ class EtcdClient:
                                      keys_only=not prefix) for key, prefix in ranges]
         if len(requests) == 1:
             alone = requests[0]
-            return [await self._on_quorum(
+            return [await self._on_any_endpoint(
                 lambda channel, md: rpc.KVStub(channel).Range(alone, timeout=timeout,
                                                               metadata=md))]
         request = rpc.TxnRequest(success=[rpc.RequestOp(request_range=r) for r in requests])
-        response = await self._on_quorum(
+        response = await self._on_any_endpoint(
             lambda channel, md: rpc.KVStub(channel).Txn(request, timeout=timeout,
                                                         metadata=md))
         answers = []
@@ -339,7 +343,7 @@ class EtcdClient:
             answers[-1].header.CopyFrom(response.header)
         return answers
 
-    async def _on_quorum(self, make: Callable[[grpc.aio.Channel, tuple[tuple[str, str], ...]],
+    async def _on_any_endpoint(self, make: Callable[[grpc.aio.Channel, tuple[tuple[str, str], ...]],
                                               Awaitable[T]]) -> T:
         """A read on the current endpoint, else on the next ones; the first that answers
         becomes current. Raises :class:`ClusterUnavailableError` when none does."""
@@ -357,9 +361,10 @@ class EtcdClient:
                           failures)
 
     async def delete(self, key: bytes) -> None:
-        """Delete ``key`` (gone already is fine)."""
+        """Delete ``key`` (gone already is fine), on the first endpoint that answers; raises
+        :class:`ClusterUnavailableError` when none does."""
         request = rpc.DeleteRangeRequest(key=key)
-        await self.call(lambda channel, md: rpc.KVStub(channel).DeleteRange(
+        await self._on_any_endpoint(lambda channel, md: rpc.KVStub(channel).DeleteRange(
             request, timeout=QUICK_TIMEOUT, metadata=md))
 
     async def compact(self, revision: int) -> None:

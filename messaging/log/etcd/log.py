@@ -258,7 +258,8 @@ class EtcdLog:
         try:
             await self._membership.leave()
         except (grpc.aio.AioRpcError, MessagingError) as err:
-            log.info("could not revoke this node's lease on close: %s", describe(err))
+            log.info("could not leave the cluster's node list on close (the registration "
+                     "is deleted again later, or lapses with its lease): %s", describe(err))
         if self._own_share:
             await self._share.close()
             await self._client.close()

@@ -15,12 +15,17 @@ harmless. The nodes' announced entry formats move the cluster's active one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+import grpc
+
+from messaging.aio import cancel_and_wait
+from messaging.errors import MessagingError
 from messaging.log.etcd import entry_format
 from messaging.log.etcd.client import QUICK_TIMEOUT, EtcdClient
 from messaging.log.etcd.quorum_reads import QuorumReads
@@ -36,14 +41,20 @@ KEEP_EVERY = 0.5
 
 
 class SharedLease:
-    """One lease for every registration a node keeps in one etcd cluster (on the loop)."""
+    """One lease for every registration a node keeps in one etcd cluster (on the loop).
+
+    Whoever asks for it while it was kept alive within KEEP_EVERY gets it at once; otherwise
+    one keep-alive (or grant) runs for everyone who asks meanwhile. Registrations a log could
+    not delete when it left are deleted again before each keep-alive, so none outlives its
+    log by more than a second while the lease lives (it would pin compaction)."""
 
     def __init__(self, client: EtcdClient) -> None:
         self.client = client
         #: The lease (0: none yet, or it expired).
         self.id = 0
         self._kept_at = float("-inf")
-        self._lock = asyncio.Lock()
+        self._renewing: asyncio.Task[int] | None = None
+        self._left: set[bytes] = set()  # registrations to delete again
         #: Keep-alives sent and leases granted so far.
         self.keep_alives = 0
         self.grants = 0
@@ -51,28 +62,45 @@ class SharedLease:
     async def current(self) -> int:
         """A live lease: kept alive now unless that was done within KEEP_EVERY; a new one
         when it expired (whoever holds keys under the old one registers again)."""
-        async with self._lock:
-            now = time.monotonic()
-            if self.id and now - self._kept_at < KEEP_EVERY:
-                return self.id
+        if self.id and time.monotonic() - self._kept_at < KEEP_EVERY:
+            return self.id
+        if self._renewing is None:
+            self._renewing = asyncio.get_running_loop().create_task(
+                self._renew(), name="messaging-etcd-lease")
+        return await asyncio.shield(self._renewing)
+
+    def left_behind(self, key: bytes) -> None:
+        """A registration its log could not delete: delete it again at the next renewal."""
+        self._left.add(key)
+
+    async def _renew(self) -> int:
+        try:
+            for key in sorted(self._left):
+                with contextlib.suppress(grpc.aio.AioRpcError, MessagingError):
+                    await self.client.delete(key)
+                    self._left.discard(key)
             if self.id:
                 self.keep_alives += 1
                 if await self.client.keep_alive(self.id) > 0:
-                    self._kept_at = now
+                    self._kept_at = time.monotonic()
                     return self.id
                 log.warning("this node's lease in etcd expired; registering again")
                 self.id = 0
-            self.grants += 1
             self.id = await self.client.grant_lease(LEASE_TTL)
+            self.grants += 1
             self._kept_at = time.monotonic()
             return self.id
+        finally:
+            self._renewing = None
 
     async def revoke(self) -> None:
         """Revoke the lease: every registration under it vanishes at once."""
-        async with self._lock:
-            if self.id:
-                lease, self.id = self.id, 0
-                await self.client.revoke_lease(lease)
+        if self._renewing is not None:
+            await cancel_and_wait(self._renewing)
+        self._left.clear()
+        if self.id:
+            lease, self.id = self.id, 0
+            await self.client.revoke_lease(lease)
 
 
 class Membership:
@@ -190,12 +218,16 @@ class Membership:
 
     async def leave(self) -> None:
         """Leave at once: revoke this registration's lease, or delete it from a shared one
-        (which the node's other logs keep)."""
+        (which the node's other logs keep; one that cannot be deleted now is deleted at the
+        lease's next renewal)."""
         if self._shared_lease is not None:
-            if self._registered is not None:
-                await self.client.delete(self._key)
             self._registered = None
             self.lease = 0
+            try:
+                await self.client.delete(self._key)
+            except (grpc.aio.AioRpcError, MessagingError):
+                self._shared_lease.left_behind(self._key)
+                raise
         elif self.lease:
             await self.client.revoke_lease(self.lease)
             self.lease = 0

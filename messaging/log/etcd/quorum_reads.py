@@ -16,7 +16,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from messaging.errors import ClusterUnavailableError
 from messaging.log.etcd.client import EtcdClient
+
+#: Reads per request at most: etcd refuses a transaction of more operations than its
+#: --max-txn-ops (128 by default), so a node holding more groups sends several.
+MAX_READS = 64
 
 
 async def aligned_sleep(interval: float) -> None:
@@ -56,12 +61,13 @@ class QuorumReads:
         waiting, self._waiting = self._waiting, {}
         waiting = {key: [w for w in waiters if not w.done()] for key, waiters in waiting.items()}
         waiting = {key: waiters for key, waiters in waiting.items() if waiters}
-        if not waiting:
-            return
-        task = asyncio.get_running_loop().create_task(self._read(waiting),
-                                                       name="messaging-etcd-quorum-read")
-        self._reads.add(task)
-        task.add_done_callback(self._reads.discard)
+        keys = sorted(waiting)
+        for first in range(0, len(keys), MAX_READS):
+            part = {key: waiting[key] for key in keys[first:first + MAX_READS]}
+            task = asyncio.get_running_loop().create_task(self._read(part),
+                                                           name="messaging-etcd-quorum-read")
+            self._reads.add(task)
+            task.add_done_callback(self._reads.discard)
 
     async def _read(self, waiting: dict[tuple[bytes, bool], list[asyncio.Future[Any]]],
                     ) -> None:
@@ -71,9 +77,12 @@ class QuorumReads:
         try:
             responses = await self.client.check_quorum_of(keys)
         except asyncio.CancelledError:
+            # closing: the callers (whose own tasks were not cancelled) hear it as an error
+            closed = ClusterUnavailableError("the read was cancelled: the log is closing")
             for waiters in waiting.values():
                 for waiter in waiters:
-                    waiter.cancel()
+                    if not waiter.done():
+                        waiter.set_exception(closed)
             raise
         except Exception as err:
             for waiters in waiting.values():

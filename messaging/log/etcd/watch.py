@@ -32,7 +32,7 @@ from messaging.log.etcd.apply import Revision
 from messaging.log.etcd.client import CompactedError, describe
 from messaging.log.etcd.progress import Progress
 from messaging.log.etcd.startup import Startup
-from messaging.log.etcd.watch_stream import WatchStream
+from messaging.log.etcd.watch_stream import FellBehind, WatchStream
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +151,10 @@ class LogWatch:
             self.error = reason
             self._restarts += 1
             # Every restart is logged: a watch that keeps failing over must show in the log
-            # (at INFO while the node starts: etcd may be starting too).
-            log.log(self._startup.level(), "watch of %s failed (%s); restarting from "
+            # (at INFO while the node starts: etcd may be starting too; and when its apply
+            # fell behind the stream, as it may while catching up).
+            level = logging.INFO if isinstance(error, FellBehind) else self._startup.level()
+            log.log(level, "watch of %s failed (%s); restarting from "
                     "revision %d on %s (restart %d)", self._log_key.decode(), reason,
                     self.received + 1, self.streams.endpoint_url(), self._restarts)
             if self._event_at and time.monotonic() - self._event_at < 1.0:

@@ -11,13 +11,12 @@ restarts its watch after any failure). A watch etcd refuses or cancels, or does 
 within CREATED_WITHIN, fails the stream as well: the next one is opened with fresh
 credentials (a long-lived stream keeps the token it was opened with).
 
-A key watch holds the others back only briefly: each has a buffer of its own, and the reader
-waits (at most HOLD seconds) for a consumer more than BUFFERED_RESPONSES responses or
-BUFFERED_BYTES of values behind to take half of them, as gRPC's flow control holds back a
-stream of its own; one that does not (an applier that stopped, a disk that stalls) is
-cancelled at etcd and fails with :class:`FellBehind`, and its log watch opens it again from
-the revision after the last one it delivered, which etcd still holds (compaction never passes
-a node's durable revision).
+A key watch never holds the others back: the reader never waits. Each watch has a buffer of
+its own; one whose consumer is more than BUFFERED_RESPONSES responses or BUFFERED_BYTES of
+values behind (an apply catching up, an applier that stopped, a disk that stalls) is
+cancelled at etcd, its consumer still gets every response it holds, then
+:class:`FellBehind`, and its log watch opens it again from the revision after the last one
+it delivered, which etcd still holds (compaction never passes a node's durable revision).
 
 Everything here runs on the event loop.
 """
@@ -37,12 +36,10 @@ from messaging.log.etcd.client import CompactedError, EtcdClient, describe
 
 log = logging.getLogger(__name__)
 
-#: A consumer this many responses behind holds the reader back (see the module).
+#: A consumer this many responses behind has its watch cancelled (see the module).
 BUFFERED_RESPONSES = 256
 #: ... or this many bytes of values behind.
-BUFFERED_BYTES = 32 << 20
-#: How long the reader waits for such a consumer before it cancels its watch (FellBehind).
-HOLD = 2.0
+BUFFERED_BYTES = 64 << 20
 #: A watch etcd has not confirmed this long after it was asked for fails its stream.
 CREATED_WITHIN = 5.0
 
@@ -69,7 +66,6 @@ class KeyWatch:
         self._bytes = 0
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self._room: asyncio.Future[None] | None = None  # the reader, waiting for a take
         self._closed = False
 
     def __aiter__(self) -> KeyWatch:
@@ -88,8 +84,6 @@ class KeyWatch:
                 self._waiter = None
         response = self._responses.popleft()
         self._bytes -= _value_bytes(response)
-        if self._room is not None and not self._over(2):
-            _wake(self._room)
         return response
 
     def close(self) -> None:
@@ -100,7 +94,6 @@ class KeyWatch:
             self._bytes = 0
             self._stream.forget(self)
             _wake(self._waiter)
-            _wake(self._room)
 
     # -- the stream's side ------------------------------------------------------------------
 
@@ -115,42 +108,20 @@ class KeyWatch:
             self.live = True
         self._responses.append(response)
         self._bytes += _value_bytes(response)
+        if len(self._responses) > BUFFERED_RESPONSES or self._bytes > BUFFERED_BYTES:
+            # Cancelled at etcd; what it holds is still handed on, then FellBehind.
+            self.fail(FellBehind(f"the watch of {self.key.decode()} fell "
+                                 f"{len(self._responses)} responses ({self._bytes} bytes) "
+                                 "behind its stream: cancelled, to be opened again after "
+                                 "what it holds"))
+            self._stream.forget(self)
         _wake(self._waiter)
-
-    async def room(self, hold: float) -> bool:
-        """Wait (at most ``hold`` seconds) while this watch's consumer is too far behind;
-        whether it caught up enough (the reader's side)."""
-        if not self._over(1) or self._closed or self._error is not None:
-            return True
-        self._room = asyncio.get_running_loop().create_future()
-        try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._room), hold)
-        finally:
-            self._room = None
-        return not self._over(2) or self._closed or self._error is not None
-
-    def fell_behind(self) -> None:
-        """Give up on a consumer that did not catch up: drop what waits, fail, cancel."""
-        waiting, size = len(self._responses), self._bytes
-        self._responses.clear()
-        self._bytes = 0
-        self.fail(FellBehind(f"the watch of {self.key.decode()} fell {waiting} responses "
-                             f"({size} bytes) behind its stream: cancelled, to be opened "
-                             "again from where it is"))
-        self._stream.forget(self)
 
     def fail(self, error: BaseException) -> None:
         """End this watch with ``error`` (after what it already holds)."""
         if self._error is None:
             self._error = error
         _wake(self._waiter)
-        _wake(self._room)
-
-    def _over(self, fraction: int) -> bool:
-        """Whether more than 1/``fraction`` of the budget waits."""
-        return (len(self._responses) * fraction > BUFFERED_RESPONSES
-                or self._bytes * fraction > BUFFERED_BYTES)
 
 
 def _wake(future: asyncio.Future[None] | None) -> None:
@@ -270,16 +241,16 @@ class WatchStream:
                     continue  # a watch closed meanwhile (or the confirmation of its cancel)
                 if response.canceled and not response.compact_revision:
                     # etcd refused or ended a watch of ours (an expired token, permissions:
-                    # refused creates come as watch -1): a stream opened afresh is the way out
+                    # refused creates come as watch -1): a stream opened afresh, with a token
+                    # asked for afresh, is the way out
                     error = ConnectionError(f"etcd cancelled a watch on this stream: "
                                             f"{response.cancel_reason or 'no reason given'}")
+                    self.client.forget_token()
                     self._failed(call, error)
                     return
                 if watch is None:
                     continue
                 watch.take(response)
-                if not await watch.room(HOLD):
-                    watch.fell_behind()
             error = ConnectionError("watch stream ended")
         except asyncio.CancelledError:
             task = asyncio.current_task()
