@@ -104,12 +104,8 @@ async def test_logs_sharing_a_lease_keep_it_alive_once_and_leave_alone(
     """Two logs' memberships on one shared lease: both registrations are under it, it is kept
     alive once however many step together, one leaving deletes only its own registration, and
     revoking the lease takes the rest."""
-    url = one_member.members[0].client_url
-    client = EtcdClient(EtcdSettings(endpoints=(url,), cluster="lease"))
-    share = EtcdShare.over(client, [url])
-    clusters = [f"lease{uuid.uuid4().hex[:8]}x{k}" for k in range(2)]
-    members = [Membership(client, cluster, "http://node", lambda: 0, 1 << 62,
-                          lease=share.lease, reads=share.quorum) for cluster in clusters]
+    share, clusters, members = _two_logs(one_member)
+    client = share.client
     try:
         await asyncio.gather(*(m.register() for m in members))
         assert (share.lease.grants, share.lease.keep_alives) == (1, 0)
@@ -133,12 +129,8 @@ async def test_logs_sharing_a_lease_keep_it_alive_once_and_leave_alone(
 
 async def test_an_expired_shared_lease_is_replaced_and_every_log_registers_again(
         one_member: EtcdCluster) -> None:
-    url = one_member.members[0].client_url
-    client = EtcdClient(EtcdSettings(endpoints=(url,), cluster="lease"))
-    share = EtcdShare.over(client, [url])
-    clusters = [f"lease{uuid.uuid4().hex[:8]}x{k}" for k in range(2)]
-    members = [Membership(client, cluster, "http://node", lambda: 0, 1 << 62,
-                          lease=share.lease, reads=share.quorum) for cluster in clusters]
+    share, clusters, members = _two_logs(one_member)
+    client = share.client
     try:
         await asyncio.gather(*(m.register() for m in members))
         old = share.lease.id
@@ -159,12 +151,8 @@ async def test_a_registration_that_could_not_be_deleted_goes_at_the_next_renewal
     """A log leaving while etcd refuses its delete: its registration is deleted again at the
     shared lease's next renewal (else the node's other logs would keep it, and its durable
     revision would pin compaction, for as long as the node runs)."""
-    url = one_member.members[0].client_url
-    client = EtcdClient(EtcdSettings(endpoints=(url,), cluster="lease"))
-    share = EtcdShare.over(client, [url])
-    clusters = [f"lease{uuid.uuid4().hex[:8]}x{k}" for k in range(2)]
-    members = [Membership(client, cluster, "http://node", lambda: 0, 1 << 62,
-                          lease=share.lease, reads=share.quorum) for cluster in clusters]
+    share, clusters, members = _two_logs(one_member)
+    client = share.client
     gone = nodes_prefix(clusters[0]) + b"http://node"
     try:
         await asyncio.gather(*(m.register() for m in members))
@@ -186,6 +174,18 @@ async def test_a_registration_that_could_not_be_deleted_goes_at_the_next_renewal
     finally:
         await share.close()
         await client.close()
+
+
+def _two_logs(member: EtcdCluster) -> tuple[EtcdShare, list[str], list[Membership]]:
+    """A share on the member and the memberships of one node in two clusters' logs on it
+    (the caller closes the share and its client)."""
+    url = member.members[0].client_url
+    client = EtcdClient(EtcdSettings(endpoints=(url,), cluster="lease"))
+    share = EtcdShare.over(client, [url])
+    clusters = [f"lease{uuid.uuid4().hex[:8]}x{k}" for k in range(2)]
+    members = [Membership(client, cluster, "http://node", lambda: 0, 1 << 62,
+                          lease=share.lease, reads=share.quorum) for cluster in clusters]
+    return share, clusters, members
 
 
 async def _lease_of(client: EtcdClient, key: bytes) -> int | None:

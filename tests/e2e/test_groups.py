@@ -602,11 +602,8 @@ async def test_a_node_watches_every_group_it_holds_on_one_stream(
     nodes = group_nodes(broker_process, tmp_path, etcd)
     await nodes.start(0)
     async with aiohttp.ClientSession() as session:
-        async def holds_every_group() -> bool:
-            view = await get_json(session, f"{nodes.url(0)}/messaging/groups")
-            return all(g["here"] is not None and g["here"]["caught_up"] for g in view["groups"])
-
-        await wait_until(holds_every_group, timeout=30, what="the node holding every group")
+        await wait_until(lambda: holds_every_group(session, nodes.url(0)), timeout=30,
+                         what="the node holding every group")
         during = await watch_gauges(etcd)
         for group in range(GROUPS):
             async with session.post(f"{nodes.url(0)}/messaging/messages",
@@ -627,11 +624,8 @@ async def test_a_node_reads_the_quorum_once_a_tick_for_all_its_groups(
     nodes = group_nodes(broker_process, tmp_path, etcd)
     await nodes.start(0)
     async with aiohttp.ClientSession() as session:
-        async def holds_every_group() -> bool:
-            view = await get_json(session, f"{nodes.url(0)}/messaging/groups")
-            return all(g["here"] is not None and g["here"]["caught_up"] for g in view["groups"])
-
-        await wait_until(holds_every_group, timeout=30, what="the node holding every group")
+        await wait_until(lambda: holds_every_group(session, nodes.url(0)), timeout=30,
+                         what="the node holding every group")
         diagnostics = f"{nodes.url(0)}/messaging/diagnostics"
         before = await etcd_calls(etcd), (await get_json(session, diagnostics))["etcd"]
         await asyncio.sleep(3.0)
@@ -670,6 +664,12 @@ async def etcd_calls(etcd: EtcdCluster) -> tuple[int, int]:
                 elif 'grpc_method="Range"' in labels:
                     ranges += int(float(value))
     return txns, ranges
+
+
+async def holds_every_group(session: aiohttp.ClientSession, url: str) -> bool:
+    """Whether the node at ``url`` holds every group and has caught up in each."""
+    view = await get_json(session, f"{url}/messaging/groups")
+    return all(g["here"] is not None and g["here"]["caught_up"] for g in view["groups"])
 
 
 async def watch_gauges(etcd: EtcdCluster) -> tuple[int, int]:

@@ -5,6 +5,7 @@ back by it. A real broker and writer thread; revisions are delivered as the watc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -64,22 +65,29 @@ class Setup:
         return self.progress.applied
 
 
-@pytest.fixture
-async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
-    broker = await asyncio.to_thread(Broker.open, tmp_path)
+@contextlib.asynccontextmanager
+async def applier_on(path: Path, linger: float) -> AsyncIterator[Setup]:
+    """An applier with ``linger`` over a real broker in ``path`` and its writer thread."""
+    broker = await asyncio.to_thread(Broker.open, path)
     writer = SerialExecutor("messaging-writer")
     progress = Progress()
     unsynced = DeferredSync(broker)
     checkpoints = Checkpoints(broker, "test", progress, unsynced)
     answers = Answers()
     applier = Applier(broker, writer, cast(LogWriter, answers), progress, checkpoints,
-                      unsynced, b"/messaging/test/log", linger=LINGER)
+                      unsynced, b"/messaging/test/log", linger=linger)
     try:
         yield Setup(applier, progress, answers)
     finally:
         applier.close()
         await asyncio.to_thread(writer.shutdown)
         await asyncio.to_thread(broker.close)
+
+
+@pytest.fixture
+async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
+    async with applier_on(tmp_path, LINGER) as made:
+        yield made
 
 
 async def until_applied(setup: Setup, count: int, within: float) -> float:
@@ -156,23 +164,11 @@ async def test_a_full_half_of_the_inbox_is_applied_without_waiting(setup: Setup)
 
 
 async def test_a_linger_of_zero_applies_each_revision_as_it_comes(tmp_path: Path) -> None:
-    broker = await asyncio.to_thread(Broker.open, tmp_path)
-    writer = SerialExecutor("messaging-writer")
-    progress = Progress()
-    unsynced = DeferredSync(broker)
-    applier = Applier(broker, writer, cast(LogWriter, Answers()), progress,
-                      Checkpoints(broker, "test", progress, unsynced), unsynced,
-                      b"/messaging/test/log", linger=0)
-    setup = Setup(applier, progress, Answers())
-    try:
+    async with applier_on(tmp_path, 0) as setup:
         for count in range(1, 4):
-            applier.deliver(setup.entry(OTHER_NODE))
+            setup.applier.deliver(setup.entry(OTHER_NODE))
             await until_applied(setup, count, 5)
-        assert applier.cost.batches == 3
-    finally:
-        applier.close()
-        await asyncio.to_thread(writer.shutdown)
-        await asyncio.to_thread(broker.close)
+        assert setup.applier.cost.batches == 3
 
 
 async def test_hurry_ends_a_linger(setup: Setup) -> None:
