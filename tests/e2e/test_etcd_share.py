@@ -176,6 +176,36 @@ async def test_a_registration_that_could_not_be_deleted_goes_at_the_next_renewal
         await client.close()
 
 
+async def test_a_group_back_on_its_node_keeps_a_registration_once_left_behind(
+        one_member: EtcdCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group whose delete failed when it left, and which came back to the node before the
+    lease's next renewal: its new registration is not the one deleted then."""
+    share, clusters, members = _two_logs(one_member)
+    client = share.client
+    key = nodes_prefix(clusters[0]) + b"http://node"
+    try:
+        await asyncio.gather(*(m.register() for m in members))
+        delete = client.delete
+
+        async def refused(key: bytes) -> None:
+            raise ClusterUnavailableError("etcd has no quorum (the test's)")
+
+        monkeypatch.setattr(client, "delete", refused)
+        with pytest.raises(ClusterUnavailableError):
+            await members[0].leave()
+        monkeypatch.setattr(client, "delete", delete)
+        back = Membership(client, clusters[0], "http://node", lambda: 0, 1 << 62,
+                          lease=share.lease, reads=share.quorum)
+        await back.register()  # within KEEP_EVERY of the last renewal: put at once
+        assert await _lease_of(client, key) == share.lease.id
+        await asyncio.sleep(KEEP_EVERY)
+        await members[1].register()  # renews the lease: what was left behind goes
+        assert await _lease_of(client, key) == share.lease.id  # but not the group back
+    finally:
+        await share.close()
+        await client.close()
+
+
 def _two_logs(member: EtcdCluster) -> tuple[EtcdShare, list[str], list[Membership]]:
     """A share on the member and the memberships of one node in two clusters' logs on it
     (the caller closes the share and its client)."""
@@ -192,3 +222,21 @@ async def _lease_of(client: EtcdClient, key: bytes) -> int | None:
     """The lease ``key`` is bound to (None: no such key)."""
     response = await client.get(key)
     return int(response.kvs[0].lease) if response.kvs else None
+
+
+async def test_a_renewal_cancelled_before_it_ran_leaves_the_lease_usable(
+        one_member: EtcdCluster) -> None:
+    """A renewal revoked before it ran: the next one starts afresh (it had kept answering
+    CancelledError), and one that failed with nobody waiting is not left unretrieved."""
+    share, _clusters, _members = _two_logs(one_member)
+    client = share.client
+    try:
+        first = asyncio.create_task(share.lease.current())
+        await asyncio.sleep(0)  # the renewal task exists, not yet run
+        await share.lease.revoke()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert await share.lease.current() > 0
+    finally:
+        await share.close()
+        await client.close()

@@ -65,42 +65,60 @@ class SharedLease:
         if self.id and time.monotonic() - self._kept_at < KEEP_EVERY:
             return self.id
         if self._renewing is None:
-            self._renewing = asyncio.get_running_loop().create_task(
-                self._renew(), name="messaging-etcd-lease")
+            task = asyncio.get_running_loop().create_task(self._renew(),
+                                                          name="messaging-etcd-lease")
+            task.add_done_callback(_retrieved)  # a failure nobody waits for any more
+            self._renewing = task
         return await asyncio.shield(self._renewing)
 
     def left_behind(self, key: bytes) -> None:
         """A registration its log could not delete: delete it again at the next renewal."""
         self._left.add(key)
 
+    def keep(self, key: bytes) -> None:
+        """``key`` is registered again (its group came back to this node): not to delete."""
+        self._left.discard(key)
+
     async def _renew(self) -> int:
         try:
-            for key in sorted(self._left):
+            lease = await self._kept_alive()
+            for key in sorted(self._left):  # after the keep-alive: never delaying it
+                if key not in self._left:
+                    continue  # registered again meanwhile
                 with contextlib.suppress(grpc.aio.AioRpcError, MessagingError):
                     await self.client.delete(key)
                     self._left.discard(key)
-            if self.id:
-                self.keep_alives += 1
-                if await self.client.keep_alive(self.id) > 0:
-                    self._kept_at = time.monotonic()
-                    return self.id
-                log.warning("this node's lease in etcd expired; registering again")
-                self.id = 0
-            self.id = await self.client.grant_lease(LEASE_TTL)
-            self.grants += 1
-            self._kept_at = time.monotonic()
-            return self.id
+            return lease
         finally:
             self._renewing = None
+
+    async def _kept_alive(self) -> int:
+        if self.id:
+            self.keep_alives += 1
+            if await self.client.keep_alive(self.id) > 0:
+                self._kept_at = time.monotonic()
+                return self.id
+            log.warning("this node's lease in etcd expired; registering again")
+            self.id = 0
+        self.id = await self.client.grant_lease(LEASE_TTL)
+        self.grants += 1
+        self._kept_at = time.monotonic()
+        return self.id
 
     async def revoke(self) -> None:
         """Revoke the lease: every registration under it vanishes at once."""
         if self._renewing is not None:
             await cancel_and_wait(self._renewing)
+            self._renewing = None  # (a task cancelled before it ran never reached its finally)
         self._left.clear()
         if self.id:
             lease, self.id = self.id, 0
             await self.client.revoke_lease(lease)
+
+
+def _retrieved(task: asyncio.Task[int]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 class Membership:
@@ -161,6 +179,7 @@ class Membership:
     async def register(self) -> None:
         """Keep the lease alive (a new one if it expired) and the registration current."""
         if self._shared_lease is not None:
+            self._shared_lease.keep(self._key)  # before the renewal that would delete it
             lease = await self._shared_lease.current()
             if lease != self.lease:
                 self.lease, self._registered = lease, None

@@ -96,7 +96,7 @@ class QuorumReads:
                     waiter.set_result(response)
 
     async def close(self) -> None:
-        """Cancel the reads under way (their callers get CancelledError)."""
+        """Cancel the reads under way (their callers get ClusterUnavailableError)."""
         for task in list(self._reads):
             task.cancel()
         await asyncio.gather(*self._reads, return_exceptions=True)

@@ -38,8 +38,9 @@ log = logging.getLogger(__name__)
 
 #: A consumer this many responses behind has its watch cancelled (see the module).
 BUFFERED_RESPONSES = 256
-#: ... or this many bytes of values behind.
-BUFFERED_BYTES = 64 << 20
+#: ... or this many bytes of values behind (per watch: a node whose groups all catch up at
+#: once may hold this much for each).
+BUFFERED_BYTES = 32 << 20
 #: A watch etcd has not confirmed this long after it was asked for fails its stream.
 CREATED_WITHIN = 5.0
 
