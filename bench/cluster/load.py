@@ -87,9 +87,10 @@ class Node:
         return self.tmp / f"node{self.i}.log"
 
     def start(self) -> None:
+        # The apply linger: what a CPU-bound cluster is run with (see the README's Cluster).
         self.proc, _ = broker(self.tmp / f"node{self.i}", "--etcd", self.endpoints,
                               "--cluster", self.cluster, "--advertise", self.url,
-                              port=self.port, log=self.log)
+                              "--cluster-apply-linger", "20ms", port=self.port, log=self.log)
 
 
 async def start_nodes(session: Session, tmp: Path, members: list[Etcd], nodes: list[Node],

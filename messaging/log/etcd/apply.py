@@ -77,7 +77,7 @@ QUEUED_REVISIONS = 64
 #: Other nodes' revisions wait for the linger only while fewer than this many are queued.
 LINGER_REVISIONS = QUEUED_REVISIONS // 2
 #: How long a steady stream of other nodes' revisions may wait to be applied together.
-DEFAULT_APPLY_LINGER = 0.02
+DEFAULT_APPLY_LINGER = 0.0
 #: A batch that failed as a whole is tried again after this long, doubling up to RETRY_MAX.
 RETRY_FIRST = 0.1
 RETRY_MAX = 2.0
