@@ -156,15 +156,7 @@ async def test_a_registration_that_could_not_be_deleted_goes_at_the_next_renewal
     gone = nodes_prefix(clusters[0]) + b"http://node"
     try:
         await asyncio.gather(*(m.register() for m in members))
-        delete = client.delete
-
-        async def refused(key: bytes) -> None:
-            raise ClusterUnavailableError("etcd has no quorum (the test's)")
-
-        monkeypatch.setattr(client, "delete", refused)
-        with pytest.raises(ClusterUnavailableError):
-            await members[0].leave()
-        monkeypatch.setattr(client, "delete", delete)
+        await _leave_while_deletes_fail(members[0], monkeypatch)
         assert await _lease_of(client, gone) == share.lease.id  # still there
         await asyncio.sleep(KEEP_EVERY)
         await members[1].register()  # the other log's step renews the lease
@@ -185,15 +177,7 @@ async def test_a_group_back_on_its_node_keeps_a_registration_once_left_behind(
     key = nodes_prefix(clusters[0]) + b"http://node"
     try:
         await asyncio.gather(*(m.register() for m in members))
-        delete = client.delete
-
-        async def refused(key: bytes) -> None:
-            raise ClusterUnavailableError("etcd has no quorum (the test's)")
-
-        monkeypatch.setattr(client, "delete", refused)
-        with pytest.raises(ClusterUnavailableError):
-            await members[0].leave()
-        monkeypatch.setattr(client, "delete", delete)
+        await _leave_while_deletes_fail(members[0], monkeypatch)
         back = Membership(client, clusters[0], "http://node", lambda: 0, 1 << 62,
                           lease=share.lease, reads=share.quorum)
         await back.register()  # within KEEP_EVERY of the last renewal: put at once
@@ -204,6 +188,18 @@ async def test_a_group_back_on_its_node_keeps_a_registration_once_left_behind(
     finally:
         await share.close()
         await client.close()
+
+
+async def _leave_while_deletes_fail(member: Membership,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``member`` leaves while etcd refuses every delete (then deletes work again)."""
+    async def refused(key: bytes) -> None:
+        raise ClusterUnavailableError("etcd has no quorum (the test's)")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(member.client, "delete", refused)
+        with pytest.raises(ClusterUnavailableError):
+            await member.leave()
 
 
 def _two_logs(member: EtcdCluster) -> tuple[EtcdShare, list[str], list[Membership]]:
