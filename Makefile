@@ -13,7 +13,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 
 .PHONY: help run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
-	bench-split bench-latency bench-publish-path bench-commit-marks bench-group-staging bench-watch-cost bench-idle-groups bench-fanout bench-scaling bench-groups bench-cli bench-tiering \
+	bench-split bench-latency bench-publish-path bench-commit-marks bench-group-staging bench-watch-cost bench-etcd-floor bench-idle-groups bench-fanout bench-scaling bench-groups bench-cli bench-tiering \
 	soak soak-cluster soak-tiered etcd faketime chromium conformance spark s3 dist clean
 
 .DEFAULT_GOAL := help
@@ -253,6 +253,11 @@ bench-group-staging: $(STAMP)
 ## one bare event-loop wake-up; one etcd member, about 1 minute
 bench-watch-cost: $(STAMP) etcd
 	$(BIN)/python bench/experiments/watch_cost/run.py
+
+## make bench-etcd-floor: what etcd (3 members) and one watch per node cost for the cluster
+## cost benchmark's loads before any broker works, beside the single node; about 3 minutes
+bench-etcd-floor: $(STAMP) etcd
+	$(BIN)/python bench/experiments/etcd_floor/run.py
 
 ## make bench-idle-groups: what an idle cluster node and its etcd cost by the number of topic
 ## groups the node holds (1, 4, 16), by thread; one etcd member, about 2 minutes
