@@ -37,11 +37,12 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.cluster.load import Node, latencies, start_nodes, throughput, with_cpu
+from bench.cluster.load import Node, start_nodes
 from bench.harness.etcd_members import etcd_cluster
 from bench.harness.figures import Row, percentile
 from bench.harness.flames import py_spy, record, table
 from bench.harness.procs import broker
+from bench.harness.publish_load import latencies, throughput, with_cpu
 from bench.harness.results import add_to_json, command_line, report
 from bench.harness.sampling import thread_cpu
 

@@ -5,34 +5,22 @@ etcd's RSS sampled through the run, the CPU each group of processes used, conver
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
 from bench.harness import settings
 from bench.harness.cluster_nodes import nodes_ready, post
 from bench.harness.etcd_members import Etcd, etcd_healthy, etcd_leader, raft_index
-from bench.harness.loops import bounded_wait, paced
-from bench.harness.payloads import PAYLOAD
+from bench.harness.loops import bounded_wait
 from bench.harness.procs import Proc, broker, free_port
-from bench.harness.sampling import cpu_seconds, machine_busy, rss_bytes
-from examples.generate_events import make_events
-from messaging.frames import encode_batch
+from bench.harness.publish_load import elapsed_since
+from bench.harness.sampling import rss_bytes
 from messaging.log.etcd.writer import MAX_PUTS_IN_FLIGHT
-
-BATCH = 1000
-SENDERS = 4
-#: Distinct batch bodies per sender (random messages, reused round-robin).
-BODIES = 8
-LATENCY_RATE = 1000
-LATENCY_COUNT = 2000
 
 Session = aiohttp.ClientSession
 
@@ -59,10 +47,6 @@ class Settings(settings.Settings):
                    failovers=int(env("BENCH_FAILOVERS", "5")),
                    sustain_entries=int(env("BENCH_ETCD_ENTRIES", "14000")),
                    sustain_seconds=float(env("BENCH_SUSTAIN_SECONDS", "240")))
-
-
-def elapsed_since(start: float) -> float:
-    return time.perf_counter() - start
 
 
 # -- broker nodes ------------------------------------------------------------------------------
@@ -109,70 +93,6 @@ async def start_nodes(session: Session, tmp: Path, members: list[Etcd], nodes: l
 
 
 # -- measurements ------------------------------------------------------------------------------
-
-def random_message(k: int) -> bytes:
-    """100 random bytes: incompressible (etcd log entries are compressed, and the other
-    benchmarks' b"x" * 100 would shrink to nothing)."""
-    return os.urandom(len(PAYLOAD))
-
-
-_EVENTS = [json.dumps(e).encode() for e in make_events(SENDERS * BODIES * BATCH, 60)]
-
-
-def json_event(k: int) -> bytes:
-    """A JSON event like the Spark example's (about 70 bytes; zstd takes it to about 0.15)."""
-    return _EVENTS[k % len(_EVENTS)]
-
-
-async def throughput(session: Session, urls: list[str], topic: int, seconds: float,
-                     message: Callable[[int], bytes] = random_message) -> float:
-    """msg/s of SENDERS concurrent 1000-message batch publishers, spread over ``urls``."""
-    # Framed once (the client is not measured). Each sender has its own bodies, so that a put
-    # coalescing several requests holds no repeats.
-    bodies = [[encode_batch(topic, [message((k * BODIES + b) * BATCH + i) for i in range(BATCH)])
-               for b in range(BODIES)] for k in range(SENDERS)]
-    count = 0
-    deadline = time.perf_counter() + seconds
-
-    async def sender(k: int) -> None:
-        nonlocal count
-        url = urls[k % len(urls)]
-        for n in range(1_000_000):
-            if time.perf_counter() >= deadline:
-                return
-            status = await post(session, url, topic, bodies[k][n % BODIES], batch=True)
-            if status != 200:
-                raise RuntimeError(f"batch publish to {url}: HTTP {status}")
-            count += BATCH
-
-    started = time.perf_counter()
-    await asyncio.gather(*(sender(k) for k in range(SENDERS)))
-    return count / elapsed_since(started)
-
-
-async def latencies(session: Session, urls: list[str], topic: int, rate: int = LATENCY_RATE,
-                    count: int = LATENCY_COUNT) -> list[float]:
-    """Seconds per single 100 B publish, ``count`` of them paced at ``rate``/s (open loop:
-    each starts on schedule whether or not earlier ones were answered)."""
-    delays: list[float] = []
-
-    async def one(k: int) -> None:
-        started = time.perf_counter()
-        status = await post(session, urls[k % len(urls)], topic, os.urandom(len(PAYLOAD)),
-                            batch=False)
-        if status != 200:
-            raise RuntimeError(f"publish: HTTP {status}")
-        delays.append(elapsed_since(started))
-
-    for warm in range(50):
-        await one(warm)
-    delays.clear()
-    await paced(rate, count, one, drain=60)
-    if len(delays) < count:
-        raise RuntimeError(f"{count - len(delays)} of {count} publishes not "
-                           "answered in time")
-    return delays
-
 
 @dataclass
 class Failover:
@@ -316,40 +236,6 @@ class Sampler:
         for _ in range(3600):  # at most 30 minutes at 2 samples/s
             await self.sample()
             await asyncio.sleep(0.5)
-
-
-def cpu_of(pids: list[int | None]) -> float:
-    return sum(cpu_seconds(p) for p in pids)
-
-
-@dataclass
-class CpuUse:
-    """CPU used during one phase, in cores: by each group of our processes, and by the
-    whole machine (the difference is other work on it)."""
-
-    shares: dict[str, float]
-    machine: float
-
-    @property
-    def others(self) -> float:
-        return max(0.0, self.machine - sum(self.shares.values()))
-
-    def text(self) -> str:
-        return ", ".join([*(f"{name} {cores:.2f}" for name, cores in self.shares.items()),
-                          f"other processes {self.others:.2f}"])
-
-
-async def with_cpu(groups: dict[str, Callable[[], list[int | None]]],
-                   work: Awaitable[Any]) -> tuple[Any, CpuUse]:
-    before = {name: cpu_of(pids()) for name, pids in groups.items()}
-    me = time.process_time()
-    busy = machine_busy()
-    started = time.perf_counter()
-    result = await work
-    wall = elapsed_since(started)
-    shares = {name: (cpu_of(pids()) - before[name]) / wall for name, pids in groups.items()}
-    shares["load generator"] = (time.process_time() - me) / wall
-    return result, CpuUse(shares, (machine_busy() - busy) / wall)
 
 
 async def converged(session: Session, urls: list[str]) -> str:

@@ -11,10 +11,11 @@ from typing import Any
 
 import aiohttp
 
-from bench.cluster.load import LATENCY_COUNT, LATENCY_RATE, CpuUse, Failover, Sample, Settings
+from bench.cluster.load import Failover, Sample, Settings
 from bench.harness import results
 from bench.harness.figures import Row, percentile
 from bench.harness.plots import plt
+from bench.harness.publish_load import LATENCY_COUNT, LATENCY_RATE, CpuUse
 from messaging.log.etcd.budget import PHASES
 from messaging.log.etcd.writer import MAX_PUTS_IN_FLIGHT
 

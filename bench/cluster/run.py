@@ -32,13 +32,8 @@ from bench.cluster.load import (
     Sampler,
     Settings,
     converged,
-    elapsed_since,
     failover_round,
-    json_event,
-    latencies,
     start_nodes,
-    throughput,
-    with_cpu,
 )
 from bench.cluster.report import (
     SWEEP_RATES,
@@ -54,6 +49,13 @@ from bench.harness.etcd_members import etcd_cluster, etcd_healthy
 from bench.harness.figures import percentile
 from bench.harness.loops import bounded_wait
 from bench.harness.procs import broker
+from bench.harness.publish_load import (
+    elapsed_since,
+    json_event,
+    latencies,
+    throughput,
+    with_cpu,
+)
 from bench.harness.results import command_line, report
 
 

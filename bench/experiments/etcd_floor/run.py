@@ -8,7 +8,7 @@ remove while every byte goes through etcd and every revision reaches every node:
 members with the README's settings take paced puts of real log entries (what
 :func:`~messaging.log.etcd.entry.encode_entry` makes of the publishes, compressed when it
 pays) while three watcher processes, one per member, receive every revision the way a node
-does (:mod:`bench.experiments.watch_cost.watcher`, grpc.aio), each measuring its own CPU.
+does (:mod:`bench.harness.etcd_watcher`, grpc.aio), each measuring its own CPU.
 One broker (``--fsync always``) in the same run gives the baselines: its CPU per message for
 1,000 × 100 B batches and its cores at 1,000 single publishes a second.
 
@@ -37,12 +37,12 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from bench.cluster.load import BATCH, cpu_of, latencies, throughput, with_cpu
-from bench.experiments.watch_cost.watcher import KEY
 from bench.harness.etcd_members import Etcd, etcd_cluster, wait_for_leader
+from bench.harness.etcd_watcher import KEY
 from bench.harness.figures import Row
 from bench.harness.payloads import PAYLOAD
 from bench.harness.procs import broker, child_env
+from bench.harness.publish_load import BATCH, cpu_of, latencies, throughput, with_cpu
 from bench.harness.results import add_to_json, command_line, report
 from bench.harness.sampling import cpu_seconds
 from messaging.frames import encode_batch
@@ -98,7 +98,7 @@ def _values(point: Point, count: int) -> list[bytes]:
 
 def _watchers(members: list[Etcd], count: int) -> list[subprocess.Popen[str]]:
     return [subprocess.Popen(
-        [sys.executable, "-m", "bench.experiments.watch_cost.watcher", "grpc-aio",
+        [sys.executable, "-m", "bench.harness.etcd_watcher", "grpc-aio",
          m.client_url, str(WARM), str(count)], stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, env=child_env()) for m in members]
 

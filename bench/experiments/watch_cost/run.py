@@ -4,7 +4,7 @@
 A node applies every revision of its log, so the CPU that a watch event costs the node is paid
 per revision on every holder. This experiment separates the receiving from the applying: one
 etcd member (127.0.0.1) takes paced puts of one key while four watcher
-processes (:mod:`bench.experiments.watch_cost.watcher`) receive them at once, each measuring
+processes (:mod:`bench.harness.etcd_watcher`) receive them at once, each measuring
 its own CPU per event:
 
 - ``grpc-aio`` (the baseline: what a node runs), ``grpc-thread``, ``gateway-loop``,
@@ -36,8 +36,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 
-from bench.experiments.watch_cost.watcher import KEY
 from bench.harness.etcd_members import etcd_cluster, wait_for_leader
+from bench.harness.etcd_watcher import KEY
 from bench.harness.figures import Row
 from bench.harness.procs import child_env
 from bench.harness.results import add_to_json, command_line, report
@@ -52,7 +52,7 @@ WARM = 30
 
 def _watcher(mode: str, target: str, count: int) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "bench.experiments.watch_cost.watcher", mode, target,
+        [sys.executable, "-m", "bench.harness.etcd_watcher", mode, target,
          str(WARM), str(count)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=child_env())
 

@@ -1,8 +1,8 @@
-"""One watcher of the watch-cost experiment, in a process of its own so that its CPU is its
-own: it receives ``count`` events after ``warm`` and prints one JSON line with its CPU per
-event (every thread of the process).
+"""A watcher of one etcd key for the watch-cost and etcd-floor experiments, in a process of
+its own so that its CPU is its own: it receives ``count`` events after ``warm`` and prints one
+JSON line with its CPU per event (every thread of the process).
 
-Modes (``python -m bench.experiments.watch_cost.watcher MODE TARGET WARM COUNT``):
+Modes (``python -m bench.harness.etcd_watcher MODE TARGET WARM COUNT``):
 
 - ``grpc-aio``: :meth:`messaging.log.etcd.client.EtcdClient.watch`, what a node runs today
   (grpc's own poller thread, then the event loop);
