@@ -47,7 +47,7 @@ DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_MAX_CONNECTIONS = 10_000
 DEFAULT_MAX_CLOCK_OFFSET = 0.5
 DEFAULT_CLUSTER_SYNC_INTERVAL = 0.1
-DEFAULT_CLUSTER_APPLY_LINGER = 0.0
+DEFAULT_CLUSTER_APPLY_LINGER = 0.02
 DEFAULT_ETCD_COMPACT_EVERY = 1000
 #: Streaming reads (native streams, long-polls, SSE) served at once; more are answered 503.
 DEFAULT_MAX_STREAMS = 10_000
@@ -338,10 +338,10 @@ class BrokerConfig:
         DEFAULT_CLUSTER_APPLY_LINGER, "--cluster-apply-linger",
         "in a cluster, a node applies a steady stream of revisions made by other nodes at "
         "most this often, several at a time (each wake-up of its writer costs CPU: 20ms "
-        "halves a holder's writer CPU); what its own publishers wait for and anything after "
-        "a quiet spell is applied at once, but a read through this node of a publish made "
-        "through another may miss it for that long; 0 (the default) applies every revision "
-        "as it comes", parse=parse_duration,
+        "halves a holder's writer CPU); what its own publishers wait for, anything after a "
+        "quiet spell and whatever a read waits for are applied at once, so only a "
+        "subscriber here to a topic published through another node may get a message that "
+        "much later; 0 applies every revision as it comes", parse=parse_duration,
         show=show_duration, metavar="DURATION")
     max_clock_offset: float = _option(
         DEFAULT_MAX_CLOCK_OFFSET, "--max-clock-offset",
@@ -451,7 +451,7 @@ class EtcdSettings:
     sync_interval: float = 0.1
     #: How long a steady stream of other nodes' revisions may wait to be applied together
     #: (seconds; 0: each as it comes).
-    apply_linger: float = 0.0
+    apply_linger: float = DEFAULT_CLUSTER_APPLY_LINGER
     #: How far a node's clock may be from its peers' before it stops taking writes (ms).
     max_clock_offset_ms: int = 500
 

@@ -200,15 +200,15 @@ def test_every_duration_flag_reads_durations() -> None:
                 option.parse("90")
 
 
-def test_the_apply_linger_is_off_by_default_and_reaches_the_etcd_settings() -> None:
+def test_the_apply_linger_is_20ms_by_default_and_reaches_the_etcd_settings() -> None:
     from messaging.config import load_config
 
     base = {"etcd": "http://127.0.0.1:2379", "cluster": "c"}
     settings = load_config(base, {}, None).etcd_settings()
-    assert settings is not None and settings.apply_linger == 0  # off unless asked for
-    settings = load_config(base, {"MESSAGING_CLUSTER_APPLY_LINGER": "20ms"},
-                           None).etcd_settings()
     assert settings is not None and settings.apply_linger == 0.02
+    settings = load_config(base, {"MESSAGING_CLUSTER_APPLY_LINGER": "0"},
+                           None).etcd_settings()
+    assert settings is not None and settings.apply_linger == 0  # each revision as it comes
     settings = load_config(base, {"MESSAGING_CLUSTER_APPLY_LINGER": "5ms"},
                            None).etcd_settings()
     assert settings is not None and settings.apply_linger == 0.005

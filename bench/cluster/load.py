@@ -71,10 +71,10 @@ class Node:
         return self.tmp / f"node{self.i}.log"
 
     def start(self) -> None:
-        # The apply linger: what a CPU-bound cluster is run with (see the README's Cluster).
+        # The defaults (--cluster-apply-linger 20ms among them), as users run a cluster.
         self.proc, _ = broker(self.tmp / f"node{self.i}", "--etcd", self.endpoints,
                               "--cluster", self.cluster, "--advertise", self.url,
-                              "--cluster-apply-linger", "20ms", port=self.port, log=self.log)
+                              port=self.port, log=self.log)
 
 
 async def start_nodes(session: Session, tmp: Path, members: list[Etcd], nodes: list[Node],

@@ -103,6 +103,7 @@ class ConsumerHandlers:
     @requires("read")
     async def list(self, request: web.Request) -> web.Response:
         """GET /messaging/consumers (those of the topics the token may read)."""
+        await self.log.read_barrier()
         principal = principal_of(request)
         topic = topic_to_read(request, self.broker)
         name = request.query.get("name") or None

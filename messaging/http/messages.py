@@ -191,16 +191,20 @@ class MessageHandlers:
         that never existed is a 404; a streaming one waits for the topic's first message.
         HEAD answers the headers a GET would, without a body.
         """
+        streaming = _bool(request, "streaming")
+        fmt = request.query.get("format", "frames")
+        if fmt not in ("frames", "sse"):
+            raise BadRequestError(f"invalid format {fmt!r}: expected frames or sse")
+        if fmt != "sse" and (not streaming or request.method == "HEAD"):
+            # A read that answers once sees what any node acknowledged before it began; a
+            # stream follows the topic and gets it as this node applies it.
+            await self.log.read_barrier()
         topic_id = topic_to_read(request, self.broker)
         if topic_id is None:
             raise BadRequestError("missing parameter topicID")
         index = _optional_int(request, "index") or 0
         end = _optional_int(request, "end")
         limit = _optional_int(request, "limit")
-        streaming = _bool(request, "streaming")
-        fmt = request.query.get("format", "frames")
-        if fmt not in ("frames", "sse"):
-            raise BadRequestError(f"invalid format {fmt!r}: expected frames or sse")
         if fmt == "sse":
             with self.limits.stream():
                 return await self._read_sse(request, topic_id, index, end, limit)
@@ -333,6 +337,7 @@ class MessageHandlers:
         """GET /messaging/topics (those the token may read), each row with ``count``: the
         messages it holds (counted on a read thread: broker indexes are shared by every
         topic, so a topic's index range is not its count)."""
+        await self.log.read_barrier()
         principal = principal_of(request)
         rows = [(t, self.broker.topic_info(t)) for t in self.broker.topics()
                 if readable(principal, self.broker, t.id)]
@@ -353,6 +358,7 @@ class MessageHandlers:
         ``index`` (to ``end``, exclusive) were appended, as runs: ``[first index, time]``,
         each holding until the next one starts, through ``through`` (the last index they
         cover); a time is ms since the epoch, null for messages written before times."""
+        await self.log.read_barrier()
         topic_id = topic_to_read(request, self.broker)
         if topic_id is None:
             raise BadRequestError("missing parameter topicID")
@@ -373,7 +379,8 @@ class MessageHandlers:
 
     @requires("read")
     async def topic(self, request: web.Request) -> web.Response:
-        """GET /messaging/topics/{id}, with ``after`` and ``count`` for count-based batching,
+        """GET /messaging/topics/{id} (through :meth:`TopicHandlers.describe`, which waits for
+        the read barrier first), with ``after`` and ``count`` for count-based batching,
         ``last``: the index of the ``last``-th message back from the end, or ``at``: the index
         of the first message appended at or after that time (null: none yet); with
         ``objects=true``, the object store's URL and the topic's objects in it (name, index

@@ -214,6 +214,8 @@ class StreamHandlers:
         if handler is None:
             raise web.HTTPMethodNotAllowed(method, sorted(SCOPES))
         principal_of(request).require(SCOPES[method], name, f"stream {name!r}")
+        if method in ("GET", "HEAD"):
+            await self.log.read_barrier()  # what any node acknowledged before is seen here
         return await handler(request, name)
 
     # -- lookups and expiry -----------------------------------------------------------------

@@ -63,6 +63,7 @@ class TopicHandlers:
         ``after``/``count``/``last`` as before) and ``settings``: each setting's value and
         source (``topic``, ``broker`` or ``default``). 410 for a deleted topic."""
         reference = _reference(request)
+        await self.log.read_barrier()
         topic_id = readable_reference(principal_of(request), self.broker, reference,
                                       "topic id")
         topic = self.broker.topic(topic_id)

@@ -43,6 +43,11 @@ class Log(Protocol):
         """Why this node cannot take writes right now (None: it can)."""
         ...
 
+    async def read_barrier(self) -> None:
+        """Return once this node has applied every command acknowledged anywhere before the
+        call (a read that follows then sees them); raise a MessagingError when it cannot."""
+        ...
+
 
 def answer_callers(futures: Iterable[asyncio.Future[ApplyResult]],
            results: Iterable[ApplyResult | BaseException]) -> None:

@@ -186,6 +186,10 @@ class LocalLog:
         """Why this node cannot take writes (None: it can)."""
         return "shutting down" if self._closing else None
 
+    async def read_barrier(self) -> None:
+        """Nothing to wait for: every acknowledged command was applied here before its
+        answer."""
+
     def diagnostics(self, window: float = 60.0) -> dict[str, Any]:
         """Role and write-path figures (``window``: unused, nothing here is windowed)."""
         return {"role": "standalone", "leader": self.url, "peers": [], "fsync": self.fsync,

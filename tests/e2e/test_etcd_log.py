@@ -602,6 +602,46 @@ async def test_a_publish_too_large_for_its_topic_fails_alone_in_a_coalesced_put(
 
 
 @with_groups
+async def test_a_read_through_any_node_sees_what_another_acknowledged(
+        etcd: EtcdCluster, broker_process, tmp_path: Path) -> None:
+    """Reads that answer once pass a read barrier: right after node 0 acknowledged a publish
+    (or a stream's append), a read through node 1 sees it, though node 1 applies a stream of
+    revisions other nodes made only every 2 s (its apply linger): the first after a quiet
+    spell at once, the next ones up to 2 s late without the barrier. The same holds for the
+    topic's row, the listing of topics and a named stream's catch-up read."""
+    nodes = Nodes(broker_process, tmp_path, etcd, "--cluster-apply-linger", "2s")
+    await nodes.start(0, 1)
+    await nodes.wait_ready(0, 1)
+    stream = f"{nodes.url(1)}/v1/stream/barrier-{nodes.name}"
+    async with aiohttp.ClientSession() as session:
+        async with session.put(stream.replace(nodes.url(1), nodes.url(0)),
+                               headers={"Content-Type": "text/plain"}) as resp:
+            assert resp.status == 201, await resp.text()
+        for k in range(4):
+            data = b"m%d" % k
+            async with session.post(f"{nodes.url(0)}/messaging/messages",
+                                    params={"topicID": str(TOPIC)}, data=data) as resp:
+                assert resp.status == 200, await resp.text()
+                index = int(resp.headers["X-Broker-Index"])
+            async with session.get(f"{nodes.url(1)}/messaging/messages",
+                                   params={"topicID": str(TOPIC), "index": str(index)}) as resp:
+                assert resp.status == 200, await resp.text()
+                messages, _used = decode(await resp.read())
+            assert [m.data for m in messages] == [data], f"publish {k}"
+            async with session.get(f"{nodes.url(1)}/messaging/topics/{TOPIC}") as resp:
+                assert (await resp.json())["last_index"] == index, f"topic row after {k}"
+            async with session.get(f"{nodes.url(1)}/messaging/topics") as resp:
+                rows = {row["id"]: row for row in await resp.json()}
+            assert rows[TOPIC]["last_index"] == index, f"listing after {k}"
+            async with session.post(stream.replace(nodes.url(1), nodes.url(0)), data=data,
+                                    headers={"Content-Type": "text/plain"}) as resp:
+                assert resp.status in (200, 204), await resp.text()
+            async with session.get(stream, params={"offset": "-1"}) as resp:
+                assert resp.status == 200, await resp.text()
+                assert (await resp.read()).endswith(data), f"stream append {k}"
+
+
+@with_groups
 async def test_a_publish_is_answered_without_waiting_for_an_fsync(
         etcd: EtcdCluster, broker_process, tmp_path: Path) -> None:
     """etcd is the write-ahead log: node 2's fdatasync of its segments is held (at the system

@@ -160,6 +160,10 @@ class LogClient(asyncio.Protocol):
         """Why the front cannot take writes (None: it can)."""
         return self._lost
 
+    async def read_barrier(self) -> None:
+        """Nothing to wait for: the log process answers a command once it is applied, and
+        the front reads the same files."""
+
     def diagnostics(self, window: float = 60.0) -> dict[str, Any]:
         """Commands waiting for their answers."""
         return {"role": "split-front", "waiting": len(self._waiting)}

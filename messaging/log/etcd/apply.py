@@ -77,7 +77,7 @@ QUEUED_REVISIONS = 64
 #: Other nodes' revisions wait for the linger only while fewer than this many are queued.
 LINGER_REVISIONS = QUEUED_REVISIONS // 2
 #: How long a steady stream of other nodes' revisions may wait to be applied together.
-DEFAULT_APPLY_LINGER = 0.0
+DEFAULT_APPLY_LINGER = 0.02
 #: A batch that failed as a whole is tried again after this long, doubling up to RETRY_MAX.
 RETRY_FIRST = 0.1
 RETRY_MAX = 2.0
@@ -255,6 +255,20 @@ class Applier:
         if self._lingering is not None:
             self._lingering.cancel()
             self._lingering = None
+
+    async def applied_through(self, revision: int) -> None:
+        """Wait until this node has applied the log through ``revision`` (without a linger:
+        what is delivered meanwhile is applied at once). Waits on while this node stops
+        applying: the caller bounds the wait."""
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._lock:  # the writer counts a batch under it after moving ``applied``
+                if self._progress.applied >= revision:
+                    return
+                waiter = loop.create_future()
+                self._waiters.append(waiter)
+            self._kick()
+            await waiter
 
     async def _until(self, done: int) -> None:
         """Wait until at least ``done`` revisions are applied (or given up) (on the loop)."""

@@ -89,6 +89,8 @@ __all__ = ["CHECKPOINT", "WATCH_STUCK", "EtcdLog", "EtcdSettings", "watch_stuck"
 MONITOR_INTERVAL = 0.5
 MEMBERSHIP_INTERVAL = 1.0
 CLOSE_GRACE = 5.0
+#: A read waits at most this long for this node to apply what etcd's log held when it came.
+READ_BARRIER_TIMEOUT = 10.0
 
 
 class EtcdLog:
@@ -294,6 +296,29 @@ class EtcdLog:
         result = await future
         self.broker.metrics.publish_latency.observe(time.perf_counter() - started)
         return result
+
+    async def read_barrier(self) -> None:
+        """Return once this node has applied the log through the revision etcd holds now
+        (a linearizable read, gathered with the node's other reads of this etcd cluster in
+        this turn of the loop): a read that follows sees every publish acknowledged by any
+        node before the call. Raises ClusterUnavailableError when etcd cannot answer or this
+        node does not get that far within READ_BARRIER_TIMEOUT."""
+        if self._closing:
+            raise BrokerClosedError("the broker is shutting down")
+        if self._applier.failure is not None:
+            raise self._applier.failure
+        response = await self._share.quorum.read(self._log_key)
+        self._quorum_read(response)
+        target = int(response.kvs[0].mod_revision) if response.kvs else 0
+        try:
+            async with asyncio.timeout(READ_BARRIER_TIMEOUT):
+                await self._applier.applied_through(target)
+        except TimeoutError:
+            raise ClusterUnavailableError(
+                f"this node has applied the log through revision {self._progress.applied}, "
+                f"not through {target} where etcd has it, after {READ_BARRIER_TIMEOUT:g}s "
+                f"({self.not_ready() or 'catching up'}): read through another node"
+            ) from None
 
     def urls(self) -> list[str]:
         """The URLs of the live (registered) nodes, this one included."""

@@ -180,3 +180,26 @@ async def test_hurry_ends_a_linger(setup: Setup) -> None:
     applier.deliver(setup.entry(OTHER_NODE))
     applier.hurry()
     assert await until_applied(setup, 2, LINGER * 0.8) < LINGER * 0.8
+
+
+async def test_waiting_for_a_revision_ends_a_linger_and_waits_for_its_delivery(
+        setup: Setup) -> None:
+    """What a read barrier waits for: a revision applied, whether it is lingering in the
+    inbox or not delivered yet; one applied already returns at once."""
+    applier = setup.applier
+    applier.deliver(setup.entry(OTHER_NODE))
+    await until_applied(setup, 1, LINGER * 0.8)
+    await settled()
+    await asyncio.wait_for(applier.applied_through(1), 0.5)  # applied: no wait
+    applier.deliver(setup.entry(OTHER_NODE))  # lingers
+    started = time.monotonic()
+    await asyncio.wait_for(applier.applied_through(2), LINGER * 3)
+    assert time.monotonic() - started < LINGER * 0.8
+    await settled()
+    waiting = asyncio.ensure_future(applier.applied_through(4))
+    applier.deliver(setup.entry(OTHER_NODE))  # within the linger, but someone waits
+    await asyncio.sleep(0.05)
+    assert not waiting.done() and setup.applied() == 3
+    applier.deliver(setup.entry(OTHER_NODE))
+    await asyncio.wait_for(waiting, LINGER * 0.8)
+    assert setup.applied() == 4
