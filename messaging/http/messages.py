@@ -195,9 +195,11 @@ class MessageHandlers:
         fmt = request.query.get("format", "frames")
         if fmt not in ("frames", "sse"):
             raise BadRequestError(f"invalid format {fmt!r}: expected frames or sse")
-        if fmt != "sse" and (not streaming or request.method == "HEAD"):
-            # A read that answers once sees what any node acknowledged before it began; a
-            # stream follows the topic and gets it as this node applies it.
+        once = fmt != "sse" and (not streaming or request.method == "HEAD")
+        if once or "consumer" in request.query or "since" in request.query:
+            # A read that answers once sees what any node acknowledged before it began, and
+            # so does the start of a stream from a stored position or a time (both looked up
+            # here); a stream from an index follows the topic and gets it as it is applied.
             await self.log.read_barrier()
         topic_id = topic_to_read(request, self.broker)
         if topic_id is None:

@@ -639,6 +639,26 @@ async def test_a_read_through_any_node_sees_what_another_acknowledged(
             async with session.get(stream, params={"offset": "-1"}) as resp:
                 assert resp.status == 200, await resp.text()
                 assert (await resp.read()).endswith(data), f"stream append {k}"
+            async with session.head(f"{nodes.url(1)}/messaging/messages",
+                                    params={"topicID": str(TOPIC)}) as resp:
+                assert int(resp.headers["X-Broker-Index"]) == index, f"HEAD after {k}"
+            async with session.get(f"{nodes.url(1)}/messaging/times",
+                                   params={"topicID": str(TOPIC), "index": str(index)}) as resp:
+                assert (await resp.json())["through"] == index, f"times after {k}"
+            for name in (f"c{k}", f"s{k}"):
+                async with session.put(f"{nodes.url(0)}/messaging/consumers/{name}",
+                                       params={"topicID": str(TOPIC),
+                                               "index": str(index)}) as resp:
+                    assert resp.status == 200, await resp.text()
+            async with session.get(f"{nodes.url(1)}/messaging/messages",
+                                   params={"topicID": str(TOPIC), "consumer": f"s{k}",
+                                           "streaming": "true"}) as resp:
+                # a stream from a stored position starts right after it
+                assert resp.headers["X-Broker-Consumer-Index"] == str(index), f"stream s{k}"
+            async with session.get(f"{nodes.url(1)}/messaging/consumers",
+                                   params={"name": f"c{k}"}) as resp:
+                positions = [row["index"] for row in await resp.json()]
+            assert positions == [index], f"consumer c{k} through node 1: {positions}"
 
 
 @with_groups

@@ -247,9 +247,11 @@ class Applier:
         await self._until(self._delivered)
 
     def close(self) -> None:
-        """Post no more drains (the node is closing; one under way finishes)."""
+        """Post no more drains (the node is closing; one under way finishes); a read waiting
+        for a revision is told so at once."""
         self._closed = True
         self._stop_lingering()
+        self._wake()
 
     def _stop_lingering(self) -> None:
         if self._lingering is not None:
@@ -258,17 +260,37 @@ class Applier:
 
     async def applied_through(self, revision: int) -> None:
         """Wait until this node has applied the log through ``revision`` (without a linger:
-        what is delivered meanwhile is applied at once). Waits on while this node stops
-        applying: the caller bounds the wait."""
+        what is delivered meanwhile is applied at once); the caller bounds the wait. Raises
+        :attr:`failure` once this node stopped applying, BrokerClosedError once it closes."""
         loop = asyncio.get_running_loop()
         while True:
+            if self.failure is not None:
+                raise self.failure
+            if self._closed:
+                raise BrokerClosedError("the broker is shutting down")
             with self._lock:  # the writer counts a batch under it after moving ``applied``
                 if self._progress.applied >= revision:
                     return
                 waiter = loop.create_future()
                 self._waiters.append(waiter)
             self._kick()
-            await waiter
+            try:
+                await waiter
+            finally:
+                with self._lock:  # a wait given up (a timeout, a client gone) leaves nothing
+                    if waiter in self._waiters:
+                        self._waiters.remove(waiter)
+
+    @property
+    def waiting(self) -> int:
+        """How many waits for revisions to apply are registered now."""
+        with self._lock:
+            return len(self._waiters)
+
+    def wake(self) -> None:
+        """Wake whoever waits for revisions to apply, to look again (on the loop): after
+        something other than an applied batch moved this node on (a snapshot install)."""
+        self._wake()
 
     async def _until(self, done: int) -> None:
         """Wait until at least ``done`` revisions are applied (or given up) (on the loop)."""
@@ -419,6 +441,7 @@ class Applier:
             "restart it (it re-verifies its files and replays from its checkpoint)")
         self.error = str(err)
         log.critical("%s", self.failure)
+        self._wake()  # a read waiting for a revision hears the failure; the watch waits on
         self._writes.fail_waiting(CommitUnknownError(
             f"committed in etcd, but this node stopped applying the log: {err}; the other "
             "nodes have it"), self.failure)

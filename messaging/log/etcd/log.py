@@ -77,7 +77,7 @@ from messaging.log.etcd.quorum_reads import aligned_sleep
 from messaging.log.etcd.share import EtcdShare
 from messaging.log.etcd.startup import Startup
 from messaging.log.etcd.watch import WATCH_STUCK, LogWatch, watch_stuck
-from messaging.log.etcd.writer import LogWriter
+from messaging.log.etcd.writer import NOT_CHECKED, LogWriter
 from messaging.log.local import DeferredSync
 from messaging.log.serial import SerialExecutor
 from messaging.quiet_log import RECURRING_LOG_INTERVAL, QuietLog
@@ -278,6 +278,7 @@ class EtcdLog:
         await self._applier.drained()
         revision = await self._installer.install(compacted)
         self._writes.snapshot_installed(revision)
+        self._applier.wake()  # reads waiting for a revision the snapshot covers
         return revision
 
     # -- the Log protocol -------------------------------------------------------------------
@@ -301,17 +302,25 @@ class EtcdLog:
         """Return once this node has applied the log through the revision etcd holds now
         (a linearizable read, gathered with the node's other reads of this etcd cluster in
         this turn of the loop): a read that follows sees every publish acknowledged by any
-        node before the call. Raises ClusterUnavailableError when etcd cannot answer or this
-        node does not get that far within READ_BARRIER_TIMEOUT."""
+        node before the call. While etcd has no quorum (nothing can be acknowledged then),
+        it returns at once and the read is served from what this node holds. Raises
+        ClusterUnavailableError when this node does not get that far within
+        READ_BARRIER_TIMEOUT, the applier's failure when it stopped applying."""
         if self._closing:
             raise BrokerClosedError("the broker is shutting down")
         if self._applier.failure is not None:
             raise self._applier.failure
-        response = await self._share.quorum.read(self._log_key)
-        self._quorum_read(response)
-        target = int(response.kvs[0].mod_revision) if response.kvs else 0
+        if not self._writes.quorum and self._writes.quorum_error not in (None, NOT_CHECKED):
+            return  # known without quorum: no read to wait for, local data is what there is
+        target = 0
         try:
             async with asyncio.timeout(READ_BARRIER_TIMEOUT):
+                try:
+                    response = await self._share.quorum.read(self._log_key)
+                except ClusterUnavailableError:
+                    return  # etcd cannot answer: served from local data, as above
+                self._quorum_read(response)
+                target = int(response.kvs[0].mod_revision) if response.kvs else 0
                 await self._applier.applied_through(target)
         except TimeoutError:
             raise ClusterUnavailableError(
@@ -394,10 +403,11 @@ class EtcdLog:
 
     def _quorum_read(self, response: Any) -> None:
         """A quorum read also tells how far etcd and the log key are (writer's callback)."""
-        self._etcd_revision = int(response.header.revision)
+        # Reads answer out of order (the monitor's and the read barriers'): never go back.
+        self._etcd_revision = max(self._etcd_revision, int(response.header.revision))
         self._quorum_reads += 1
         if response.kvs:
-            self._log_revision = int(response.kvs[0].mod_revision)
+            self._log_revision = max(self._log_revision, int(response.kvs[0].mod_revision))
         # Nothing in the log after what is applied: everything through here is covered.
         self._progress.cover_idle(self._log_revision, self._etcd_revision)
         if self._progress.applied < self._log_revision:

@@ -16,6 +16,7 @@ import pytest
 
 from messaging.broker.broker import Broker
 from messaging.broker.commands import validate_publish
+from messaging.errors import BrokerClosedError, StorageFailedError
 from messaging.frames import encode_batch
 from messaging.log.etcd.apply import LINGER_REVISIONS, Applier, Revision
 from messaging.log.etcd.checkpoint import Checkpoints
@@ -66,14 +67,17 @@ class Setup:
 
 
 @contextlib.asynccontextmanager
-async def applier_on(path: Path, linger: float) -> AsyncIterator[Setup]:
-    """An applier with ``linger`` over a real broker in ``path`` and its writer thread."""
+async def applier_on(path: Path, linger: float,
+                     answers: Answers | None = None) -> AsyncIterator[Setup]:
+    """An applier with ``linger`` over a real broker in ``path`` and its writer thread
+    (``answers``: what stands for this node's writer; by default one that fails the test
+    when the applier stops)."""
     broker = await asyncio.to_thread(Broker.open, path)
     writer = SerialExecutor("messaging-writer")
     progress = Progress()
     unsynced = DeferredSync(broker)
     checkpoints = Checkpoints(broker, "test", progress, unsynced)
-    answers = Answers()
+    answers = answers if answers is not None else Answers()
     applier = Applier(broker, writer, cast(LogWriter, answers), progress, checkpoints,
                       unsynced, b"/messaging/test/log", linger=linger)
     try:
@@ -197,9 +201,58 @@ async def test_waiting_for_a_revision_ends_a_linger_and_waits_for_its_delivery(
     assert time.monotonic() - started < LINGER * 0.8
     await settled()
     waiting = asyncio.ensure_future(applier.applied_through(4))
-    applier.deliver(setup.entry(OTHER_NODE))  # within the linger, but someone waits
-    await asyncio.sleep(0.05)
-    assert not waiting.done() and setup.applied() == 3
+    await asyncio.sleep(0)  # it waits now: what is delivered next does not linger
+    assert not waiting.done()
+    applier.deliver(setup.entry(OTHER_NODE))
+    assert await until_applied(setup, 3, LINGER * 0.8) < LINGER * 0.8
+    assert not waiting.done()
     applier.deliver(setup.entry(OTHER_NODE))
     await asyncio.wait_for(waiting, LINGER * 0.8)
     assert setup.applied() == 4
+
+
+async def test_a_wait_given_up_leaves_nothing_behind(setup: Setup) -> None:
+    """A read that times out (or whose client left) does not leave its waiter for the next
+    batch: reads against a node that does not move on must not pile up."""
+    applier = setup.applier
+    for _ in range(50):
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(applier.applied_through(99), 0.001)
+    assert applier.waiting == 0
+
+
+async def test_a_wait_ends_when_the_applier_closes_or_a_snapshot_moves_it_on(
+        setup: Setup) -> None:
+    applier = setup.applier
+    waiting = asyncio.ensure_future(applier.applied_through(10))
+    await asyncio.sleep(0)
+    setup.progress.reset(12)  # what a snapshot install through revision 12 does
+    applier.wake()
+    await asyncio.wait_for(waiting, 1)
+    waiting = asyncio.ensure_future(applier.applied_through(20))
+    await asyncio.sleep(0)
+    applier.close()
+    with pytest.raises(BrokerClosedError):
+        await asyncio.wait_for(waiting, 1)
+
+
+@dataclass
+class Tolerant(Answers):
+    """Answers that take the applier stopping (the fixture's fail the test on it)."""
+
+    failed: list[Any] = field(default_factory=list)
+
+    def fail_waiting(self, error: Any, failure: Any) -> None:
+        self.failed.append(failure)
+
+
+async def test_a_wait_hears_that_this_node_stopped_applying(tmp_path: Path) -> None:
+    async with applier_on(tmp_path, LINGER, Tolerant()) as setup:
+        applier = setup.applier
+        waiting = asyncio.ensure_future(applier.applied_through(1))
+        await asyncio.sleep(0)
+        applier.deliver(Revision(1, b"not a log entry at all", time.monotonic()))
+        with pytest.raises(StorageFailedError, match="stopped applying the log at revision 1"):
+            await asyncio.wait_for(waiting, 5)
+        with pytest.raises(StorageFailedError):  # and so does every later wait, at once
+            await asyncio.wait_for(applier.applied_through(1), 0.5)
