@@ -15,6 +15,7 @@ etcd cluster.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -177,9 +178,16 @@ class GroupRouter:
         async def handler(request: web.Request) -> web.StreamResponse:
             if GROUP_PARAM in request.query or "topicID" in request.query:
                 return await one_group(request)
+            # Every group at once: the read barriers of the groups held here in one etcd
+            # cluster then share one quorum read. The first failure, in group order, answers.
+            answers = await asyncio.gather(
+                *(self._answer_of(request, route, group) for group in range(self.node.groups)),
+                return_exceptions=True)
             rows: list[Any] = []
-            for group in range(self.node.groups):
-                rows.extend(json.loads(await self._answer_of(request, route, group) or b"[]"))
+            for answer in answers:
+                if isinstance(answer, BaseException):
+                    raise answer
+                rows.extend(json.loads(answer or b"[]"))
             return json_answer(rows)
 
         return _declaring(handler, route)

@@ -9,6 +9,7 @@ connection: never sent, so it must never appear) and unknown (504 or a broken re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import io
 import json
@@ -986,8 +987,9 @@ async def test_a_damaged_entry_stops_every_node_and_is_never_skipped(
         etcd: EtcdCluster, broker_process, tmp_path: Path) -> None:
     """A log value whose checksum does not match (one bit flipped in its body), followed by
     a good entry: both nodes stop applying at the damaged revision and say so (diagnostics,
-    ``/readyz``, the 503 of a publish), neither applies the entry after it, and a restarted
-    node replays up to it and stops there again: the damaged revision is never skipped."""
+    ``/readyz``, the 503 of a publish and of a read), neither applies the entry after it, and
+    a restarted node replays up to it and stops there again: the damaged revision is never
+    skipped."""
     nodes = Nodes(broker_process, tmp_path, etcd)
     await nodes.start(0, 1)
     await nodes.wait_ready(0, 1)
@@ -1027,12 +1029,35 @@ async def test_a_damaged_entry_stops_every_node_and_is_never_skipped(
                                     params={"topicID": str(TOPIC)}, data=b"refused") as resp:
                 assert resp.status == 503
                 assert "stopped applying" in resp.headers["X-Broker-Error"]
-            assert await contents(session, nodes.url(i)) == before
+            async with session.get(f"{nodes.url(i)}/messaging/messages",
+                                   params={"topicID": str(TOPIC)}) as resp:
+                assert resp.status == 503  # its data no longer moves on: read elsewhere
+                assert "stopped applying" in resp.headers["X-Broker-Error"]
+            assert await applied_entries(session, nodes.url(i), revision) == before
         nodes.kill(1)
         await nodes.start(1)
         await wait_until(lambda: stopped(1), timeout=30, what="node 1 to stop again")
         assert f"revision {revision} " in (await diagnostics(session, nodes.url(1)))["failure"]
-        assert await contents(session, nodes.url(1)) == before
+        assert await applied_entries(session, nodes.url(1), revision) == before
+
+
+async def applied_entries(session: aiohttp.ClientSession, url: str,
+                          damaged: int) -> list[tuple[int, bytes]]:
+    """What a node that stopped at revision ``damaged`` applied: nothing from it on (its
+    diagnostics), and its messages as a stream from the first index reads them (a stream
+    needs no read barrier, which a stopped node refuses)."""
+    assert (await diagnostics(session, url))["last_entry_applied"] < damaged
+    async with session.get(f"{url}/messaging/messages",
+                           params={"topicID": str(TOPIC), "streaming": "true"},
+                           timeout=aiohttp.ClientTimeout(total=None, sock_read=1.0)) as resp:
+        assert resp.status == 200, await resp.text()
+        body = b""
+        with contextlib.suppress(TimeoutError):
+            async for chunk in resp.content.iter_any():
+                body += chunk
+    messages, used = decode(body, after=0)
+    assert used == len(body)
+    return [(m.index, m.data) for m in messages]
 
 
 #: The last commit before log entries carried a checksum (entry format 3): the release a
