@@ -203,6 +203,15 @@ async def test_data_is_shown_as_text_json_or_hex(console: ConsolePage, seeded: S
     await expect(row.locator("pre")).to_contain_text('"said": "hi"')
 
 
+async def open_tail(console: ConsolePage, url: str, topic: int) -> None:
+    """Open the live tail of ``topic`` and wait until its stream is answered: its start
+    ("now") is fixed at the broker then, so what is published after it is shown (the page
+    says "Following" as the request leaves, before that)."""
+    async with console.page.expect_response(lambda answer: "format=sse" in answer.url):
+        await console.open(url, f"tail?topic={topic}")
+    await expect(console.page.locator("#tail-status")).to_contain_text("Following")
+
+
 async def test_xss_payloads_run_nothing(console: ConsolePage, seeded: Seeded) -> None:
     """Payloads are shown as the characters they are, on every screen that shows data."""
     page = console.page
@@ -210,8 +219,7 @@ async def test_xss_payloads_run_nothing(console: ConsolePage, seeded: Seeded) ->
     shown = page.locator("#browse-rows pre")
     await expect(shown).to_have_count(len(XSS))
     assert await shown.all_inner_texts() == XSS
-    await console.open(seeded.url, f"tail?topic={XSS_TOPIC}")
-    await expect(page.locator("#tail-status")).to_contain_text("Following")
+    await open_tail(console, seeded.url, XSS_TOPIC)
     for payload in XSS:
         publish(seeded.url, XSS_TOPIC, payload)
     await expect(page.locator("#tail-rows pre")).to_have_count(len(XSS))
@@ -226,8 +234,7 @@ async def test_xss_payloads_run_nothing(console: ConsolePage, seeded: Seeded) ->
 async def test_live_tail_shows_a_new_message_within_a_second(console: ConsolePage,
                                                              seeded: Seeded) -> None:
     page = console.page
-    await console.open(seeded.url, f"tail?topic={TOPIC}")
-    await expect(page.locator("#tail-status")).to_contain_text("Following")
+    await open_tail(console, seeded.url, TOPIC)
     started = time.monotonic()
     index = publish(seeded.url, TOPIC, "fresh from the tail test")
     await expect(page.locator(f"#tail-rows tr[data-index='{index}']")).to_contain_text(
@@ -248,8 +255,7 @@ async def test_live_tail_keeps_up_with_a_thousand_messages_a_second(
     """Three seconds at 1,000 msg/s: every message is counted, the rows kept stay capped,
     and the page answers promptly all along (its event loop is never frozen)."""
     page = console.page
-    await console.open(seeded.url, "tail?topic=20")
-    await expect(page.locator("#tail-status")).to_contain_text("Following")
+    await open_tail(console, seeded.url, 20)
     seconds, rate = 3, 1000
     slowest = 0.0
 
