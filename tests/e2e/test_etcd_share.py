@@ -7,8 +7,9 @@ replaced for all when it expired)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -151,33 +152,24 @@ async def test_a_registration_that_could_not_be_deleted_goes_at_the_next_renewal
     """A log leaving while etcd refuses its delete: its registration is deleted again at the
     shared lease's next renewal (else the node's other logs would keep it, and its durable
     revision would pin compaction, for as long as the node runs)."""
-    share, clusters, members = _two_logs(one_member)
-    client = share.client
-    gone = nodes_prefix(clusters[0]) + b"http://node"
-    try:
-        await asyncio.gather(*(m.register() for m in members))
-        await _leave_while_deletes_fail(members[0], monkeypatch)
+    async with _one_left_behind(one_member, monkeypatch) as (share, clusters, members):
+        client = share.client
+        gone = nodes_prefix(clusters[0]) + b"http://node"
         assert await _lease_of(client, gone) == share.lease.id  # still there
         await asyncio.sleep(KEEP_EVERY)
         await members[1].register()  # the other log's step renews the lease
         assert await _lease_of(client, gone) is None
         assert await _lease_of(client, nodes_prefix(clusters[1]) + b"http://node") == (
             share.lease.id)
-    finally:
-        await share.close()
-        await client.close()
 
 
 async def test_a_group_back_on_its_node_keeps_a_registration_once_left_behind(
         one_member: EtcdCluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """A group whose delete failed when it left, and which came back to the node before the
     lease's next renewal: its new registration is not the one deleted then."""
-    share, clusters, members = _two_logs(one_member)
-    client = share.client
-    key = nodes_prefix(clusters[0]) + b"http://node"
-    try:
-        await asyncio.gather(*(m.register() for m in members))
-        await _leave_while_deletes_fail(members[0], monkeypatch)
+    async with _one_left_behind(one_member, monkeypatch) as (share, clusters, members):
+        client = share.client
+        key = nodes_prefix(clusters[0]) + b"http://node"
         back = Membership(client, clusters[0], "http://node", lambda: 0, 1 << 62,
                           lease=share.lease, reads=share.quorum)
         await back.register()  # within KEEP_EVERY of the last renewal: put at once
@@ -185,9 +177,6 @@ async def test_a_group_back_on_its_node_keeps_a_registration_once_left_behind(
         await asyncio.sleep(KEEP_EVERY)
         await members[1].register()  # renews the lease: what was left behind goes
         assert await _lease_of(client, key) == share.lease.id  # but not the group back
-    finally:
-        await share.close()
-        await client.close()
 
 
 async def _leave_while_deletes_fail(member: Membership,
@@ -200,6 +189,21 @@ async def _leave_while_deletes_fail(member: Membership,
         patch.setattr(member.client, "delete", refused)
         with pytest.raises(ClusterUnavailableError):
             await member.leave()
+
+
+@contextlib.asynccontextmanager
+async def _one_left_behind(member: EtcdCluster, monkeypatch: pytest.MonkeyPatch,
+                           ) -> AsyncIterator[tuple[EtcdShare, list[str], list[Membership]]]:
+    """:func:`_two_logs`, both registered, then the first one left while etcd refused its
+    delete (its registration stays, on the shared lease); closed afterwards."""
+    share, clusters, members = _two_logs(member)
+    try:
+        await asyncio.gather(*(m.register() for m in members))
+        await _leave_while_deletes_fail(members[0], monkeypatch)
+        yield share, clusters, members
+    finally:
+        await share.close()
+        await share.client.close()
 
 
 def _two_logs(member: EtcdCluster) -> tuple[EtcdShare, list[str], list[Membership]]:

@@ -77,7 +77,7 @@ from messaging.log.etcd.quorum_reads import aligned_sleep
 from messaging.log.etcd.share import EtcdShare
 from messaging.log.etcd.startup import Startup
 from messaging.log.etcd.watch import WATCH_STUCK, LogWatch, watch_stuck
-from messaging.log.etcd.writer import NOT_CHECKED, LogWriter
+from messaging.log.etcd.writer import LogWriter
 from messaging.log.local import DeferredSync
 from messaging.log.serial import SerialExecutor
 from messaging.quiet_log import RECURRING_LOG_INTERVAL, QuietLog
@@ -310,7 +310,7 @@ class EtcdLog:
             raise BrokerClosedError("the broker is shutting down")
         if self._applier.failure is not None:
             raise self._applier.failure
-        if not self._writes.quorum and self._writes.quorum_error not in (None, NOT_CHECKED):
+        if self._writes.quorum_lost:
             return  # known without quorum: no read to wait for, local data is what there is
         target = 0
         try:

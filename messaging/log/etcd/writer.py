@@ -230,6 +230,11 @@ class LogWriter:
         self._refuse_pending(refused)
 
     @property
+    def quorum_lost(self) -> bool:
+        """Whether the last quorum check failed (none has succeeded since)."""
+        return self.quorum_error not in (None, NOT_CHECKED)
+
+    @property
     def quorum(self) -> bool:
         """Whether etcd was seen with quorum lately."""
         return self.quorum_error is None and time.monotonic() - self._quorum_at < 3 * QUORUM_FRESH
