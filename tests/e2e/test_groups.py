@@ -641,9 +641,11 @@ async def test_a_node_reads_the_quorum_once_a_tick_for_all_its_groups(
     keep_alives = share["lease"]["keep_alives"] - share_before["lease"]["keep_alives"]
     assert 2 <= keep_alives <= 4 and share["lease"]["grants"] == 1, share["lease"]
     # etcd answered them as transactions; the range reads left are the node's member list
-    # and the like (the monitors alone made 24 range reads in 3 s, the memberships 12)
+    # and the like (the monitors alone made 24 range reads in 3 s, the memberships 12). etcd's
+    # counters are read before the node's: a request the node sent in between is counted by
+    # it alone.
     txns, ranges = after[0][0] - before[0][0], after[0][1] - before[0][1]
-    assert txns >= requests and ranges < 12, (txns, ranges)
+    assert txns >= requests - 1 and ranges < 12, (txns, requests, ranges)
 
 
 async def etcd_calls(etcd: EtcdCluster) -> tuple[int, int]:
