@@ -65,6 +65,8 @@ DEFAULT_OBJECT_UPLOADS = 4
 #: Seconds an object no manifest will ever record is left before the sweep deletes it.
 DEFAULT_OBJECT_SWEEP_GRACE = 600.0
 DEFAULT_OBJECT_STORE_TIMEOUT = 10.0
+DEFAULT_INTAKE_MIN_SIZE = 64 << 10
+DEFAULT_INTAKE_WINDOW = 0.02
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
 
@@ -266,6 +268,16 @@ class BrokerConfig:
         DEFAULT_OBJECT_STORE_TIMEOUT, "--object-store-timeout", "how long a read waits for one "
         "request to the object store, retries included: a read that needs a store that does "
         "not answer gets its 503 (naming the object, with Retry-After) after this",
+        parse=positive_duration, show=show_duration, metavar="DURATION")
+    intake_min_size: int = _option(
+        DEFAULT_INTAKE_MIN_SIZE, "--intake-min-size", "cluster mode with --object-store: a "
+        "publish of at least this many bytes of frames goes to the object store once, in an "
+        "object shared with the node's other large publishes, and etcd carries only a "
+        "pointer to it (0: every publish goes through etcd)", parse=parse_size,
+        show=show_size, metavar="SIZE")
+    intake_window: float = _option(
+        DEFAULT_INTAKE_WINDOW, "--intake-window", "cluster mode with --object-store: how long "
+        "a node gathers large publishes into one object (at most 8 MiB) before writing it",
         parse=positive_duration, show=show_duration, metavar="DURATION")
     truncation_interval: float = _option(
         DEFAULT_TRUNCATION_INTERVAL, "--truncation-interval", "how often retention runs",

@@ -191,7 +191,7 @@ def test_every_duration_flag_reads_durations() -> None:
     assert durations == {"retention_age", "truncation_interval", "subscriber_timeout",
                          "long_poll_timeout", "header_timeout", "object_sweep_grace",
                          "local_retention_age", "cluster_sync_interval", "object_store_timeout",
-                         "max_clock_offset", "cluster_apply_linger"}
+                         "max_clock_offset", "cluster_apply_linger", "intake_window"}
     for name, option, _default in broker_options():
         if name in durations:
             assert option.parse is not None and option.metavar == "DURATION", name

@@ -40,6 +40,7 @@ from messaging.errors import (
 from messaging.files import DELETING, lock_exclusive, read_json, remove_directory
 from messaging.log.etcd.client import EtcdClient, describe, load_credentials, unavailable
 from messaging.log.etcd.clock_check import CHECK_INTERVAL, ClockCheck
+from messaging.log.etcd.intake import Intake
 from messaging.log.etcd.log import CHECKPOINT, EtcdLog
 from messaging.log.etcd.membership import Membership, nodes_prefix, read_nodes
 from messaging.log.etcd.share import EtcdShare
@@ -135,6 +136,8 @@ class GroupNode:
         self.clock = ClockCheck(url, settings.max_clock_offset_ms, self.members,
                                 ca=str(config.peer_ca) if config.peer_ca else None)
         self._clock_task: asyncio.Task[None] | None = None
+        #: With --object-store: the intake lane, shared by every held group's log.
+        self.intake = Intake.for_config(config, storage.store if storage is not None else None)
         self.stacks: dict[int, GroupStack] = {}
         #: Groups this node stopped holding whose files it keeps: group → revision it had.
         self.retired: dict[int, int] = {}
@@ -366,7 +369,7 @@ class GroupNode:
             stack = await open_stack(
                 self.config, self.url, etcd_log(self.config, self.url,
                                                 self.group_settings(group), self.clock,
-                                                self._share_for(group)),
+                                                self._share_for(group), self.intake),
                 path=path, storage=self.storage, first_named_topic=first_named_topic(group),
                 is_uploader=lambda: self.holders(group)[:1] == [self.url], group=group)
         except (MessagingError, OSError, grpc.aio.AioRpcError) as err:

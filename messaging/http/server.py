@@ -95,9 +95,12 @@ class BrokerServer:
         try:
             if etcd is not None:
                 from messaging.cluster.node import check_single_group
+                from messaging.log.etcd.intake import Intake
 
                 await check_single_group(etcd)
-            start_log = (etcd_log(config, self.url, etcd) if etcd is not None
+                intake = Intake.for_config(config,
+                                           storage.store if storage is not None else None)
+            start_log = (etcd_log(config, self.url, etcd, intake=intake) if etcd is not None
                          else local_log(config, self.url))
             self.stack = await open_stack(config, self.url, start_log, storage=storage)
         except BaseException:

@@ -27,6 +27,7 @@ from messaging.placement import NAMED_TOPIC_BASE
 
 if TYPE_CHECKING:  # grpc: imported only in cluster mode
     from messaging.log.etcd.clock_check import ClockCheck
+    from messaging.log.etcd.intake import Intake
     from messaging.log.etcd.log import EtcdLog
     from messaging.log.etcd.share import EtcdShare
 
@@ -122,16 +123,18 @@ def local_log(config: BrokerConfig, url: str) -> LogMaker[LocalLog]:
 
 def etcd_log(config: BrokerConfig, url: str, settings: EtcdSettings,
              clock: ClockCheck | None = None,
-             share: EtcdShare | None = None) -> LogMaker[EtcdLog]:
+             share: EtcdShare | None = None,
+             intake: Intake | None = None) -> LogMaker[EtcdLog]:
     """Starts a cluster log on etcd (``settings``: the cluster's, or one group's; ``clock``:
     the node's clock check, and ``share``: its client, watch stream and quorum reads for the
-    etcd cluster of ``settings``, both shared by its groups' logs)."""
+    etcd cluster of ``settings``, both shared by its groups' logs; ``intake``: the node's
+    intake lane, with an object store)."""
     async def start(broker: Broker) -> EtcdLog:
         from messaging.log.etcd.log import EtcdLog  # grpc: only in cluster mode
 
         cluster = EtcdLog(broker, url, settings, config.fsync, peer_token=config.peer_token,
                           peer_ca=str(config.peer_ca) if config.peer_ca else None,
-                          clock=clock, share=share)
+                          clock=clock, share=share, intake=intake)
         await cluster.start()
         return cluster
     return start

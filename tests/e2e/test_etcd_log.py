@@ -1077,7 +1077,8 @@ async def test_a_rolling_upgrade_from_the_previous_release(
     """Three nodes of the previous release (a git worktree) are upgraded one at a time
     under load: while any old node is live every node writes the entry format it reads (2),
     so no acknowledged publish is lost or skipped by anyone; once all three run this code the
-    cluster moves to format 3 by itself; the files end byte-identical. A node too old for
+    cluster moves to format 4 by itself (its inline entries are laid out as format 3's); the
+    files end byte-identical. A node too old for
     the recorded format refuses to start, in one line naming both formats."""
     from bench.harness.checkouts import worktree
 
@@ -1109,19 +1110,19 @@ async def test_a_rolling_upgrade_from_the_previous_release(
                     recorded, magic = await _format_in_etcd(etcd, nodes.name)
                     assert recorded is None and magic in (b"MSG2", b"MSZ2"), (recorded, magic)
 
-            async def format_3() -> bool:
+            async def format_4() -> bool:
                 recorded, magic = await _format_in_etcd(etcd, nodes.name)
-                return recorded == b"3" and magic in (b"MSG3", b"MSZ3")
+                return recorded == b"4" and magic in (b"MSG3", b"MSZ3")
 
-            await wait_until(format_3, timeout=20, what="the cluster writing entry format 3")
-            await load.until_acked(100, 30, "load in format 3")
+            await wait_until(format_4, timeout=20, what="the cluster writing entry format 4")
+            await load.until_acked(100, 30, "load in format 4")
             await load.finish()
             assert load.statuses.get(200), load.statuses
             await settled(session, nodes, load)
         async with grpc.aio.insecure_channel(
                 etcd.members[0].client_url.removeprefix("http://")) as channel:
             await rpc.KVStub(channel).Put(rpc.PutRequest(
-                key=f"/messaging/{nodes.name}/format".encode(), value=b"4"), timeout=5)
+                key=f"/messaging/{nodes.name}/format".encode(), value=b"5"), timeout=5)
         nodes.kill(2)
         refused = await asyncio.to_thread(
             subprocess.run, [sys.executable, "-m", "messaging.cli", "broker", "--data",
@@ -1130,8 +1131,8 @@ async def test_a_rolling_upgrade_from_the_previous_release(
                              "--advertise", nodes.url(2)],
             capture_output=True, text=True, timeout=60)
         assert refused.returncode != 0
-        assert (f"cluster {nodes.name!r} writes log entries of format 4; this node reads "
-                "formats up to 3") in refused.stderr, refused.stderr
+        assert (f"cluster {nodes.name!r} writes log entries of format 5; this node reads "
+                "formats up to 4") in refused.stderr, refused.stderr
         assert "Traceback" not in refused.stderr
 
 

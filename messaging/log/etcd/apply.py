@@ -24,6 +24,11 @@ topics), or wake whoever waits for revisions to apply. A batch of other nodes' r
 the followers from the writer thread (the topics' notifiers take any thread) and costs the
 loop nothing; the writer posts the next batch itself if revisions arrived meanwhile.
 
+A pointer entry (the intake lane: :mod:`messaging.log.etcd.intake`) is applied as the inline
+entry it stands for, once the bytes it names are fetched (:mod:`messaging.log.etcd.
+intake_reads`: started when the watch delivers it). A fetch that fails holds this log's apply
+before that entry, saying why (:attr:`Applier.held`, in ``/readyz``), and is tried again.
+
 A batch that failed locally as a whole (disk trouble, the broker's index back where it was)
 is retried; one that failed in part, or while a topic's fsync has failed, or that holds a
 value this node cannot decode (a checksum that does not match, a newer version's entry: never
@@ -61,7 +66,14 @@ from messaging.errors import (
     StorageFailedError,
 )
 from messaging.log.etcd.checkpoint import Checkpoints
-from messaging.log.etcd.entry import decode_entry, entry_writer
+from messaging.log.etcd.entry import (
+    LogEntry,
+    decode_entry,
+    entry_writer,
+    is_pointer_entry,
+    resolve,
+)
+from messaging.log.etcd.intake_reads import IntakeFetchError, LogReads
 from messaging.log.etcd.progress import Progress
 from messaging.log.etcd.writer import ApplyTiming, LogWriter
 from messaging.log.local import DeferredSync
@@ -98,6 +110,16 @@ class _GroupFailed(Exception):
 
 class _Diverged(Exception):
     """Part of a batch applied and part failed locally: this node can no longer follow."""
+
+
+class _Unfetchable(Exception):
+    """What a pointer entry names could not be fetched now: the revisions before it are
+    applied, it and those after it wait and are tried again. ``at``: its place in the
+    batch."""
+
+    def __init__(self, message: str, at: int) -> None:
+        super().__init__(message)
+        self.at = at
 
 
 class _Unreadable(Exception):
@@ -179,8 +201,10 @@ class Applier:
 
     def __init__(self, broker: Broker, writer: SerialExecutor, writes: LogWriter,
                  progress: Progress, checkpoints: Checkpoints, unsynced: DeferredSync,
-                 log_key: bytes, linger: float = DEFAULT_APPLY_LINGER) -> None:
+                 log_key: bytes, linger: float = DEFAULT_APPLY_LINGER,
+                 pointers: LogReads | None = None) -> None:
         self.broker = broker
+        self._pointers = pointers
         self._writer = writer
         self._writes = writes
         self._progress = progress
@@ -204,6 +228,9 @@ class Applier:
         self._quiet = QuietLog(log, RECURRING_LOG_INTERVAL)
         #: Why the last batch failed while it is being retried (None: it did not).
         self.error: str | None = None
+        #: Why applying is held before a pointer entry whose bytes cannot be fetched now
+        #: (None: it is not).
+        self.held: str | None = None
         #: What applying costs (diagnostics).
         self.cost = ApplyCost()
         #: Set when this node stopped applying for good: publishes are refused with it.
@@ -216,12 +243,25 @@ class Applier:
             self._loop = asyncio.get_running_loop()
         self._inbox.append(revision)
         self._delivered += 1
+        if self._pointers is not None and is_pointer_entry(revision.value):
+            self._prefetch(revision)
         if self._lingers(revision, self._loop.time()):
             if self._lingering is None:
                 self._lingering = self._loop.call_at(self._kicked_at + self._linger,
                                                      self._kick)
         else:
             self._kick()
+
+    def _prefetch(self, revision: Revision) -> None:
+        """Start fetching what a pointer entry names (a value that does not decode is
+        reported when its turn comes)."""
+        assert self._pointers is not None
+        try:
+            pointer = decode_entry(revision.value).pointer
+        except ValueError:
+            return
+        if pointer is not None:
+            self._pointers.prefetch(pointer)
 
     async def room(self) -> None:
         """Wait while QUEUED_REVISIONS delivered revisions are not applied yet (for good once
@@ -340,14 +380,14 @@ class Applier:
         try:
             try:
                 applied = self._apply_revisions(batch)
-            except _Unreadable as err:
+            except (_Unreadable, _Unfetchable) as err:
                 if not err.at:
                     raise
                 # The revisions before it first; the next drain stops at it.
                 inbox.extendleft(reversed(batch[err.at:]))
                 batch = batch[:err.at]
                 applied = self._apply_revisions(batch)
-        except _GroupFailed as err:
+        except (_GroupFailed, _Unfetchable) as err:
             inbox.extendleft(reversed(batch))  # nothing applied: the same batch again
             self._report(self._retry, batch, err)
             return
@@ -400,7 +440,7 @@ class Applier:
     def _applied(self, applied: _Applied | None) -> None:
         """A batch is applied: answer this node's publishers (``applied``: it holds some of
         their puts), wake the waiters (on the loop)."""
-        self.error = None
+        self.error = self.held = None
         self._retry_delay = RETRY_FIRST
         if applied is not None:
             self._answer(applied)
@@ -417,6 +457,8 @@ class Applier:
             self._stop(batch, err)
             return
         self.error = str(err)
+        if isinstance(err, _Unfetchable):
+            self.held = self.error
         self._quiet.log("apply", logging.ERROR, "applying revisions %d..%d failed "
                         "(retrying): %s", batch[0].revision, batch[-1].revision, err)
         assert self._loop is not None
@@ -463,6 +505,8 @@ class Applier:
                 raise _Unreadable(f"revision {item.revision} of {self._log_name} is not a "
                                   f"log entry this node can read ({err}); nothing of it "
                                   "was skipped or applied", at) from err
+            if entry.pointer is not None:
+                entry = self._resolve(entry, item, at)
             spans.append((item, entry.node, entry.seq, len(commands), len(entry.commands)))
             commands.extend(entry.commands)
             times.extend([entry.time] * len(entry.commands))
@@ -489,6 +533,31 @@ class Applier:
         messages = sum(r.count for r in results if isinstance(r, ApplyResult))
         return _Applied(spans, results, touched, started, finished,
                         time.thread_time() - cpu, len(batch), messages)
+
+    def _resolve(self, entry: LogEntry, item: Revision, at: int) -> LogEntry:
+        """A pointer entry with the commands it names (writer thread): waits for their
+        fetch; raises _Unfetchable when they cannot be had now, _Unreadable when they are
+        not what the pointer says."""
+        pointer = entry.pointer
+        assert pointer is not None
+        if self._pointers is None:
+            raise _Unreadable(f"revision {item.revision} of {self._log_name} points at intake "
+                              f"object {pointer.name}, but this node has no object store: "
+                              "start it with the cluster's --object-store", at)
+        try:
+            body = self._pointers.fetch(pointer)
+        except IntakeFetchError as err:
+            raise _Unfetchable(f"revision {item.revision} of {self._log_name} names intake "
+                               f"object {pointer.name}, which cannot be fetched now: {err}",
+                               at) from err
+        except ValueError as err:  # CorruptEntryError: the store holds other bytes
+            raise _Unreadable(f"revision {item.revision} of {self._log_name}: {err}; nothing "
+                              "of it was skipped or applied", at) from err
+        try:
+            return resolve(entry, body)
+        except ValueError as err:
+            raise _Unreadable(f"revision {item.revision} of {self._log_name}: {err}; nothing "
+                              "of it was skipped or applied", at) from err
 
     def _checkpoint_if_due(self) -> None:
         """Checkpoint when due (writer thread, queued after the batch it follows)."""

@@ -266,13 +266,32 @@ class EtcdClient:
         quota / size error etcd gave).
         """
         request = rpc.PutRequest(key=key, value=value, lease=lease)
+        response = await self._write(
+            lambda channel, md: rpc.KVStub(channel).Put(request, timeout=timeout, metadata=md))
+        return int(response.header.revision)
+
+    async def put_when(self, key: bytes, value: bytes, *, unchanged: bytes,
+                       timeout: float = PUT_TIMEOUT) -> int | None:
+        """:meth:`put` (the same failures), but only while the key ``unchanged`` exists as it
+        was first written (version 1): returns the revision etcd committed the put at, or
+        None when ``unchanged`` was changed or deleted, and nothing was written."""
+        request = rpc.TxnRequest(
+            compare=[rpc.Compare(key=unchanged, target=rpc.Compare.CompareTarget.VERSION,
+                                 result=rpc.Compare.CompareResult.EQUAL, version=1)],
+            success=[rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value))])
+        response = await self._write(
+            lambda channel, md: rpc.KVStub(channel).Txn(request, timeout=timeout, metadata=md))
+        return int(response.header.revision) if response.succeeded else None
+
+    async def _write(self, make: Callable[[grpc.aio.Channel, tuple[tuple[str, str], ...]],
+                                          Awaitable[T]]) -> T:
+        """One write request: resent to the next endpoint only when it certainly never
+        left; see :meth:`put`."""
         failures: list[tuple[str, BaseException]] = []
         for _ in range(len(self.endpoints)):
             i = self.current
             try:
-                response = await self.call(
-                    lambda channel, md: rpc.KVStub(channel).Put(request, timeout=timeout,
-                                                                 metadata=md), endpoint=i)
+                return await self.call(make, endpoint=i)
             except grpc.aio.AioRpcError as err:
                 if never_sent(err):
                     failures.append((self.endpoints[i], err))
@@ -281,7 +300,6 @@ class EtcdClient:
                 if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     self.failed(i)
                 raise put_error(err, self.endpoints[i]) from err
-            return int(response.header.revision)
         raise unavailable("etcd cannot take writes (no endpoint with a leader)", failures)
 
     async def get(self, key: bytes, *, keys_only: bool = False, prefix: bool = False,
@@ -293,6 +311,19 @@ class EtcdClient:
         return await self.call(
             lambda channel, md: rpc.KVStub(channel).Range(request, timeout=timeout, metadata=md),
             endpoint=endpoint)
+
+    async def compacted_past(self, key: bytes, revision: int) -> bool:
+        """Whether etcd's history is compacted past ``revision`` (a read of ``key`` as of
+        then is refused): every node registered then had its log durable beyond it."""
+        request = rpc.RangeRequest(key=key, revision=revision, keys_only=True)
+        try:
+            await self.call(lambda channel, md: rpc.KVStub(channel).Range(
+                request, timeout=QUICK_TIMEOUT, metadata=md))
+        except grpc.aio.AioRpcError as err:
+            if "compacted" in (err.details() or ""):
+                return True
+            raise
+        return False
 
     async def put_if_absent(self, key: bytes, value: bytes) -> bytes:
         """Store ``value`` at ``key`` unless the key exists; returns what the key holds."""

@@ -1,9 +1,12 @@
 """A log entry: the value of one revision of a cluster's log key, encoded and decoded.
 
 An entry carries the commands of one put: a header (magic, the writing node and its batch
-number, the command count, the writer's time, and in format 3 a CRC-32C), then each command
-with its length, the body compressed with zstd when that pays. Which format a node writes is
-the cluster's (:mod:`messaging.log.etcd.entry_format`); every older format still decodes.
+number, the command count, the writer's time, and from format 3 a CRC-32C), then each command
+with its length, the body compressed with zstd when that pays. Format 4 adds *pointer
+entries*, whose body says where in the object store those commands are instead
+(:mod:`messaging.log.etcd.pointer`): :func:`resolve` turns one into an ordinary entry once
+its bytes are fetched. Which format a node writes is the cluster's
+(:mod:`messaging.log.etcd.entry_format`); every older format still decodes.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from crc32c import crc32c
 
 from messaging.clock import now_ms
 from messaging.log.etcd.entry_format import ENTRY_VERSION
+from messaging.log.etcd.pointer import Pointer, decode_pointer, encode_pointer
 
 # A log entry (the value of one revision): this header, then each command with its length
 # (the body). Under _MAGIC_ZSTD the body is one zstd frame; decompressed, it is byte for byte
@@ -36,6 +40,8 @@ _ENTRY_HEAD = struct.Struct(_ENTRY.format[:-1])  # the fields the checksum follo
 _CHECKSUM = struct.Struct(">I")
 _MAGIC = b"MSG3"
 _MAGIC_ZSTD = b"MSZ3"
+#: A pointer entry (format 4): the header of format 3, the body a pointer.
+_MAGIC_POINTER = b"MSP4"
 # Entries of older versions, still read: the same header without the checksum (version 2)
 # and without the time either (version 1).
 _ENTRY_V2 = struct.Struct(">4s8sQIq")
@@ -80,6 +86,19 @@ class LogEntry:
     seq: int
     commands: list[bytes]
     time: int | None = None  # when the writer formed it (None: an entry from before times)
+    #: A pointer entry's: where its commands are (``commands`` is empty until
+    #: :func:`resolve` has them).
+    pointer: Pointer | None = None
+
+
+def body_of(commands: Sequence[bytes]) -> bytes:
+    """The plain body of an entry of ``commands``: each after its length. An intake object
+    holds such bodies, so a pointer's range resolves to the commands an inline entry had."""
+    parts = []
+    for command in commands:
+        parts.append(_LENGTH.pack(len(command)))
+        parts.append(command)
+    return b"".join(parts)
 
 
 def encode_entry(node: bytes, seq: int, commands: Sequence[bytes], *,
@@ -88,17 +107,13 @@ def encode_entry(node: bytes, seq: int, commands: Sequence[bytes], *,
     """One log value holding ``commands`` (each a buffer of frames), its body compressed
     when ``compress`` and it pays (see COMPRESS_FROM and COMPRESS_KEEP), stamped with
     ``time_ms`` (default: the clock now): the time every node gives its commands. In entry
-    format ``version`` (3, with its checksum; or 2, which the previous release reads: see
-    :mod:`messaging.log.etcd.entry_format`)."""
-    if version not in (2, 3):
-        raise ValueError(f"this node writes log entry formats 2 and 3, not {version}")
+    format ``version`` (3 or 4, with its checksum: format 4 differs only by its pointer
+    entries; or 2, which an older release reads: see :mod:`messaging.log.etcd.entry_format`)."""
+    if version not in (2, 3, 4):
+        raise ValueError(f"this node writes log entry formats 2 to 4, not {version}")
     if time_ms is None:
         time_ms = now_ms()
-    parts = []
-    for command in commands:
-        parts.append(_LENGTH.pack(len(command)))
-        parts.append(command)
-    body = b"".join(parts)
+    body = body_of(commands)
     zstd = False
     if compress and len(body) >= COMPRESS_FROM:
         packed = _compressor().compress(body)
@@ -108,6 +123,20 @@ def encode_entry(node: bytes, seq: int, commands: Sequence[bytes], *,
         return _ENTRY_V2.pack(b"MSZ2" if zstd else b"MSG2", node, seq, len(commands),
                               time_ms) + body
     return _sealed(_MAGIC_ZSTD if zstd else _MAGIC, node, seq, len(commands), time_ms, body)
+
+
+def encode_pointer_entry(node: bytes, seq: int, pointer: Pointer, *,
+                         time_ms: int | None = None) -> bytes:
+    """A pointer entry (format 4) of ``pointer.count`` commands stored where ``pointer``
+    says, stamped with ``time_ms`` (default: the clock now) as :func:`encode_entry` does."""
+    return _sealed(_MAGIC_POINTER, node, seq, pointer.count,
+                   now_ms() if time_ms is None else time_ms, encode_pointer(pointer))
+
+
+def is_pointer_entry(value: bytes) -> bool:
+    """Whether a log value is a pointer entry (read from its magic alone: nothing is
+    checked)."""
+    return value[:4] == _MAGIC_POINTER
 
 
 def _sealed(magic: bytes, node: bytes, seq: int, count: int, time_ms: int,
@@ -135,7 +164,7 @@ def decode_entry(value: bytes) -> LogEntry:
         raise ValueError(f"{len(value)} bytes is too short for a log entry")
     magic = bytes(value[:4])
     time_ms: int | None = None
-    if magic in (_MAGIC, _MAGIC_ZSTD):
+    if magic in (_MAGIC, _MAGIC_ZSTD, _MAGIC_POINTER):
         if len(value) < _ENTRY.size:
             raise ValueError(f"{len(value)} bytes is too short for a log entry")
         _magic, node, seq, count, time_ms, checksum = _ENTRY.unpack_from(value)
@@ -147,6 +176,12 @@ def decode_entry(value: bytes) -> LogEntry:
             raise CorruptEntryError(f"its checksum does not match: {checksum:#010x} in the "
                                     f"header, {actual:#010x} computed over its "
                                     f"{len(value)} bytes")
+        if magic == _MAGIC_POINTER:
+            pointer = decode_pointer(view[offset:])
+            if pointer.count != count:
+                raise ValueError(f"a pointer entry of {count} commands points at "
+                                 f"{pointer.count}")
+            return LogEntry(node, seq, [], time_ms, pointer)
     elif magic in _MAGICS_V2:
         if len(value) < _ENTRY_V2.size:
             raise ValueError(f"{len(value)} bytes is too short for a log entry")
@@ -174,6 +209,11 @@ def decode_entry(value: bytes) -> LogEntry:
         except zstandard.ZstdError as err:
             raise ValueError(f"compressed log entry does not decompress: {err}") from err
         offset = 0
+    return LogEntry(node, seq, _split(value, offset, count), time_ms)
+
+
+def _split(value: bytes, offset: int, count: int) -> list[bytes]:
+    """The ``count`` commands of a plain body that starts at ``offset`` and ends the value."""
     view = memoryview(value)
     commands = []
     for _ in range(count):
@@ -187,7 +227,23 @@ def decode_entry(value: bytes) -> LogEntry:
         offset += length
     if offset != len(value):
         raise ValueError(f"{len(value) - offset} bytes after the last command")
-    return LogEntry(node, seq, commands, time_ms)
+    return commands
+
+
+def resolve(entry: LogEntry, body: bytes) -> LogEntry:
+    """A pointer entry with its commands, given the bytes its pointer names;
+    :class:`CorruptEntryError` when they are not those (their checksum), ValueError when
+    they do not hold its commands."""
+    pointer = entry.pointer
+    if pointer is None:
+        return entry
+    actual = crc32c(body)
+    if len(body) != pointer.length or actual != pointer.checksum:
+        raise CorruptEntryError(
+            f"intake object {pointer.name} bytes {pointer.offset}..{pointer.end} do not match "
+            f"the pointer: {len(body)} bytes with checksum {actual:#010x}, expected "
+            f"{pointer.length} with {pointer.checksum:#010x}")
+    return LogEntry(entry.node, entry.seq, _split(body, 0, pointer.count), entry.time)
 
 
 def compressed(value: bytes) -> bool:

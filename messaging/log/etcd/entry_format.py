@@ -9,7 +9,9 @@ once every live node announces the newer format (any node may move it; repeating
 harmless), and never down: a node too old for the active format refuses to start, naming
 both versions.
 
-Versions: 1, no time; 2, the writer's time; 3, a CRC-32C over header and body.
+Versions: 1, no time; 2, the writer's time; 3, a CRC-32C over header and body; 4, pointer
+entries (the intake lane: :mod:`messaging.log.etcd.intake`, used only once the cluster writes
+format 4, so a node that could not read them never meets one).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from messaging.log.etcd.client import EtcdClient
 log = logging.getLogger(__name__)
 
 #: The newest entry format this code reads and writes.
-ENTRY_VERSION = 3
+ENTRY_VERSION = 4
+#: The first format with pointer entries.
+POINTER_VERSION = 4
 #: The active format of a cluster that has recorded none (what the previous release writes).
 BASE_VERSION = 2
 

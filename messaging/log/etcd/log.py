@@ -21,6 +21,9 @@ Every key lives under ``/messaging/<cluster>/``: ``log`` (the command log) and
   durable here and the broker index after it, written only after that data is fsynced. A
   restart (a crash, or a power loss that took unfsynced tails) replays from it: replay
   reassigns identical indexes and topics skip the frames they already hold.
+- Intake (:mod:`messaging.log.etcd.intake`): with an object store, a large publish goes to
+  the store in an object the node's logs share, and the log carries a pointer to it, which
+  holders apply as the commands it names.
 - Membership (:mod:`messaging.log.etcd.membership`): each node registers ``{url,
   durable_revision}`` under a lease; the first live node (by URL) compacts etcd below the
   smallest durable revision of every registered node.
@@ -71,6 +74,8 @@ from messaging.log.etcd.checkpoint import CHECKPOINT, Checkpoints
 from messaging.log.etcd.client import EtcdClient, describe, load_credentials
 from messaging.log.etcd.clock_check import CHECK_INTERVAL, ClockCheck
 from messaging.log.etcd.install import SnapshotInstaller
+from messaging.log.etcd.intake import Intake, IntakeLane, IntakeMetrics
+from messaging.log.etcd.intake_reads import LogReads
 from messaging.log.etcd.membership import Membership
 from messaging.log.etcd.progress import Progress
 from messaging.log.etcd.quorum_reads import aligned_sleep
@@ -99,7 +104,8 @@ class EtcdLog:
     def __init__(self, broker: Broker, url: str, settings: EtcdSettings,
                  fsync: FsyncMode = "always", *, peer_token: str | None = None,
                  peer_ca: str | None = None, clock: ClockCheck | None = None,
-                 share: EtcdShare | None = None) -> None:
+                 share: EtcdShare | None = None, intake: Intake | None = None) -> None:
+        """``intake``: the node's intake lane (with an object store), shared by its logs."""
         if fsync not in FSYNC_MODES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}")
         self.broker = broker
@@ -128,9 +134,16 @@ class EtcdLog:
                                  self._quorum_read, broker.settled_result,
                                  startup=self._startup)
         self._checkpoints = Checkpoints(broker, self.cluster, self._progress, self._unsynced)
+        self._intake = intake
+        self._lane: IntakeLane | None = None
+        pointers: LogReads | None = None
+        if intake is not None:
+            self._lane = IntakeLane(self._writes, self._log_key.decode(), self.cluster,
+                                    IntakeMetrics(broker.metrics.registry))
+            pointers = LogReads(intake.reads, self._lane.metrics)
         self._applier = Applier(broker, self._writer, self._writes, self._progress,
                                 self._checkpoints, self._unsynced, self._log_key,
-                                linger=settings.apply_linger)
+                                linger=settings.apply_linger, pointers=pointers)
         self._membership = Membership(self._client, self.cluster, url,
                                       lambda: self._progress.checkpointed,
                                       settings.compact_every, lease=self._share.lease,
@@ -200,6 +213,8 @@ class EtcdLog:
             self._tasks.append(asyncio.create_task(
                 self._unsynced.run(self._writer, self.settings.sync_interval),
                 name="messaging-etcd-fsync"))
+        if self._intake is not None and self._lane is not None:
+            self._intake.join(self._lane)
 
     def _load(self) -> tuple[grpc.ChannelCredentials | None, int]:
         """TLS files and the checkpoint, restored (writer thread): the revision to replay
@@ -248,6 +263,8 @@ class EtcdLog:
         """Let in-flight writes apply (briefly), stop every task, fsync and checkpoint."""
         self._closing = True
         loop = asyncio.get_running_loop()
+        if self._intake is not None and self._lane is not None:
+            await self._intake.leave(self._lane)
         await self._writes.drain(CLOSE_GRACE)
         self._applier.close()
         for task in self._tasks:
@@ -292,7 +309,11 @@ class EtcdLog:
         clock = self._clock.problem()
         if clock is not None:
             raise ClockOffsetError(clock)
-        future = self._writes.submit(command)
+        if self._lane is not None and self._intake is not None \
+                and self._intake.takes(self._lane, command):
+            future = self._intake.submit(self._lane, command)
+        else:
+            future = self._writes.submit(command)
         started = time.perf_counter()
         result = await future
         self.broker.metrics.publish_latency.observe(time.perf_counter() - started)
@@ -345,6 +366,8 @@ class EtcdLog:
             return f"the watch of etcd's log is not live: {self._watch.error or 'starting'}"
         if not self._writes.quorum:
             return f"no etcd quorum: {self._writes.quorum_error or 'not checked yet'}"
+        if self._applier.held is not None:
+            return f"applying the log is held up: {self._applier.held}"
         return self._clock.problem()
 
     def caught_up(self) -> bool:
@@ -388,6 +411,7 @@ class EtcdLog:
             "publish_budget": self._writes.budget.report(window),
             **self._applier.cost.report(window),
             "apply_error": self._applier.error,
+            "intake": self._intake.describe() if self._intake is not None else None,
             "failure": None if failure is None else str(failure),
             "clock": self._clock.diagnostics(),
         }

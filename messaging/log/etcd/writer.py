@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -32,8 +32,14 @@ from messaging.errors import (
 from messaging.log.base import answer_callers
 from messaging.log.etcd.budget import Budget
 from messaging.log.etcd.client import EtcdClient, describe
-from messaging.log.etcd.entry import COMPRESS_FROM, compressed, encode_entry
+from messaging.log.etcd.entry import (
+    COMPRESS_FROM,
+    compressed,
+    encode_entry,
+    encode_pointer_entry,
+)
 from messaging.log.etcd.entry_format import BASE_VERSION
+from messaging.log.etcd.pointer import Pointer
 from messaging.log.etcd.quorum_reads import QuorumReads
 from messaging.log.etcd.startup import Startup
 from messaging.quiet_log import RECURRING_LOG_INTERVAL, QuietLog
@@ -346,11 +352,58 @@ class LogWriter:
         del self._pending[:taken]
         return group
 
+    def submit_pointer(self, pointer: Pointer, commands: Sequence[bytes],
+                       ticket: bytes) -> list[asyncio.Future[ApplyResult]]:
+        """Commit a pointer entry for ``commands``, which an intake object holds where
+        ``pointer`` says, in a put of its own, only while the object's ``ticket`` key is
+        unchanged (see :mod:`messaging.log.etcd.intake`); each future gets its command's
+        result once this node has applied it, as :meth:`submit`'s."""
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[ApplyResult]] = [loop.create_future() for _ in commands]
+        now = time.monotonic()
+        batch = _Batch(futures, [now] * len(futures), list(commands))
+        if self._stopped is not None:
+            _fail(batch, self._stopped)
+            return futures
+
+        async def encode(seq: int) -> bytes:
+            return encode_pointer_entry(self.node_id, seq, pointer, time_ms=self.clock())
+
+        async def send(value: bytes) -> int:
+            revision = await self.client.put_when(self.log_key, value, unchanged=ticket)
+            if revision is None:
+                raise TicketClosedError(
+                    f"intake object {pointer.name} was given up before its pointer could be "
+                    f"committed (older than the sweep's grace): nothing was written; retry")
+            return revision
+
+        async def put() -> None:
+            async with self._slots:
+                await self._put(batch, encode, send)
+
+        task = asyncio.create_task(put(), name="messaging-etcd-pointer-put")
+        self._puts.add(task)
+        task.add_done_callback(self._puts.discard)
+        return futures
+
     async def _put_group(self, group: list[_Pending]) -> None:
-        self._seq += 1
-        seq = self._seq
         batch = _Batch([item.future for item in group], [item.submitted for item in group],
                        [item.command for item in group])
+
+        async def encode(seq: int) -> bytes:
+            return await self.encode_value(seq, batch.commands)
+
+        async def send(value: bytes) -> int:
+            return await self.client.put(self.log_key, value)
+
+        await self._put(batch, encode, send)
+
+    async def _put(self, batch: _Batch, encode: Callable[[int], Awaitable[bytes]],
+                   send: Callable[[bytes], Awaitable[int]]) -> None:
+        """Encode and send one put of ``batch``'s commands, then wait for this node to apply
+        its revision (which answers them), or fail them."""
+        self._seq += 1
+        seq = self._seq
         if self._stopped is not None:  # taken before the node stopped, never sent
             _fail(batch, self._stopped)
             return
@@ -363,10 +416,10 @@ class LogWriter:
                 # encoded and the quorum is checked.
                 self._sending[seq] = time.monotonic()
                 try:
-                    value = await self.encode_value(seq, commands)
+                    value = await encode(seq)
                     await self.ensure_quorum()
                     sent = batch.sent = self._sending[seq] = time.monotonic()
-                    revision = await self.client.put(self.log_key, value)
+                    revision = await send(value)
                 finally:
                     del self._sending[seq]
                     self._wakeup.set()  # what waited for this put may go now
@@ -384,7 +437,7 @@ class LogWriter:
                 _fail(batch, err)
                 return
             except Exception as err:  # a bug or an unexpected client error: never hang waiters
-                log.exception("put of %d commands failed", len(group))
+                log.exception("put of %d commands failed", len(commands))
                 _fail(batch, CommitUnknownError(f"the write may or may not be committed: "
                                                 f"{describe(err)}"))
                 return
@@ -478,6 +531,17 @@ class LogWriter:
             self.startup.log(self._quiet, type(err).__name__, logging.WARNING,
                              "put failed: %s", err)
 
+
+
+class TicketClosedError(MessagingError):
+    """An intake object's pointer came too late: its ticket was closed by the sweep, so the
+    put was refused by etcd and nothing was written (safe to retry)."""
+
+    status = 503
+
+    def headers(self) -> dict[str, str]:
+        """Retry at once: the retry goes in a new object."""
+        return {"Retry-After": "1"}
 
 
 def _installed_over(revision: int, installed: int) -> CommitUnknownError:

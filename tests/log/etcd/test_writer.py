@@ -164,7 +164,7 @@ def test_entries_of_format_2_are_what_the_previous_release_reads() -> None:
         old = encode_entry(b"n" * 8, 5, commands, compress=compress, time_ms=77, version=2)
         assert old == old[:3] + b"2" + new[4:32] + new[36:] and old[:3] == new[:3]
         assert decode_entry(old) == decode_entry(new)
-    with pytest.raises(ValueError, match="formats 2 and 3, not 1"):
+    with pytest.raises(ValueError, match="formats 2 to 4, not 1"):
         encode_entry(b"n" * 8, 5, commands, version=1)
 
 
