@@ -22,7 +22,8 @@ class FaultProxy:
     stream is cut wherever that falls, usually inside a frame). ``drop_responses``: forward
     requests but close the client connection as soon as the answer starts, so the client never
     learns the outcome. ``drop_connections``: the same, for those connections only (numbered
-    from 1 in the order they came).
+    from 1 in the order they came). :meth:`sever` cuts every connection and refuses new
+    ones until ``refuse`` is set back to False (a server gone and back, on the same port).
     """
 
     def __init__(self, upstream_port: int) -> None:
@@ -30,6 +31,8 @@ class FaultProxy:
         self.cut_after: int | None = None
         self.drop_responses = False
         self.drop_connections: set[int] = set()
+        self.refuse = False
+        self._writers: set[asyncio.StreamWriter] = set()
         self.connections = 0
         self.cuts = 0
         self._server: asyncio.base_events.Server | None = None
@@ -45,6 +48,15 @@ class FaultProxy:
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
+    async def sever(self) -> None:
+        """Cut every connection now and refuse new ones (until ``refuse`` is False)."""
+        self.refuse = True
+        for writer in list(self._writers):
+            writer.transport.abort()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
@@ -59,6 +71,10 @@ class FaultProxy:
         assert task is not None
         self._tasks.add(task)
         self.connections += 1
+        if self.refuse:
+            client_w.close()
+            self._tasks.discard(task)
+            return
         drop = self.drop_responses or self.connections in self.drop_connections
         try:
             up_r, up_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
@@ -66,6 +82,7 @@ class FaultProxy:
             client_w.close()
             return
         upward = asyncio.ensure_future(self._pump(client_r, up_w, None))
+        self._writers.update((client_w, up_w))
         try:
             await self._pump(up_r, client_w, self.cut_after, drop=drop)
         finally:
@@ -74,6 +91,7 @@ class FaultProxy:
                 await upward
             for writer in (client_w, up_w):
                 writer.close()
+                self._writers.discard(writer)
             self._tasks.discard(task)
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,

@@ -411,6 +411,7 @@ class EtcdLog:
             "publish_budget": self._writes.budget.report(window),
             **self._applier.cost.report(window),
             "apply_error": self._applier.error,
+            "entry_format": self._writes.entry_version,
             "intake": self._intake.describe() if self._intake is not None else None,
             "failure": None if failure is None else str(failure),
             "clock": self._clock.diagnostics(),
