@@ -9,6 +9,7 @@ a damaged object; the store down while publishing.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import uuid
 from collections.abc import Iterator
@@ -257,7 +258,8 @@ async def test_a_damaged_intake_object_stops_every_node_with_a_clear_error(
             return (await diagnostics(session, url))["failure"] is not None
 
         for url in nodes.urls:
-            await wait_until(lambda u=url: stopped(u), timeout=30, what=f"{url} to stop")
+            await wait_until(functools.partial(stopped, url), timeout=30,
+                             what=f"{url} to stop")
             failure = (await diagnostics(session, url))["failure"]
             assert f"revision {revision} of /messaging/{nodes.name}/log" in failure, failure
             assert f"intake object {name} bytes 0..{len(body)} do not match the pointer" \
