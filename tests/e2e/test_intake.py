@@ -311,3 +311,114 @@ async def test_the_store_down_answers_large_publishes_503_in_time(
         assert (await large(2))[0] == 200
         stored = await converge(session, nodes.urls, 3)
         assert [d[:7] for _i, d in stored] == [b"large 0", b"small", b"large 2"]
+
+
+@dataclass
+class ProducerLoad:
+    """Idempotent producers over every node: each message is sent with its producer's next
+    sequence number until a node answers it (stored, or a duplicate of what was), whatever
+    failed before (a node killed with the upload or the pointer on its way)."""
+
+    urls: list[str]
+    acked: dict[bytes, int] = field(default_factory=dict)
+    refused: set[bytes] = field(default_factory=set)
+    unknown: set[bytes] = field(default_factory=set)
+    statuses: dict[int, int] = field(default_factory=dict)
+    down: set[str] = field(default_factory=set)
+    duplicates: int = 0
+
+    async def producer(self, session: aiohttp.ClientSession, w: int, count: int) -> None:
+        pid = f"p{w}-{uuid.uuid4().hex[:6]}"
+        for seq in range(count):
+            data = f"p{w} s{seq} ".encode().ljust(SMALL if seq % 3 == 0 else LARGE, b"y")
+            headers = {"Producer-Id": pid, "Producer-Epoch": "0", "Producer-Seq": str(seq)}
+            for attempt in range(400):
+                url = self.urls[(w + seq + attempt) % len(self.urls)]
+                if url in self.down:
+                    continue
+                try:
+                    async with session.post(f"{url}/messaging/messages",
+                                            params={"topicID": str(TOPIC)}, data=data,
+                                            headers=headers,
+                                            timeout=aiohttp.ClientTimeout(total=40)) as resp:
+                        self.statuses[resp.status] = self.statuses.get(resp.status, 0) + 1
+                        text = await resp.text()
+                        if resp.status == 200:
+                            self.acked[data] = int(resp.headers["X-Broker-Index"])
+                            self.duplicates += "Producer-Duplicate" in resp.headers or \
+                                "X-Broker-Duplicate" in resp.headers
+                            break
+                        assert resp.status in (503, 504), (resp.status, text)
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError(f"{data[:12]!r} was never answered")
+
+
+async def intake_tickets(etcd: EtcdCluster, nodes: Nodes) -> int:
+    import grpc
+    from aetcd import rpc
+
+    from messaging.log.etcd.client import prefix_end
+
+    key = f"/messaging/{nodes.name}/intake/".encode()
+    async with grpc.aio.insecure_channel(
+            etcd.members[0].client_url.removeprefix("http://")) as channel:
+        response = await rpc.KVStub(channel).Range(rpc.RangeRequest(
+            key=key, range_end=prefix_end(key), count_only=True), timeout=5)
+    return int(response.count)
+
+
+@with_groups
+async def test_kill_9_of_receiving_nodes_loses_nothing_and_the_sweep_deletes_every_object(
+        etcd: EtcdCluster, broker_process, tmp_path: Path,  # noqa: F811
+        seaweedfs: SeaweedFS, s3: S3Store, prefix: str) -> None:  # noqa: F811
+    """Idempotent producers publish mostly large messages through every node while nodes
+    are killed with SIGKILL, each with intake objects on their way (uploaded or not, their
+    pointers committed or not, their publishers answered or not): every message is stored
+    exactly once at the index it was answered with, every node ends with the same files, and
+    every intake object, referenced or orphaned, is deleted once its ticket is older than
+    the grace and etcd is compacted past its closing."""
+    nodes = Nodes(broker_process, tmp_path, etcd,
+                  *store_args(seaweedfs, prefix, "--object-sweep-grace", "2s",
+                              "--etcd-compact-every", "10"))
+    await nodes.start(0, 1, 2, env=s3_env())
+    await nodes.wait_ready(0, 1, 2)
+    await lane_open(nodes)
+    load = ProducerLoad(nodes.urls)
+    async with aiohttp.ClientSession() as session:
+        producers = [asyncio.ensure_future(load.producer(session, w, 45)) for w in range(6)]
+        for victim, after in ((0, 30), (1, 90), (0, 150)):
+            await wait_until(lambda n=after: _true(len(load.acked) >= n), timeout=60,
+                             what=f"{after} answered")
+            load.down.add(nodes.url(victim))
+            nodes.kill(victim)
+            await asyncio.sleep(0.5)
+            await nodes.start(victim, env=s3_env())
+            await nodes.wait_ready(victim)
+            load.down.discard(nodes.url(victim))
+        await asyncio.wait_for(asyncio.gather(*producers), 120)
+        assert len(load.acked) == 6 * 45, len(load.acked)
+        stored = await converge(session, nodes.urls, len(load.acked), timeout=60)
+        check_log(stored, load)  # type: ignore[arg-type]
+        await check_identical(nodes)
+        assert await s3.list("intake"), "no intake object was written"
+
+        async def all_swept() -> bool:
+            async with session.post(f"{nodes.url(0)}/messaging/messages",
+                                    params={"topicID": str(TOPIC + 1)}, data=b"tick") as resp:
+                await resp.read()  # revisions move, so compaction does
+            return not await s3.list("intake") and not await intake_tickets(etcd, nodes)
+
+        await wait_until(all_swept, timeout=90, what="every intake object and ticket deleted")
+        # Deleted objects are never needed again: a node restarted now replays or installs.
+        nodes.kill(2)
+        await nodes.start(2, env=s3_env())
+        await nodes.wait_ready(2)
+        stored = await converge(session, nodes.urls, len(load.acked), timeout=60)
+        check_log(stored, load)  # type: ignore[arg-type]
+
+
+async def _true(value: bool) -> bool:
+    return value
