@@ -18,6 +18,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -35,6 +36,14 @@ from tests.e2e.test_etcd_log import (  # noqa: F401  (fixtures used by name)
 )
 from tests.e2e.test_exactly_once import wait_for_trace
 from tests.faultpoint import lose_unsynced
+from tests.objects.conftest import seaweedfs  # noqa: F401  (a fixture, by name)
+
+async def diagnostics_of(url: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as session, \
+            session.get(f"{url}/messaging/diagnostics") as resp:
+        found: dict[str, Any] = await resp.json()
+        return found
+
 
 FAULTPOINT = Path(__file__).resolve().parent.parent / "faultpoint.py"
 BATCH = 2000
@@ -205,22 +214,35 @@ async def test_no_reader_sees_a_batch_before_its_group_is_committed(broker_proce
     assert broker.terminate() == 0
 
 
+@pytest.mark.parametrize("lane", ["inline", "intake"])
 async def test_a_cluster_node_killed_mid_batch_replays_every_batch_whole(
-        etcd: EtcdCluster, broker_process, tmp_path: Path) -> None:  # noqa: F811
+        etcd: EtcdCluster, broker_process, tmp_path: Path, lane: str,  # noqa: F811
+        request: pytest.FixtureRequest) -> None:
     """A cluster node dies half-way through a segment write of 2,000-message batches over
     small segments (three times): started again, it cuts what no commit mark covers,
-    replays the rest from etcd, and ends byte for byte like the others, every batch whole."""
+    replays the rest from etcd, and ends byte for byte like the others, every batch whole.
+    In both lanes: through etcd, and as pointers to intake objects in SeaweedFS."""
     rng = random.Random(38)
     arm = tmp_path / "arm"
     arm.touch()
-    nodes = Nodes(broker_process, tmp_path, etcd, "--max-segment-size", "64K")
+    extra: list[str] = []
+    env: dict[str, str] = {}
+    if lane == "intake":
+        from tests.e2e.test_tiering import s3_env
+        from tests.objects.conftest import BUCKET
+
+        store = request.getfixturevalue("seaweedfs")
+        extra = ["--object-store", f"s3://{BUCKET}/atomic-{tmp_path.name[-12:]}",
+                 "--s3-endpoint", store.endpoint, "--intake-min-size", "1K"]
+        env = s3_env()
+    nodes = Nodes(broker_process, tmp_path, etcd, "--max-segment-size", "64K", *extra)
 
     def tearing() -> dict[str, object]:
         return {"launcher": [sys.executable, str(FAULTPOINT)],
-                "env": {"FAULT_ROOT": str(nodes.data(1)), "FAULT_ARM": str(arm),
+                "env": {**env, "FAULT_ROOT": str(nodes.data(1)), "FAULT_ARM": str(arm),
                         "FAULT_TEAR": f".seg#{rng.randrange(2, 8)}"}}
 
-    await nodes.start(0, 2)
+    await nodes.start(0, 2, env=env)
     await nodes.start(1, **tearing())
     await nodes.wait_ready(0, 1, 2)
     acked: Acked = {}
@@ -236,7 +258,7 @@ async def test_a_cluster_node_killed_mid_batch_replays_every_batch_whole(
             await asyncio.wait_for(asyncio.gather(*senders), 60)
             assert died, "node 1 never reached its torn write"
             nodes.kill(1)
-            await nodes.start(1, **(tearing() if round_ < 2 else {}))
+            await nodes.start(1, **(tearing() if round_ < 2 else {"env": env}))
         await nodes.wait_ready(0, 1, 2)
         last = max(span[1] for span in acked.values())
         stored: list[dict[str, list[tuple[int, int]]]] = []
@@ -254,3 +276,6 @@ async def test_a_cluster_node_killed_mid_batch_replays_every_batch_whole(
         await check_identical(nodes)
     log = (tmp_path / "node1.log").read_text()
     assert log.count("whose commit mark a crash took") >= 3, log[-3000:]
+    if lane == "intake":
+        intake = (await diagnostics_of(nodes.url(0)))["intake"]
+        assert intake["objects_written"] > 0, intake

@@ -155,6 +155,37 @@ async def test_both_lanes_land_in_the_same_files_on_every_node(
         assert all(f >= 1 for f in fetched), states
         objects = await s3.list("intake")
         assert len(objects) == written, (objects, states)
+        figures = await intake_figures(session, nodes)
+        assert sum(f["messaging_intake_objects_total"] for f in figures) >= written
+        assert sum(f["messaging_intake_bytes_total"] for f in figures) \
+            >= load.sent_large * LARGE
+        for f in figures:
+            assert f["messaging_intake_fetched_objects_total"] >= 1, f
+            assert f["messaging_intake_gets_total"] >= f["messaging_intake_fetched_objects_total"]
+        # One commit latency per large publish; one window fill per object.
+        assert sum(f["messaging_intake_pointer_commit_seconds_count"] for f in figures) \
+            == load.sent_large
+        assert sum(f["messaging_intake_window_fill_count"] for f in figures) == written
+
+
+async def intake_figures(session: aiohttp.ClientSession, nodes: Nodes) -> list[dict[str, float]]:
+    """Each node's intake figures (in a cluster of groups, summed over its groups)."""
+    from messaging.placement import group_of_topic
+
+    figures = []
+    for url in nodes.urls:
+        params = ({"group": str(group_of_topic(TOPIC, nodes.groups))} if nodes.groups > 1
+                  else {})
+        async with session.get(f"{url}/metrics", params=params) as resp:
+            assert resp.status == 200, await resp.text()
+            text = await resp.text()
+        found: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("messaging_intake_") and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                found[name.split("{")[0]] = found.get(name.split("{")[0], 0) + float(value)
+        figures.append(found)
+    return figures
 
 
 @pytest.fixture
