@@ -38,6 +38,7 @@ from tests.e2e.test_exactly_once import wait_for_trace
 from tests.faultpoint import lose_unsynced
 from tests.objects.conftest import seaweedfs  # noqa: F401  (a fixture, by name)
 
+
 async def diagnostics_of(url: str) -> dict[str, Any]:
     async with aiohttp.ClientSession() as session, \
             session.get(f"{url}/messaging/diagnostics") as resp:

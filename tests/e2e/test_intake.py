@@ -387,7 +387,7 @@ class ProducerLoad:
                 raise AssertionError(f"{data[:12]!r} was never answered")
 
 
-async def intake_tickets(etcd: EtcdCluster, nodes: Nodes) -> int:
+async def intake_tickets(etcd: EtcdCluster, nodes: Nodes) -> int:  # noqa: F811
     import grpc
     from aetcd import rpc
 
