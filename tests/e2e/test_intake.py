@@ -421,7 +421,7 @@ async def test_kill_9_of_receiving_nodes_loses_nothing_and_the_sweep_deletes_eve
     async with aiohttp.ClientSession() as session:
         producers = [asyncio.ensure_future(load.producer(session, w, 45)) for w in range(6)]
         for victim, after in ((0, 30), (1, 90), (0, 150)):
-            await wait_until(lambda n=after: _true(len(load.acked) >= n), timeout=60,
+            await wait_until(functools.partial(answered, load, after), timeout=60,
                              what=f"{after} answered")
             load.down.add(nodes.url(victim))
             nodes.kill(victim)
@@ -451,5 +451,5 @@ async def test_kill_9_of_receiving_nodes_loses_nothing_and_the_sweep_deletes_eve
         check_log(stored, load)  # type: ignore[arg-type]
 
 
-async def _true(value: bool) -> bool:
-    return value
+async def answered(load: ProducerLoad, count: int) -> bool:
+    return len(load.acked) >= count
