@@ -13,7 +13,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 
 .PHONY: help run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
-	bench-split bench-latency bench-publish-path bench-commit-marks bench-group-staging bench-watch-cost bench-etcd-floor bench-idle-groups bench-fanout bench-scaling bench-groups bench-cli bench-tiering \
+	bench-split bench-latency bench-publish-path bench-commit-marks bench-group-staging bench-watch-cost bench-etcd-floor bench-idle-groups bench-fanout bench-scaling bench-groups bench-cli bench-tiering bench-intake \
 	soak soak-cluster soak-tiered etcd faketime chromium conformance spark s3 dist clean
 
 .DEFAULT_GOAL := help
@@ -290,6 +290,12 @@ bench-cli: $(STAMP)
 ## the same reads from local disk, through Conn and Spark; about 3 minutes
 bench-tiering: $(STAMP)
 	$(BIN)/python bench/tiering/run.py
+
+## make bench-intake: 3 etcd members, SeaweedFS and two clusters of 3 nodes: 1,000 × 1 KiB
+## batches through the intake lane beside the inline lane (etcd bytes per payload byte,
+## throughput, CPU) and the constants of the capacity model; about 2 minutes
+bench-intake: $(STAMP) etcd
+	$(BIN)/python bench/intake/run.py
 
 ## make soak: one broker under a mixed load for 5 minutes; checks data, log, RSS/fds/p99
 soak: $(STAMP)

@@ -70,6 +70,11 @@ class FileStore:
         return await put_verified(self, name, source, sha256,
                                   lambda: self._run(name, self._create, name, source))
 
+    async def put_new(self, name: str, data: bytes) -> bool:
+        """See :meth:`messaging.objects.store.ObjectStore.put_new` (a directory gives no
+        checksum of its own: read back, which is local)."""
+        return (await self.put_if_absent(name, data)).created
+
     async def get_range(self, name: str, start: int, end: int) -> bytes:
         """See :meth:`messaging.objects.store.ObjectStore.get_range`."""
         check_name(name)

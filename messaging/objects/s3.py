@@ -19,6 +19,8 @@ obstore is the optional extra ``s3``: without it, importing this module raises a
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -37,7 +39,13 @@ except ImportError as _missing:  # pragma: no cover (the dev install has it)
                       "make s3 adds it to a checkout's .venv; elsewhere run "
                       f"{sys.executable} -m pip install 'obstore>=0.12'") from _missing
 
-from messaging.objects.errors import ObjectCorruptError, ObjectNotFoundError, ObjectStoreError
+from messaging.objects.checksum import THREAD_AT
+from messaging.objects.errors import (
+    ObjectConflictError,
+    ObjectCorruptError,
+    ObjectNotFoundError,
+    ObjectStoreError,
+)
 from messaging.objects.s3_config import S3Settings, obstore_options
 from messaging.objects.s3_errors import store_error
 from messaging.objects.store import ObjectInfo, Source, StoredObject, check_name, check_range
@@ -101,6 +109,35 @@ class S3Store:
 
         return await put_verified(self, name, source, sha256, create)
 
+    async def put_new(self, name: str, data: bytes) -> bool:
+        """See :meth:`messaging.objects.store.ObjectStore.put_new`: the PUT's ETag must be
+        the MD5 of ``data``; a store that answers another kind of ETag (encryption, a
+        multipart upload) has the object read back instead."""
+        check_name(name)
+        md5 = (await asyncio.to_thread(_md5, data) if len(data) >= THREAD_AT
+               else _md5(data))
+        try:
+            result = await obstore.put_async(self._store, name, data, mode="create")
+        except (AlreadyExistsError, PreconditionError):
+            if await self._holds(name, data):
+                return False
+            raise ObjectConflictError(self.url, name, "another object holds the name") \
+                from None
+        except _OBSTORE_ERRORS as err:
+            raise await self._error(err, name) from err
+        if str(result.get("e_tag") or "").strip('"') == md5 or await self._holds(name, data):
+            return True
+        with contextlib.suppress(ObjectStoreError):
+            await self.delete(name)
+        raise ObjectCorruptError(self.url, name, "the bytes read back after the upload are "
+                                 "not those sent")
+
+    async def _holds(self, name: str, data: bytes) -> bool:
+        """Whether the object ``name`` holds exactly ``data`` (read back)."""
+        if await self.size(name) != len(data):
+            return False
+        return await self.get_range(name, 0, len(data)) == data
+
     async def get_range(self, name: str, start: int, end: int) -> bytes:
         """See :meth:`messaging.objects.store.ObjectStore.get_range`."""
         check_name(name)
@@ -157,3 +194,9 @@ class S3Store:
             except _OBSTORE_ERRORS as probe_err:
                 return store_error(probe_err, self.url, name)
         return error
+
+
+def _md5(data: bytes) -> str:
+    """The MD5 (hex) an S3 store answers as the ETag of a single-part PUT of ``data``: not a
+    name or a promise of ours, only what the store says it received."""
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()

@@ -72,6 +72,16 @@ class ObjectStore(Protocol):
         """
         ...
 
+    async def put_new(self, name: str, data: bytes) -> bool:
+        """Store ``data`` as ``name`` unless an object of that name exists, as
+        :meth:`put_if_absent` does (True: this call made it), for bytes a caller holds in
+        memory and checks itself later (the intake lane's objects, checksummed in their
+        pointers): verified by the store's own checksum of what it received where it gives
+        one (a single-part S3 PUT's ETag is the MD5 of the bytes it stored), else by reading
+        back. An object already there must hold the same bytes
+        (:class:`~messaging.objects.errors.ObjectConflictError` otherwise)."""
+        ...
+
     async def get_range(self, name: str, start: int, end: int) -> bytes:
         """Bytes ``start`` up to ``end`` (exclusive) of the object: exactly ``end - start``
         of them (an object shorter than that is corrupt)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import os
 import uuid
 from collections.abc import Iterator
@@ -453,3 +454,115 @@ async def test_kill_9_of_receiving_nodes_loses_nothing_and_the_sweep_deletes_eve
 
 async def answered(load: ProducerLoad, count: int) -> bool:
     return len(load.acked) >= count
+
+
+async def test_the_lane_opens_only_while_every_node_reads_the_store(
+        etcd: EtcdCluster, broker_process, tmp_path: Path,  # noqa: F811
+        seaweedfs: SeaweedFS, s3: S3Store, prefix: str) -> None:  # noqa: F811
+    """Node 2 runs without an object store: large publishes stay inline while it is live.
+    With it gone the lane opens; started again without a store it holds its apply before the
+    first pointer, saying how to fix it, and the lane closes again; started with the store it
+    catches up. A node with ``--intake-min-size 0`` writes no object but reads them."""
+    # No compaction meanwhile: node 2, started again, must replay the pointers it missed.
+    keep = ["--etcd-compact-every", "1000000"]
+    nodes = Nodes(broker_process, tmp_path, etcd, "--object-store", f"s3://{BUCKET}/{prefix}",
+                  "--intake-min-size", str(MIN_SIZE), "--s3-endpoint", seaweedfs.endpoint,
+                  *keep)
+    await nodes.start(0, 1, env=s3_env())
+    nodes.extra = ["--intake-min-size", "0", *keep]  # node 2, as started below: no store
+    await nodes.start(2, env=s3_env())
+    await nodes.wait_ready(0, 1, 2)
+    load = MixedLoad(nodes.urls[:2])
+    async with aiohttp.ClientSession() as session:
+        await asyncio.sleep(1.5)  # every node's registration read: format 4 already
+        await asyncio.gather(*(load.worker(session, w, 8, "closed ") for w in range(2)))
+        assert sum([(await intake_state(session, u))["objects_written"]
+                    for u in nodes.urls[:2]]) == 0
+        nodes.kill(2)
+        await wait_until(functools.partial(lane_used, session, nodes, load), timeout=30,
+                         what="the lane open once node 2's registration lapsed")
+        await nodes.start(2, env=s3_env())
+
+        async def held() -> bool:
+            status, text = await ready_text(session, nodes.url(2))
+            return status == 503 and "this node has no object store; restart it with the " \
+                "cluster's --object-store" in text
+
+        await wait_until(held, timeout=30, what="node 2 held, saying why")
+        await asyncio.sleep(1.5)
+        written = sum([(await intake_state(session, u))["objects_written"]
+                       for u in nodes.urls[:2]])
+        await asyncio.gather(*(load.worker(session, w, 4, "again ") for w in range(2)))
+        assert sum([(await intake_state(session, u))["objects_written"]
+                    for u in nodes.urls[:2]]) == written  # closed again: inline
+        nodes.kill(2)
+        nodes.extra = ["--object-store", f"s3://{BUCKET}/{prefix}", "--intake-min-size", "0",
+                       "--s3-endpoint", seaweedfs.endpoint, *keep]
+        await nodes.start(2, env=s3_env())
+        stored = await converge(session, nodes.urls, len(load.acked), timeout=60)
+        check_log(stored, load)  # type: ignore[arg-type]
+        await check_identical(nodes)
+        await asyncio.sleep(1.5)  # node 2 reads the store again: the lane is open
+        before = sum([(await intake_state(session, u))["objects_written"]
+                      for u in nodes.urls])
+        await asyncio.gather(*(load.worker(session, w, 4, "open ") for w in range(3)))
+        after = [(await intake_state(session, u))["objects_written"] for u in nodes.urls]
+        assert sum(after) > before and after[2] == 0, after  # node 2 takes none: size 0
+        stored = await converge(session, nodes.urls, len(load.acked), timeout=60)
+        check_log(stored, load)  # type: ignore[arg-type]
+
+
+PROBES = itertools.count(100)
+
+
+async def lane_used(session: aiohttp.ClientSession, nodes: Nodes, load: MixedLoad) -> bool:
+    """Publish a round through nodes 0 and 1; whether it wrote an intake object."""
+    before = sum([(await intake_state(session, u))["objects_written"] for u in nodes.urls[:2]])
+    await load.worker(session, next(PROBES), 2, "probe ")
+    after = sum([(await intake_state(session, u))["objects_written"] for u in nodes.urls[:2]])
+    return after > before
+
+
+async def test_a_held_holder_past_which_etcd_was_compacted_installs_a_peers_snapshot(
+        etcd: EtcdCluster, broker_process, tmp_path: Path,  # noqa: F811
+        seaweedfs: SeaweedFS, s3: S3Store, prefix: str, store_proxy: Any) -> None:  # noqa: F811
+    """Node 2 cannot reach the store and holds its apply at a pointer; etcd is compacted past
+    it (by an operator: a held node's durable revision holds our own compaction back): node
+    2 gives up what it held, installs a peer's snapshot (which covers it) and serves the same
+    data as the others, the store still out of its reach, and follows what comes next."""
+    import grpc
+    from aetcd import rpc
+
+    nodes = Nodes(broker_process, tmp_path, etcd, "--object-store", f"s3://{BUCKET}/{prefix}",
+                  "--intake-min-size", str(MIN_SIZE))
+    await nodes.start(0, 1, env={**s3_env(), "MESSAGING_S3_ENDPOINT": seaweedfs.endpoint})
+    await nodes.start(2, env={**s3_env(), "MESSAGING_S3_ENDPOINT": store_proxy.url})
+    await nodes.wait_ready(0, 1, 2)
+    await lane_open(nodes)
+    load = MixedLoad(nodes.urls[:2])
+    async with aiohttp.ClientSession() as session:
+        await store_proxy.sever()
+        await asyncio.gather(*(load.worker(session, w, 4, "held ") for w in range(2)))
+
+        async def held() -> bool:
+            status, text = await ready_text(session, nodes.url(2))
+            return status == 503 and "cannot be fetched now" in text
+
+        await wait_until(held, timeout=40, what="node 2 held at a pointer")
+        async with grpc.aio.insecure_channel(
+                etcd.members[0].client_url.removeprefix("http://")) as channel:
+            kv = rpc.KVStub(channel)
+            now = (await kv.Range(rpc.RangeRequest(key=b"/"), timeout=5)).header.revision
+            await kv.Compact(rpc.CompactionRequest(revision=now), timeout=10)
+        for n in range(100):  # small, inline: what comes after
+            async with session.post(f"{nodes.url(n % 2)}/messaging/messages",
+                                    params={"topicID": str(TOPIC)},
+                                    data=f"after {n}".encode()) as resp:
+                assert resp.status == 200, await resp.text()
+                load.acked[f"after {n}".encode()] = int(resp.headers["X-Broker-Index"])
+        stored = await converge(session, nodes.urls, len(load.acked), timeout=90)
+        check_log(stored, load)  # type: ignore[arg-type]
+        state = await diagnostics(session, nodes.url(2))
+        assert state["snapshots_installed"] >= 1, state
+        assert "dropped" in (tmp_path / "node2.log").read_text()
+        await nodes.wait_ready(2)

@@ -49,6 +49,37 @@ async def test_put_if_absent_creates_then_accepts_the_same_bytes_and_refuses_oth
     assert await store.get_range(NAME, 0, 19) == b"frames of segment 1"  # left alone
 
 
+async def test_put_new_creates_then_accepts_the_same_bytes_and_refuses_others(
+        store: ObjectStore) -> None:
+    data = os.urandom(300_000)  # hashed in a thread
+    assert await store.put_new("intake/n-1-0", data) is True
+    assert await store.put_new("intake/n-1-0", data) is False
+    with pytest.raises(ObjectConflictError):
+        await store.put_new("intake/n-1-0", data[:-1] + b"x")
+    assert await store.get_range("intake/n-1-0", 0, len(data)) == data
+
+
+@pytest.mark.e2e
+async def test_put_new_reads_back_when_the_etag_is_not_the_md5(
+        seaweedfs: SeaweedFS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store whose ETag is not the MD5 of the bytes (encryption, another store's kind):
+    the object is read back instead, and kept when it holds the bytes sent."""
+    from messaging.objects import s3
+
+    store = seaweedfs.store()
+    monkeypatch.setattr(s3, "_md5", lambda data: "0" * 32)
+    reads: list[tuple[int, int]] = []
+    real = store.get_range
+
+    async def counted(name: str, start: int, end: int) -> bytes:
+        reads.append((start, end))
+        return await real(name, start, end)
+
+    monkeypatch.setattr(store, "get_range", counted)
+    assert await store.put_new("intake/n-2-0", b"sent bytes") is True
+    assert reads == [(0, 10)]
+
+
 async def test_concurrent_uploads_of_the_same_bytes_make_one_object(store: ObjectStore) -> None:
     data = os.urandom(100_000)
     results = await asyncio.gather(*(store.put_if_absent(NAME, data) for _ in range(4)))

@@ -73,7 +73,7 @@ from messaging.log.etcd.entry import (
     is_pointer_entry,
     resolve,
 )
-from messaging.log.etcd.intake_reads import IntakeFetchError, LogReads
+from messaging.log.etcd.intake_reads import LogReads
 from messaging.log.etcd.progress import Progress
 from messaging.log.etcd.writer import ApplyTiming, LogWriter
 from messaging.log.local import DeferredSync
@@ -229,8 +229,9 @@ class Applier:
         #: Why the last batch failed while it is being retried (None: it did not).
         self.error: str | None = None
         #: Why applying is held before a pointer entry whose bytes cannot be fetched now
-        #: (None: it is not).
+        #: (None: it is not), and that entry's revision (0: none).
         self.held: str | None = None
+        self.held_at = 0
         #: What applying costs (diagnostics).
         self.cost = ApplyCost()
         #: Set when this node stopped applying for good: publishes are refused with it.
@@ -262,6 +263,27 @@ class Applier:
             return
         if pointer is not None:
             self._pointers.prefetch(pointer)
+
+    async def drop_held(self) -> int:
+        """Give up the revisions waiting to be applied (on the loop: the writer thread drops
+        them after the drain under way), counted as done: a peer's snapshot is about to cover
+        them (see :meth:`messaging.log.etcd.log.EtcdLog._catch_up_from_peer`). Returns how
+        many."""
+        loop = asyncio.get_running_loop()
+        dropped = await loop.run_in_executor(self._writer, self._drop_inbox)
+        self.held, self.held_at = None, 0
+        self._wake()
+        return dropped
+
+    def _drop_inbox(self) -> int:
+        """Writer thread: empty the inbox, counting what it held as done."""
+        dropped = 0
+        while self._inbox:
+            self._inbox.popleft()
+            dropped += 1
+        with self._lock:
+            self._done += dropped
+        return dropped
 
     async def room(self) -> None:
         """Wait while QUEUED_REVISIONS delivered revisions are not applied yet (for good once
@@ -367,7 +389,7 @@ class Applier:
         while inbox and size < APPLY_BATCH_BYTES:
             item = inbox.popleft()
             batch.append(item)
-            size += len(item.value)
+            size += _weight(item.value)
         if not batch:
             self._next_drain()
             return
@@ -441,6 +463,7 @@ class Applier:
         """A batch is applied: answer this node's publishers (``applied``: it holds some of
         their puts), wake the waiters (on the loop)."""
         self.error = self.held = None
+        self.held_at = 0
         self._retry_delay = RETRY_FIRST
         if applied is not None:
             self._answer(applied)
@@ -458,7 +481,7 @@ class Applier:
             return
         self.error = str(err)
         if isinstance(err, _Unfetchable):
-            self.held = self.error
+            self.held, self.held_at = self.error, batch[0].revision
         self._quiet.log("apply", logging.ERROR, "applying revisions %d..%d failed "
                         "(retrying): %s", batch[0].revision, batch[-1].revision, err)
         assert self._loop is not None
@@ -540,19 +563,20 @@ class Applier:
         not what the pointer says."""
         pointer = entry.pointer
         assert pointer is not None
-        if self._pointers is None:
-            raise _Unreadable(f"revision {item.revision} of {self._log_name} points at intake "
-                              f"object {pointer.name}, but this node has no object store: "
-                              "start it with the cluster's --object-store", at)
+        if self._pointers is None:  # held, not stopped: a restart with the store goes on
+            raise _Unfetchable(f"revision {item.revision} of {self._log_name} names intake "
+                               f"object {pointer.name}, which cannot be fetched now: this "
+                               "node has no object store; restart it with the cluster's "
+                               "--object-store", at)
         try:
             body = self._pointers.fetch(pointer)
-        except IntakeFetchError as err:
-            raise _Unfetchable(f"revision {item.revision} of {self._log_name} names intake "
-                               f"object {pointer.name}, which cannot be fetched now: {err}",
-                               at) from err
         except ValueError as err:  # CorruptEntryError: the store holds other bytes
             raise _Unreadable(f"revision {item.revision} of {self._log_name}: {err}; nothing "
                               "of it was skipped or applied", at) from err
+        except Exception as err:  # the store, a name, a closing loop: held, tried again
+            raise _Unfetchable(f"revision {item.revision} of {self._log_name} names intake "
+                               f"object {pointer.name}, which cannot be fetched now: "
+                               f"{describe_error(err)}", at) from err
         try:
             return resolve(entry, body)
         except ValueError as err:
@@ -573,3 +597,20 @@ class Applier:
             self._writes.answer(node, seq, applied.results[first:first + count],
                                 ApplyTiming(item.received, applied.started, applied.finished))
         self.broker.notify(applied.touched)
+
+
+def describe_error(err: BaseException) -> str:
+    """What went wrong, for a message: the error's own words (its kind when it has none)."""
+    return str(err) or type(err).__name__
+
+
+def _weight(value: bytes) -> int:
+    """How many bytes applying a revision's value takes in: a pointer entry's, those it
+    names (fetched and held while its batch is applied)."""
+    if not is_pointer_entry(value):
+        return len(value)
+    try:
+        pointer = decode_entry(value).pointer
+    except ValueError:
+        return len(value)
+    return pointer.length if pointer is not None else len(value)

@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,21 +47,29 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from messaging.broker.commands import ApplyResult
 from messaging.clock import now_ms
 from messaging.config import DEFAULT_INTAKE_MIN_SIZE, DEFAULT_INTAKE_WINDOW, BrokerConfig
-from messaging.errors import BrokerClosedError, MessagingError
+from messaging.errors import (
+    BrokerClosedError,
+    ClusterUnavailableError,
+    MessageTooLargeError,
+    MessagingError,
+)
 from messaging.log.etcd.client import EtcdClient, describe
 from messaging.log.etcd.entry import body_of
 from messaging.log.etcd.entry_format import POINTER_VERSION
 from messaging.log.etcd.intake_reads import IntakeReads
 from messaging.log.etcd.intake_sweep import INTAKE, IntakeSweep, ticket_key
-from messaging.log.etcd.pointer import Pointer
+from messaging.log.etcd.pointer import MAX_OBJECT_BYTES, Pointer
 from messaging.log.etcd.writer import LogWriter
 from messaging.objects.errors import ObjectStoreError, StoreUnavailableError
 from messaging.objects.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
-#: An object is written as soon as the publishes gathered for it reach this many bytes.
+#: An object is written as soon as the publishes gathered for it reach this many bytes (or
+#: before the one that would take it past them).
 WINDOW_BYTES = 8 << 20
+#: The largest publish the lane takes (it goes in an object of its own).
+MAX_COMMAND_BYTES = MAX_OBJECT_BYTES - 1024
 _FILL_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0)
 _COMMIT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
@@ -101,6 +110,8 @@ class IntakeLane:
     key: str
     cluster: str
     metrics: IntakeMetrics
+    #: Whether every live node of the log reads intake objects from this node's store.
+    readers_ready: Callable[[], bool] = lambda: False
 
     @property
     def client(self) -> EtcdClient:
@@ -146,8 +157,9 @@ class Intake:
 
     @classmethod
     def for_config(cls, config: BrokerConfig, store: ObjectStore | None) -> Intake | None:
-        """The intake lane ``config`` asks for (None: no object store, or turned off)."""
-        if store is None or config.intake_min_size <= 0:
+        """The intake lane of a node with ``store`` (None: no object store). With
+        ``--intake-min-size 0`` it writes nothing but still reads what other nodes wrote."""
+        if store is None:
             return None
         return cls(store, min_size=config.intake_min_size, window=config.intake_window,
                    timeout=config.object_store_timeout, grace=config.object_sweep_grace)
@@ -159,7 +171,7 @@ class Intake:
         self._lanes.append(lane)
         self.sweep.watch(lane.cluster, lane.client)
         if self._sweep_task is None:
-            self._sweep_task = asyncio.create_task(self.sweep.run(),
+            self._sweep_task = asyncio.create_task(self.sweep.run(self.reads.expire),
                                                    name="messaging-intake-sweep")
 
     async def leave(self, lane: IntakeLane) -> None:
@@ -191,18 +203,25 @@ class Intake:
     # -- the lane ----------------------------------------------------------------------------
 
     def takes(self, lane: IntakeLane, command: bytes) -> bool:
-        """Whether ``command`` goes through the intake: large enough, and the cluster writes
-        pointer entries."""
+        """Whether ``command`` goes through the intake: large enough, the cluster writes
+        pointer entries, and every live node of the log reads this node's store."""
         return (0 < self.min_size <= len(command)
-                and lane.writes.entry_version >= POINTER_VERSION)
+                and lane.writes.entry_version >= POINTER_VERSION and lane.readers_ready())
 
     def submit(self, lane: IntakeLane, command: bytes) -> asyncio.Future[ApplyResult]:
         """Gather ``command`` into the current window of its etcd cluster; the future gets
         its result once its pointer is applied here (or the error that stopped it)."""
+        if len(command) > MAX_COMMAND_BYTES:
+            raise MessageTooLargeError(
+                f"a publish of {len(command)} bytes of frames is larger than an intake object "
+                f"may be ({MAX_COMMAND_BYTES} bytes): split it into smaller batches")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[ApplyResult] = loop.create_future()
         key = id(lane.client)
         window = self._windows.get(key)
+        if window is not None and window.size + len(command) > WINDOW_BYTES:
+            self._flush(key)  # this one would take the object past the window's bytes
+            window = None
         if window is None:
             window = self._windows[key] = _Window()
         window.items.append(_Item(lane, command, future))
@@ -253,6 +272,7 @@ class Intake:
         ticket = ticket_key(first.cluster, name)
         stored_at = await self._store(first.client, ticket, name, data)
         self.objects += 1
+        self.reads.seed(name, data, len(by_lane))
         logs = tuple(lane.key for lane in by_lane)
         offset = 0
         for (lane, lane_items), body in zip(by_lane.items(), bodies, strict=True):
@@ -270,13 +290,17 @@ class Intake:
     async def _store(self, client: EtcdClient, ticket: bytes, name: str, data: bytes) -> float:
         """Open the ticket, then upload and verify the object, within the store's timeout;
         returns when it was stored (time.monotonic). Raises a 503 naming the store."""
+        ticketed = False
         try:
             async with asyncio.timeout(self.timeout):
                 await client.put(ticket, json.dumps({"node": self.node, "at": now_ms(),
                                                      "bytes": len(data)}).encode())
-                await self.store.put_if_absent(name, data)
+                ticketed = True
+                await self.store.put_new(name, data)
         except TimeoutError:
-            self.error = (f"intake object {name} was not stored in {self.timeout:g}s")
+            if not ticketed:
+                raise self._no_ticket(name, f"no answer within {self.timeout:g}s") from None
+            self.error = f"intake object {name} was not stored in {self.timeout:g}s"
             raise StoreUnavailableError(self.store.url, name, "it did not answer within "
                                         f"{self.timeout:g}s (--object-store-timeout): the "
                                         "publish was not committed") from None
@@ -285,10 +309,15 @@ class Intake:
             raise StoreUnavailableError(self.store.url, name, f"{err}; the publish was not "
                                         "committed") from err
         except (grpc.aio.AioRpcError, MessagingError) as err:
-            self.error = describe(err)
-            raise
+            raise self._no_ticket(name, describe(err)) from err
         self.error = None
         return time.monotonic()
+
+    def _no_ticket(self, name: str, why: str) -> ClusterUnavailableError:
+        """etcd did not take an object's ticket: nothing was committed, so a 503 (a ticket
+        put that may have left only leaves a ticket the sweep removes)."""
+        self.error = f"etcd did not take the ticket of intake object {name}: {why}"
+        return ClusterUnavailableError(f"{self.error}; the publish was not committed")
 
     def describe(self) -> dict[str, Any]:
         """Diagnostics: the settings, what was written and fetched, the last failure."""

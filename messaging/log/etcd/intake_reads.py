@@ -6,8 +6,9 @@ the fetch starts then, on the loop (:meth:`LogReads.prefetch`), while the revisi
 are applied. The writer thread, when it comes to the entry, waits for the bytes
 (:meth:`LogReads.fetch`). A node that applies every log an object serves fetches the object
 once, whole, and each of its logs takes its range from that; a node that applies only some
-fetches just its ranges. A fetched object is dropped once every log here has read it (or
-after KEEP seconds).
+fetches just its ranges; the node that wrote the object fetches nothing (it keeps what it
+wrote until its logs have applied it). A fetched object is dropped once every log here has
+read it (or after KEEP seconds).
 
 A fetch that fails (the store down, the object missing) raises :class:`IntakeFetchError`: the
 applier stops before that entry, says why, and tries again — never skips, never reorders.
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
 
 #: A fetched object not read by every log here within this long is dropped (seconds).
 KEEP = 60.0
+#: Prefetches start only while the objects held or on their way here are below this many
+#: bytes (beyond, a fetch starts when its entry's turn comes).
+PREFETCH_BYTES = 64 << 20
 
 
 class IntakeFetchError(MessagingError):
@@ -46,7 +50,7 @@ class IntakeFetchError(MessagingError):
 
 @dataclass(slots=True)
 class _Fetch:
-    task: asyncio.Task[bytes]
+    task: asyncio.Future[bytes]
     start: int
     uses: int  # logs here that still need it
     expires: float
@@ -66,16 +70,34 @@ class IntakeReads:
         self.bytes = 0
         self.error: str | None = None
 
-    def start(self, pointer: Pointer, metrics: IntakeMetrics) -> None:
-        """Start fetching what ``pointer`` names, unless that is under way (on the loop)."""
-        self._entry(pointer, metrics)
+    def seed(self, name: str, data: bytes, logs: int) -> None:
+        """The object ``name`` this node just wrote (``data``, for ``logs`` of its logs):
+        they apply their pointers from it, without a GET (on the loop)."""
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        future.set_result(data)
+        self._fetches[(name, 0, len(data))] = _Fetch(future, 0, logs,
+                                                      time.monotonic() + KEEP)
 
-    def _entry(self, pointer: Pointer, metrics: IntakeMetrics) -> tuple[tuple[str, int, int],
-                                                                         _Fetch]:
+    def start(self, pointer: Pointer, metrics: IntakeMetrics) -> None:
+        """Start fetching what ``pointer`` names, unless that is under way or too much is
+        held here already (on the loop)."""
+        self.expire()
+        if self.holding() < PREFETCH_BYTES:
+            self._entry(pointer, metrics)
+
+    def holding(self) -> int:
+        """Bytes of the objects held here or on their way."""
+        return sum(end - start for _name, start, end in self._fetches)
+
+    def expire(self) -> None:
+        """Drop what no log here read within KEEP (its log stopped, or it moved on)."""
         now = time.monotonic()
         for key, old in list(self._fetches.items()):
             if old.expires < now and old.task.done():
                 del self._fetches[key]
+
+    def _entry(self, pointer: Pointer, metrics: IntakeMetrics) -> tuple[tuple[str, int, int],
+                                                                         _Fetch]:
         held = self._held()
         whole = all(key in held for key in pointer.logs)
         key = ((pointer.name, 0, pointer.size) if whole
@@ -84,7 +106,9 @@ class IntakeReads:
         if entry is None:
             uses = sum(1 for log in pointer.logs if log in held) if whole else 1
             task = asyncio.get_running_loop().create_task(self._get(*key, metrics))
-            entry = self._fetches[key] = _Fetch(task, key[1], max(uses, 1), now + KEEP)
+            task.add_done_callback(_retrieved)  # a prefetch nobody awaits fails quietly
+            entry = self._fetches[key] = _Fetch(task, key[1], max(uses, 1),
+                                                time.monotonic() + KEEP)
         return key, entry
 
     async def read(self, pointer: Pointer, metrics: IntakeMetrics) -> bytes:
@@ -164,3 +188,9 @@ class LogReads:
                                    f"{self.reads.timeout:g}s") from None
         except concurrent.futures.CancelledError:
             raise IntakeFetchError("the fetch was cancelled (the node is closing)") from None
+
+
+def _retrieved(task: asyncio.Future[bytes]) -> None:
+    """Mark a fetch's failure as seen (its reader, if any, hears it from its own await)."""
+    if not task.cancelled():
+        task.exception()

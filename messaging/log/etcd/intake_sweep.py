@@ -26,6 +26,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -92,10 +93,12 @@ class IntakeSweep:
         else:
             self._clusters[id(client)] = (prefix, client, uses - 1)
 
-    async def run(self) -> None:
-        """Sweep every ``interval`` seconds until cancelled."""
+    async def run(self, also: Callable[[], None] = lambda: None) -> None:
+        """Sweep every ``interval`` seconds until cancelled, calling ``also`` each time (the
+        node's fetched objects expire)."""
         while True:
             await asyncio.sleep(self.interval)
+            also()
             for prefix, client, _uses in list(self._clusters.values()):
                 try:
                     await self.step(prefix, client)

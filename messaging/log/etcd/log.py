@@ -148,6 +148,10 @@ class EtcdLog:
                                       lambda: self._progress.checkpointed,
                                       settings.compact_every, lease=self._share.lease,
                                       reads=self._share.quorum)
+        if intake is not None and self._lane is not None:
+            store = intake.store.url
+            self._membership.intake_store = store
+            self._lane.readers_ready = lambda: self._membership.read_intake(store)
         self._installer = SnapshotInstaller(broker, self.cluster, url, self._membership,
                                             self._writer, self._checkpoints, self._unsynced,
                                             peer_token=peer_token, peer_ca=peer_ca)
@@ -291,7 +295,13 @@ class EtcdLog:
     async def _catch_up_from_peer(self, compacted: int) -> int:
         """etcd compacted the log past this node (the watch's call): once what was received
         is applied, install a peer's snapshot; returns its revision, through which this node
-        now holds the log."""
+        now holds the log. Revisions held back by a pointer whose object cannot be fetched
+        are dropped instead: the snapshot covers them (its object may be gone for good)."""
+        if self._applier.held is not None:
+            dropped = await self._applier.drop_held()
+            log.warning("%s: dropped %d received revisions held back by an intake object this "
+                        "node could not fetch (%s): a peer's snapshot covers them",
+                        self._log_key.decode(), dropped, self._applier.held)
         await self._applier.drained()
         revision = await self._installer.install(compacted)
         self._writes.snapshot_installed(revision)
@@ -463,6 +473,12 @@ class EtcdLog:
             await self._writes.check_quorum()
         self._startup.check(self.not_ready())
         self._watch.restart_if_stuck(time.monotonic(), self._log_revision)
+        held = self._applier.held_at
+        if held and await self._client.compacted_past(self._log_key, held):
+            log.warning("%s: etcd's history is compacted past revision %d, which this node "
+                        "cannot apply (%s): catching up from a peer's snapshot",
+                        self._log_key.decode(), held, self._applier.held)
+            self._watch.install_now(held + 1)
         if self._applier.failure is None and self._checkpoints.may_be_due():
             await asyncio.get_running_loop().run_in_executor(self._writer,
                                                              self._checkpoints.if_due)

@@ -1,7 +1,8 @@
 """Cluster membership in etcd: registration under a lease, the live node list, compaction.
 
 Each broker node keeps ``/messaging/<cluster>/nodes/<advertise URL>`` = ``{url,
-durable_revision, entry_version}`` bound to a lease it keeps alive; the key vanishes a few
+durable_revision, entry_version}`` (and ``intake_store``, the object store it reads intake
+objects from, when it has one) bound to a lease it keeps alive; the key vanishes a few
 seconds after the node dies (or at once when it stops cleanly). The logs of the topic groups
 a node holds in one etcd cluster share one lease (:class:`SharedLease`, kept alive once a
 second for all of them) and read their node lists together (one request a tick). The live
@@ -144,6 +145,8 @@ class Membership:
         self._kind = kind
         #: The log entry format the cluster writes (nodes of a log only; see entry_format).
         self.entry_version = entry_format.BASE_VERSION
+        #: The object store this node reads intake objects from (announced; None: none).
+        self.intake_store: str | None = None
         self._key = self._prefix + url.encode()
         self.lease = 0
         self._registered: str | None = None
@@ -173,8 +176,16 @@ class Membership:
 
     def _announcement(self) -> dict[str, Any]:
         """What this node registers."""
-        return {"url": self.url, "durable_revision": self._durable_revision(),
-                "entry_version": entry_format.ENTRY_VERSION}
+        found = {"url": self.url, "durable_revision": self._durable_revision(),
+                 "entry_version": entry_format.ENTRY_VERSION}
+        if self.intake_store is not None:
+            found["intake_store"] = self.intake_store
+        return found
+
+    def read_intake(self, store: str) -> bool:
+        """Whether every live node announces that it reads intake objects from ``store``
+        (the intake lane writes pointers only then)."""
+        return all(info.get("intake_store") == store for info in self.nodes.values())
 
     async def register(self) -> None:
         """Keep the lease alive (a new one if it expired) and the registration current."""
@@ -285,8 +296,9 @@ def nodes_prefix(cluster: str, kind: str = "nodes") -> bytes:
 
 
 async def read_nodes(client: EtcdClient, prefix: bytes) -> dict[str, dict[str, Any]]:
-    """The registrations under ``prefix``: URL → {url, durable_revision, entry_version}
-    (entry_format.BASE_VERSION for a node that announces none: an older release)."""
+    """The registrations under ``prefix``: URL → {url, durable_revision, entry_version,
+    intake_store} (entry_format.BASE_VERSION for a node that announces none: an older
+    release; intake_store None for a node without an object store)."""
     return registrations(await client.get(prefix, prefix=True))
 
 
@@ -298,7 +310,8 @@ def registrations(response: Any) -> dict[str, dict[str, Any]]:
             info = json.loads(kv.value)
             nodes[str(info["url"])] = {"url": str(info["url"]),
                                        "durable_revision": int(info["durable_revision"]),
-                                       "entry_version": entry_format.announced(info)}
+                                       "entry_version": entry_format.announced(info),
+                                       "intake_store": info.get("intake_store")}
         except (ValueError, KeyError, TypeError):
             continue  # not ours: ignore it
     return nodes

@@ -86,6 +86,7 @@ class LogWatch:
         self._holding = False  # the attempt waits for room in the apply queue
         self._generation = 0  # the stream the attempt's watch runs on
         self._stuck_on: int | None = None  # the stream of an attempt judged stuck reading
+        self._install_after: int | None = None  # install a snapshot at or after this
 
     def diagnostics(self) -> dict[str, Any]:
         """Whether the watch is live, from where, on which endpoint, how recent its last
@@ -114,6 +115,15 @@ class LogWatch:
             self._stuck_on = self._generation if self._reading else None
             self._attempt.cancel()
 
+    def install_now(self, revision: int) -> None:
+        """Catch up from a peer's snapshot at or after ``revision`` instead of waiting for
+        it to apply: etcd's history is compacted past it and this node cannot apply it (an
+        intake object it cannot fetch may be gone for good). The current attempt stops;
+        :meth:`run` installs, then watches on from the snapshot."""
+        if self._attempt is not None and self._install_after is None:
+            self._install_after = revision
+            self._attempt.cancel()
+
     async def run(self) -> None:
         """Keep one watch running; anything but cancellation restarts it on the next endpoint."""
         failures = 0
@@ -130,7 +140,10 @@ class LogWatch:
                 self.live = False
                 self._attempt = None
             error: BaseException | None
-            if attempt.cancelled():
+            if attempt.cancelled() and self._install_after is not None:
+                error = CompactedError(self._install_after)
+                self._install_after = None
+            elif attempt.cancelled():
                 error = TimeoutError(f"no event for {WATCH_STUCK:.0f}s while etcd's log moved "
                                      "on")
                 if self._stuck_on is not None:

@@ -292,6 +292,7 @@ class LogWriter:
                 task = asyncio.create_task(self._put_group(group), name="messaging-etcd-put")
                 self._puts.add(task)
                 task.add_done_callback(self._put_finished)
+                task.add_done_callback(_unsent([item.future for item in group]))
 
     def _hold_for(self) -> float | None:
         """None to send a put now; else how long pending commands may wait for the puts on
@@ -384,6 +385,7 @@ class LogWriter:
         task = asyncio.create_task(put(), name="messaging-etcd-pointer-put")
         self._puts.add(task)
         task.add_done_callback(self._puts.discard)
+        task.add_done_callback(_unsent(futures))
         return futures
 
     async def _put_group(self, group: list[_Pending]) -> None:
@@ -550,6 +552,17 @@ def _installed_over(revision: int, installed: int) -> CommitUnknownError:
         f"peer's snapshot (through revision {installed}) rather than one by one: its outcome "
         "is not known here. An idempotent publish retried with the same producer headers is "
         "answered as a duplicate with its indexes")
+
+
+def _unsent(futures: list[asyncio.Future[ApplyResult]]) -> Callable[[asyncio.Task[None]], None]:
+    """A done callback of a put's task: its commands not answered by then were never sent
+    (the task was cancelled before it began, or while it waited for a put slot: once sent, a
+    put answers its own, if only that the outcome is unknown)."""
+    def done(_task: asyncio.Task[None]) -> None:
+        for future in futures:
+            if not future.done():
+                future.set_exception(BrokerClosedError("the broker is shutting down"))
+    return done
 
 
 def _fail(batch: _Batch, error: MessagingError) -> None:

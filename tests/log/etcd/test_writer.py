@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from messaging.aio import cancel_and_wait
 from messaging.broker.commands import ApplyResult, validate_publish
-from messaging.errors import CommitUnknownError, StorageFailedError
+from messaging.errors import BrokerClosedError, CommitUnknownError, StorageFailedError
 from messaging.frames import encode_batch
 from messaging.log.etcd import writer as writer_module
 from messaging.log.etcd.client import EtcdClient
@@ -293,5 +293,36 @@ async def test_publishes_waiting_for_one_put_go_as_they_are_and_each_gets_its_an
         writer.answer(b"n" * 8, 1, answers, ApplyTiming(0.0, 0.0, 0.0))
         assert [await asyncio.wait_for(f, 1) for f in futures] == answers
     finally:
+        await cancel_and_wait(running)
+        await writer.cancel_puts()
+
+
+async def test_pointer_puts_waiting_for_a_slot_are_refused_when_the_writer_closes() -> None:
+    """Every put slot busy (etcd slow), a pointer put waits for one; the node closes: the
+    publishers of the put that never left hear the broker is shutting down (none hangs),
+    those of the puts on their way that the outcome is unknown."""
+    from messaging.log.etcd.pointer import Pointer
+
+    etcd = FakeEtcd()
+    writer = LogWriter(cast(EtcdClient, etcd), b"/log", b"n" * 8, lambda _response: None)
+    running = asyncio.create_task(writer.run())
+    try:
+        slots = writer_module.MAX_PUTS_IN_FLIGHT
+        sent = [writer.submit(b"B" * writer_module.MAX_PUT_BYTES) for _ in range(slots)]
+        await _until(lambda: len(etcd.puts) == slots)
+        pointer = Pointer("intake/n-1-0", 0, 4, 0, 4, 2, ("/log",))
+        waiting = writer.submit_pointer(pointer, [b"a", b"b"], b"/ticket")
+        await asyncio.sleep(0.05)
+        assert not any(f.done() for f in waiting)
+        await cancel_and_wait(running)
+        await writer.cancel_puts()
+        for future in waiting:
+            with pytest.raises(BrokerClosedError):
+                await asyncio.wait_for(future, 1)
+        for future in sent:
+            with pytest.raises(CommitUnknownError):
+                await asyncio.wait_for(future, 1)
+    finally:
+        etcd.go.set()
         await cancel_and_wait(running)
         await writer.cancel_puts()
