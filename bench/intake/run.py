@@ -43,7 +43,7 @@ from bench.harness.etcd_members import Etcd, etcd_cluster, etcd_healthy, wait_fo
 from bench.harness.figures import Row
 from bench.harness.loops import bounded_wait
 from bench.harness.procs import Proc, broker, child_env
-from bench.harness.publish_load import SENDERS, cpu_of, throughput, with_cpu
+from bench.harness.publish_load import SENDERS, throughput, with_cpu
 from bench.harness.results import add_to_json, command_line, report
 from bench.harness.seaweedfs import BUCKET, SeaweedFS
 from examples.generate_events import make_events
