@@ -163,6 +163,12 @@ async def test_both_lanes_land_in_the_same_files_on_every_node(
         for f in figures:
             assert f["messaging_intake_fetched_objects_total"] >= 1, f
             assert f["messaging_intake_gets_total"] >= f["messaging_intake_fetched_objects_total"]
+        # Each object's ticket closed by its writer once its pointers were committed.
+        async def closed() -> bool:
+            versions = await ticket_versions(etcd, nodes)
+            return len(versions) == written and set(versions) == {2}
+
+        await wait_until(closed, timeout=10, what="every ticket closed by its writer")
         # One commit latency per large publish; one window fill per object.
         assert sum(f["messaging_intake_pointer_commit_seconds_count"] for f in figures) \
             == load.sent_large
@@ -386,6 +392,21 @@ class ProducerLoad:
                 await asyncio.sleep(0.05)
             else:
                 raise AssertionError(f"{data[:12]!r} was never answered")
+
+
+async def ticket_versions(etcd: EtcdCluster, nodes: Nodes) -> list[int]:  # noqa: F811
+    """The version of every intake ticket of the cluster (1: open, 2: closed)."""
+    import grpc
+    from aetcd import rpc
+
+    from messaging.log.etcd.client import prefix_end
+
+    key = f"/messaging/{nodes.name}/intake/".encode()
+    async with grpc.aio.insecure_channel(
+            etcd.members[0].client_url.removeprefix("http://")) as channel:
+        response = await rpc.KVStub(channel).Range(rpc.RangeRequest(
+            key=key, range_end=prefix_end(key), keys_only=True), timeout=5)
+    return [int(kv.version) for kv in response.kvs]
 
 
 async def intake_tickets(etcd: EtcdCluster, nodes: Nodes) -> int:  # noqa: F811

@@ -275,6 +275,7 @@ class Intake:
         self.reads.seed(name, data, len(by_lane))
         logs = tuple(lane.key for lane in by_lane)
         offset = 0
+        pending: list[asyncio.Future[ApplyResult]] = []
         for (lane, lane_items), body in zip(by_lane.items(), bodies, strict=True):
             pointer = Pointer(name, offset, len(body), crc32c(body), len(data),
                               len(lane_items), logs)
@@ -286,6 +287,12 @@ class Intake:
                 pointer, [item.command for item in lane_items], ticket)
             for item, future in zip(lane_items, futures, strict=True):
                 future.add_done_callback(_pass_on(item.future, lane.metrics, stored_at))
+            pending += futures
+        # Every pointer committed or refused: no other will ever be, so the ticket closes
+        # now (the sweep would after the grace), and the object goes once etcd is compacted
+        # past that.
+        await asyncio.gather(*pending, return_exceptions=True)
+        await self.sweep.close_ticket(first.client, ticket, name)
 
     async def _store(self, client: EtcdClient, ticket: bytes, name: str, data: bytes) -> float:
         """Open the ticket, then upload and verify the object, within the store's timeout;

@@ -5,9 +5,10 @@ the logs it serves, ``/messaging/<cluster>/intake/<object>``, created before the
 written; a pointer to the object commits only while the ticket is as created (version 1).
 Every node that uses the intake sweeps the tickets of its etcd clusters every few seconds:
 
-1. a ticket older than ``--object-sweep-grace`` is *closed* (written again, version 2, at
-   revision C): from then on no pointer to its object can commit, so every pointer there
-   will ever be is below C;
+1. a ticket is *closed* (written again, version 2, at revision C) by the node that wrote
+   the object once each of its pointers is committed or refused, or by the sweep once it is
+   older than ``--object-sweep-grace`` (that node died first): from then on no pointer to
+   its object can commit, so every pointer there will ever be is below C;
 2. once etcd's history is compacted past C, the object is deleted, then its ticket. etcd is
    compacted below the smallest durable revision of every node registered in it, so by then
    every holder has applied and fsynced past every pointer to the object, and a node that
@@ -126,6 +127,17 @@ class IntakeSweep:
         self.last_run = time.time()
         self.error = None
 
+    async def close_ticket(self, client: EtcdClient, key: bytes, name: str) -> None:
+        """Close the ticket of an object whose pointers were all committed or refused (by
+        the node that wrote it; a failure leaves it to the sweep, after the grace)."""
+        try:
+            await client.put_when(key, json.dumps({"closed": now_ms()}).encode(),
+                                  unchanged=key)
+        except (grpc.aio.AioRpcError, MessagingError) as err:
+            self._quiet.log("close", logging.INFO, "intake object %s: its ticket was not "
+                            "closed (the sweep closes it after %gs): %s", name, self.grace,
+                            describe(err))
+
     async def _close(self, client: EtcdClient, key: bytes, name: str, value: bytes) -> None:
         try:
             info = json.loads(value)
@@ -135,9 +147,9 @@ class IntakeSweep:
         revision = await client.put_when(key, json.dumps(info).encode(), unchanged=key)
         if revision is not None:
             self.closed += 1
-            log.info("intake object %s is older than the sweep's grace (%gs): no pointer to "
-                     "it commits from revision %d on; it is deleted once etcd is compacted "
-                     "past that", name, self.grace, revision)
+            log.info("intake object %s is older than the sweep's grace (%gs), its pointers "
+                     "never all answered: none commits from revision %d on; it is deleted "
+                     "once etcd is compacted past that", name, self.grace, revision)
 
     async def _delete(self, client: EtcdClient, key: bytes, name: str) -> None:
         try:
