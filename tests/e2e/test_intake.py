@@ -538,10 +538,14 @@ PROBES = itertools.count(100)
 
 async def lane_used(session: aiohttp.ClientSession, nodes: Nodes, load: MixedLoad) -> bool:
     """Publish a round through nodes 0 and 1; whether it wrote an intake object."""
-    before = sum([(await intake_state(session, u))["objects_written"] for u in nodes.urls[:2]])
+    before = await written(session, nodes.urls[:2])
     await load.worker(session, next(PROBES), 2, "probe ")
-    after = sum([(await intake_state(session, u))["objects_written"] for u in nodes.urls[:2]])
-    return after > before
+    return await written(session, nodes.urls[:2]) > before
+
+
+async def written(session: aiohttp.ClientSession, urls: list[str]) -> int:
+    """Intake objects the nodes at ``urls`` wrote since they started."""
+    return sum([int((await intake_state(session, u))["objects_written"]) for u in urls])
 
 
 async def test_a_held_holder_past_which_etcd_was_compacted_installs_a_peers_snapshot(
