@@ -58,6 +58,14 @@ TOPIC = 1
 POINTER_BYTES = 160
 #: The capacity model's demand: 1 GiB/s of 1 KiB messages.
 DEMAND = 1 << 30
+#: etcd writes per intake object of one group: its ticket, the pointer, closing the
+#: ticket, deleting it (each a revision).
+ETCD_WRITES_PER_OBJECT = 4
+#: Network crossings per payload byte over the cluster (R = 3): client to the receiving
+#: node, up to the store, down to the two other holders, and the segment's tiering upload.
+NIC_CROSSINGS = 5
+#: An assumed NIC (not measurable on loopback): 10 Gbit/s.
+NIC_BYTES = 10e9 / 8
 
 _EVENTS = [json.dumps(e).encode() for e in make_events(4096, 60)]
 
@@ -272,14 +280,21 @@ def record(inline: Lane, intake: Lane, diagnostics: list[dict[str, Any]], puts: 
     ]
     # The capacity model (bench/RESULTS.md explains it): every constant above.
     gib_mb = DEMAND / 1e6
-    windows = 1 / 0.02  # an object per node per 20 ms window, at most
+    object_bytes = sum(d["bytes_written"] for d in diagnostics) / max(objects, 1)
+    objects_for_gib = DEMAND / object_bytes
     model = {
         "pointer_puts_per_second_one_etcd": round(puts),
-        "node_groups_one_etcd_carries": round(puts / windows),
+        "mean_object_bytes": round(object_bytes),
+        "etcd_writes_per_object": ETCD_WRITES_PER_OBJECT,
+        "objects_per_second_for_1_gib_s": round(objects_for_gib),
+        "etcd_writes_per_second_for_1_gib_s": round(objects_for_gib * ETCD_WRITES_PER_OBJECT),
+        "gib_s_one_etcd_carries": round(puts / ETCD_WRITES_PER_OBJECT * object_bytes / DEMAND,
+                                        1),
         "broker_cores_per_payload_mb_s": round(cpu_per_mb, 4),
         "broker_cores_for_1_gib_s": round(cpu_per_mb * gib_mb, 1),
         "store_puts_per_second_for_1_gib_s_at_8_mib": round(DEMAND / (8 << 20)),
         "store_mb_s_one_seaweedfs_here": round(store_mb),
+        "nic_crossings_per_payload_byte": NIC_CROSSINGS,
         "objects_written": objects,
     }
     notes = capacity_notes(model, rate_intake, rate_inline, ratio_intake, ratio_inline,
@@ -308,26 +323,40 @@ renewals every node makes anyway. Inline the cluster took {rate_inline:,.0f} msg
 brokers using {cores_inline:.2f} cores; through the intake lane {rate_intake:,.0f} msg/s
 with {cores_intake:.2f} cores.
 
-**Capacity model (1 GiB/s of 1 KiB messages, three copies).** Each constant is this run's:
-- one etcd cluster took {model['pointer_puts_per_second_one_etcd']:,} pointer-sized puts a
-  second; a node writes at most one object per 20 ms window for each etcd cluster, and one
-  pointer per log (group) it holds with publishes in that window, so one etcd cluster
-  carries about {model['node_groups_one_etcd_carries']:,} busy (node, group) pairs at full
-  windows: it stops being the bottleneck;
-- at 8 MiB objects 1 GiB/s is {model['store_puts_per_second_for_1_gib_s_at_8_mib']} PUTs a
-  second for the whole cluster (S3 takes thousands per prefix); one SeaweedFS on this
-  machine took {model['store_mb_s_one_seaweedfs_here']} MB/s;
-- the brokers spent {model['broker_cores_per_payload_mb_s']:.4f} cores per payload MB/s
-  (receive, upload, commit, and on each of three holders fetch and apply), so 1 GiB/s needs
-  about {model['broker_cores_for_1_gib_s']:,} cores of this machine's kind: the next
-  bottleneck is the holders' CPU (Python), then each node's NIC (each payload byte crosses
-  it once in, once up to the store, and R = 3 times down to the holders).
+**Capacity model (1 GiB/s of 1 KiB messages, three copies of each group).** Each constant
+is this run's unless said otherwise:
+- **etcd**: one etcd cluster (3 members, on this machine) took
+  {model['pointer_puts_per_second_one_etcd']:,} pointer-sized puts a second. An intake
+  object of one group costs etcd {ETCD_WRITES_PER_OBJECT} writes (its ticket, the pointer,
+  the ticket closed, the ticket deleted); this run's objects held
+  {model['mean_object_bytes'] / 1e6:.2f} MB on average, so 1 GiB/s is
+  {model['objects_per_second_for_1_gib_s']:,} objects and
+  {model['etcd_writes_per_second_for_1_gib_s']:,} etcd writes a second: one etcd cluster
+  carries about {model['gib_s_one_etcd_carries']} GiB/s in pointers, and full 8 MiB windows
+  carry eight times more per write. etcd stops being the bottleneck: one small etcd cluster
+  is enough (Bufstream runs 1 GiB/s on 3 small etcd nodes).
+- **The store**: at 8 MiB objects 1 GiB/s is
+  {model['store_puts_per_second_for_1_gib_s_at_8_mib']} PUTs a second for the whole cluster
+  (S3 takes thousands a second per prefix) and twice that in GETs; one SeaweedFS on this
+  machine took {model['store_mb_s_one_seaweedfs_here']} MB/s of 1 MiB uploads.
+- **The brokers**: they spent {model['broker_cores_per_payload_mb_s']:.4f} cores per payload
+  MB/s (receiving, uploading, committing; on each of three holders fetching and applying;
+  tiering), so 1 GiB/s needs about {model['broker_cores_for_1_gib_s']:,} cores of this
+  machine's kind. A node is one Python process, about one core under its GIL, so that is
+  about {model['broker_cores_for_1_gib_s']:.0f} broker processes (Bufstream: 6 brokers of
+  many cores each): the holders' CPU is the next bottleneck.
+- **The network** (assumed, not measured on loopback: 10 Gbit/s NICs): each payload byte
+  crosses {NIC_CROSSINGS} NICs over the cluster (in from the client, up to the store, down
+  to the two other holders, up again as a tiered segment), {NIC_CROSSINGS} GiB/s for 1 GiB/s:
+  at least {NIC_CROSSINGS * DEMAND / NIC_BYTES:.1f} machines' NICs, fewer than the cores
+  need.
 """
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=2, help="A B B A rounds (default 2)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds per lane, in A B B A order (default 3)")
     parser.add_argument("--seconds", type=float, default=8.0,
                         help="seconds of load per lane per round (default 8)")
     asyncio.run(run(parser.parse_args()))

@@ -151,8 +151,9 @@ class Intake:
         self.reads = IntakeReads(store, timeout=timeout, held=self._held)
         self.sweep = IntakeSweep(store, grace=grace)
         self._sweep_task: asyncio.Task[None] | None = None
-        #: Objects written since start, and the last failure (diagnostics).
+        #: Objects and bytes written since start, and the last failure (diagnostics).
         self.objects = 0
+        self.bytes = 0
         self.error: str | None = None
 
     @classmethod
@@ -272,6 +273,7 @@ class Intake:
         ticket = ticket_key(first.cluster, name)
         stored_at = await self._store(first.client, ticket, name, data)
         self.objects += 1
+        self.bytes += len(data)
         self.reads.seed(name, data, len(by_lane))
         logs = tuple(lane.key for lane in by_lane)
         offset = 0
@@ -330,7 +332,8 @@ class Intake:
         """Diagnostics: the settings, what was written and fetched, the last failure."""
         gathering = sum(len(w.items) for w in self._windows.values())
         return {"min_size": self.min_size, "window_seconds": self.window,
-                "objects_written": self.objects, "gathering": gathering,
+                "objects_written": self.objects, "bytes_written": self.bytes,
+                "gathering": gathering,
                 "writing": len(self._flushes), "error": self.error,
                 "reads": self.reads.describe(), "sweep": self.sweep.describe()}
 
