@@ -14,19 +14,20 @@ import itertools
 import os
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from messaging.frames import FRAMES_CONTENT_TYPE, encode_batch
+from messaging.frames import encode_batch
 from messaging.objects.s3 import S3Store
 from tests.conftest import wait_until
 from tests.e2e.test_etcd_log import (  # noqa: F401  (fixtures used by name)
     TOPIC,
     EtcdCluster,
+    Load,
     Nodes,
     check_identical,
     check_log,
@@ -49,16 +50,10 @@ LARGE = 3000
 
 
 @dataclass
-class MixedLoad:
+class MixedLoad(Load):
     """Publishers over every node: small and large singles, small and large batches, each
-    answer recorded by the data it carried."""
+    answer recorded by the data it carried (see Load)."""
 
-    urls: list[str]
-    acked: dict[bytes, int] = field(default_factory=dict)
-    refused: set[bytes] = field(default_factory=set)
-    unknown: set[bytes] = field(default_factory=set)
-    statuses: dict[int, int] = field(default_factory=dict)
-    down: set[str] = field(default_factory=set)
     sent_large: int = 0
 
     async def worker(self, session: aiohttp.ClientSession, w: int, rounds: int,
@@ -72,33 +67,10 @@ class MixedLoad:
             size = LARGE if kind in (0, 2) else SMALL
             count = 1 if kind < 2 else 20
             datas = [f"{tag}w{w} n{n} k{k} ".encode().ljust(size if count == 1 else size // 10 * 2,
-                                                      b"x") for k in range(count)]
+                                                            b"x") for k in range(count)]
             if kind in (0, 2):
                 self.sent_large += 1
-            await self.publish(session, url, datas)
-
-    async def publish(self, session: aiohttp.ClientSession, url: str,
-                      datas: list[bytes]) -> None:
-        if len(datas) == 1:
-            body, headers = datas[0], {}
-        else:
-            body, headers = encode_batch(TOPIC, datas), {"Content-Type": FRAMES_CONTENT_TYPE}
-        try:
-            async with session.post(f"{url}/messaging/messages", params={"topicID": str(TOPIC)},
-                                    data=body, headers=headers,
-                                    timeout=aiohttp.ClientTimeout(total=40)) as resp:
-                self.statuses[resp.status] = self.statuses.get(resp.status, 0) + 1
-                if resp.status == 200:
-                    first = int(resp.headers["X-Broker-Index"]) - len(datas) + 1
-                    for i, data in enumerate(datas):
-                        self.acked[data] = first + i
-                    return
-                await resp.read()
-                (self.refused if resp.status == 503 else self.unknown).update(datas)
-        except aiohttp.ClientConnectorError:
-            self.refused.update(datas)
-        except (aiohttp.ClientError, TimeoutError):
-            self.unknown.update(datas)
+            await self._publish(session, url, datas, single=count == 1)
 
 
 def store_args(seaweedfs: SeaweedFS, prefix: str, *extra: str) -> list[str]:  # noqa: F811
@@ -147,7 +119,7 @@ async def test_both_lanes_land_in_the_same_files_on_every_node(
         await asyncio.gather(*(load.worker(session, w, 24) for w in range(6)))
         assert load.statuses == {200: 144}, load.statuses
         stored = await converge(session, nodes.urls, len(load.acked))
-        check_log(stored, load)  # type: ignore[arg-type]
+        check_log(stored, load)
         await check_identical(nodes)
         states = [await intake_state(session, u) for u in nodes.urls]
         written = sum(s["objects_written"] for s in states)
@@ -206,6 +178,19 @@ async def store_proxy(seaweedfs: SeaweedFS) -> Any:  # noqa: F811
     await proxy.stop()
 
 
+async def node_2_through(proxy: Any, make: Any, tmp_path: Path,
+                         etcd: EtcdCluster, seaweedfs: SeaweedFS,  # noqa: F811
+                         prefix: str) -> Nodes:
+    """Three nodes with the lane open, node 2 reaching the store through ``proxy``."""
+    nodes = Nodes(make, tmp_path, etcd, "--object-store", f"s3://{BUCKET}/{prefix}",
+                  "--intake-min-size", str(MIN_SIZE))
+    await nodes.start(0, 1, env={**s3_env(), "MESSAGING_S3_ENDPOINT": seaweedfs.endpoint})
+    await nodes.start(2, env={**s3_env(), "MESSAGING_S3_ENDPOINT": proxy.url})
+    await nodes.wait_ready(0, 1, 2)
+    await lane_open(nodes)
+    return nodes
+
+
 async def ready_text(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
     async with session.get(f"{url}/readyz") as resp:
         return resp.status, await resp.text()
@@ -217,12 +202,7 @@ async def test_a_holder_that_cannot_fetch_holds_its_apply_then_catches_up(
     """Node 2 reaches the store through a proxy that is cut: it stops applying before the
     first pointer it cannot fetch, says why in /readyz and diagnostics, never skips it, and
     applies everything once the store is back, into the same files as the others."""
-    nodes = Nodes(broker_process, tmp_path, etcd, "--object-store", f"s3://{BUCKET}/{prefix}",
-                  "--intake-min-size", str(MIN_SIZE))
-    await nodes.start(0, 1, env={**s3_env(), "MESSAGING_S3_ENDPOINT": seaweedfs.endpoint})
-    await nodes.start(2, env={**s3_env(), "MESSAGING_S3_ENDPOINT": store_proxy.url})
-    await nodes.wait_ready(0, 1, 2)
-    await lane_open(nodes)
+    nodes = await node_2_through(store_proxy, broker_process, tmp_path, etcd, seaweedfs, prefix)
     load = MixedLoad(nodes.urls[:2])
     async with aiohttp.ClientSession() as session:
         await asyncio.gather(*(load.worker(session, w, 8) for w in range(2)))
@@ -252,7 +232,7 @@ async def test_a_holder_that_cannot_fetch_holds_its_apply_then_catches_up(
                 assert before <= len(held_messages) < len(load.acked)
         store_proxy.refuse = False
         stored = await converge(session, nodes.urls, len(load.acked), timeout=60)
-        check_log(stored, load)  # type: ignore[arg-type]
+        check_log(stored, load)
         await check_identical(nodes)
         await nodes.wait_ready(2)
 
@@ -352,17 +332,11 @@ async def test_the_store_down_answers_large_publishes_503_in_time(
 
 
 @dataclass
-class ProducerLoad:
+class ProducerLoad(Load):
     """Idempotent producers over every node: each message is sent with its producer's next
     sequence number until a node answers it (stored, or a duplicate of what was), whatever
     failed before (a node killed with the upload or the pointer on its way)."""
 
-    urls: list[str]
-    acked: dict[bytes, int] = field(default_factory=dict)
-    refused: set[bytes] = field(default_factory=set)
-    unknown: set[bytes] = field(default_factory=set)
-    statuses: dict[int, int] = field(default_factory=dict)
-    down: set[str] = field(default_factory=set)
     duplicates: int = 0
 
     async def producer(self, session: aiohttp.ClientSession, w: int, count: int) -> None:
@@ -454,7 +428,7 @@ async def test_kill_9_of_receiving_nodes_loses_nothing_and_the_sweep_deletes_eve
         await asyncio.wait_for(asyncio.gather(*producers), 120)
         assert len(load.acked) == 6 * 45, len(load.acked)
         stored = await converge(session, nodes.urls, len(load.acked), timeout=60)
-        check_log(stored, load)  # type: ignore[arg-type]
+        check_log(stored, load)
         await check_identical(nodes)
         assert await s3.list("intake"), "no intake object was written"
 
@@ -470,7 +444,7 @@ async def test_kill_9_of_receiving_nodes_loses_nothing_and_the_sweep_deletes_eve
         await nodes.start(2, env=s3_env())
         await nodes.wait_ready(2)
         stored = await converge(session, nodes.urls, len(load.acked), timeout=60)
-        check_log(stored, load)  # type: ignore[arg-type]
+        check_log(stored, load)
 
 
 async def answered(load: ProducerLoad, count: int) -> bool:
@@ -521,7 +495,7 @@ async def test_the_lane_opens_only_while_every_node_reads_the_store(
                        "--s3-endpoint", seaweedfs.endpoint, *keep]
         await nodes.start(2, env=s3_env())
         stored = await converge(session, nodes.urls, len(load.acked), timeout=60)
-        check_log(stored, load)  # type: ignore[arg-type]
+        check_log(stored, load)
         await check_identical(nodes)
         await asyncio.sleep(1.5)  # node 2 reads the store again: the lane is open
         before = sum([(await intake_state(session, u))["objects_written"]
@@ -530,7 +504,7 @@ async def test_the_lane_opens_only_while_every_node_reads_the_store(
         after = [(await intake_state(session, u))["objects_written"] for u in nodes.urls]
         assert sum(after) > before and after[2] == 0, after  # node 2 takes none: size 0
         stored = await converge(session, nodes.urls, len(load.acked), timeout=60)
-        check_log(stored, load)  # type: ignore[arg-type]
+        check_log(stored, load)
 
 
 PROBES = itertools.count(100)
@@ -558,12 +532,7 @@ async def test_a_held_holder_past_which_etcd_was_compacted_installs_a_peers_snap
     import grpc
     from aetcd import rpc
 
-    nodes = Nodes(broker_process, tmp_path, etcd, "--object-store", f"s3://{BUCKET}/{prefix}",
-                  "--intake-min-size", str(MIN_SIZE))
-    await nodes.start(0, 1, env={**s3_env(), "MESSAGING_S3_ENDPOINT": seaweedfs.endpoint})
-    await nodes.start(2, env={**s3_env(), "MESSAGING_S3_ENDPOINT": store_proxy.url})
-    await nodes.wait_ready(0, 1, 2)
-    await lane_open(nodes)
+    nodes = await node_2_through(store_proxy, broker_process, tmp_path, etcd, seaweedfs, prefix)
     load = MixedLoad(nodes.urls[:2])
     async with aiohttp.ClientSession() as session:
         await store_proxy.sever()
@@ -586,7 +555,7 @@ async def test_a_held_holder_past_which_etcd_was_compacted_installs_a_peers_snap
                 assert resp.status == 200, await resp.text()
                 load.acked[f"after {n}".encode()] = int(resp.headers["X-Broker-Index"])
         stored = await converge(session, nodes.urls, len(load.acked), timeout=90)
-        check_log(stored, load)  # type: ignore[arg-type]
+        check_log(stored, load)
         state = await diagnostics(session, nodes.url(2))
         assert state["snapshots_installed"] >= 1, state
         assert "dropped" in (tmp_path / "node2.log").read_text()
