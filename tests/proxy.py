@@ -24,6 +24,8 @@ class FaultProxy:
     learns the outcome. ``drop_connections``: the same, for those connections only (numbered
     from 1 in the order they came). :meth:`sever` cuts every connection and refuses new
     ones until ``refuse`` is set back to False (a server gone and back, on the same port).
+    ``hold_responses``: requests still reach the server, but nothing it answers reaches the
+    client while set (a server that took a request and went silent).
     """
 
     def __init__(self, upstream_port: int) -> None:
@@ -32,6 +34,7 @@ class FaultProxy:
         self.drop_responses = False
         self.drop_connections: set[int] = set()
         self.refuse = False
+        self.hold_responses = False
         self._writers: set[asyncio.StreamWriter] = set()
         self.connections = 0
         self.cuts = 0
@@ -84,7 +87,7 @@ class FaultProxy:
         upward = asyncio.ensure_future(self._pump(client_r, up_w, None))
         self._writers.update((client_w, up_w))
         try:
-            await self._pump(up_r, client_w, self.cut_after, drop=drop)
+            await self._pump(up_r, client_w, self.cut_after, drop=drop, downward=True)
         finally:
             upward.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -95,12 +98,14 @@ class FaultProxy:
             self._tasks.discard(task)
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    limit: int | None, drop: bool = False) -> None:
+                    limit: int | None, drop: bool = False, downward: bool = False) -> None:
         carried = 0
         with contextlib.suppress(ConnectionError):
             while data := await reader.read(4096):
                 if drop:
                     return
+                if downward and self.hold_responses:
+                    continue
                 if limit is not None and carried + len(data) >= limit:
                     writer.write(data[: limit - carried])
                     await writer.drain()

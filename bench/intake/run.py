@@ -122,14 +122,16 @@ async def start_lane(session: aiohttp.ClientSession, tmp: Path, members: list[Et
         lane.urls.append(url)
     await bounded_wait(lambda: nodes_ready(session, lane.urls), 60, f"{lane.name} ready", 0.2)
 
-    async def format_4() -> bool:
+    async def settled() -> bool:  # format 4; the intake cluster's lane open on every node
         for url in lane.urls:
             async with session.get(f"{url}/messaging/diagnostics") as resp:
-                if (await resp.json()).get("entry_format") != 4:
-                    return False
+                found = await resp.json()
+            if found.get("entry_format") != 4 or (lane.name == "intake"
+                                                   and not found.get("intake_open")):
+                return False
         return True
 
-    await bounded_wait(format_4, 30, f"{lane.name} writing entry format 4", 0.2)
+    await bounded_wait(settled, 30, f"{lane.name} settled", 0.2)
 
 
 async def measure(session: aiohttp.ClientSession, lane: Lane, members: list[Etcd],

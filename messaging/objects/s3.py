@@ -114,10 +114,14 @@ class S3Store:
         the MD5 of ``data``; a store that answers another kind of ETag (encryption, a
         multipart upload) has the object read back instead."""
         check_name(name)
-        md5 = (await asyncio.to_thread(_md5, data) if len(data) >= THREAD_AT
-               else _md5(data))
+        # The MD5 in a thread while the bytes are on their way (a small one here).
+        hashing = asyncio.ensure_future(asyncio.to_thread(_md5, data)) \
+            if len(data) >= THREAD_AT else None
         try:
-            result = await obstore.put_async(self._store, name, data, mode="create")
+            try:
+                result = await obstore.put_async(self._store, name, data, mode="create")
+            finally:
+                md5 = await hashing if hashing is not None else _md5(data)
         except (AlreadyExistsError, PreconditionError):
             if await self._holds(name, data):
                 return False

@@ -22,6 +22,8 @@ import aiohttp
 import pytest
 
 from messaging.frames import encode_batch
+from messaging.log.etcd.intake import MARKER
+from messaging.objects import ObjectInfo
 from messaging.objects.s3 import S3Store
 from tests.conftest import wait_until
 from tests.e2e.test_etcd_log import (  # noqa: F401  (fixtures used by name)
@@ -95,15 +97,17 @@ async def intake_state(session: aiohttp.ClientSession, url: str) -> dict[str, An
     return state
 
 
-async def lane_open(nodes: Nodes) -> None:
-    """Wait until every node writes entry format 4 (before, large publishes go inline: a
-    node of an older release might not read pointers)."""
+async def lane_open(nodes: Nodes, which: list[int] | None = None) -> None:
+    """Wait until every node's lane is open (before, large publishes go inline: the cluster
+    writes entry format 4 once every node reads it, and each node must have seen every
+    other announce the same store)."""
     async with aiohttp.ClientSession() as session:
         async def open_everywhere() -> bool:
-            states = [await diagnostics(session, u) for u in nodes.urls]
-            return all(s.get("entry_format") == 4 for s in states)
+            urls = nodes.urls if which is None else [nodes.url(i) for i in which]
+            states = [await diagnostics(session, u) for u in urls]
+            return all(s.get("entry_format") == 4 and s.get("intake_open") for s in states)
 
-        await wait_until(open_everywhere, timeout=20, what="every node writing format 4")
+        await wait_until(open_everywhere, timeout=20, what="every node's lane open")
 
 
 @with_groups
@@ -126,7 +130,7 @@ async def test_both_lanes_land_in_the_same_files_on_every_node(
         assert 0 < written <= load.sent_large, states
         fetched = [s["reads"]["gets"] for s in states]
         assert all(f >= 1 for f in fetched), states
-        objects = await s3.list("intake")
+        objects = await intake_objects(s3)
         assert len(objects) == written, (objects, states)
         figures = await intake_figures(session, nodes)
         assert sum(f["messaging_intake_objects_total"] for f in figures) >= written
@@ -430,13 +434,13 @@ async def test_kill_9_of_receiving_nodes_loses_nothing_and_the_sweep_deletes_eve
         stored = await converge(session, nodes.urls, len(load.acked), timeout=60)
         check_log(stored, load)
         await check_identical(nodes)
-        assert await s3.list("intake"), "no intake object was written"
+        assert await intake_objects(s3), "no intake object was written"
 
         async def all_swept() -> bool:
             async with session.post(f"{nodes.url(0)}/messaging/messages",
                                     params={"topicID": str(TOPIC + 1)}, data=b"tick") as resp:
                 await resp.read()  # revisions move, so compaction does
-            return not await s3.list("intake") and not await intake_tickets(etcd, nodes)
+            return not await intake_objects(s3) and not await intake_tickets(etcd, nodes)
 
         await wait_until(all_swept, timeout=90, what="every intake object and ticket deleted")
         # Deleted objects are never needed again: a node restarted now replays or installs.
@@ -497,7 +501,7 @@ async def test_the_lane_opens_only_while_every_node_reads_the_store(
         stored = await converge(session, nodes.urls, len(load.acked), timeout=60)
         check_log(stored, load)
         await check_identical(nodes)
-        await asyncio.sleep(1.5)  # node 2 reads the store again: the lane is open
+        await lane_open(nodes, [0, 1])  # node 2 reads the store again (but writes none)
         before = sum([(await intake_state(session, u))["objects_written"]
                       for u in nodes.urls])
         await asyncio.gather(*(load.worker(session, w, 4, "open ") for w in range(3)))
@@ -560,3 +564,113 @@ async def test_a_held_holder_past_which_etcd_was_compacted_installs_a_peers_snap
         assert state["snapshots_installed"] >= 1, state
         assert "dropped" in (tmp_path / "node2.log").read_text()
         await nodes.wait_ready(2)
+
+
+async def test_a_receiving_node_killed_between_its_upload_and_its_pointer(
+        etcd: EtcdCluster, broker_process, tmp_path: Path,  # noqa: F811
+        seaweedfs: SeaweedFS, s3: S3Store, prefix: str, store_proxy: Any) -> None:  # noqa: F811
+    """Node 0 reaches the store through a proxy that stops passing answers: its object is in
+    the store, its pointer not committed, when it is killed. The publisher's retry through
+    another node (same producer sequence) is stored once; the object no pointer names is
+    deleted by the sweep after the grace."""
+    keep = ["--object-sweep-grace", "2s", "--etcd-compact-every", "10"]
+    nodes = Nodes(broker_process, tmp_path, etcd, "--object-store", f"s3://{BUCKET}/{prefix}",
+                  "--intake-min-size", str(MIN_SIZE), *keep)
+    await nodes.start(0, env={**s3_env(), "MESSAGING_S3_ENDPOINT": store_proxy.url})
+    await nodes.start(1, 2, env={**s3_env(), "MESSAGING_S3_ENDPOINT": seaweedfs.endpoint})
+    await nodes.wait_ready(0, 1, 2)
+    await lane_open(nodes)
+    data = b"orphaned ".ljust(LARGE, b"o")
+    producer = {"Producer-Id": "orphan", "Producer-Epoch": "0", "Producer-Seq": "0"}
+    async with aiohttp.ClientSession() as session:
+        store_proxy.hold_responses = True
+
+        async def publish(url: str) -> aiohttp.ClientResponse:
+            async with session.post(f"{url}/messaging/messages", params={"topicID": str(TOPIC)},
+                                    data=data, headers=producer) as resp:
+                await resp.read()
+                return resp
+
+        first = asyncio.ensure_future(publish(nodes.url(0)))
+        await wait_until(functools.partial(stored_count, s3, 1), timeout=20,
+                         what="node 0's object in the store")
+        orphans = {o.name for o in await intake_objects(s3)}
+        nodes.kill(0)
+        with pytest.raises(aiohttp.ClientError):
+            await first
+        retried = await publish(nodes.url(1))
+        assert retried.status == 200
+        index = int(retried.headers["X-Broker-Index"])
+        stored = await converge(session, nodes.urls[1:], 1)
+        assert stored == [(index, data)]
+        store_proxy.hold_responses = False
+        await nodes.start(0, env={**s3_env(), "MESSAGING_S3_ENDPOINT": store_proxy.url})
+        assert await converge(session, nodes.urls, 1) == stored
+
+        async def orphan_gone() -> bool:
+            async with session.post(f"{nodes.url(1)}/messaging/messages",
+                                    params={"topicID": str(TOPIC + 1)}, data=b"tick") as resp:
+                await resp.read()  # revisions move, so compaction does
+            return not orphans & {o.name for o in await intake_objects(s3)}
+
+        await wait_until(orphan_gone, timeout=60, what="the orphaned object swept")
+
+
+async def intake_objects(store: S3Store) -> list[ObjectInfo]:
+    """The intake objects in the store (its marker aside)."""
+    return [o for o in await store.list("intake") if o.name != MARKER]
+
+
+async def stored_count(store: S3Store, at_least: int) -> bool:
+    return len(await intake_objects(store)) >= at_least
+
+
+async def test_a_receiving_node_killed_between_its_pointer_and_its_answer(
+        etcd: EtcdCluster, broker_process, tmp_path: Path,  # noqa: F811
+        seaweedfs: SeaweedFS, s3: S3Store, prefix: str) -> None:  # noqa: F811
+    """Node 0 is killed while it applies its own pointer (held at the segment write by a
+    fault point: etcd committed the pointer, the publisher not answered yet). The retry
+    through another node with the same producer sequence is answered as a duplicate with
+    the index the message has everywhere; node 0, restarted, ends with the same files."""
+    from tests.e2e.test_etcd_log import FAULTPOINT
+    from tests.e2e.test_exactly_once import wait_for_trace
+
+    nodes = Nodes(broker_process, tmp_path, etcd, *store_args(seaweedfs, prefix))
+    arm, trace = tmp_path / "arm", tmp_path / "trace"
+    await nodes.start(1, 2, env=s3_env())
+    await nodes.start(0, launcher=FAULTPOINT, env={
+        **s3_env(), "FAULT_ROOT": str(nodes.data(0)), "FAULT_ARM": str(arm),
+        "FAULT_HOLD": "write:.seg", "FAULT_TRACE": str(trace), "FAULT_SKIP": "cluster.json"})
+    await nodes.wait_ready(0, 1, 2)
+    await lane_open(nodes)
+    data = b"held ".ljust(LARGE, b"h")
+    producer = {"Producer-Id": "held", "Producer-Epoch": "0", "Producer-Seq": "0"}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{nodes.url(1)}/messaging/messages",
+                                params={"topicID": str(TOPIC)}, data=b"before") as resp:
+            assert resp.status == 200
+        await converge(session, nodes.urls, 1)
+        arm.touch()
+
+        async def publish(url: str) -> aiohttp.ClientResponse:
+            async with session.post(f"{url}/messaging/messages", params={"topicID": str(TOPIC)},
+                                    data=data, headers=producer) as resp:
+                await resp.read()
+                return resp
+
+        first = asyncio.ensure_future(publish(nodes.url(0)))
+        await wait_for_trace(trace, "held write")
+        nodes.kill(0)
+        with pytest.raises(aiohttp.ClientError):
+            await first
+        arm.unlink()
+        retried = await publish(nodes.url(1))
+        assert retried.status == 200
+        assert retried.headers.get("Producer-Duplicate") == "true" \
+            or retried.headers.get("X-Broker-Duplicate") == "true", dict(retried.headers)
+        stored = await converge(session, nodes.urls[1:], 2)
+        assert [d for _i, d in stored] == [b"before", data]
+        assert stored[1][0] == int(retried.headers["X-Broker-Index"])
+        await nodes.start(0, env=s3_env())
+        assert await converge(session, nodes.urls, 2) == stored
+        await check_identical(nodes)

@@ -225,6 +225,7 @@ class Applier:
         self._kicked_at = float("-inf")  # loop time of the last drain the loop posted
         self._lingering: asyncio.TimerHandle | None = None  # the drain a linger defers
         self._retry_delay = RETRY_FIRST
+        self._retrying: asyncio.TimerHandle | None = None  # the next try of a failed batch
         self._quiet = QuietLog(log, RECURRING_LOG_INTERVAL)
         #: Why the last batch failed while it is being retried (None: it did not).
         self.error: str | None = None
@@ -271,7 +272,12 @@ class Applier:
         many."""
         loop = asyncio.get_running_loop()
         dropped = await loop.run_in_executor(self._writer, self._drop_inbox)
-        self.held, self.held_at = None, 0
+        self.held, self.held_at, self.error = None, 0, None
+        self._retry_delay = RETRY_FIRST
+        if self._retrying is not None:  # nothing left to try again: what comes is new
+            self._retrying.cancel()
+            self._retrying = None
+            self._idle()
         self._wake()
         return dropped
 
@@ -485,7 +491,7 @@ class Applier:
         self._quiet.log("apply", logging.ERROR, "applying revisions %d..%d failed "
                         "(retrying): %s", batch[0].revision, batch[-1].revision, err)
         assert self._loop is not None
-        self._loop.call_later(self._retry_delay, self._idle)
+        self._retrying = self._loop.call_later(self._retry_delay, self._idle)
         self._retry_delay = min(self._retry_delay * 2, RETRY_MAX)
 
     def _wake(self) -> None:
@@ -505,6 +511,7 @@ class Applier:
             f"this node stopped applying the log at revision {batch[0].revision}: {err}; "
             "restart it (it re-verifies its files and replays from its checkpoint)")
         self.error = str(err)
+        self.held, self.held_at = None, 0  # stopped for good: nothing to catch up past
         log.critical("%s", self.failure)
         self._wake()  # a read waiting for a revision hears the failure; the watch waits on
         self._writes.fail_waiting(CommitUnknownError(

@@ -60,14 +60,24 @@ from messaging.log.etcd.intake_reads import IntakeReads
 from messaging.log.etcd.intake_sweep import INTAKE, IntakeSweep, ticket_key
 from messaging.log.etcd.pointer import MAX_OBJECT_BYTES, Pointer
 from messaging.log.etcd.writer import LogWriter
-from messaging.objects.errors import ObjectStoreError, StoreUnavailableError
+from messaging.objects.errors import (
+    ObjectConflictError,
+    ObjectNotFoundError,
+    ObjectStoreError,
+    StoreUnavailableError,
+)
 from messaging.objects.store import ObjectStore
+from messaging.quiet_log import RECURRING_LOG_INTERVAL, QuietLog
 
 log = logging.getLogger(__name__)
 
 #: An object is written as soon as the publishes gathered for it reach this many bytes (or
 #: before the one that would take it past them).
 WINDOW_BYTES = 8 << 20
+#: How long a node waits before asking an unanswering store for its marker again (s).
+IDENTIFY_RETRY = 5.0
+#: The object that tells stores apart (see :attr:`Intake.identity`).
+MARKER = f"{INTAKE}store-id"
 #: The largest publish the lane takes (it goes in an object of its own).
 MAX_COMMAND_BYTES = MAX_OBJECT_BYTES - 1024
 _FILL_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0)
@@ -146,11 +156,19 @@ class Intake:
         self.node = node or os.urandom(6).hex()
         self._seq = 0
         self._windows: dict[int, _Window] = {}  # id(client) → what gathers for it
-        self._flushes: set[asyncio.Task[None]] = set()
+        self._flushes: dict[asyncio.Task[None], set[IntakeLane]] = {}  # objects being written
+        self._closings: set[asyncio.Task[None]] = set()  # tickets waiting for their pointers
         self._lanes: list[IntakeLane] = []
         self.reads = IntakeReads(store, timeout=timeout, held=self._held)
         self.sweep = IntakeSweep(store, grace=grace)
         self._sweep_task: asyncio.Task[None] | None = None
+        self._identify_task: asyncio.Task[None] | None = None
+        self._quiet = QuietLog(log, RECURRING_LOG_INTERVAL)
+        #: Which store this node reads intake objects from, as every node that shares it
+        #: sees it (announced in its registrations): the store's URL and the contents of
+        #: its marker object ``intake/store-id``, made by the first node (a directory of
+        #: the same path on another machine has another). None until the store answered.
+        self.identity: str | None = None
         #: Objects and bytes written since start, and the last failure (diagnostics).
         self.objects = 0
         self.bytes = 0
@@ -165,12 +183,44 @@ class Intake:
         return cls(store, min_size=config.intake_min_size, window=config.intake_window,
                    timeout=config.object_store_timeout, grace=config.object_sweep_grace)
 
+    async def _identify(self) -> None:
+        """Learn :attr:`identity` (in the background: the store may be down; tried again
+        every IDENTIFY_RETRY seconds until it answers)."""
+        while self.identity is None:
+            try:
+                async with asyncio.timeout(self.timeout):
+                    marker = await self._marker()
+            except (TimeoutError, ObjectStoreError) as err:
+                self._quiet.log("identify", logging.WARNING, "cannot read the intake marker "
+                                "of %s yet (this node writes no intake object until it "
+                                "can): %s", self.store.url, describe(err))
+                await asyncio.sleep(IDENTIFY_RETRY)
+                continue
+            self.identity = f"{self.store.url}#{marker}"
+
+    async def _marker(self) -> str:
+        try:
+            size = await self.store.size(MARKER)
+            return (await self.store.get_range(MARKER, 0, size)).decode(errors="replace")
+        except ObjectNotFoundError:
+            pass
+        try:
+            mine = os.urandom(16).hex()
+            await self.store.put_new(MARKER, mine.encode())
+            return mine
+        except ObjectConflictError:  # another node made it first
+            size = await self.store.size(MARKER)
+            return (await self.store.get_range(MARKER, 0, size)).decode(errors="replace")
+
     # -- the logs that use it ----------------------------------------------------------------
 
     def join(self, lane: IntakeLane) -> None:
         """A log of this node uses the intake (on the loop); the first starts the sweep."""
         self._lanes.append(lane)
         self.sweep.watch(lane.cluster, lane.client)
+        if self.identity is None and self._identify_task is None:
+            self._identify_task = asyncio.create_task(self._identify(),
+                                                      name="messaging-intake-identify")
         if self._sweep_task is None:
             self._sweep_task = asyncio.create_task(self.sweep.run(self.reads.expire),
                                                    name="messaging-intake-sweep")
@@ -185,17 +235,20 @@ class Intake:
                     item.future.set_exception(BrokerClosedError("the broker is shutting down"))
             window.items = kept
             window.size = sum(len(item.command) for item in kept)
-        if self._flushes:
-            await asyncio.wait(list(self._flushes), timeout=self.timeout + 5)
+        mine = [task for task, lanes in self._flushes.items() if lane in lanes]
+        if mine:  # its objects on their way: their pointers go to its writer, still running
+            await asyncio.wait(mine, timeout=self.timeout + 5)
         with contextlib.suppress(ValueError):
             self._lanes.remove(lane)
         self.sweep.forget(lane.cluster, lane.client, any(
             other.client is lane.client for other in self._lanes))
-        if not self._lanes and self._sweep_task is not None:
-            task, self._sweep_task = self._sweep_task, None
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if not self._lanes:
+            for task in [self._sweep_task, self._identify_task, *self._closings]:
+                if task is not None:  # a ticket left open is closed by a sweep later
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            self._sweep_task = self._identify_task = None
             self.reads.clear()
 
     def _held(self) -> set[str]:
@@ -206,8 +259,13 @@ class Intake:
     def takes(self, lane: IntakeLane, command: bytes) -> bool:
         """Whether ``command`` goes through the intake: large enough, the cluster writes
         pointer entries, and every live node of the log reads this node's store."""
-        return (0 < self.min_size <= len(command)
-                and lane.writes.entry_version >= POINTER_VERSION and lane.readers_ready())
+        return 0 < self.min_size <= len(command) and self.open_for(lane)
+
+    def open_for(self, lane: IntakeLane) -> bool:
+        """Whether the lane writes pointers to ``lane``'s log now: it takes publishes, the
+        cluster writes pointer entries, and every live node reads this node's store."""
+        return (self.min_size > 0 and lane.writes.entry_version >= POINTER_VERSION
+                and lane.readers_ready())
 
     def submit(self, lane: IntakeLane, command: bytes) -> asyncio.Future[ApplyResult]:
         """Gather ``command`` into the current window of its etcd cluster; the future gets
@@ -243,8 +301,11 @@ class Intake:
         if not items:
             return
         task = asyncio.create_task(self._write(items), name="messaging-intake-object")
-        self._flushes.add(task)
-        task.add_done_callback(self._flushes.discard)
+        self._flushes[task] = {item.lane for item in items}
+        task.add_done_callback(self._flush_done)
+
+    def _flush_done(self, task: asyncio.Task[None]) -> None:
+        self._flushes.pop(task, None)
 
     async def _write(self, items: list[_Item]) -> None:
         """Ticket, object, then one pointer per log; every item is answered, whatever
@@ -277,7 +338,7 @@ class Intake:
         self.reads.seed(name, data, len(by_lane))
         logs = tuple(lane.key for lane in by_lane)
         offset = 0
-        pending: list[asyncio.Future[ApplyResult]] = []
+        pending: list[list[asyncio.Future[ApplyResult]]] = []
         for (lane, lane_items), body in zip(by_lane.items(), bodies, strict=True):
             pointer = Pointer(name, offset, len(body), crc32c(body), len(data),
                               len(lane_items), logs)
@@ -289,12 +350,25 @@ class Intake:
                 pointer, [item.command for item in lane_items], ticket)
             for item, future in zip(lane_items, futures, strict=True):
                 future.add_done_callback(_pass_on(item.future, lane.metrics, stored_at))
-            pending += futures
-        # Every pointer committed or refused: no other will ever be, so the ticket closes
-        # now (the sweep would after the grace), and the object goes once etcd is compacted
-        # past that.
-        await asyncio.gather(*pending, return_exceptions=True)
-        await self.sweep.close_ticket(first.client, ticket, name)
+            pending.append(futures)
+        closing = asyncio.create_task(self._close(first.client, ticket, name, len(data),
+                                                  pending), name="messaging-intake-ticket")
+        self._closings.add(closing)
+        closing.add_done_callback(self._closings.discard)
+
+    async def _close(self, client: EtcdClient, ticket: bytes, name: str, size: int,
+                     pointers: list[list[asyncio.Future[ApplyResult]]]) -> None:
+        """Once every pointer of an object is committed or refused, no other will ever be:
+        close its ticket now (the sweep would after the grace), so the object goes once etcd
+        is compacted past that; what this node kept of it for logs whose pointer failed is
+        let go."""
+        failed = 0
+        for futures in pointers:
+            await asyncio.gather(*futures, return_exceptions=True)
+            failed += all(f.cancelled() or f.exception() is not None for f in futures)
+        if failed:
+            self.reads.release(name, size, failed)
+        await self.sweep.close_ticket(client, ticket, name)
 
     async def _store(self, client: EtcdClient, ticket: bytes, name: str, data: bytes) -> float:
         """Open the ticket, then upload and verify the object, within the store's timeout;
@@ -331,10 +405,12 @@ class Intake:
     def describe(self) -> dict[str, Any]:
         """Diagnostics: the settings, what was written and fetched, the last failure."""
         gathering = sum(len(w.items) for w in self._windows.values())
-        return {"min_size": self.min_size, "window_seconds": self.window,
+        return {"store": self.identity, "min_size": self.min_size,
+                "window_seconds": self.window,
                 "objects_written": self.objects, "bytes_written": self.bytes,
                 "gathering": gathering,
-                "writing": len(self._flushes), "error": self.error,
+                "writing": len(self._flushes), "closing": len(self._closings),
+                "error": self.error,
                 "reads": self.reads.describe(), "sweep": self.sweep.describe()}
 
 

@@ -54,6 +54,7 @@ class _Fetch:
     start: int
     uses: int  # logs here that still need it
     expires: float
+    seeded: bool = False  # what this node wrote (not a fetch)
 
 
 class IntakeReads:
@@ -76,7 +77,17 @@ class IntakeReads:
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         future.set_result(data)
         self._fetches[(name, 0, len(data))] = _Fetch(future, 0, logs,
-                                                      time.monotonic() + KEEP)
+                                                      time.monotonic() + KEEP, seeded=True)
+
+    def release(self, name: str, size: int, logs: int) -> None:
+        """``logs`` of the logs an object this node wrote was seeded for will never read it
+        (their pointers failed)."""
+        key = (name, 0, size)
+        entry = self._fetches.get(key)
+        if entry is not None:
+            entry.uses -= logs
+            if entry.uses <= 0:
+                del self._fetches[key]
 
     def start(self, pointer: Pointer, metrics: IntakeMetrics) -> None:
         """Start fetching what ``pointer`` names, unless that is under way or too much is
@@ -86,8 +97,9 @@ class IntakeReads:
             self._entry(pointer, metrics)
 
     def holding(self) -> int:
-        """Bytes of the objects held here or on their way."""
-        return sum(end - start for _name, start, end in self._fetches)
+        """Bytes of the objects fetched here or on their way (not those this node wrote)."""
+        return sum(end - start for (_name, start, end), entry in self._fetches.items()
+                   if not entry.seeded)
 
     def expire(self) -> None:
         """Drop what no log here read within KEEP (its log stopped, or it moved on)."""

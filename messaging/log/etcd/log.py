@@ -148,10 +148,9 @@ class EtcdLog:
                                       lambda: self._progress.checkpointed,
                                       settings.compact_every, lease=self._share.lease,
                                       reads=self._share.quorum)
-        if intake is not None and self._lane is not None:
-            store = intake.store.url
-            self._membership.intake_store = store
-            self._lane.readers_ready = lambda: self._membership.read_intake(store)
+        if self._lane is not None:
+            membership = self._membership
+            self._lane.readers_ready = lambda: membership.read_intake(membership.intake_store)
         self._installer = SnapshotInstaller(broker, self.cluster, url, self._membership,
                                             self._writer, self._checkpoints, self._unsynced,
                                             peer_token=peer_token, peer_ca=peer_ca)
@@ -258,6 +257,8 @@ class EtcdLog:
     async def _membership_step(self) -> None:
         """The membership's step; puts follow the cluster's entry format it keeps; a node
         that joined has its clock read at once."""
+        if self._intake is not None:  # announced once known: the store may be down
+            self._membership.intake_store = self._intake.identity
         await self._membership.step()
         self._writes.entry_version = self._membership.entry_version
         if self._own_clock:
@@ -297,12 +298,19 @@ class EtcdLog:
         is applied, install a peer's snapshot; returns its revision, through which this node
         now holds the log. Revisions held back by a pointer whose object cannot be fetched
         are dropped instead: the snapshot covers them (its object may be gone for good)."""
-        if self._applier.held is not None:
-            dropped = await self._applier.drop_held()
-            log.warning("%s: dropped %d received revisions held back by an intake object this "
-                        "node could not fetch (%s): a peer's snapshot covers them",
-                        self._log_key.decode(), dropped, self._applier.held)
-        await self._applier.drained()
+        while True:  # held now, or once the drain under way fails to fetch: drop, install
+            held = self._applier.held
+            if held is not None:
+                dropped = await self._applier.drop_held()
+                log.warning("%s: dropped %d received revisions held back by an intake object "
+                            "this node could not fetch (%s): a peer's snapshot covers them",
+                            self._log_key.decode(), dropped, held)
+            try:
+                async with asyncio.timeout(MONITOR_INTERVAL):
+                    await self._applier.drained()
+                break
+            except TimeoutError:
+                continue
         revision = await self._installer.install(compacted)
         self._writes.snapshot_installed(revision)
         self._applier.wake()  # reads waiting for a revision the snapshot covers
@@ -422,6 +430,8 @@ class EtcdLog:
             **self._applier.cost.report(window),
             "apply_error": self._applier.error,
             "entry_format": self._writes.entry_version,
+            "intake_open": (self._lane is not None and self._intake is not None
+                            and self._intake.open_for(self._lane)),
             "intake": self._intake.describe() if self._intake is not None else None,
             "failure": None if failure is None else str(failure),
             "clock": self._clock.diagnostics(),
@@ -474,7 +484,8 @@ class EtcdLog:
         self._startup.check(self.not_ready())
         self._watch.restart_if_stuck(time.monotonic(), self._log_revision)
         held = self._applier.held_at
-        if held and await self._client.compacted_past(self._log_key, held):
+        if held and self._applier.failure is None \
+                and await self._client.compacted_past(self._log_key, held):
             log.warning("%s: etcd's history is compacted past revision %d, which this node "
                         "cannot apply (%s): catching up from a peer's snapshot",
                         self._log_key.decode(), held, self._applier.held)

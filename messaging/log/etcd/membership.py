@@ -182,10 +182,12 @@ class Membership:
             found["intake_store"] = self.intake_store
         return found
 
-    def read_intake(self, store: str) -> bool:
+    def read_intake(self, store: str | None) -> bool:
         """Whether every live node announces that it reads intake objects from ``store``
-        (the intake lane writes pointers only then)."""
-        return all(info.get("intake_store") == store for info in self.nodes.values())
+        (the intake lane writes pointers only then); False until a read of the node list
+        has shown this node's own registration (before, nobody is known)."""
+        return store is not None and self.url in self.nodes and all(
+            info.get("intake_store") == store for info in self.nodes.values())
 
     async def register(self) -> None:
         """Keep the lease alive (a new one if it expired) and the registration current."""

@@ -120,9 +120,10 @@ class LogWatch:
         it to apply: etcd's history is compacted past it and this node cannot apply it (an
         intake object it cannot fetch may be gone for good). The current attempt stops;
         :meth:`run` installs, then watches on from the snapshot."""
-        if self._attempt is not None and self._install_after is None:
+        attempt = self._attempt
+        if attempt is not None and not attempt.done() and self._install_after is None:
             self._install_after = revision
-            self._attempt.cancel()
+            attempt.cancel()
 
     async def run(self) -> None:
         """Keep one watch running; anything but cancellation restarts it on the next endpoint."""
@@ -140,9 +141,9 @@ class LogWatch:
                 self.live = False
                 self._attempt = None
             error: BaseException | None
-            if attempt.cancelled() and self._install_after is not None:
-                error = CompactedError(self._install_after)
-                self._install_after = None
+            install_after, self._install_after = self._install_after, None
+            if attempt.cancelled() and install_after is not None:
+                error = CompactedError(install_after)
             elif attempt.cancelled():
                 error = TimeoutError(f"no event for {WATCH_STUCK:.0f}s while etcd's log moved "
                                      "on")
