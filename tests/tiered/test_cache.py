@@ -35,6 +35,9 @@ class FakeStore:
                             sha256: str | None = None) -> StoredObject:
         raise NotImplementedError
 
+    async def put_new(self, name: str, data: bytes) -> bool:
+        raise NotImplementedError
+
     async def size(self, name: str) -> int:
         return len(DATA)
 
