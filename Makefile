@@ -14,7 +14,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 .PHONY: help run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
 	bench-split bench-latency bench-publish-path bench-commit-marks bench-group-staging bench-watch-cost bench-etcd-floor bench-idle-groups bench-fanout bench-scaling bench-groups bench-cli bench-tiering bench-intake \
-	soak soak-cluster soak-tiered etcd faketime chromium conformance spark s3 dist clean
+	soak soak-cluster soak-intake soak-tiered etcd faketime chromium conformance spark s3 dist clean
 
 .DEFAULT_GOAL := help
 
@@ -304,6 +304,11 @@ soak: $(STAMP)
 ## make soak-cluster: the same load against 3 broker nodes on a 3-member etcd cluster
 soak-cluster: $(STAMP) etcd
 	$(BIN)/python bench/soak/run.py --cluster
+
+## make soak-intake: the same load against 3 nodes sharing a file:// object store: segments
+## tier to it and batches take the intake lane (the store once, a pointer through etcd)
+soak-intake: $(STAMP) etcd
+	$(BIN)/python bench/soak/run.py --cluster --tiered
 
 ## make soak-tiered: the same load against one broker with a file:// object store (the disk
 ## keeps a quarter of each topic; older reads come from the store)

@@ -288,9 +288,11 @@ def publish_results(samples: list[dict[str, Any]], checks: list[Check],
                     broker_options: list[str], cluster: str = "") -> None:
     """Print the table and verdicts; write soak.json, soak.png and the RESULTS.md section
     (soak_cluster.* and its own section when ``cluster`` describes the cluster run,
-    soak_tiered.* for a run with an object store)."""
+    soak_cluster_intake.* when it also has the object store and the intake lane,
+    soak_tiered.* for one broker with an object store)."""
     tiered = bool(getattr(args, "tiered", False))
-    bench = "soak_cluster" if cluster else "soak_tiered" if tiered else "soak"
+    bench = ("soak_cluster_intake" if cluster and tiered else "soak_cluster" if cluster
+             else "soak_tiered" if tiered else "soak")
     date = datetime.date.today().isoformat()
     command = command_line()
     table = _table(rows, checks)
@@ -310,7 +312,8 @@ def publish_results(samples: list[dict[str, Any]], checks: list[Check],
     if samples:
         _plot(samples, bench)
     verdict = "PASS" if all(c.passed for c in checks) else "FAIL"
-    title = ("Soak (a cluster, mixed load)" if cluster
+    title = ("Soak (a cluster with the intake lane, mixed load)" if cluster and tiered
+             else "Soak (a cluster, mixed load)" if cluster
              else "Soak (one broker with a file:// object store, mixed load)" if tiered
              else "Soak (one broker, mixed load)")
     write_section(bench, title, (
@@ -318,7 +321,7 @@ def publish_results(samples: list[dict[str, Any]], checks: list[Check],
         + (f"{cluster} " if cluster else "")
         + ("Rolled segments go to a file:// object store in the run's directory, and the "
            "disk keeps 1M of each topic (`--local-retention-size 1M`): laggards and range "
-           "readers read the store. " if tiered else "")
+           "readers read the store. " if tiered and not cluster else "")
         + f"Broker: `messaging broker {' '.join(broker_options)}` (fsync always), "
         f"{args.seconds:.0f} s, a sample every {args.sample_interval:.0f} s. "
         "Load (same machine): 4 publishers of single POSTs at 40 req/s each and 2 of "

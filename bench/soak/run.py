@@ -118,11 +118,21 @@ def start_broker(directory: Path, tiered: bool = False) -> tuple[Proc, str]:
                   log_level="INFO")
 
 
-def start_cluster(directory: Path, groups: int = 1,
+#: With --cluster --tiered: the nodes share a file:// object store, their segments tier to it
+#: and every batch of 4K or more takes the intake lane (singles stay inline).
+INTAKE_OPTIONS = [*TIERED_OPTIONS, "--intake-min-size", "4K"]
+
+
+def start_cluster(directory: Path, groups: int = 1, tiered: bool = False,
                   ) -> tuple[list[Etcd], list[tuple[Proc, str]]]:
     """Three etcd members and three broker nodes of one cluster (of ``groups`` topic groups,
     two holders each), each node with the soak's options and its own log (INFO and up);
-    stopped by their PIDs."""
+    stopped by their PIDs. ``tiered``: with a shared object store and the intake lane."""
+    extra: list[str] = []
+    if tiered:
+        store = directory / "store"
+        store.mkdir()
+        extra = ["--object-store", f"file://{store}", *INTAKE_OPTIONS]
     members = etcd_cluster(directory)
     for member in members:
         member.start()
@@ -134,7 +144,7 @@ def start_cluster(directory: Path, groups: int = 1,
         nodes.append(broker(directory / f"node{i}", *BROKER_OPTIONS, "--etcd", ",".join(order),
                             "--cluster", "soak", "--advertise", f"http://127.0.0.1:{port}",
                             *(("--groups", str(groups), "--replicas", "2") if groups > 1
-                              else ()),
+                              else ()), *extra,
                             port=port, log=directory / f"node{i}.log", log_level="INFO"))
     return members, nodes
 
@@ -588,14 +598,15 @@ def main() -> int:
                         "(needs etcd on PATH)")
     parser.add_argument("--tiered", action="store_true",
                         help="one broker with a file:// object store: rolled segments are "
-                        "offloaded and the disk keeps a quarter of the topic")
+                        "offloaded and the disk keeps a quarter of the topic (with --cluster: "
+                        "the nodes share it, and batches take the intake lane)")
     parser.add_argument("--groups", type=int, default=1,
                         help="with --cluster: the cluster's topic groups (two holders each)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="soak-", dir=os.environ.get("BENCH_DIR")) as tmp:
         members: list[Etcd] = []
         if args.cluster:
-            members, nodes = start_cluster(Path(tmp), args.groups)
+            members, nodes = start_cluster(Path(tmp), args.groups, args.tiered)
             logs = [Path(tmp) / f"node{i}.log" for i in range(3)]
         else:
             nodes = [start_broker(Path(tmp), args.tiered)]
@@ -625,6 +636,10 @@ def main() -> int:
                "all on this machine: publishers use node 0, subscribers node 1, range readers "
                "node 2; resources are the largest of the three nodes (CPU: their sum), the "
                "log check reads all three logs." if args.cluster else "")
+    if args.cluster and args.tiered:
+        cluster += (" The nodes share a file:// object store: rolled segments tier to it "
+                    "and every batch of 4K or more goes through the intake lane (the store "
+                    "once, a pointer through etcd); singles stay inline.")
     publish_results(samples, checks, summary, ledger, events.counts, args,
                     procs[0].args[3:], BROKER_OPTIONS, cluster)
     return 0 if all(c.passed for c in checks) else 1
