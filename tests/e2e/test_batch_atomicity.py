@@ -246,6 +246,10 @@ async def test_a_cluster_node_killed_mid_batch_replays_every_batch_whole(
     await nodes.start(0, 2, env=env)
     await nodes.start(1, **tearing())
     await nodes.wait_ready(0, 1, 2)
+    if lane == "intake":  # before, batches go inline (see the intake tests)
+        from tests.e2e.test_intake import lane_open
+
+        await lane_open(nodes)
     acked: Acked = {}
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(timeout=timeout) as session:

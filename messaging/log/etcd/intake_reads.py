@@ -23,16 +23,14 @@ import concurrent.futures
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from messaging.errors import MessagingError
 from messaging.log.etcd.entry import CorruptEntryError
+from messaging.log.etcd.intake_metrics import IntakeMetrics
 from messaging.log.etcd.pointer import Pointer
 from messaging.objects.errors import ObjectCorruptError, ObjectStoreError
 from messaging.objects.store import ObjectStore
-
-if TYPE_CHECKING:
-    from messaging.log.etcd.intake import IntakeMetrics
 
 #: A fetched object not read by every log here within this long is dropped (seconds).
 KEEP = 60.0

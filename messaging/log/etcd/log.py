@@ -74,7 +74,8 @@ from messaging.log.etcd.checkpoint import CHECKPOINT, Checkpoints
 from messaging.log.etcd.client import EtcdClient, describe, load_credentials
 from messaging.log.etcd.clock_check import CHECK_INTERVAL, ClockCheck
 from messaging.log.etcd.install import SnapshotInstaller
-from messaging.log.etcd.intake import Intake, IntakeLane, IntakeMetrics
+from messaging.log.etcd.intake import Intake, IntakeLane
+from messaging.log.etcd.intake_metrics import IntakeMetrics
 from messaging.log.etcd.intake_reads import LogReads
 from messaging.log.etcd.membership import Membership
 from messaging.log.etcd.progress import Progress

@@ -11,7 +11,7 @@ from crc32c import crc32c
 from prometheus_client import CollectorRegistry
 
 from messaging.log.etcd.entry import body_of
-from messaging.log.etcd.intake import IntakeMetrics
+from messaging.log.etcd.intake_metrics import IntakeMetrics
 from messaging.log.etcd.intake_reads import IntakeFetchError, IntakeReads, LogReads
 from messaging.log.etcd.pointer import Pointer
 from messaging.objects.file import FileStore
