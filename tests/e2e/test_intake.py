@@ -475,8 +475,7 @@ async def test_the_lane_opens_only_while_every_node_reads_the_store(
     async with aiohttp.ClientSession() as session:
         await asyncio.sleep(1.5)  # every node's registration read: format 4 already
         await asyncio.gather(*(load.worker(session, w, 8, "closed ") for w in range(2)))
-        assert sum([(await intake_state(session, u))["objects_written"]
-                    for u in nodes.urls[:2]]) == 0
+        assert await written(session, nodes.urls[:2]) == 0
         nodes.kill(2)
         await wait_until(functools.partial(lane_used, session, nodes, load), timeout=30,
                          what="the lane open once node 2's registration lapsed")
@@ -489,11 +488,9 @@ async def test_the_lane_opens_only_while_every_node_reads_the_store(
 
         await wait_until(held, timeout=30, what="node 2 held, saying why")
         await asyncio.sleep(1.5)
-        written = sum([(await intake_state(session, u))["objects_written"]
-                       for u in nodes.urls[:2]])
+        so_far = await written(session, nodes.urls[:2])
         await asyncio.gather(*(load.worker(session, w, 4, "again ") for w in range(2)))
-        assert sum([(await intake_state(session, u))["objects_written"]
-                    for u in nodes.urls[:2]]) == written  # closed again: inline
+        assert await written(session, nodes.urls[:2]) == so_far  # closed again: inline
         nodes.kill(2)
         nodes.extra = ["--object-store", f"s3://{BUCKET}/{prefix}", "--intake-min-size", "0",
                        "--s3-endpoint", seaweedfs.endpoint, *keep]
@@ -502,8 +499,7 @@ async def test_the_lane_opens_only_while_every_node_reads_the_store(
         check_log(stored, load)
         await check_identical(nodes)
         await lane_open(nodes, [0, 1])  # node 2 reads the store again (but writes none)
-        before = sum([(await intake_state(session, u))["objects_written"]
-                      for u in nodes.urls])
+        before = await written(session, nodes.urls)
         await asyncio.gather(*(load.worker(session, w, 4, "open ") for w in range(3)))
         after = [(await intake_state(session, u))["objects_written"] for u in nodes.urls]
         assert sum(after) > before and after[2] == 0, after  # node 2 takes none: size 0
@@ -585,20 +581,14 @@ async def test_a_receiving_node_killed_between_its_upload_and_its_pointer(
     async with aiohttp.ClientSession() as session:
         store_proxy.hold_responses = True
 
-        async def publish(url: str) -> aiohttp.ClientResponse:
-            async with session.post(f"{url}/messaging/messages", params={"topicID": str(TOPIC)},
-                                    data=data, headers=producer) as resp:
-                await resp.read()
-                return resp
-
-        first = asyncio.ensure_future(publish(nodes.url(0)))
+        first = asyncio.ensure_future(post_as(session, nodes.url(0), data, producer))
         await wait_until(functools.partial(stored_count, s3, 1), timeout=20,
                          what="node 0's object in the store")
         orphans = {o.name for o in await intake_objects(s3)}
         nodes.kill(0)
         with pytest.raises(aiohttp.ClientError):
             await first
-        retried = await publish(nodes.url(1))
+        retried = await post_as(session, nodes.url(1), data, producer)
         assert retried.status == 200
         index = int(retried.headers["X-Broker-Index"])
         stored = await converge(session, nodes.urls[1:], 1)
@@ -614,6 +604,15 @@ async def test_a_receiving_node_killed_between_its_upload_and_its_pointer(
             return not orphans & {o.name for o in await intake_objects(s3)}
 
         await wait_until(orphan_gone, timeout=60, what="the orphaned object swept")
+
+
+async def post_as(session: aiohttp.ClientSession, url: str, data: bytes,
+                  producer: dict[str, str]) -> aiohttp.ClientResponse:
+    """One publish of ``data`` to TOPIC with ``producer``'s headers; the (read) response."""
+    async with session.post(f"{url}/messaging/messages", params={"topicID": str(TOPIC)},
+                            data=data, headers=producer) as resp:
+        await resp.read()
+        return resp
 
 
 async def intake_objects(store: S3Store) -> list[ObjectInfo]:
@@ -652,19 +651,13 @@ async def test_a_receiving_node_killed_between_its_pointer_and_its_answer(
         await converge(session, nodes.urls, 1)
         arm.touch()
 
-        async def publish(url: str) -> aiohttp.ClientResponse:
-            async with session.post(f"{url}/messaging/messages", params={"topicID": str(TOPIC)},
-                                    data=data, headers=producer) as resp:
-                await resp.read()
-                return resp
-
-        first = asyncio.ensure_future(publish(nodes.url(0)))
+        first = asyncio.ensure_future(post_as(session, nodes.url(0), data, producer))
         await wait_for_trace(trace, "held write")
         nodes.kill(0)
         with pytest.raises(aiohttp.ClientError):
             await first
         arm.unlink()
-        retried = await publish(nodes.url(1))
+        retried = await post_as(session, nodes.url(1), data, producer)
         assert retried.status == 200
         assert retried.headers.get("Producer-Duplicate") == "true" \
             or retried.headers.get("X-Broker-Duplicate") == "true", dict(retried.headers)

@@ -35,6 +35,10 @@ value this node cannot decode (a checksum that does not match, a newer version's
 skipped), stops this node for good (:attr:`Applier.failure`): it refuses publishes until it is
 restarted.
 
+The module is over 600 lines because the applier is one state machine shared by the loop and
+the writer thread (inbox, drains, lingers, retries, holds and waiters); split, its lock and
+its ownership rules would span files.
+
 Ownership: the delivered count, the linger's timer and the time of the last drain it posted,
 :attr:`Applier.failure` and :attr:`Applier.error` belong to the loop; the inbox is a deque
 the loop appends to and the writer thread takes from; whether a drain is posted, the applied
