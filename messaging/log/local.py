@@ -3,8 +3,9 @@
 LocalLog writes on one dedicated thread: while it writes and fsyncs one group of commands,
 new ones queue up and become the next group, so concurrent publishes share one write and one
 fsync. A request is answered once its group is durable (``fsync="always"``) and visible to
-readers; readers are woken after the publishers are answered. The writer does not wait for
-those answers: it takes the next group as soon as the last one's fsync returns.
+readers; the streams that follow its topics are written to first, then the publishers are
+answered. The writer does not wait for either: it takes the next group as soon as the last
+one's fsync returns.
 
 Ownership: the queue of commands is appended to on the loop and taken from on the writer
 thread (deque operations are atomic); whether the writer is asleep, and waking it, is
@@ -277,14 +278,16 @@ class LocalLog:
 
     def _settle(self, group: list[tuple[bytes, asyncio.Future[ApplyResult]]],
                 results: list[ApplyResult | BaseException]) -> None:
-        """Answer a written group's publishers, then wake the followers of its topics."""
-        answer_callers((future for _, future in group), results)
+        """Wake the followers of a written group's topics, then answer its publishers."""
         touched: set[int] = set()
         for result in results:
             if isinstance(result, ApplyResult):
                 touched |= result.topics
-        # Publishers first, then followers: their wake-ups queue behind the answers.
+        # Followers first: the fan-out's pass is queued ahead of the publishers' handlers, so
+        # a message reaches the streams that wait for it without waiting for the answers to
+        # be written (each a turn of a handler task through aiohttp).
         self.broker.notify(touched)
+        answer_callers((future for _, future in group), results)
 
     def _finished(self) -> None:
         """The writer ended: whatever is still queued is answered, not left waiting."""

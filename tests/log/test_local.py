@@ -150,3 +150,35 @@ async def test_the_periodic_flush_hands_the_executor_nothing_while_idle(
         await asyncio.gather(running, return_exceptions=True)
         executor.shutdown()
         await asyncio.to_thread(broker.close)
+
+
+async def test_followers_hear_of_a_commit_before_its_publisher_is_answered(
+        tmp_path: Path) -> None:
+    """A durable group wakes the fan-out of its topics first and answers its publishers
+    after: the message reaches the streams that wait for it without waiting for the answers
+    (each a turn of a handler task) to be written."""
+    broker = await asyncio.to_thread(Broker.open, tmp_path)
+    log = LocalLog(broker, "http://test", fsync="always")
+    await log.start()
+    try:
+        await log.apply(command())  # the topic exists from here on
+        topic = broker.store.get(5)
+        assert topic is not None
+        answered: list[int] = []
+        heard: list[int] = []
+        topic.listen(lambda: heard.append(len(answered)))
+
+        async def publish() -> None:
+            await log.apply(command())
+            answered.append(1)
+
+        await asyncio.wait_for(publish(), 10)
+        for _ in range(10):  # the listener runs in a loop callback of its own
+            if heard:
+                break
+            await asyncio.sleep(0)
+        assert heard == [0]  # the fan-out ran while the publisher still waited
+        assert answered == [1]
+    finally:
+        await log.close()
+        await asyncio.to_thread(broker.close)

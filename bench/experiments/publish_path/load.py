@@ -5,10 +5,15 @@ Publishes 100 B messages at ``rate`` a second (open loop) to one topic of the br
 ``url`` while one streaming ``Conn`` of the same client library reads the topic, and prints
 one JSON line: for every message the time from the publish being sent to its
 acknowledgement and to the subscriber yielding it (percentiles), and this process's CPU per
-message. ``case`` says what publishes:
+message; with a sixth argument, a file path, it also writes every message's times there
+(JSON: ``sent``, ``acked`` and ``received``, ``time.perf_counter()`` readings by message
+number) for :mod:`bench.experiments.publish_path.phases`. ``case`` says what publishes:
 
 - ``lean``: a minimal keep-alive HTTP/1.1 client (8 connections, prepared requests): the
   broker's own part;
+- ``lean-alone``: the lean publisher with one message in flight at a time (the next is sent
+  once this one is acknowledged and yielded, at the pace's next slot): every message alone
+  in the broker, for the phases;
 - ``lean-producer``: the same with idempotent producer headers (one producer per
   connection): what the broker's idempotent path adds;
 - ``client-plain``: ``Client.publish`` with ``idempotent=False``: what the client library adds;
@@ -91,12 +96,14 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": pick(0.50) * 1000, "p99": pick(0.99) * 1000}
 
 
-async def run(url: str, case: str, topic: int, rate: int, seconds: float) -> dict[str, Any]:
+async def run(url: str, case: str, topic: int, rate: int, seconds: float,
+              times_out: str | None = None) -> dict[str, Any]:
     count = int(rate * seconds)
     acked: dict[int, float] = {}
     received: dict[int, float] = {}
     sent: dict[int, float] = {}
     all_in = asyncio.Event()
+    arrived = asyncio.Event()
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     async with Client(url) as reader, Client(url, idempotent=case == "client") as writer:
@@ -108,6 +115,7 @@ async def run(url: str, case: str, topic: int, rate: int, seconds: float) -> dic
                 k, _at = STAMP.unpack_from(message.data)
                 if k >= 0 and k not in received:
                     received[k] = time.perf_counter()
+                    arrived.set()
                     if len(received) == count:
                         all_in.set()
                         return
@@ -148,6 +156,13 @@ async def run(url: str, case: str, topic: int, rate: int, seconds: float) -> dic
             delay = begin + k / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if case == "lean-alone":
+                await one(k)
+                async with asyncio.timeout(DRAIN):
+                    while k not in received:
+                        arrived.clear()
+                        await arrived.wait()
+                continue
             tasks.append(asyncio.create_task(one(k)))
         await asyncio.gather(*tasks)
         await asyncio.wait_for(all_in.wait(), DRAIN)
@@ -158,6 +173,11 @@ async def run(url: str, case: str, topic: int, rate: int, seconds: float) -> dic
             if exchange.transport is not None:
                 exchange.transport.close()
     delivered = [received[k] - sent[k] for k in range(count)]
+    if times_out:
+        with open(times_out, "w", encoding="utf-8") as f:
+            json.dump({"sent": [sent[k] for k in range(count)],
+                       "acked": [sent[k] + acked[k] for k in range(count)],
+                       "received": [received[k] for k in range(count)]}, f)
     return {"case": case, "count": count, "ack": _percentiles(list(acked.values())),
             "delivered": _percentiles(delivered),
             "after_ack": _percentiles([received[k] - sent[k] - acked[k] for k in range(count)]),
@@ -167,7 +187,9 @@ async def run(url: str, case: str, topic: int, rate: int, seconds: float) -> dic
 def main() -> None:
     url, case, topic, rate, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), \
         int(sys.argv[4]), float(sys.argv[5])
-    print(json.dumps(asyncio.run(run(url, case, topic, rate, seconds))), flush=True)
+    times_out = sys.argv[6] if len(sys.argv) > 6 else None
+    print(json.dumps(asyncio.run(run(url, case, topic, rate, seconds, times_out))),
+          flush=True)
 
 
 if __name__ == "__main__":

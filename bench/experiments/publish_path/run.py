@@ -19,6 +19,14 @@ sent → acknowledged and sent → yielded by the ``Conn``. Four cases take the 
 Rounds alternate the sides (A B, then B A, ...); figures are medians of the rounds. In the
 last round py-spy (when installed) samples the after side's broker and load process during
 case 4: the frames with the most self time go into bench/RESULTS.md.
+
+Then the phases: each side's broker again, started through
+:mod:`bench.experiments.publish_path.traced` (a clock reading where each phase of a publish
+begins and ends), under case 1 with one message in flight at a time;
+:mod:`bench.experiments.publish_path.phases` puts the broker's and the load process's
+readings on one time line and takes every message apart: the request reaching the loop,
+HTTP and the handler, the hand-off to the writer thread, the write, the fdatasync, the
+commit, the hand-off back, the fan-out and its socket write, and the socket to the ``Conn``.
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from bench.experiments.publish_path.phases import breakdown as phase_breakdown
+from bench.experiments.publish_path.phases import table as phase_table
 from bench.harness.checkouts import Code, other_checkout, this_checkout, worktree
 from bench.harness.figures import Row
 from bench.harness.flames import py_spy, record, table
@@ -44,17 +54,20 @@ from bench.harness.results import add_to_json, command_line, report
 from bench.harness.sampling import cpu_seconds, load_average
 
 LOAD = Path(__file__).with_name("load.py")
+TRACED = Path(__file__).with_name("traced.py")
 BEFORE = "eab2696"
 CASES = ("lean", "lean-producer", "client-plain", "client")
 RATE = 1000
 
 
 def one_run(code: Code, url: str, pid: int, case: str, topic: int, seconds: float,
-            profile: Path | None) -> dict[str, Any]:
-    """One load process against one broker: its JSON, and the broker's CPU per message."""
+            profile: Path | None, times: Path | None = None) -> dict[str, Any]:
+    """One load process against one broker: its JSON, and the broker's CPU per message
+    (``times``: where the load process writes every message's times)."""
     before = cpu_seconds(pid)
     proc = subprocess.Popen([sys.executable, str(LOAD), url, case, str(topic), str(RATE),
-                             str(seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             str(seconds), *([str(times)] if times else [])],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=code.env, cwd=code.cwd)
     spies = ([record(pid, seconds, profile / "broker.txt"),
               record(proc.pid, seconds, profile / "client.txt")] if profile else [])
@@ -102,12 +115,33 @@ def measure(tmp: Path, rounds: int, seconds: float, before_rev: str) -> dict[str
                           f"{run['delivered']['p50']:.2f} p99 {run['delivered']['p99']:.2f} ms; "
                           f"CPU per message: load {run['cpu_us_per_message']:.0f} µs, broker "
                           f"{run['broker_cpu_us_per_message']:.0f} µs", flush=True)
+        for proc, _url in procs.values():
+            proc.stop()
+        phases = {arm: traced_run(tmp, sides[arm], seconds) for arm in ("after", "before")}
         flames = [table(tmp / f"{name}.txt", title) for name, title in (
             ("broker", "The after side's broker during case 4 (Client.publish), last round"),
             ("client", "The load process (Client.publish + Conn) in the same run"))
             if (tmp / f"{name}.txt").exists()]
         return {"results": results, "revs": {arm: c.rev for arm, c in sides.items()},
-                "flames": flames}
+                "flames": flames, "phases": phases}
+
+
+def traced_run(tmp: Path, code: Code, seconds: float) -> dict[str, Any]:
+    """The lean publisher, one message in flight at a time, against a traced broker of
+    ``code``: the phases of its publishes."""
+    events, times = tmp / f"phases-broker-{code.arm}.json", tmp / f"phases-load-{code.arm}.json"
+    proc, url = broker(tmp / f"phases-data-{code.arm}", "--fsync", "always",
+                       log=tmp / f"phases-{code.arm}.log",
+                       launcher=[sys.executable, str(TRACED)],
+                       env={**code.env, "PUBLISH_PHASES_OUT": str(events)}, cwd=code.cwd)
+    try:
+        one_run(code, url, proc.pid, "lean-alone", 1, seconds, None, times)
+    finally:
+        proc.stop()
+    found = phase_breakdown(json.loads(times.read_text()), json.loads(events.read_text()))
+    print(f"  phases {code.arm}: {found['taken_apart']} of {found['messages']} messages "
+          f"taken apart", flush=True)
+    return found
 
 
 def med(runs: list[dict[str, Any]], *keys: str) -> float:
@@ -171,17 +205,32 @@ def main() -> None:
         f"medians of the rounds. Load average at the start: {load}; runtime "
         f"{time.perf_counter() - started:.0f} s.\n\n**Where the milliseconds go.** "
         + breakdown(results, "after") + " " + breakdown(results, "before")
-        + "\n\nEvery group now writes its state journal line (its commit mark: what makes a "
-        "batch all or nothing after a crash) after its frames, and both are fsynced before the "
-        "answer: a plain group pays a second fdatasync after its frames' (about 0.1 ms on this "
-        "disk, measured alone), an idempotent group paid two before as well (its line was "
-        "synced before its frames were written). The "
-        "client library's part is aiohttp's request machinery on both sides of the "
+        + "\n\nA group of single-message publishes writes no state journal line (a frame is "
+        "whole or cut by its checksum), so it pays one fdatasync; a group with producer "
+        "headers writes its line and fsyncs it before its frames. Once a group is durable the "
+        "streams that follow its topics are written to before its publishers are answered. "
+        "The client library's part is aiohttp's request machinery on both sides of the "
         "connection (see the load process's frames below)."
+        + "\n\n" + phases_notes(run["phases"], run["revs"])
         + "".join(f"\n\n{f}" for f in run["flames"]))
     report("publish-path", "Publish → subscriber through the Python client: where the "
            "milliseconds go (A/B against 11-25)", rows(results), command_line(), notes=notes)
-    add_to_json("publish-path", {"runs": results, "revs": run["revs"]})
+    add_to_json("publish-path", {"runs": results, "revs": run["revs"],
+                                 "phases": run["phases"]})
+
+
+def phases_notes(phases: dict[str, dict[str, Any]], revs: dict[str, str]) -> str:
+    """The phases table and what it took apart."""
+    counts = ", ".join(f"{arm} {p['taken_apart']} of {p['messages']}"
+                       for arm, p in phases.items())
+    return (f"**The phases of one publish** (case 1's lean publisher with one message in "
+            f"flight at a time, 1,000 a second, against a traced broker "
+            f"of each side: after {revs['after']}, before {revs['before']}; messages taken "
+            f"apart, those alone in flight: {counts}). Each row is the time between two clock "
+            f"readings on the system's monotonic clock, in the broker or the load process, "
+            f"over the same messages; the means add up to the mean total, the p50s only "
+            f"roughly. A phase that a side's code has no reading for shows '-'.\n\n"
+            + phase_table({arm: phases[arm] for arm in ("after", "before")}))
 
 
 if __name__ == "__main__":
