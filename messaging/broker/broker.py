@@ -346,8 +346,8 @@ class Broker:
         visible. A command that cannot apply (malformed, or for a topic that stopped taking
         writes) gets its own error and the others apply; a failed write, fsync or save
         undoes the whole group and every command gets that error. ``notify=False`` leaves
-        waking the topics' followers to the caller (:meth:`notify`), so that it can answer
-        the publishers first.
+        waking the topics' followers to the caller (:meth:`notify`), on the loop and just
+        before it answers the publishers.
         """
         machine = self.machine
         before, before_time = machine.index, machine.time

@@ -18,11 +18,11 @@ topics published through other nodes wait, at most ``linger``, and only while re
 stream in.
 
 The loop hears of a batch (one ``call_soon_threadsafe``) only when it has something to do:
-answer the publishers of this node whose puts made those revisions
-(:meth:`~messaging.log.etcd.writer.LogWriter.answer`, then wake the followers of the touched
-topics), or wake whoever waits for revisions to apply. A batch of other nodes' revisions wakes
-the followers from the writer thread (the topics' notifiers take any thread) and costs the
-loop nothing; the writer posts the next batch itself if revisions arrived meanwhile.
+wake the followers of the touched topics and then answer the publishers of this node whose
+puts made those revisions (:meth:`~messaging.log.etcd.writer.LogWriter.answer`), or wake
+whoever waits for revisions to apply. A batch of other nodes' revisions wakes the followers
+from the writer thread (the topics' notifiers take any thread) and costs the loop nothing;
+the writer posts the next batch itself if revisions arrived meanwhile.
 
 A pointer entry (the intake lane: :mod:`messaging.log.etcd.intake`) is applied as the inline
 entry it stands for, once the bytes it names are fetched (:mod:`messaging.log.etcd.
@@ -443,7 +443,7 @@ class Applier:
             wake = bool(self._waiters)
         own = any(node == self._node for _item, node, _seq, _first, _count in applied.spans)
         if not own:
-            self.broker.notify(applied.touched)  # nobody here to answer before them
+            self.broker.notify(applied.touched)  # nobody here to answer after them
         if own or wake or self.error is not None:
             self._report(self._applied, applied if own else None)
         return own
@@ -603,11 +603,12 @@ class Applier:
                             exc_info=True)
 
     def _answer(self, applied: _Applied) -> None:
-        """Answer this node's publishers, then wake the followers (on the loop)."""
+        """Wake the followers, then answer this node's publishers (on the loop): the
+        fan-out's pass is queued ahead of the publishers' handlers, as on a single node."""
+        self.broker.notify(applied.touched)
         for item, node, seq, first, count in applied.spans:
             self._writes.answer(node, seq, applied.results[first:first + count],
                                 ApplyTiming(item.received, applied.started, applied.finished))
-        self.broker.notify(applied.touched)
 
 
 def describe_error(err: BaseException) -> str:
