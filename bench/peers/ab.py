@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench.harness.checkouts import other_checkout, this_checkout, worktree
+from bench.harness.checkouts import git, other_checkout, this_checkout, worktree
 from bench.harness.figures import Figure, Row, doubled_p50, fmt, percentile
 from bench.harness.http_load import aiohttp_rate, wrk_rate
 from bench.harness.lean_clients import (
@@ -172,7 +172,8 @@ async def run_ab(tmp: Path, s: ABSettings) -> dict[str, Any]:
         time_files = {arm: len(list((tmp / f"data-{arm}").rglob("*.time"))) for arm in ARMS}
         # The default sides are the code before and after append times: their data shows
         # which code ran. Other commits both write time files.
-        if s.before == BEFORE_REV and (time_files["before"] != 0 or time_files["after"] == 0):
+        default = codes["before"].rev == git("rev-parse", "--short", BEFORE_REV)
+        if default and (time_files["before"] != 0 or time_files["after"] == 0):
             raise RuntimeError(f"time index files written: {time_files}; expected none before "
                                "and some after: the brokers did not run the code they should")
     return {"results": results, "notes": notes, "time_files": time_files,
@@ -268,9 +269,10 @@ def ab_notes(run: dict[str, Any], s: ABSettings, runtime: float) -> str:
         before, after = figures["before"], figures["after"]
         if before is not None and after is not None:
             cpu.append(f"{workload}: {before:.2f} µs per {unit} before, {after:.2f} after")
+    default_before = code["before"]["rev"] == git("rev-parse", "--short", BEFORE_REV)
     text = [
         f"**Before**: the broker of commit {code['before']['rev']}"
-        f"{' (the code before append times)' if s.before == BEFORE_REV else ''}, from a git "
+        f"{' (the code before append times)' if default_before else ''}, from a git "
         f"worktree (`git worktree add --detach <tmp> {s.before}`) started "
         "with this venv's Python, the worktree as its working directory and first on "
         f"`PYTHONPATH` (it imported `{code['before']['imported']}`). **After**: "

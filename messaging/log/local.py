@@ -285,9 +285,12 @@ class LocalLog:
                 touched |= result.topics
         # Followers first: the fan-out's pass is queued ahead of the publishers' handlers, so
         # a message reaches the streams that wait for it without waiting for the answers to
-        # be written (each a turn of a handler task through aiohttp).
-        self.broker.notify(touched)
-        answer_callers((future for _, future in group), results)
+        # be written (each a turn of a handler task through aiohttp). Whatever waking them
+        # meets, the publishers are answered.
+        try:
+            self.broker.notify(touched)
+        finally:
+            answer_callers((future for _, future in group), results)
 
     def _finished(self) -> None:
         """The writer ended: whatever is still queued is answered, not left waiting."""

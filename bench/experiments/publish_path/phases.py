@@ -19,8 +19,8 @@ PHASES = (
     ("the request reaches the broker's loop", "sent", "received"),
     ("HTTP: parse, route, the handler, to the log", "received", "queued"),
     ("hand-off to the writer thread", "queued", "writing"),
-    ("stage the group, write(2)", "writing", "sync"),
-    ("fdatasync", "sync", "synced"),
+    ("stage the group, write(2)", "writing", "synced"),  # less the time in fdatasync
+    ("fdatasync", "sync", "synced"),  # every fdatasync of the group, added up
     ("commit: the group made visible", "synced", "written"),
     ("hand-off back to the loop", "written", "settling"),
     ("to the fan-out", "settling", "fanning"),
@@ -81,13 +81,36 @@ def readings(times: dict[str, list[float]], events: list[list[Any]]) -> list[dic
             at = bisect.bisect_left(stamps, after)
             if at < len(stamps) and stamps[at] <= end:
                 seen[kind] = after = stamps[at]
-        synced = by_kind.get("synced", [])
         if "sync" in seen and "written" in seen:
-            last = bisect.bisect_right(synced, seen["written"]) - 1
-            if last >= 0 and synced[last] >= seen["sync"]:
-                seen["synced"] = synced[last]
+            _add_syncs(seen, by_kind.get("sync", []), by_kind.get("synced", []))
         out.append(seen)
     return out
+
+
+def _add_syncs(seen: dict[str, float], syncs: list[float], synceds: list[float]) -> None:
+    """``synced``: the last fdatasync's end before ``written``; ``syncing``: the time every
+    fdatasync between ``sync`` and it took (a group may fdatasync a time index before it
+    writes its frames, and its segment after)."""
+    first = bisect.bisect_left(syncs, seen["sync"])
+    last = bisect.bisect_right(synceds, seen["written"]) - 1
+    if last < 0 or synceds[last] < seen["sync"]:
+        return
+    seen["synced"] = synceds[last]
+    ends = synceds[bisect.bisect_left(synceds, seen["sync"]):last + 1]
+    starts = syncs[first:first + len(ends)]
+    seen["syncing"] = sum(end - start for start, end in zip(starts, ends, strict=True))
+
+
+def _span(message: dict[str, float], name: str, start: str, end: str) -> float | None:
+    """One phase of one message (None: a reading it needs is missing)."""
+    if start not in message or end not in message:
+        return None
+    span = message[end] - message[start]
+    if name == "fdatasync":
+        return message.get("syncing")
+    if start == "writing" and "syncing" in message:  # the write path less its fdatasyncs
+        span -= message["syncing"]
+    return span
 
 
 def breakdown(times: dict[str, list[float]], events: list[list[Any]]) -> dict[str, Any]:
@@ -95,9 +118,13 @@ def breakdown(times: dict[str, list[float]], events: list[list[Any]]) -> dict[st
     taken = readings(times, events)
     phases = []
     for name, start, end in (*PHASES, ACK):
-        spans = [m[end] - m[start] for m in taken if start in m and end in m]
+        spans = [span for m in taken
+                 if (span := _span(m, name, start, end)) is not None]
         if spans:
             phases.append(_phase(name, spans))
+    if not taken:
+        raise RuntimeError(f"none of {len(times['sent'])} messages was alone in flight: "
+                           "nothing to take apart")
     totals = [_phase("publish sent → the Conn yields it",
                      [m["yielded"] - m["sent"] for m in taken]),
               _phase("publish sent → acknowledged", [m["acked"] - m["sent"] for m in taken])]
@@ -124,3 +151,29 @@ def table(sides: dict[str, dict[str, Any]]) -> str:
             lines.append(f"| {'**' + phase + '**' if bold else phase} | " + " | ".join(cells)
                          + " |")
     return "\n".join(lines)
+
+
+#: The phases grouped by what they spend the time on (for the summary sentence).
+KINDS = (
+    ("the disk (fdatasync)", ("fdatasync",)),
+    ("the two thread hand-offs", ("hand-off to the writer thread", "hand-off back to the loop")),
+    ("HTTP and the handler", ("HTTP: parse, route, the handler, to the log",)),
+    ("staging, write(2) and the commit", ("stage the group, write(2)",
+                                          "commit: the group made visible")),
+    ("the fan-out", ("to the fan-out", "the fan-out writes the socket")),
+    ("the sockets and the client", ("the request reaches the broker's loop",
+                                    "socket → the Conn yields it")),
+)
+
+
+def summary(side: dict[str, Any]) -> str:
+    """Where one side's mean publish → Conn time goes, by kind of work (means add up)."""
+    means = {p["name"]: p["mean"] for p in side["phases"]}
+    total = next(t["mean"] for t in side["totals"] if t["name"].startswith("publish sent → the"))
+    if total <= 0:
+        return "no time to take apart"
+    parts = []
+    for kind, names in KINDS:
+        spent = sum(means.get(name, 0.0) for name in names)
+        parts.append(f"{kind} {spent:.0f} µs ({spent / total:.0%})")
+    return f"of a mean {total:.0f} µs: " + ", ".join(parts)

@@ -45,6 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from bench.experiments.publish_path.phases import breakdown as phase_breakdown
+from bench.experiments.publish_path.phases import summary as phase_summary
 from bench.experiments.publish_path.phases import table as phase_table
 from bench.harness.checkouts import Code, other_checkout, this_checkout, worktree
 from bench.harness.figures import Row
@@ -229,8 +230,9 @@ def phases_notes(phases: dict[str, dict[str, Any]], revs: dict[str, str]) -> str
             f"apart, those alone in flight: {counts}). Each row is the time between two clock "
             f"readings on the system's monotonic clock, in the broker or the load process, "
             f"over the same messages; the means add up to the mean total, the p50s only "
-            f"roughly. A phase that a side's code has no reading for shows '-'.\n\n"
-            + phase_table({arm: phases[arm] for arm in ("after", "before")}))
+            f"roughly. A phase that a side's code has no reading for shows '-'. After, "
+            f"{phase_summary(phases['after'])}; before, {phase_summary(phases['before'])}."
+            "\n\n" + phase_table({arm: phases[arm] for arm in ("after", "before")}))
 
 
 if __name__ == "__main__":

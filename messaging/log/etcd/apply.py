@@ -605,10 +605,13 @@ class Applier:
     def _answer(self, applied: _Applied) -> None:
         """Wake the followers, then answer this node's publishers (on the loop): the
         fan-out's pass is queued ahead of the publishers' handlers, as on a single node."""
-        self.broker.notify(applied.touched)
-        for item, node, seq, first, count in applied.spans:
-            self._writes.answer(node, seq, applied.results[first:first + count],
-                                ApplyTiming(item.received, applied.started, applied.finished))
+        try:
+            self.broker.notify(applied.touched)
+        finally:  # whatever waking them meets, the publishers are answered
+            for item, node, seq, first, count in applied.spans:
+                self._writes.answer(node, seq, applied.results[first:first + count],
+                                    ApplyTiming(item.received, applied.started,
+                                                applied.finished))
 
 
 def describe_error(err: BaseException) -> str:

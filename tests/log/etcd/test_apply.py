@@ -256,3 +256,47 @@ async def test_a_wait_hears_that_this_node_stopped_applying(tmp_path: Path) -> N
             await asyncio.wait_for(waiting, 5)
         with pytest.raises(StorageFailedError):  # and so does every later wait, at once
             await asyncio.wait_for(applier.applied_through(1), 0.5)
+
+
+@dataclass
+class ResolvingAnswers(Answers):
+    """Answers that resolve a future per put, as this node's writer does: its publisher's
+    handler resumes in a loop callback of its own."""
+
+    waiting: dict[int, asyncio.Future[None]] = field(default_factory=dict)
+
+    def answer(self, node: bytes, seq: int, results: Any, timing: Any) -> None:
+        super().answer(node, seq, results, timing)
+        future = self.waiting.get(seq)
+        if future is not None and not future.done():
+            future.set_result(None)
+
+
+async def test_followers_hear_of_this_nodes_revision_before_its_publisher_is_answered(
+        tmp_path: Path) -> None:
+    """The applier wakes the fan-out of the touched topics first and answers this node's
+    publishers after, as a single node does."""
+    answers = ResolvingAnswers()
+    async with applier_on(tmp_path, LINGER, answers) as setup:
+        setup.applier.deliver(setup.entry(OTHER_NODE))
+        await until_applied(setup, 1, 10)
+        topic = setup.applier.broker.store.get(TOPIC)
+        assert topic is not None
+        resumed: list[int] = []
+        heard: list[int] = []
+        topic.listen(lambda: heard.append(len(resumed)))
+        answered = answers.waiting[2] = asyncio.get_running_loop().create_future()
+
+        async def publisher() -> None:
+            await answered
+            resumed.append(1)
+
+        waiting = asyncio.create_task(publisher())
+        setup.applier.deliver(setup.entry(THIS_NODE))
+        await asyncio.wait_for(waiting, 10)
+        for _ in range(10):  # the listener runs in a loop callback of its own
+            if heard:
+                break
+            await asyncio.sleep(0)
+        assert heard == [0]  # the fan-out ran while the publisher still waited
+        assert resumed == [1]
