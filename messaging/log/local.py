@@ -93,23 +93,28 @@ class WriterWakeup:
     """Wakes the writer thread when a command is queued while it sleeps, and only then.
 
     The writer thread calls :meth:`sleep`; the event loop calls :meth:`ring` after queueing
-    a command (or asking the writer to close). The flag that says the writer is asleep, and
-    the event it sleeps on, change together behind ``_lock``, which either side holds for a
-    check and an assignment, never across I/O or the sleep itself. A busy writer is not
-    woken (no event is set while it writes): it finds new commands when it takes its next
-    group, so concurrent publishes still pile up into one group.
+    a command (or asking the writer to close). The flag that says the writer is asleep
+    changes behind ``_lock``, which either side holds for a check and an assignment, never
+    across I/O or the sleep itself. The writer sleeps by acquiring ``_signal``, a lock held
+    while no ring is pending, and a ring releases it: both are one call into C, where a
+    ``threading.Event`` is a Python condition with a lock of its own per wait (on this path
+    once per publish). A busy writer is not woken (no ring is pending while it writes): it
+    finds new commands when it takes its next group, so concurrent publishes still pile up
+    into one group.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._asleep = False
-        self._event = threading.Event()
+        self._signal = threading.Lock()
+        self._signal.acquire()  # held: no ring pending
 
     def ring(self) -> None:
         """Something was queued for the writer (the loop): wake it if it sleeps."""
         with self._lock:
             if self._asleep:
-                self._event.set()
+                self._asleep = False
+                self._signal.release()
 
     def sleep(self, has_work: Callable[[], bool], timeout: float | None) -> None:
         """Sleep until rung or ``timeout`` (None: no limit), unless ``has_work()`` (the writer
@@ -119,10 +124,13 @@ class WriterWakeup:
             if has_work():
                 return
             self._asleep = True
-        self._event.wait(timeout)
+        if self._signal.acquire(timeout=-1 if timeout is None else timeout):
+            return  # rung (the ring cleared the flag)
         with self._lock:
-            self._asleep = False
-            self._event.clear()
+            if self._asleep:
+                self._asleep = False  # nobody rang
+            else:
+                self._signal.acquire()  # rung after the timeout: take the ring (at once)
 
 
 class LocalLog:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from messaging.broker.broker import Broker
 from messaging.broker.commands import validate_publish
 from messaging.errors import BrokerClosedError
 from messaging.frames import encode_batch
-from messaging.log.local import FSYNC_INTERVAL, DeferredSync, LocalLog
+from messaging.log.local import FSYNC_INTERVAL, DeferredSync, LocalLog, WriterWakeup
 from tests.conftest import StartServer
 
 
@@ -182,3 +183,61 @@ async def test_followers_hear_of_a_commit_before_its_publisher_is_answered(
     finally:
         await log.close()
         await asyncio.to_thread(broker.close)
+
+
+def test_the_writer_sleeps_only_without_work_and_a_ring_wakes_it() -> None:
+    """WriterWakeup: no sleep when work is there; a ring wakes a sleeping writer; a sleep
+    with a limit ends at it; a ring while nobody sleeps leaves nothing pending."""
+    wakeup = WriterWakeup()
+    started = time.monotonic()
+    wakeup.sleep(lambda: True, None)  # work queued: no sleep at all
+    assert time.monotonic() - started < 1.0
+    started = time.monotonic()
+    wakeup.sleep(lambda: False, 0.05)  # nobody rings: the limit ends it
+    assert time.monotonic() - started >= 0.04
+    wakeup.ring()  # nobody asleep: nothing is left pending for the next sleep
+    started = time.monotonic()
+    wakeup.sleep(lambda: False, 0.05)
+    assert time.monotonic() - started >= 0.04
+    woke, checked = threading.Event(), threading.Event()
+
+    def nothing_queued() -> bool:
+        checked.set()  # asked under the lock a ring takes: a ring from now on wakes it
+        return False
+
+    def writer() -> None:
+        wakeup.sleep(nothing_queued, None)
+        woke.set()
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    assert checked.wait(10)
+    wakeup.ring()
+    assert woke.wait(10)
+    thread.join(10)
+
+
+def test_no_ring_is_lost_between_a_writer_and_a_busy_loop() -> None:
+    """Thousands of queue-then-ring against check-then-sleep: every item is taken, none
+    waits for a sleep's limit (the writer sleeps without one)."""
+    wakeup = WriterWakeup()
+    queued: deque[int] = deque()
+    total = 20_000
+    taken: list[int] = []
+
+    def writer() -> None:
+        while len(taken) < total:
+            wakeup.sleep(lambda: bool(queued), None)
+            while queued:
+                taken.append(queued.popleft())
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    for k in range(total):
+        queued.append(k)
+        wakeup.ring()
+        if k % 97 == 0:
+            time.sleep(0)  # let the writer fall asleep now and then
+    thread.join(30)
+    assert not thread.is_alive(), f"{len(taken)} of {total} taken: a ring was lost"
+    assert taken == list(range(total))
