@@ -25,6 +25,7 @@ from messaging.log.etcd.progress import Progress
 from messaging.log.etcd.writer import LogWriter
 from messaging.log.local import DeferredSync
 from messaging.log.serial import SerialExecutor
+from tests.listening import followers_heard_first
 
 THIS_NODE = b"this-nod"
 OTHER_NODE = b"other-no"
@@ -282,21 +283,10 @@ async def test_followers_hear_of_this_nodes_revision_before_its_publisher_is_ans
         await until_applied(setup, 1, 10)
         topic = setup.applier.broker.store.get(TOPIC)
         assert topic is not None
-        resumed: list[int] = []
-        heard: list[int] = []
-        topic.listen(lambda: heard.append(len(resumed)))
         answered = answers.waiting[2] = asyncio.get_running_loop().create_future()
 
-        async def publisher() -> None:
+        async def publish() -> None:
+            setup.applier.deliver(setup.entry(THIS_NODE))
             await answered
-            resumed.append(1)
 
-        waiting = asyncio.create_task(publisher())
-        setup.applier.deliver(setup.entry(THIS_NODE))
-        await asyncio.wait_for(waiting, 10)
-        for _ in range(10):  # the listener runs in a loop callback of its own
-            if heard:
-                break
-            await asyncio.sleep(0)
-        assert heard == [0]  # the fan-out ran while the publisher still waited
-        assert resumed == [1]
+        assert await followers_heard_first(topic, publish)
