@@ -7,9 +7,10 @@ size, and the objects that carry them. Laid end to end they are one command of k
 for one topic: stamped in one pass (strided copies when the frames are of one size), checked
 once, appended as one run, and answered with one result per publish (:func:`split`), as if
 staged apart. A run is the plain publishes in a row of one topic and one command time:
-bodies this node validated (:class:`~messaging.broker.commands.Command`), or single frames as
-the cluster's log carries them. Heartbeats, stream operations, idempotent publishes and
-publishes spanning topics end a run, and the order of everything is kept.
+bodies this node validated (:class:`~messaging.broker.commands.Command`) of up to
+:data:`JOIN_MESSAGES` messages, or single frames as the cluster's log carries them.
+Heartbeats, stream operations, idempotent publishes, bigger batches and publishes spanning
+topics end a run, and the order of everything is kept.
 
 The files are the same either way: a topic places frames one at a time whatever runs they
 arrive in (segment rolls, sparse-index marks and time records fall on the same frames), and
@@ -29,16 +30,22 @@ from messaging.frames import HEADER, HEADER_SIZE, INTERNAL_TYPE
 from messaging.placement import NAMED_TOPIC_BASE
 
 _unpack_header = HEADER.unpack_from
+#: Bigger publishes are staged on their own: what a run saves is per command (a savepoint, a
+#: stamp, the checks), which a batch of this many messages already spreads thin, while
+#: joining copies the batches into one buffer and their offsets into one array (four batches
+#: of 1,000 joined cost 0.22 µs of broker CPU per message more than staged apart).
+JOIN_MESSAGES = 64
 
 
 def lone_topic(command: bytes | bytearray) -> int | None:
     """The topic of a publish that may join a run: one validated here for one numeric topic
-    (a :class:`Command`, whose offsets are known), or a plain command of one public frame
-    for a numeric topic (as the cluster's log carries single publishes). None: a command of
-    any other kind, staged on its own."""
+    (a :class:`Command`, whose offsets are known) of at most JOIN_MESSAGES messages, or a
+    plain command of one public frame for a numeric topic (as the cluster's log carries
+    single publishes). None: a command of any other kind, staged on its own."""
     if isinstance(command, Command):
         topic = command.topic
-        return topic if topic is not None and topic < NAMED_TOPIC_BASE else None
+        return (topic if topic is not None and topic < NAMED_TOPIC_BASE
+                and len(command.offsets) <= JOIN_MESSAGES else None)
     if len(command) < HEADER_SIZE:
         return None
     _index, _crc, type_, topic, length = _unpack_header(command, 0)

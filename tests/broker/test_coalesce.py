@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from messaging.broker.broker import Broker
-from messaging.broker.coalesce import joined, lone_topic, run_end, split
+from messaging.broker.coalesce import JOIN_MESSAGES, joined, lone_topic, run_end, split
 from messaging.broker.commands import (
     ApplyResult,
     configure_command,
@@ -44,10 +44,11 @@ def answers(results: list[ApplyResult | MessagingError]) -> list[object]:
 
 
 #: One command of a group: a single publish (topic, size), a batch of two frames for a topic,
-#: a batch spanning both topics, or a subscriber's heartbeat.
+#: one too big to join a run, a batch spanning both topics, or a subscriber's heartbeat.
 commands = st.one_of(
     st.tuples(st.just("lone"), st.sampled_from([3, 4]), st.integers(0, 40)),
     st.tuples(st.just("batch"), st.sampled_from([3, 4]), st.integers(0, 40)),
+    st.tuples(st.just("big"), st.sampled_from([3, 4]), st.integers(0, 4)),
     st.tuples(st.just("mixed"), st.just(3), st.integers(0, 40)),
     st.tuples(st.just("heartbeat"), st.sampled_from([3, 4]), st.integers(0, 5)),
 )
@@ -63,6 +64,9 @@ def build(kind: str, topic: int, n: int, validated: bool) -> bytes:
         # Enough frames of one size to be stamped strided, or two, their sizes alike or not.
         body = (lone(topic, n % 7) * 20 if n % 3 == 0
                 else lone(topic, n) + lone(topic, n + n % 2))
+        return validate_publish(body, topic=topic) if validated else body
+    if kind == "big":  # staged on its own, between runs
+        body = lone(topic, n) * (JOIN_MESSAGES + 1)
         return validate_publish(body, topic=topic) if validated else body
     if kind == "mixed":
         body = lone(3, n) + lone(4, n)
@@ -117,6 +121,10 @@ def test_what_makes_a_run() -> None:
     assert lone_topic(validate_publish(lone(3, 10), topic=3)) == 3
     assert lone_topic(validate_publish(lone(3, 1) + lone(3, 2), topic=3)) == 3  # validated
     assert lone_topic(lone(3, 10) + lone(3, 10)) is None  # a batch as the log carries it
+    few = b"".join(lone(3, 1) for _ in range(JOIN_MESSAGES))
+    assert lone_topic(validate_publish(few, topic=3)) == 3  # a small batch joins a run
+    many = few + lone(3, 1)
+    assert lone_topic(validate_publish(many, topic=3)) is None  # a big one is staged alone
     assert lone_topic(validate_publish(lone(3, 1) + lone(4, 1))) is None  # two topics
     assert lone_topic(heartbeat_command(3, 1, "http://sub")) is None  # internal
     assert lone_topic(lone(NAMED_TOPIC_BASE + 1, 10)) is None  # a named stream's topic

@@ -87,3 +87,5 @@ def test_a_doubled_p50_is_a_regression() -> None:
     assert doubled_p50(None, 1.0) is None and doubled_p50(1.0, None) is None
     message = doubled_p50(2.4, 1.2)
     assert message is not None and message.startswith("REGRESSION: single publish p50 2.400 ms")
+    message = doubled_p50(1.0, 0.5, what="publish → subscriber")
+    assert message is not None and message.startswith("REGRESSION: publish → subscriber p50")
