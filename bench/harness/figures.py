@@ -87,10 +87,11 @@ class Runs:
         return statistics.median(numbers) if numbers else None
 
 
-def doubled_p50(after: float | None, before: float | None, limit: float = 2.0) -> str | None:
-    """Why an A/B run must fail: the p50 (ms) after is at least ``limit`` times before's
-    (None: it is not, or a side has no figure)."""
+def doubled_p50(after: float | None, before: float | None, limit: float = 2.0,
+                what: str = "single publish") -> str | None:
+    """Why an A/B run must fail: the p50 (ms) of ``what`` after is at least ``limit`` times
+    before's (None: it is not, or a side has no figure)."""
     if after is None or not before or after < limit * before:
         return None
-    return (f"REGRESSION: single publish p50 {after:.3f} ms is {after / before:.1f}x the "
+    return (f"REGRESSION: {what} p50 {after:.3f} ms is {after / before:.1f}x the "
             f"before side's {before:.3f} ms (the limit is {limit:g}x)")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import statistics
 import tempfile
@@ -46,6 +47,7 @@ from bench.harness.lean_clients import (
     close_all,
     connect,
     http_response,
+    ours_fanout_raw,
     publish_paced,
 )
 from bench.harness.payloads import PAYLOAD
@@ -56,6 +58,8 @@ from bench.peers.load import ours_batch_rate
 #: The commit before append times (5bfb532 added them).
 BEFORE_REV = "1b2e5e1"
 SINGLE_TOPIC, BATCH_TOPIC, LATENCY_TOPIC = 1, 2, 3
+#: Each publish → subscriber run streams a topic of its own, from this id on.
+DELIVERY_TOPICS = 1000
 #: Targets: batch throughput after ≥ this share of before; single-publish p50 after ≤
 #: before + this many ms.
 BATCH_SHARE, P50_SLACK_MS = 0.95, 0.050
@@ -65,12 +69,18 @@ P50_REGRESSION = 2.0
 
 
 def p50_regression(results: dict[str, dict[str, ArmResult]]) -> str | None:
-    """Why the run must fail (:func:`~bench.harness.figures.doubled_p50` of the latency
-    workload's medians), or None."""
-    arms = results.get("latency")
-    if arms is None:
-        return None
-    return doubled_p50(arms["after"].median(), arms["before"].median(), P50_REGRESSION)
+    """Why the run must fail (:func:`~bench.harness.figures.doubled_p50` of the single
+    publish round trip's medians, or of publish → subscriber's), or None."""
+    for workload, what in (("latency", "single publish"),
+                           ("delivery", "publish → subscriber")):
+        arms = results.get(workload)
+        if arms is None:
+            continue
+        reason = doubled_p50(arms["after"].median(), arms["before"].median(), P50_REGRESSION,
+                             what)
+        if reason is not None:
+            return reason
+    return None
 ARMS = ("before", "after")
 
 
@@ -137,6 +147,8 @@ WORKLOADS = {
     "single": "single 100 B POST, 50 connections (wrk -t2 -c50)",
     "batch": "batch publish, 1000 × 100 B per request, 4 senders",
     "latency": "single publish round trip at 1,000 POSTs/s (lean socket client)",
+    "delivery": "publish → subscriber at 1,000 msg/s (lean socket clients, as the peer run's "
+                "latency workload)",
 }
 
 
@@ -186,7 +198,10 @@ async def rounds(s: ABSettings, wrk: str | None, procs: dict[str, Proc],
         "single": lambda url: single_rate(wrk, url, s.seconds),
         "batch": partial(_batch, seconds=s.seconds),
         "latency": lambda url: publish_latency(url, s.rate, s.latency_seconds),
+        "delivery": lambda url: ours_fanout_raw(url, next(topics), 1, s.rate,
+                                                s.latency_seconds, 1),
     }
+    topics = itertools.count(DELIVERY_TOPICS)
     results = {w: {arm: ArmResult() for arm in ARMS} for w in WORKLOADS}
     for workload, title in WORKLOADS.items():
         print(f"{workload}: {title}", flush=True)
@@ -232,6 +247,9 @@ def ab_rows(results: dict[str, dict[str, ArmResult]], before_name: str) -> list[
         target=f"≤ before + {P50_SLACK_MS * 1000:.0f} µs",
         check=lambda a, b: a <= b + P50_SLACK_MS)
     add("single publish round trip p99 at 1,000 POSTs/s", "latency", "ms", key="p99")
+    add("publish → subscriber p50 at 1,000 msg/s", "delivery", "ms",
+        target=f"< {P50_REGRESSION:g}x before", check=lambda a, b: a < P50_REGRESSION * b)
+    add("publish → subscriber p99 at 1,000 msg/s", "delivery", "ms", key="p99")
     add("single POST rate, 50 connections (wrk -t2 -c50)", "single", "req/s")
     add("single POST latency p50 under that load (wrk)", "single", "ms", key="latency_p50_ms")
     add("single POST latency p99 under that load (wrk)", "single", "ms", key="latency_p99_ms")
@@ -284,11 +302,16 @@ def ab_notes(run: dict[str, Any], s: ABSettings, runtime: float) -> str:
         "alternating (before, after; then after, before; ...), medians; throughput runs of "
         f"{s.seconds:g} s, latency runs of {s.latency_seconds:g} s at {s.rate:,} POSTs/s "
         "(open loop, 8 kept-alive connections of a lean socket client; the round trip is from "
-        "the request written to the answer parsed). Targets: batch throughput after ≥ "
+        "the request written to the answer parsed; publish → subscriber adds one streaming "
+        "GET of a fresh topic and times each message from its request written to its bytes "
+        "read from the stream). Targets: batch throughput after ≥ "
         f"{BATCH_SHARE:.2f}x before; single-publish p50 after ≤ before + "
-        f"{P50_SLACK_MS * 1000:.0f} µs. Runtime {runtime:.0f} s.",
+        f"{P50_SLACK_MS * 1000:.0f} µs; the run fails (exit 1) when either p50 after is "
+        f"{P50_REGRESSION:g}x before's or more. Runtime {runtime:.0f} s.",
         "Rounds: batch msg/s: " + rounds_text("batch") + ". Round-trip p50 ms: "
         + rounds_text("latency") + "; p99 ms: " + rounds_text("latency", "p99")
+        + ". Publish → subscriber p50 ms: " + rounds_text("delivery") + "; p99 ms: "
+        + rounds_text("delivery", "p99")
         + ". Single POST req/s: " + rounds_text("single") + "; wrk p50 ms: "
         + rounds_text("single", "latency_p50_ms") + ".",
     ]

@@ -189,7 +189,7 @@ def main_ab(args: argparse.Namespace) -> None:
     where = results_under(args.out, quick=args.quick, bench="peers_ab")
     code = run_result["code"]
     rows = ab_rows(run_result["results"], f"before: {code['before']['rev']}")
-    report("peers_ab", "Our broker before and after append times (A/B, same run)", rows,
+    report("peers_ab", "Our broker before and after (A/B, same run)", rows,
            command_line(), notes=ab_notes(run_result, s, runtime))
     add_to_json("peers_ab", {"settings": asdict(s), "code": code,
                              "time_files": run_result["time_files"],
