@@ -37,18 +37,18 @@ def test_quick_run_of_ours(tmp_path: Path) -> None:
 def test_quick_ab_run_starts_the_old_code_and_this_checkout(tmp_path: Path) -> None:
     """--ab: the broker of the commit before append times (a git worktree, removed again)
     against this checkout; each imported its own messaging, only the new one wrote time
-    indexes, and every workload has a figure for both."""
+    indexes, and every workload (publish → subscriber too) has a figure for both."""
     done = run_quick("peers/run.py", tmp_path, "--ab")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     payload = json.loads((tmp_path / "results" / "peers_ab.json").read_text())
     assert "tree-1b2e5e1" in payload["code"]["before"]["imported"]
     assert payload["code"]["after"]["imported"] == str(ROOT / "messaging" / "__init__.py")
     assert payload["time_files"]["before"] == 0 < payload["time_files"]["after"]
-    for workload in ("single", "batch", "latency"):
+    for workload in ("single", "batch", "latency", "delivery"):
         for arm in ("before", "after"):
             median = payload["workloads"][workload][arm]["median"]
             assert median is not None and median > 0, (workload, arm)
-    assert len(payload["rows"]) == 6
+    assert len(payload["rows"]) == 8
     assert (tmp_path / "RESULTS.md").read_text().count("<!-- peers_ab:start -->") == 1
     tree = Path(payload["code"]["before"]["imported"]).parents[1]
     assert str(tree) not in worktree_list() and not tree.exists()  # removed again
