@@ -210,8 +210,9 @@ bench-durable-streams: $(STAMP) conformance
 	$(BIN)/python bench/durable_streams/run.py
 
 ## make bench-peers: first our broker before and after append times (--ab: the commit before
-## them, from a git worktree, against this checkout; single and batch publish rates and latency,
-## about 2 minutes; it fails when the single-publish p50 doubled), then our broker against Redis, NATS JetStream, the Durable Streams
+## them, from a git worktree, against this checkout; single and batch publish rates, the
+## publish round trip and publish → subscriber, about 3 minutes; it fails when either p50
+## doubled), then our broker against Redis, NATS JetStream, the Durable Streams
 ## reference server and bare aiohttp (installs redis-server, redis-tools and wrk with apt when
 ## missing; the reference server needs node 20+ and is skipped without it); under 17 minutes
 ## in all, each part with --quick in about one
