@@ -14,7 +14,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 .PHONY: help run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
 	bench-split bench-latency bench-publish-path bench-commit-marks bench-group-staging bench-watch-cost bench-etcd-floor bench-idle-groups bench-fanout bench-scaling bench-groups bench-cli bench-tiering bench-intake \
-	soak soak-cluster soak-intake soak-tiered etcd faketime chromium conformance spark s3 dist clean
+	soak soak-cluster soak-intake soak-tiered etcd faketime chromium kcat conformance spark s3 dist clean
 
 .DEFAULT_GOAL := help
 
@@ -39,10 +39,10 @@ $(CORE_STAMP): pyproject.toml | $(BIN)/python
 		$(BIN)/pip install -qq -e . && cp pyproject.toml $(CORE_STAMP); \
 	fi
 
-# Everything: the Spark and s3 extras, test, build and benchmark tools. A .venv that has it needs
+# Everything: the Spark, s3 and kafka extras, test, build and benchmark tools. A .venv that has it needs
 # none of the smaller installs (make spark, make s3, make dist): they depend on it instead.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[spark,dev,bench,s3]'
+	$(BIN)/pip install --quiet -e '.[spark,dev,bench,s3,kafka]'
 	touch $(STAMP) $(CORE_STAMP)
 EVERYTHING := $(wildcard $(STAMP))
 
@@ -98,9 +98,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy messaging tests bench examples
 
-## make pytest: every test (pytest -q, the 25 slowest listed at the end), without ruff and mypy; installs etcd, faketime, chromium
-## and the conformance suite first when they are missing
-pytest: $(STAMP) etcd faketime chromium conformance
+## make pytest: every test (pytest -q, the 25 slowest listed at the end), without ruff and mypy; installs etcd, faketime, chromium,
+## kcat and the conformance suite first when they are missing
+pytest: $(STAMP) etcd faketime chromium kcat conformance
 	$(BIN)/python -m pytest -q --durations=25
 
 # Unit tests measure no disk: their files go to a RAM-backed directory when there is one.
@@ -119,6 +119,19 @@ faketime:
 				{ apt-get update -qq >/dev/null && apt-get install -y -qq faketime >/dev/null; }; \
 		else \
 			echo "faketime is missing: install it (Debian/Ubuntu: sudo apt-get install faketime) and run make test again" >&2; \
+			exit 1; \
+		fi; \
+	fi
+
+## make kcat: the Kafka listener's tests run Debian's kcat (librdkafka 2.0) against it
+kcat:
+	@if ! command -v kcat >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing Debian's kcat (the Kafka listener's tests run it)"; \
+			apt-get install -y -qq kcat >/dev/null || \
+				{ apt-get update -qq >/dev/null && apt-get install -y -qq kcat >/dev/null; }; \
+		else \
+			echo "kcat is missing: install it (Debian/Ubuntu: sudo apt-get install kcat) and run make test again" >&2; \
 			exit 1; \
 		fi; \
 	fi

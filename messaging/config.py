@@ -169,6 +169,12 @@ def parse_host_port(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def show_address(address: tuple[str, int]) -> str:
+    """``HOST:PORT`` (brackets around an IPv6 host)."""
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def show_size(size: int) -> str:
     """A size as the shortest ``10M``-style text that reads back the same."""
     for unit, shift in (("T", 40), ("G", 30), ("M", 20), ("K", 10)):
@@ -380,6 +386,17 @@ class BrokerConfig:
     tls_client_ca: Path | None = _option(
         None, "--tls-client-ca", "require client certificates signed by this CA", parse=Path,
         metavar="FILE")
+    kafka_bind: tuple[str, int] | None = _option(
+        None, "--kafka-bind", "also serve the Kafka protocol on this address (off by default): "
+        "Kafka clients produce to and consume from the same topics, a Kafka topic of P "
+        "partitions being P topics of the broker; with --tls-cert it speaks TLS",
+        parse=parse_host_port, show=show_address, metavar="HOST:PORT")
+    kafka_advertise: tuple[str, int] | None = _option(
+        None, "--kafka-advertise", "the address Kafka clients are told to connect to (default: "
+        "--kafka-bind's)", parse=parse_host_port, show=show_address, metavar="HOST:PORT")
+    kafka_auto_create: str = _option(
+        "on", "--kafka-auto-create", "create a Kafka topic (1 partition) on the first produce "
+        "or metadata request that names it, as Kafka does by default", choices=("on", "off"))
     max_streams: int = _option(
         DEFAULT_MAX_STREAMS, "--max-streams", "streaming reads (native streams, long-polls, "
         "SSE) at once; more are answered 503", parse=positive_int, metavar="N")

@@ -31,6 +31,9 @@ def topic_info(topic: TopicView, state: CommittedState, store: TopicStore,
         "segments": topic.segment_count,
         "subscribers": state.subscribers(topic.id),
     }
+    kafka = state.settings(topic.id).kafka
+    if kafka is not None:
+        info["kafka_topic"], info["kafka_partition"] = kafka
     if tiered is not None:
         manifest = state.manifest(topic.id)
         local = topic.local if isinstance(topic, TieredTopic) else store.get(topic.id)

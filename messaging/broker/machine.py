@@ -33,7 +33,12 @@ from messaging.broker.topic_settings import (
     TopicOp,
     manifest_change,
 )
-from messaging.errors import BadRequestError, MessageTooLargeError, NotFoundError
+from messaging.errors import (
+    BadRequestError,
+    MessageTooLargeError,
+    NotFoundError,
+    StreamConflictError,
+)
 from messaging.placement import NAMED_TOPIC_BASE
 from messaging.topic.times import TIME_RESOLUTION_MS
 
@@ -181,7 +186,10 @@ class StateMachine:
         if op.kind == CONFIGURE:
             if op.topic >= NAMED_TOPIC_BASE and self.catalog.name_of(op.topic) is None:
                 raise NotFoundError(f"topic {op.topic} is not a stream's topic id")
-            table.stage(op.topic, table.get(op.topic).configured(op.settings))
+            entry = table.get(op.topic)
+            if op.kafka is not None and entry.kafka != op.kafka:
+                self._check_unlabelled(op, entry, last)
+            table.stage(op.topic, entry.configured(op.settings, op.kafka))
             self._configured.append(op.topic)
             return op.create and last is None and op.topic < NAMED_TOPIC_BASE
         if op.topic >= NAMED_TOPIC_BASE:
@@ -196,6 +204,18 @@ class StateMachine:
         if last is not None and last <= self.index:
             self._deleting.append(op.topic)
         return False
+
+    @staticmethod
+    def _check_unlabelled(op: TopicOp, entry: TopicEntry, last: int | None) -> None:
+        """A topic becomes a Kafka partition only while it holds nothing and is no other
+        partition (409 otherwise: the creator picks another id)."""
+        assert op.kafka is not None
+        if entry.kafka is not None:
+            raise StreamConflictError(f"topic {op.topic} is already partition {entry.kafka[1]} "
+                                      f"of the Kafka topic {entry.kafka[0]!r}")
+        if last is not None or op.topic >= NAMED_TOPIC_BASE:
+            raise StreamConflictError(f"topic {op.topic} holds messages: it cannot become "
+                                      f"partition {op.kafka[1]} of {op.kafka[0]!r}")
 
     def _stage_manifest(self, op: TopicOp) -> None:
         """Record an uploaded segment in a topic's manifest, or drop its data up to an index

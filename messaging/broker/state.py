@@ -104,6 +104,10 @@ class CommittedState:
         """The topics with an entry (settings, a deletion or a manifest)."""
         return list(self._catalog.topic_settings.entries)
 
+    def kafka_topics(self) -> dict[str, dict[int, int]]:
+        """The Kafka topics: name -> partition -> topic id (committed; do not change it)."""
+        return self._catalog.topic_settings.kafka
+
     def producers(self, topic_id: int) -> dict[str, Producer]:
         """A numeric topic's idempotent producers."""
         return self._catalog.producers(topic_id)

@@ -17,6 +17,12 @@ same id later creates it again with indexes above ``deleted_at``, and reads of i
 resuming right after the old topic's last message, so nothing deleted is ever served again
 and nothing new is served as its continuation.
 
+A topic a Kafka client created (:mod:`messaging.kafka`) carries a label in its entry, the
+Kafka topic's name and the partition it is (``kafka``): set by the configure command that
+creates it, kept by later settings, dropped with the topic's deletion. A label is given only
+to a topic that holds nothing yet and has no other label, so two creations racing for one
+id cannot both win.
+
 With an object store, a topic's entry also holds its manifest (which closed segments are in
 the store, :mod:`messaging.tiered.manifest`), changed by two more topic commands: ``offload``
 records one uploaded and verified segment, ``expire`` drops everything up to an index (total
@@ -46,7 +52,8 @@ from messaging.objects.errors import ObjectNameError
 from messaging.tiered.manifest import Manifest, SegmentObject
 
 #: Internal command: JSON ``{"op": "configure", "settings": {KEY: size or null}, "create":
-#: bool}``, ``{"op": "delete"}``, ``{"op": "offload", "object": [...], "after": index}`` or
+#: bool[, "kafka": [NAME, PARTITION]]}``, ``{"op": "delete"}``, ``{"op": "offload",
+#: "object": [...], "after": index}`` or
 #: ``{"op": "expire", "through": index}``; the frame's topic field names the topic. Always a
 #: command of its own (one frame).
 TOPIC_OP = INTERNAL_TYPE | 4
@@ -144,6 +151,10 @@ def _named(err: argparse.ArgumentTypeError, kind: str, key: str) -> str:
 # -- the command ------------------------------------------------------------------------------
 
 
+#: A Kafka partition: the Kafka topic's name and the partition's number.
+KafkaLabel = tuple[str, int]
+
+
 @dataclass(frozen=True, slots=True)
 class TopicOp:
     """One topic command as the state machine reads it."""
@@ -155,13 +166,17 @@ class TopicOp:
     object: SegmentObject | None = None  # OFFLOAD: the segment uploaded
     after: int = 0  # OFFLOAD: the manifest's ``offloaded`` its uploader saw
     through: int = 0  # EXPIRE: everything up to this index goes
+    kafka: KafkaLabel | None = None  # CONFIGURE: the Kafka partition the topic becomes
 
 
 def configure_command(topic: int, settings: Mapping[str, int | None], *,
-                      create: bool = True) -> bytes:
+                      create: bool = True, kafka: KafkaLabel | None = None) -> bytes:
     """The command that changes a topic's settings (``create``: also create it, empty, if it
-    does not exist)."""
-    return _command(topic, {"op": CONFIGURE, "settings": dict(settings), "create": create})
+    does not exist; ``kafka``: it becomes that Kafka partition, see the module's text)."""
+    op: dict[str, Any] = {"op": CONFIGURE, "settings": dict(settings), "create": create}
+    if kafka is not None:
+        op["kafka"] = [kafka[0], kafka[1]]
+    return _command(topic, op)
 
 
 def delete_command(topic: int) -> bytes:
@@ -203,11 +218,22 @@ def parse_topic_command(topic: int, data: bytes) -> TopicOp:
                  and all(k in KEYS and (v is None or (
                      isinstance(v, int) and (v > 0 or (v == 0 and k == RETENTION_AGE))))
                          for k, v in settings.items()))
+        kafka = _label(op.get("kafka"))
     except (ValueError, KeyError, TypeError, ObjectNameError) as err:
         raise CorruptFrameError(f"topic command is not valid JSON: {err}") from err
     if not valid:
         raise CorruptFrameError(f"invalid topic command {op!r}")
-    return TopicOp(topic, kind, settings, bool(op.get("create", False)))
+    return TopicOp(topic, kind, settings, bool(op.get("create", False)), kafka=kafka)
+
+
+def _label(value: Any) -> KafkaLabel | None:
+    """A Kafka label from its JSON form (None: none; ValueError: not one)."""
+    if value is None:
+        return None
+    name, partition = value
+    if not isinstance(name, str) or not name or not isinstance(partition, int) or partition < 0:
+        raise ValueError(f"invalid kafka label {value!r}")
+    return name, partition
 
 
 # -- the table -------------------------------------------------------------------------------
@@ -222,20 +248,24 @@ class TopicEntry:
     deleted_at: int | None = None
     #: Its segments in the object store (empty without one).
     manifest: Manifest = field(default_factory=Manifest)
+    #: The Kafka partition it is (None: not one).
+    kafka: KafkaLabel | None = None
 
-    def configured(self, change: Mapping[str, int | None]) -> TopicEntry:
-        """This entry with ``change`` applied (None removes a key)."""
+    def configured(self, change: Mapping[str, int | None],
+                   kafka: KafkaLabel | None = None) -> TopicEntry:
+        """This entry with ``change`` applied (None removes a key), labelled ``kafka`` when
+        given."""
         settings = dict(self.settings)
         for key, value in change.items():
             if value is None:
                 settings.pop(key, None)
             else:
                 settings[key] = value
-        return TopicEntry(settings, self.deleted_at, self.manifest)
+        return TopicEntry(settings, self.deleted_at, self.manifest, kafka or self.kafka)
 
     def with_manifest(self, manifest: Manifest) -> TopicEntry:
         """This entry with another manifest."""
-        return TopicEntry(self.settings, self.deleted_at, manifest)
+        return TopicEntry(self.settings, self.deleted_at, manifest, self.kafka)
 
     def saved(self) -> dict[str, Any]:
         """The JSON form (empty parts left out)."""
@@ -246,6 +276,8 @@ class TopicEntry:
             saved["deleted_at"] = self.deleted_at
         if not self.manifest.empty:
             saved["manifest"] = self.manifest.saved()
+        if self.kafka is not None:
+            saved["kafka"] = list(self.kafka)
         return saved
 
     @classmethod
@@ -254,12 +286,13 @@ class TopicEntry:
         deleted_at = data.get("deleted_at")
         return cls({str(k): int(v) for k, v in data.get("settings", {}).items()},
                    None if deleted_at is None else int(deleted_at),
-                   Manifest.restore(data.get("manifest")))
+                   Manifest.restore(data.get("manifest")), _label(data.get("kafka")))
 
     @property
     def empty(self) -> bool:
         """Whether the entry says nothing (it need not be kept)."""
-        return not self.settings and self.deleted_at is None and self.manifest.empty
+        return (not self.settings and self.deleted_at is None and self.manifest.empty
+                and self.kafka is None)
 
 
 _MISSING = object()
@@ -278,6 +311,9 @@ class TopicTable:
 
     def __init__(self) -> None:
         self.entries: dict[int, TopicEntry] = {}
+        #: The committed Kafka topics: name -> partition -> topic id (replaced whole when one
+        #: changes, so readers on other threads never see it half changed).
+        self.kafka: dict[str, dict[int, int]] = {}
         self._pending: dict[int, TopicEntry] = {}
         #: For a topic whose only changes in the group being applied are to its manifest:
         #: those changes (the journal records them, not the whole entry, which holds every
@@ -335,11 +371,17 @@ class TopicTable:
 
     def commit(self) -> None:
         """Fold the group's changes in (one store per topic: readers always find an entry)."""
+        relabelled = False
         for topic, entry in self._pending.items():
+            before = self.entries.get(topic)
+            if entry.kafka != (before.kafka if before is not None else None):
+                relabelled = True
             if entry.empty:
                 self.entries.pop(topic, None)
             else:
                 self.entries[topic] = entry
+        if relabelled:
+            self._index_kafka()
         self._pending.clear()
         self._manifest_changes.clear()
         self._undo.clear()
@@ -347,8 +389,19 @@ class TopicTable:
     def forget(self, topics: set[int]) -> None:
         """Drop the entries of ``topics`` (named topics whose streams are gone: their ids are
         never given out again)."""
-        for topic in topics & self.entries.keys():
+        gone = topics & self.entries.keys()
+        for topic in gone:
             del self.entries[topic]
+        if gone:
+            self._index_kafka()
+
+    def _index_kafka(self) -> None:
+        """Rebuild :attr:`kafka` from the committed entries."""
+        kafka: dict[str, dict[int, int]] = {}
+        for topic, entry in self.entries.items():
+            if entry.kafka is not None:
+                kafka.setdefault(entry.kafka[0], {})[entry.kafka[1]] = topic
+        self.kafka = kafka
 
     def saved(self) -> dict[str, Any]:
         """Every entry with the group being applied, as JSON (broker.json, snapshots, the
@@ -369,6 +422,7 @@ class TopicTable:
     def restore(self, data: Mapping[str, Any] | None) -> None:
         """Replace everything with :meth:`saved` output (None: empty)."""
         self.entries = {int(t): TopicEntry.restore(e) for t, e in (data or {}).items()}
+        self._index_kafka()
         self._pending.clear()
         self._manifest_changes.clear()
         self._undo.clear()
@@ -386,6 +440,8 @@ class TopicTable:
                 self.entries.pop(int(topic), None)
             else:
                 self.entries[int(topic)] = entry
+        if changes:
+            self._index_kafka()
 
 
 #: A journal line's key for a topic whose manifest alone changed: the list of changes.

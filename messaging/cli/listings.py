@@ -9,7 +9,7 @@ from messaging.cli.connect import LEARN_TIMEOUT, connect, learn_nodes
 
 
 async def run_topics(args: argparse.Namespace) -> int:
-    """``messaging topics``: one line per topic."""
+    """``messaging topics``: one line per topic (a Kafka topic's partitions as NAME/P)."""
     async with connect(args) as client:
         await learn_nodes(client)
         topics = await client.topics()
@@ -20,6 +20,8 @@ async def run_topics(args: argparse.Namespace) -> int:
         if isinstance(subscribers, dict) and subscribers:
             subs = ", ".join(f"{u}@{i}" for u, i in sorted(subscribers.items()))
         shown = t.get("name") or t.get("id", "?")
+        if "kafka_topic" in t:  # a Kafka topic's partition: NAME/PARTITION
+            shown = f"{t['kafka_topic']}/{t.get('kafka_partition', '?')}"
         print(f"{shown:>8} {t.get('first_index', '?'):>12} "
               f"{t.get('last_index', '?'):>12} {t.get('size', '?'):>14} "
               f"{t.get('segments', '?'):>8}  {subs}")

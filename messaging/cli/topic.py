@@ -144,7 +144,9 @@ def _show(answer: dict[str, Any], fmt: str) -> None:
         print(dumps(answer))  # ids of 2^53 and more as strings, as the API writes them
         return
     name = answer.get("name")
-    print(f"topic {answer.get('id', '?')}" + (f" (stream {name!r})" if name else ""))
+    kafka = (f" (Kafka topic {answer['kafka_topic']!r}, partition "
+             f"{answer.get('kafka_partition', '?')})" if "kafka_topic" in answer else "")
+    print(f"topic {answer.get('id', '?')}" + (f" (stream {name!r})" if name else "") + kafka)
     for field in ("first_index", "last_index", "size", "segments"):
         print(f"  {field:<18} {answer.get(field, '?')}")
     settings = answer.get("settings")

@@ -28,6 +28,7 @@ from messaging.stack.assemble import Broker, Stack, etcd_log, local_log, open_st
 
 if TYPE_CHECKING:
     from messaging.cluster.node import GroupNode
+    from messaging.kafka.server import KafkaListener
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ class BrokerServer:
         self.port = config.port
         self.tokens: Tokens | None = None
         self._tokens_watch: TokensWatch | None = None
+        #: With --kafka-bind: the Kafka-protocol listener.
+        self.kafka: KafkaListener | None = None
 
     @property
     def broker(self) -> Broker | None:
@@ -113,7 +116,26 @@ class BrokerServer:
             assert isinstance(self.stack.log, EtcdLog)
             snapshots = self.stack.log  # peers catch up from this node's data
         app = make_app(self.stack, config, tokens=self.tokens, snapshots=snapshots)
+        if config.kafka_bind is not None:
+            await self._start_kafka(tls)
         await self._serve(app, sock, tls, self.stack.retention.run_now)
+
+    async def _start_kafka(self, tls: ssl.SSLContext | None) -> None:
+        """--kafka-bind: the Kafka-protocol listener on the same broker and log."""
+        config = self.config
+        assert config.kafka_bind is not None and self.stack is not None
+        try:
+            from messaging.kafka.server import KafkaListener
+        except ImportError as err:
+            raise ConfigError(f"--kafka-bind needs the kafka extra ({err.name} is missing): "
+                              "pip install 'messaging[kafka]'") from err
+        host, port = config.kafka_bind
+        listener = KafkaListener(self.stack.broker, self.stack.log, host, port,
+                                 max_message_size=config.max_message_size,
+                                 auto_create=config.kafka_auto_create == "on", tls=tls,
+                                 advertise=config.kafka_advertise)
+        await listener.start()
+        self.kafka = listener
 
     async def _start_groups(self, sock: socket.socket, tls: ssl.SSLContext | None,
                             etcd: EtcdSettings, storage: ObjectStorage | None) -> None:
@@ -172,6 +194,8 @@ class BrokerServer:
             parts.append("tls")
         if config.object_store is not None:
             parts.append(f"object store {config.object_store}")
+        if self.kafka is not None:
+            parts.append(f"kafka {self.kafka.address}")
         return f"messaging broker listening on {self.url} ({', '.join(parts)})"
 
     async def _retention_loop(self, retention: Callable[[], Awaitable[int]]) -> None:
@@ -190,7 +214,10 @@ class BrokerServer:
         stack, self.stack = self.stack, None
         node, self.node = self.node, None
         runner, self._runner = self._runner, None
+        kafka, self.kafka = self.kafka, None
         await cancel_and_wait(retention)
+        if kafka is not None:
+            await kafka.stop()
         if tokens_watch is not None:
             await tokens_watch.close()
         if listener is not None:

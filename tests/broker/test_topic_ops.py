@@ -28,6 +28,7 @@ from messaging.errors import (
     BadRequestError,
     MessageTooLargeError,
     ProducerSequenceGapError,
+    StreamConflictError,
     TopicDeletedError,
 )
 from messaging.files import DELETING, write_json_atomic
@@ -61,6 +62,31 @@ def test_a_configure_creates_an_empty_topic_and_survives_reopening(tmp_path: Pat
     reopened.close()
     again = Broker.open(tmp_path)
     assert again.settings(5).settings == {MAX_SEGMENT_SIZE: 200}
+    again.close()
+
+
+def test_a_kafka_partition_is_labelled_once_and_only_while_empty(tmp_path: Path) -> None:
+    broker = Broker.open(tmp_path)
+    assert apply(broker, configure_command(5, {}, kafka=("orders", 0))).created
+    with pytest.raises(StreamConflictError, match="already partition 0"):
+        apply(broker, configure_command(5, {}, kafka=("other", 0)))
+    apply(broker, configure_command(5, {}, kafka=("orders", 0)))  # repeated alike: no change
+    apply(broker, encode(1, 6, b"data"))
+    with pytest.raises(StreamConflictError, match="holds messages"):
+        apply(broker, configure_command(6, {}, kafka=("orders", 1)))
+    assert broker.committed.kafka_topics() == {"orders": {0: 5}}
+    apply(broker, configure_command(5, {MAX_SEGMENT_SIZE: 300}))
+    broker.close()
+    reopened = Broker.open(tmp_path)  # from the journal
+    assert reopened.committed.kafka_topics() == {"orders": {0: 5}}
+    assert reopened.settings(5).settings == {MAX_SEGMENT_SIZE: 300}
+    apply(reopened, delete_command(5))
+    assert reopened.committed.kafka_topics() == {}
+    reopened.save_state()
+    reopened.close()
+    again = Broker.open(tmp_path)  # from broker.json
+    assert again.committed.kafka_topics() == {}
+    assert again.settings(5).deleted_at is not None
     again.close()
 
 

@@ -96,6 +96,54 @@ def test_a_configure_command_reads_back_as_written(topic: int, change: dict[str,
                                                                  create)
 
 
+LABELS = st.tuples(st.text(st.sampled_from("abc._-0"), min_size=1, max_size=20),
+                   st.integers(min_value=0, max_value=1023))
+
+
+@settings(max_examples=50)
+@given(TOPICS, SETTINGS, LABELS)
+def test_a_kafka_label_reads_back_and_is_kept_by_later_settings(
+        topic: int, change: dict[str, int | None], label: tuple[str, int]) -> None:
+    op = parse_topic_command(topic, decode_one(configure_command(topic, change,
+                                                                 kafka=label)).data)
+    assert op.kafka == label and dict(op.settings) == change
+    entry = TopicEntry().configured(op.settings, op.kafka)
+    assert entry.kafka == label and not entry.empty
+    assert entry.configured({MAX_TOPIC_SIZE: 5}).kafka == label  # settings keep it
+    assert TopicEntry.restore(entry.saved()) == entry
+
+
+@pytest.mark.parametrize("label", ['"x"', '["", 0]', '["x", -1]', '[1, 0]', '["x", 0, 1]'])
+def test_a_bad_kafka_label_is_a_corrupt_command(label: str) -> None:
+    data = f'{{"op":"configure","settings":{{}},"kafka":{label}}}'.encode()
+    with pytest.raises(CorruptFrameError):
+        parse_topic_command(1, data)
+
+
+def test_the_kafka_index_follows_commits_rollbacks_and_replays() -> None:
+    table = TopicTable()
+    table.stage(7, TopicEntry().configured({}, ("orders", 0)))
+    table.stage(8, TopicEntry().configured({}, ("orders", 1)))
+    assert table.kafka == {}  # readers see committed labels only
+    table.commit()
+    assert table.kafka == {"orders": {0: 7, 1: 8}}
+    table.stage(9, TopicEntry().configured({}, ("orders", 2)))
+    table.rollback()
+    table.commit()
+    assert table.kafka == {"orders": {0: 7, 1: 8}}
+    table.stage(8, TopicEntry(deleted_at=40))  # a deletion drops the label
+    changes = table.changes()
+    table.commit()
+    assert table.kafka == {"orders": {0: 7}}
+    restored = TopicTable()
+    restored.restore(table.saved())
+    assert restored.kafka == table.kafka
+    replayed = TopicTable()
+    replayed.restore({"7": {"kafka": ["orders", 0]}, "8": {"kafka": ["orders", 1]}})
+    replayed.replay(changes)
+    assert replayed.kafka == table.kafka
+
+
 @given(TOPICS)
 def test_a_delete_command_reads_back_as_written(topic: int) -> None:
     frame = decode_one(delete_command(topic))

@@ -1,0 +1,10 @@
+"""The Kafka face: a Kafka-protocol listener beside HTTP on the same topics (``--kafka-bind``).
+
+Kafka clients (librdkafka and what is built on it, aiokafka, kafka-python, kcat) produce to
+and fetch from the broker's own topics: a Kafka topic NAME of P partitions is P topics, each
+labelled (NAME, p) (:mod:`messaging.kafka.topics`); a record is a message whose index is its
+offset and whose append time is its timestamp, its key and headers kept in an envelope
+(:mod:`messaging.kafka.records`). Like the HTTP room it reads through the broker's view and
+writes commands through the log, never touching the writer side. The wire format is
+aiokafka's protocol structs and record batch code (:mod:`messaging.kafka.protocol`).
+"""

@@ -1,0 +1,195 @@
+"""Kafka records and the broker's messages: one storage, two faces.
+
+A record's value is the message's data, its offset the message's broker index (a partition's
+offsets have gaps: the index counts every topic of the node), its timestamp the message's
+append time. A record with neither key nor headers, and a value, is stored as a plain message
+(type 1): an HTTP reader gets exactly the value. Any other record is stored as a message of
+type :data:`KAFKA_RECORD_TYPE` whose data is an envelope:
+
+    version (1 byte, 1) | key length (varint, -1: null) | key | value length (varint, -1:
+    null) | value | header count (varint) | per header: name length (varint) | name (UTF-8) |
+    value length (varint, -1: null) | value
+
+(varints are zig-zag, as in Kafka's own record format). An HTTP reader sees the frame type and
+can decode the envelope with :func:`open_envelope`. A message published over HTTP reaches a
+Kafka consumer as a record with that data as its value, no key and no headers, whatever its
+type (an envelope that does not decode is a plain value too).
+
+Decoding and encoding Kafka's record batches (v2, every compression a client may use) is
+aiokafka's record code (C where it is built); this module only moves between its records and
+frames.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from aiokafka.errors import CorruptRecordException, UnsupportedCodecError
+from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from aiokafka.record.util import decode_varint, encode_varint
+
+from messaging.errors import CorruptFrameError
+from messaging.frames import Message
+
+#: The frame type of a message that holds a Kafka record's envelope (key and headers).
+KAFKA_RECORD_TYPE = 0x4B01
+#: The frame type of a plain message (data only), as HTTP publishes it by default.
+PLAIN_TYPE = 1
+_VERSION = 1
+#: Batch header: base offset (int64) at 0, batch length (int32) at 8; records count at 57.
+_BASE_OFFSET = struct.Struct(">q")
+_BATCH_HEADER = struct.Struct(">qi")
+_BATCH_OVERHEAD = 12  # base offset and length: the batch length counts what follows them
+_MAGIC_AT = 16
+#: Records v2 attributes, low three bits: the compression codec (0: none).
+CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+
+
+class RecordError(CorruptFrameError):
+    """A produced record batch that cannot be stored (Kafka's CORRUPT_MESSAGE)."""
+
+
+class CodecError(RecordError):
+    """A batch compressed with a codec this broker cannot read."""
+
+
+Header = tuple[str, bytes | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One Kafka record as a producer sent it (its timestamp is replaced by the append time)."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: Sequence[Header] = ()
+
+    def message(self) -> tuple[int, bytes]:
+        """The frame type and data that store it."""
+        if self.key is None and not self.headers and self.value is not None:
+            return PLAIN_TYPE, self.value
+        return KAFKA_RECORD_TYPE, seal_envelope(self)
+
+
+def seal_envelope(record: Record) -> bytes:
+    """The envelope of a record with a key, headers or a null value."""
+    out = bytearray((_VERSION,))
+    _put_bytes(out, record.key)
+    _put_bytes(out, record.value)
+    encode_varint(len(record.headers), out.append)
+    for name, value in record.headers:
+        _put_bytes(out, name.encode())
+        _put_bytes(out, value)
+    return bytes(out)
+
+
+def open_envelope(data: bytes) -> Record:
+    """The record an envelope holds (ValueError when ``data`` is not one)."""
+    if not data or data[0] != _VERSION:
+        raise ValueError("not a Kafka record envelope")
+    try:
+        key, at = _get_bytes(data, 1)
+        value, at = _get_bytes(data, at)
+        count, at = decode_varint(data, at)
+        headers: list[Header] = []
+        for _ in range(count):
+            name, at = _get_bytes(data, at)
+            if name is None:
+                raise ValueError("a header without a name")
+            header_value, at = _get_bytes(data, at)
+            headers.append((name.decode(), header_value))
+    except (IndexError, UnicodeDecodeError) as err:
+        raise ValueError(f"truncated Kafka record envelope: {err}") from err
+    if at != len(data) or count < 0:
+        raise ValueError("malformed Kafka record envelope")
+    return Record(key, value, tuple(headers))
+
+
+def record_of(message: Message) -> Record:
+    """What a Kafka consumer gets of a stored message."""
+    if message.type == KAFKA_RECORD_TYPE:
+        try:
+            return open_envelope(message.data)
+        except ValueError:
+            pass  # published over HTTP with this type: its data is the value
+    return Record(None, message.data)
+
+
+def _put_bytes(out: bytearray, value: bytes | None) -> None:
+    if value is None:
+        encode_varint(-1, out.append)
+        return
+    encode_varint(len(value), out.append)
+    out += value
+
+
+def _get_bytes(data: bytes, at: int) -> tuple[bytes | None, int]:
+    length, at = decode_varint(data, at)
+    if length < 0:
+        return None, at
+    end = at + length
+    if end > len(data):
+        raise IndexError(f"{length} bytes at {at} run past the end")
+    return data[at:end], end
+
+
+# -- record batches ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProducedBatch:
+    """One record batch of a Produce request."""
+
+    records: list[Record]
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+
+
+def produced_batches(data: bytes) -> list[ProducedBatch]:
+    """The record batches of one partition's Produce data (v2 batches only: every client
+    since Kafka 0.11 sends them), their checksums verified and compressed ones opened."""
+    batches: list[ProducedBatch] = []
+    at = 0
+    size = len(data)
+    while at < size:
+        if size - at < _BATCH_OVERHEAD + 5:
+            raise RecordError(f"a truncated record batch at byte {at}")
+        length = _BATCH_HEADER.unpack_from(data, at)[1]
+        end = at + _BATCH_OVERHEAD + length
+        if length <= 0 or end > size:
+            raise RecordError(f"a record batch at byte {at} runs past the request's end")
+        if data[at + _MAGIC_AT] != 2:
+            raise RecordError(f"record batch magic {data[at + _MAGIC_AT]}: only v2 batches "
+                              "(Kafka 0.11 and later clients) are accepted")
+        batch = DefaultRecordBatch(data[at:end])
+        try:
+            if not batch.validate_crc():
+                raise RecordError(f"record batch at byte {at}: checksum mismatch")
+            if batch.is_transactional or batch.is_control_batch:
+                raise RecordError("transactional record batches are not supported")
+            records = [Record(r.key, r.value, tuple(r.headers)) for r in batch]
+        except UnsupportedCodecError as err:
+            raise CodecError(str(err)) from err
+        except CorruptRecordException as err:
+            raise RecordError(f"record batch at byte {at}: {err}") from err
+        batches.append(ProducedBatch(records, batch.producer_id, batch.producer_epoch,
+                                     batch.base_sequence))
+        at = end
+    return batches
+
+
+def record_batch(messages: Sequence[Message], times: Iterator[int]) -> bytes:
+    """One uncompressed v2 record batch of ``messages`` (of one topic, in index order), each
+    with the next of ``times`` as its timestamp; its base offset is the first one's index."""
+    builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 31)
+    base = messages[0].index
+    for message, time_ms in zip(messages, times, strict=False):
+        record = record_of(message)
+        builder.append(message.index - base, time_ms, record.key, record.value,
+                       list(record.headers))
+    batch = builder.build()
+    _BASE_OFFSET.pack_into(batch, 0, base)  # not covered by the batch's checksum
+    return bytes(batch)

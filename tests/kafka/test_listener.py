@@ -1,0 +1,274 @@
+"""The Kafka listener in a broker, driven by aiokafka over real sockets: produce and fetch with
+keys, headers and every codec, topics created (configs as the broker's settings), described and
+deleted, offsets by time, HTTP and Kafka reading each other's messages, and bad input (corrupt
+batches, unknown topics, APIs not offered, a request too big) answered or cut off cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.protocol.fetch import FetchRequest_v4, FetchResponse_v4
+from aiokafka.protocol.metadata import MetadataRequest_v4, MetadataResponse_v4
+from aiokafka.protocol.produce import ProduceRequest_v3, ProduceResponse_v3
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+from messaging.client import Client
+from messaging.http.server import BrokerServer
+from messaging.kafka import protocol as p
+from messaging.kafka.records import KAFKA_RECORD_TYPE, open_envelope
+from tests.conftest import StartServer
+
+
+@pytest.fixture
+async def broker(start_server: StartServer) -> BrokerServer:
+    return await start_server(kafka_bind=("127.0.0.1", 0))
+
+
+def _address(server: BrokerServer) -> str:
+    assert server.kafka is not None
+    return server.kafka.address
+
+
+@pytest.fixture
+async def producer(broker: BrokerServer) -> AsyncIterator[AIOKafkaProducer]:
+    producer = AIOKafkaProducer(bootstrap_servers=_address(broker), linger_ms=2)
+    await producer.start()
+    yield producer
+    await producer.stop()
+
+
+async def _consume(server: BrokerServer, topic: str, partitions: int, count: int,
+                   ) -> list[object]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=_address(server), enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        wanted = [TopicPartition(topic, i) for i in range(partitions)]
+        consumer.assign(wanted)
+        await consumer.seek_to_beginning(*wanted)
+        records: list[object] = []
+        deadline = time.monotonic() + 30
+        while len(records) < count and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500)
+            for tp in sorted(batches, key=lambda tp: tp.partition):
+                records.extend(batches[tp])
+        return records
+    finally:
+        await consumer.stop()
+
+
+async def test_keyed_records_with_headers_come_back_exactly_once_in_order(
+        broker: BrokerServer, producer: AIOKafkaProducer) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=_address(broker))
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic("orders", 3, 1)])
+    finally:
+        await admin.close()
+    sent = [await producer.send("orders", key=b"k%d" % i, value=b"v%d" % i,
+                                headers=[("n", b"%d" % i)], partition=i % 3)
+            for i in range(600)]
+    offsets = [(m.partition, m.offset) for m in await asyncio.gather(*sent)]
+    records = await _consume(broker, "orders", 3, 600)
+    assert len(records) == 600
+    by_partition: dict[int, list[int]] = {}
+    for r in records:
+        n = int(r.value[1:])  # type: ignore[attr-defined]
+        assert r.key == b"k%d" % n and r.headers == (("n", b"%d" % n),)  # type: ignore[attr-defined]
+        assert n % 3 == r.partition  # type: ignore[attr-defined]
+        by_partition.setdefault(r.partition, []).append(n)  # type: ignore[attr-defined]
+        assert (r.partition, r.offset) == offsets[n]  # type: ignore[attr-defined]
+    assert all(v == sorted(v) and len(v) == 200 for v in by_partition.values())
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+async def test_compressed_batches_are_stored_as_messages(broker: BrokerServer, codec: str) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=_address(broker), compression_type=codec,
+                                linger_ms=5)
+    await producer.start()
+    try:
+        await asyncio.gather(*[await producer.send("packed", value=b"x%d" % i)
+                               for i in range(50)])
+    finally:
+        await producer.stop()
+    records = await _consume(broker, "packed", 1, 50)
+    assert [r.value for r in records] == [b"x%d" % i for i in range(50)]  # type: ignore[attr-defined]
+
+
+async def test_http_and_kafka_read_each_others_messages(broker: BrokerServer,
+                                                         producer: AIOKafkaProducer) -> None:
+    await producer.send_and_wait("both", value=b"from kafka")
+    await producer.send_and_wait("both", key=b"key", value=b"keyed")
+    async with Client(broker.url) as client:
+        rows = [t for t in await client.topics() if t.get("kafka_topic") == "both"]
+        assert len(rows) == 1 and rows[0]["kafka_partition"] == 0
+        topic = rows[0]["id"]
+        await client.publish(topic, b"from http")
+        messages = await client.read(topic)
+    assert [m.data for m in messages[::2]] == [b"from kafka", b"from http"]
+    assert messages[1].type == KAFKA_RECORD_TYPE
+    assert open_envelope(messages[1].data).key == b"key"
+    records = await _consume(broker, "both", 1, 3)
+    assert [(r.key, r.value) for r in records] == [  # type: ignore[attr-defined]
+        (None, b"from kafka"), (b"key", b"keyed"), (None, b"from http")]
+    assert [r.offset for r in records] == [m.index for m in messages]  # type: ignore[attr-defined]
+
+
+async def test_offsets_by_time_earliest_and_latest(broker: BrokerServer,
+                                                   producer: AIOKafkaProducer) -> None:
+    first = await producer.send_and_wait("timed", value=b"early")
+    await asyncio.sleep(0.25)  # append times are kept to 100 ms
+    middle = int(time.time() * 1000)
+    await asyncio.sleep(0.25)
+    second = await producer.send_and_wait("timed", value=b"late")
+    consumer = AIOKafkaConsumer(bootstrap_servers=_address(broker))
+    await consumer.start()
+    try:
+        tp = TopicPartition("timed", 0)
+        found = await consumer.offsets_for_times({tp: middle})
+        assert found[tp] is not None and found[tp].offset == second.offset
+        assert found[tp].timestamp >= middle
+        assert (await consumer.offsets_for_times({tp: middle + 3_600_000}))[tp] is None
+        assert (await consumer.beginning_offsets([tp]))[tp] == first.offset
+        assert (await consumer.end_offsets([tp]))[tp] == second.offset + 1
+    finally:
+        await consumer.stop()
+
+
+async def test_topic_configs_are_the_brokers_settings(broker: BrokerServer,
+                                                      http: aiohttp.ClientSession) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=_address(broker))
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic("kept", 2, 1, topic_configs={
+            "retention.bytes": "1048576", "retention.ms": "3600000"})])
+        again = await admin.create_topics([NewTopic("kept", 2, 1)])
+        assert again.topic_errors[0][1] == p.TOPIC_ALREADY_EXISTS
+        bad = await admin.create_topics([NewTopic("odd", 1, 1, topic_configs={
+            "cleanup.policy": "compact"})])
+        assert bad.topic_errors[0][1] == p.INVALID_CONFIG
+        described = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC,
+                                                                 "kept")])
+        entries = {e[0]: e[1] for e in described[0].resources[0][4]}
+        assert entries["retention.bytes"] == "1048576" and entries["retention.ms"] == "3600000"
+        async with http.get(f"{broker.url}/messaging/topics") as response:
+            rows = [t for t in await response.json() if t.get("kafka_topic") == "kept"]
+        assert sorted(r["kafka_partition"] for r in rows) == [0, 1]
+        async with http.get(f"{broker.url}/messaging/topics/{rows[0]['id']}") as response:
+            settings = (await response.json())["settings"]
+        assert settings["max-topic-size"] == {"value": 1048576, "source": "topic"}
+        assert settings["retention-age"] == {"value": 3600000, "source": "topic"}
+        await admin.delete_topics(["kept"])
+        async with http.get(f"{broker.url}/messaging/topics/{rows[0]['id']}") as response:
+            assert response.status == 410
+        assert "kept" not in await admin.list_topics()
+    finally:
+        await admin.close()
+
+
+# -- raw requests ------------------------------------------------------------------------------
+
+
+async def _exchange(server: BrokerServer, request: object, correlation: int = 1,
+                    ) -> bytes | None:
+    """Send one request over a fresh connection; its response body (None: closed)."""
+    host, port = _address(server).rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        header = struct.pack(">hhih", request.API_KEY, request.API_VERSION,  # type: ignore[attr-defined]
+                             correlation, 4) + b"test"
+        data = header + request.encode()  # type: ignore[attr-defined]
+        writer.write(struct.pack(">i", len(data)) + data)
+        await writer.drain()
+        try:
+            size = struct.unpack(">i", await reader.readexactly(4))[0]
+            body = await reader.readexactly(size)
+        except asyncio.IncompleteReadError:
+            return None
+        assert struct.unpack_from(">i", body)[0] == correlation
+        return body[4:]
+    finally:
+        writer.close()
+
+
+def _batch(*values: bytes) -> bytes:
+    builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 20)
+    for i, value in enumerate(values):
+        builder.append(i, 1, None, value, [])
+    return bytes(builder.build())
+
+
+async def test_a_corrupt_batch_is_refused_and_nothing_is_stored(broker: BrokerServer) -> None:
+    good = _batch(b"a", b"b")
+    corrupt = good[:-1] + bytes([good[-1] ^ 1])
+    answer = await _exchange(broker, ProduceRequest_v3(None, -1, 1000, [
+        ("raw", [(0, good + corrupt)])]))
+    assert answer is not None
+    partition = ProduceResponse_v3.decode(answer).topics[0][1][0]
+    assert partition[1] == p.CORRUPT_MESSAGE
+    fetched = await _exchange(broker, FetchRequest_v4(-1, 0, 1, 1 << 20, 0, [
+        ("raw", [(0, 0, 1 << 20)])]))
+    assert fetched is not None
+    assert FetchResponse_v4.decode(fetched).topics[0][1][0][5] == b""
+
+
+async def test_an_unknown_partition_and_a_bad_name_are_error_codes(broker: BrokerServer) -> None:
+    answer = await _exchange(broker, ProduceRequest_v3(None, -1, 1000, [
+        ("raw", [(5, _batch(b"x"))])]))
+    assert answer is not None
+    assert ProduceResponse_v3.decode(answer).topics[0][1][0][1] == p.UNKNOWN_TOPIC_OR_PARTITION
+    answer = await _exchange(broker, MetadataRequest_v4(["bad name!"], True))
+    assert answer is not None
+    assert MetadataResponse_v4.decode(answer).topics[0][0] == p.INVALID_TOPIC_EXCEPTION
+
+
+async def test_without_auto_create_an_unknown_topic_stays_unknown(
+        start_server: StartServer) -> None:
+    server = await start_server(kafka_bind=("127.0.0.1", 0), kafka_auto_create="off")
+    answer = await _exchange(server, MetadataRequest_v4(["absent"], True))
+    assert answer is not None
+    assert MetadataResponse_v4.decode(answer).topics[0][0] == p.UNKNOWN_TOPIC_OR_PARTITION
+    answer = await _exchange(server, ProduceRequest_v3(None, -1, 1000, [
+        ("absent", [(0, _batch(b"x"))])]))
+    assert answer is not None
+    assert ProduceResponse_v3.decode(answer).topics[0][1][0][1] == p.UNKNOWN_TOPIC_OR_PARTITION
+
+
+class _Raw:
+    """A request of any key and version with a body given as bytes."""
+
+    def __init__(self, key: int, version: int, body: bytes) -> None:
+        self.API_KEY, self.API_VERSION, self._body = key, version, body
+
+    def encode(self) -> bytes:
+        return self._body
+
+
+async def test_apis_not_offered_are_answered_or_cut_off_and_the_listener_goes_on(
+        broker: BrokerServer, caplog: pytest.LogCaptureFixture) -> None:
+    answer = await _exchange(broker, _Raw(p.API_VERSIONS, 3, b"\x00"))  # librdkafka's first
+    assert answer is not None and answer[:2] == struct.pack(">h", p.UNSUPPORTED_VERSION)
+    answer = await _exchange(broker, _Raw(10, 0, b"\x00\x01g"))  # FindCoordinator v0
+    assert answer is not None and answer[:2] == struct.pack(">h", p.UNSUPPORTED_VERSION)
+    assert await _exchange(broker, _Raw(999, 0, b"")) is None
+    assert await _exchange(broker, _Raw(p.METADATA, 1, b"\x00")) is None  # does not decode
+    assert "does not decode" in caplog.text
+    answer = await _exchange(broker, MetadataRequest_v4(None, True))
+    assert answer is not None and MetadataResponse_v4.decode(answer).brokers[0][0] == 0
+
+
+async def test_a_request_too_big_closes_the_connection(broker: BrokerServer) -> None:
+    host, port = _address(broker).rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(struct.pack(">i", p.MAX_REQUEST_SIZE + 1))
+    await writer.drain()
+    assert await asyncio.wait_for(reader.read(), 10) == b""
+    writer.close()
