@@ -1,0 +1,182 @@
+"""Real Kafka clients against a broker process's --kafka-bind: confluent-kafka (librdkafka, as
+bundled in the wheel) and Debian's kcat (librdkafka 2.0.2, which needs empty tag buffers)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from messaging.frames import Message, decode
+from messaging.kafka.records import KAFKA_RECORD_TYPE, open_envelope
+from tests.conftest import BrokerProcess, free_port
+
+Make = Callable[..., BrokerProcess]
+
+
+def _start(broker_process: Make) -> tuple[BrokerProcess, str]:
+    port = free_port()
+    process = broker_process(None, "--kafka-bind", f"127.0.0.1:{port}").start()
+    return process, f"127.0.0.1:{port}"
+
+
+def _consume(bootstrap: str, topic: str, partitions: int, count: int,
+             ) -> dict[int, list[Any]]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "e2e",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        got: dict[int, list[Any]] = {p: [] for p in range(partitions)}
+        seen = 0
+        deadline = time.monotonic() + 120
+        while seen < count and time.monotonic() < deadline:
+            for message in consumer.consume(1000, timeout=1.0):
+                error = message.error()
+                assert error is None or error.code() == KafkaError._PARTITION_EOF, error
+                if error is None:
+                    partition = message.partition()
+                    assert partition is not None
+                    got[partition].append(message)
+                    seen += 1
+        return got
+    finally:
+        consumer.close()
+
+
+def test_confluent_kafka_round_trips_20000_keyed_records_on_3_partitions(
+        broker_process: Make) -> None:
+    _, bootstrap = _start(broker_process)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("orders", num_partitions=3, replication_factor=1)])[
+        "orders"].result(30)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
+    delivered: dict[int, tuple[int, int]] = {}
+
+    def report(err: KafkaError | None, message: Any) -> None:
+        assert err is None, err
+        delivered[int(message.value()[1:])] = (message.partition(), message.offset())
+
+    total = 20_000
+    for i in range(total):
+        producer.produce("orders", key=b"k%d" % i, value=b"v%d" % i,
+                         headers=[("n", b"%d" % i), ("empty", None)], partition=i % 3,
+                         on_delivery=report)
+        if i % 1000 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+    assert len(delivered) == total
+    got = _consume(bootstrap, "orders", 3, total)
+    assert sum(map(len, got.values())) == total
+    for partition, messages in got.items():
+        numbers = [int(m.value()[1:]) for m in messages]
+        assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)
+        assert all(n % 3 == partition for n in numbers)
+        for message, n in zip(messages, numbers, strict=True):
+            assert message.key() == b"k%d" % n
+            assert message.headers() == [("n", b"%d" % n), ("empty", None)]
+            assert (partition, message.offset()) == delivered[n]
+
+
+def test_confluent_kafka_finds_offsets_for_times(broker_process: Make) -> None:
+    _, bootstrap = _start(broker_process)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce("timed", value=b"early")
+    assert producer.flush(30) == 0
+    time.sleep(0.3)  # append times are kept to 100 ms
+    middle = int(time.time() * 1000)
+    time.sleep(0.3)
+    offsets: list[int] = []
+    producer.produce("timed", value=b"late",
+                     on_delivery=lambda err, m: offsets.append(m.offset() or 0))
+    assert producer.flush(30) == 0
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "times"})
+    try:
+        found = consumer.offsets_for_times([TopicPartition("timed", 0, middle)], timeout=30)
+        assert found[0].offset == offsets[0]
+        low, high = consumer.get_watermark_offsets(TopicPartition("timed", 0), timeout=30)
+        assert high == offsets[0] + 1 and low < offsets[0]
+    finally:
+        consumer.close()
+
+
+def _kcat(*args: str, stdin: str | None = None) -> str:
+    kcat = shutil.which("kcat")
+    assert kcat is not None, "kcat is missing: make kcat installs it"
+    done = subprocess.run([kcat, *args], input=stdin, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_kcat_produces_and_consumes_keys_and_headers(broker_process: Make) -> None:
+    process, bootstrap = _start(broker_process)
+    lines = "".join(f"key{i}:value {i}\n" for i in range(100))
+    _kcat("-b", bootstrap, "-t", "lines", "-P", "-K:", "-H", "origin=kcat", stdin=lines)
+    out = _kcat("-b", bootstrap, "-t", "lines", "-C", "-e", "-f", "%k|%s|%h|%o\n")
+    rows = [line.split("|") for line in out.splitlines()]
+    assert [(k, v, h) for k, v, h, _ in rows] == [
+        (f"key{i}", f"value {i}", "origin=kcat") for i in range(100)]
+    offsets = [int(o) for *_, o in rows]
+    assert offsets == sorted(offsets)
+    listing = _kcat("-b", bootstrap, "-L", "-t", "lines")
+    assert 'topic "lines" with 1 partitions' in listing
+    # What kcat wrote, read over HTTP: envelopes with the key and headers.
+    row = next(t for t in _get_json(process, "topics") if t.get("kafka_topic") == "lines")
+    assert row["last_index"] == offsets[-1]
+    messages = _read(process, row["id"])
+    assert [m.index for m in messages] == offsets
+    assert open_envelope(messages[0].data).headers == (("origin", b"kcat"),)
+
+
+def _get_json(process: BrokerProcess, what: str) -> Any:
+    with urllib.request.urlopen(f"{process.url}/messaging/{what}", timeout=30) as answer:
+        return json.load(answer)
+
+
+def _read(process: BrokerProcess, topic: int) -> list[Message]:
+    with urllib.request.urlopen(f"{process.url}/messaging/messages?topicID={topic}",
+                                timeout=30) as answer:
+        messages, _ = decode(answer.read())
+    return messages
+
+
+def test_http_and_kafka_clients_read_each_others_messages(broker_process: Make) -> None:
+    process, bootstrap = _start(broker_process)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce("mixed", key=b"k", value=b"from kafka", headers=[("h", b"1")])
+    assert producer.flush(30) == 0
+    row = next(t for t in _get_json(process, "topics") if t.get("kafka_topic") == "mixed")
+    request = urllib.request.Request(
+        f"{process.url}/messaging/messages?topicID={row['id']}", data=b"from http",
+        method="POST")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.status == 200
+    got = _consume(bootstrap, "mixed", 1, 2)[0]
+    assert [(m.key(), m.value(), m.headers()) for m in got] == [
+        (b"k", b"from kafka", [("h", b"1")]), (None, b"from http", None)]
+    messages = _read(process, row["id"])
+    assert messages[0].type == KAFKA_RECORD_TYPE
+    assert open_envelope(messages[0].data).value == b"from kafka"
+    assert (messages[1].type, messages[1].data) == (1, b"from http")
+    assert [m.index for m in messages] == [m.offset() for m in got]
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_librdkafka_compressed_batches(broker_process: Make, codec: str) -> None:
+    _, bootstrap = _start(broker_process)
+    producer = Producer({"bootstrap.servers": bootstrap, "compression.type": codec,
+                         "linger.ms": 20})
+    for i in range(500):
+        producer.produce("packed", value=b"value %d " % i * 10)
+    assert producer.flush(30) == 0
+    got = _consume(bootstrap, "packed", 1, 500)[0]
+    assert [m.value() for m in got] == [b"value %d " % i * 10 for i in range(500)]
