@@ -30,10 +30,18 @@ UNKNOWN_TOPIC_OR_PARTITION = 3
 LEADER_NOT_AVAILABLE = 5
 REQUEST_TIMED_OUT = 7
 MESSAGE_TOO_LARGE = 10
+OFFSET_METADATA_TOO_LARGE = 12
+COORDINATOR_NOT_AVAILABLE = 15
 INVALID_TOPIC_EXCEPTION = 17
 RECORD_LIST_TOO_LARGE = 18
 NOT_ENOUGH_REPLICAS = 19
 INVALID_REQUIRED_ACKS = 21
+ILLEGAL_GENERATION = 22
+INCONSISTENT_GROUP_PROTOCOL = 23
+INVALID_GROUP_ID = 24
+UNKNOWN_MEMBER_ID = 25
+INVALID_SESSION_TIMEOUT = 26
+REBALANCE_IN_PROGRESS = 27
 TOPIC_AUTHORIZATION_FAILED = 29
 UNSUPPORTED_VERSION = 35
 TOPIC_ALREADY_EXISTS = 36
@@ -47,6 +55,8 @@ UNSUPPORTED_COMPRESSION_TYPE = 76
 UNKNOWN_SERVER_ERROR = -1
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
+OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 8, 9, 10
+JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS, DESCRIBE_CONFIGS = 18, 19, 20, 32
 
 #: The largest request this listener reads (a Produce of many batches fits; more is a
@@ -86,6 +96,17 @@ APIS: dict[int, Api] = {api.key: api for api in (
     # v4 and later: aiokafka's schema has current_leader_epoch as an int64 (Kafka's is int32).
     Api(LIST_OFFSETS, "ListOffsets", 1, 3, "offset", "OffsetRequest", "OffsetResponse"),
     Api(METADATA, "Metadata", 0, 5, "metadata", "MetadataRequest", "MetadataResponse"),
+    Api(OFFSET_COMMIT, "OffsetCommit", 2, 3, "commit", "OffsetCommitRequest",
+        "OffsetCommitResponse"),
+    Api(OFFSET_FETCH, "OffsetFetch", 1, 3, "commit", "OffsetFetchRequest",
+        "OffsetFetchResponse"),
+    Api(FIND_COORDINATOR, "FindCoordinator", 0, 1, "coordination", "FindCoordinatorRequest",
+        "FindCoordinatorResponse"),
+    # JoinGroup v4 and later ask a new member to join twice (KIP-394), v5 adds static members.
+    Api(JOIN_GROUP, "JoinGroup", 0, 2, "group", "JoinGroupRequest", "JoinGroupResponse"),
+    Api(HEARTBEAT, "Heartbeat", 0, 1, "group", "HeartbeatRequest", "HeartbeatResponse"),
+    Api(LEAVE_GROUP, "LeaveGroup", 0, 1, "group", "LeaveGroupRequest", "LeaveGroupResponse"),
+    Api(SYNC_GROUP, "SyncGroup", 0, 1, "group", "SyncGroupRequest", "SyncGroupResponse"),
     Api(API_VERSIONS, "ApiVersions", 0, 2, "admin", "ApiVersionRequest", "ApiVersionResponse"),
     Api(CREATE_TOPICS, "CreateTopics", 0, 3, "admin", "CreateTopicsRequest",
         "CreateTopicsResponse"),

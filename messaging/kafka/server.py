@@ -22,6 +22,8 @@ from messaging.errors import BindError
 from messaging.kafka import protocol as p
 from messaging.kafka.admin import Admin
 from messaging.kafka.fetch import Fetching
+from messaging.kafka.groups import Coordinator
+from messaging.kafka.offsets import Offsets
 from messaging.kafka.produce import Producing
 from messaging.kafka.topics import KafkaTopics
 from messaging.log.base import Log
@@ -49,6 +51,8 @@ class KafkaListener:
         self.producing = Producing(broker, log_, self.topics, max_message_size, auto_create)
         self.fetching = Fetching(broker, self.topics, self._reads)
         self.admin = Admin(self.topics, host, port, auto_create)
+        self.coordinator = Coordinator()
+        self.offsets = Offsets(broker, log_, self.topics, self.coordinator, (0, host, port))
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
@@ -70,6 +74,7 @@ class KafkaListener:
                             f"{err.strerror or err}") from err
         self.port = sock.getsockname()[1]
         self.admin.host, self.admin.port = self.advertise or (self.host, self.port)
+        self.offsets.node = (0, self.admin.host, self.admin.port)
         self._server = await asyncio.start_server(self._accepted, sock=sock, ssl=self.tls,
                                                   backlog=1024)
 
@@ -82,6 +87,7 @@ class KafkaListener:
             task.cancel()
         if self._connections:
             await asyncio.wait(list(self._connections))
+        await self.coordinator.close()
         # A read in flight finishes on its thread (its handler is gone): wait off the loop.
         await asyncio.get_running_loop().run_in_executor(None, self._reads.shutdown, True)
 
@@ -132,13 +138,13 @@ class KafkaListener:
             raise p.ProtocolError(f"API {header.api_key} v{header.api_version} is not offered "
                                   "here (see ApiVersions)")
         request = p.read_request(api, header, data)
-        body = await self._dispatch(api.key, header.api_version, request)
+        body = await self._dispatch(api.key, header.api_version, request, header.client_id)
         if body is None:
             return None
         return p.encode_response(api, header.api_version, header.correlation_id, body)
 
     async def _dispatch(self, key: int, version: int, request: dict[str, Any],
-                        ) -> dict[str, Any] | None:
+                        client_id: str | None) -> dict[str, Any] | None:
         if key == p.PRODUCE:
             return await self.producing.produce(request)
         if key == p.FETCH:
@@ -153,5 +159,24 @@ class KafkaListener:
             return await self.admin.create_topics(request)
         if key == p.DELETE_TOPICS:
             return await self.admin.delete_topics(request)
-        assert key == p.DESCRIBE_CONFIGS
-        return await self.admin.describe_configs(request)
+        if key == p.DESCRIBE_CONFIGS:
+            return await self.admin.describe_configs(request)
+        return await self._groups(key, request, client_id)
+
+    async def _groups(self, key: int, request: dict[str, Any], client_id: str | None,
+                      ) -> dict[str, Any]:
+        """The consumer group APIs and committed offsets."""
+        if key == p.FIND_COORDINATOR:
+            return self.offsets.find_coordinator(request)
+        if key == p.OFFSET_COMMIT:
+            return await self.offsets.commit(request)
+        if key == p.OFFSET_FETCH:
+            return await self.offsets.fetch(request)
+        if key == p.JOIN_GROUP:
+            return await self.coordinator.join_group(request, client_id)
+        if key == p.SYNC_GROUP:
+            return await self.coordinator.sync_group(request)
+        if key == p.HEARTBEAT:
+            return self.coordinator.heartbeat(request)
+        assert key == p.LEAVE_GROUP
+        return self.coordinator.leave_group(request)

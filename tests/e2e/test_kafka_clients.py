@@ -180,3 +180,70 @@ def test_librdkafka_compressed_batches(broker_process: Make, codec: str) -> None
     assert producer.flush(30) == 0
     got = _consume(bootstrap, "packed", 1, 500)[0]
     assert [m.value() for m in got] == [b"value %d " % i * 10 for i in range(500)]
+
+
+def _settle(consumers: list[Consumer], partitions: int, within: float = 60.0) -> None:
+    """Poll every consumer until their assignments split the partitions between them."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        for consumer in consumers:
+            assert consumer.poll(0.2) is None  # nothing is produced yet
+        owned = [{tp.partition for tp in c.assignment()} for c in consumers]
+        if (all(owned) and sum(map(len, owned)) == partitions
+                and set().union(*owned) == set(range(partitions))):
+            return
+    raise AssertionError(f"no split within {within:g} s: {owned}")
+
+
+def _group_consumer(bootstrap: str, group: str, strategy: str) -> Consumer:
+    return Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                     "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                     "partition.assignment.strategy": strategy,
+                     "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+
+
+@pytest.mark.parametrize("strategy", ["range", "cooperative-sticky"])
+def test_a_group_splits_partitions_commits_and_a_new_member_resumes_after_the_commit(
+        broker_process: Make, strategy: str) -> None:
+    process, bootstrap = _start(broker_process)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("work", num_partitions=3, replication_factor=1)])[
+        "work"].result(30)
+    first, second = (_group_consumer(bootstrap, "workers", strategy) for _ in range(2))
+    for consumer in (first, second):
+        consumer.subscribe(["work"])
+    _settle([first, second], 3)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(300):
+        producer.produce("work", value=b"%d" % i, partition=i % 3)
+    assert producer.flush(30) == 0
+    seen: dict[Consumer, list[Any]] = {first: [], second: []}
+    deadline = time.monotonic() + 60
+    while sum(map(len, seen.values())) < 300 and time.monotonic() < deadline:
+        for consumer, got in seen.items():
+            message = consumer.poll(0.1)
+            if message is not None and message.error() is None:
+                got.append(message)
+                consumer.commit(message=message, asynchronous=False)
+    values = sorted(int(m.value()) for got in seen.values() for m in got)
+    assert values == list(range(300))  # every record once
+    assert {m.partition() for m in seen[first]}.isdisjoint({m.partition() for m in seen[second]})
+    assert seen[first] and seen[second]
+    # The committed offsets are consumer positions: the HTTP side shows the group's progress.
+    rows = [t for t in _get_json(process, "topics") if t.get("kafka_topic") == "work"]
+    assert all(row["subscribers"]["workers"] == row["last_index"] for row in rows)
+    first.close()
+    second.close()
+    for i in range(300, 330):
+        producer.produce("work", value=b"%d" % i, partition=i % 3)
+    assert producer.flush(30) == 0
+    late = _group_consumer(bootstrap, "workers", strategy)
+    late.subscribe(["work"])
+    resumed: list[int] = []
+    deadline = time.monotonic() + 60
+    while len(resumed) < 30 and time.monotonic() < deadline:
+        message = late.poll(0.2)
+        if message is not None and message.error() is None:
+            resumed.append(int(message.value() or b"-1"))
+    late.close()
+    assert sorted(resumed) == list(range(300, 330))

@@ -256,7 +256,7 @@ async def test_apis_not_offered_are_answered_or_cut_off_and_the_listener_goes_on
         broker: BrokerServer, caplog: pytest.LogCaptureFixture) -> None:
     answer = await _exchange(broker, _Raw(p.API_VERSIONS, 3, b"\x00"))  # librdkafka's first
     assert answer is not None and answer[:2] == struct.pack(">h", p.UNSUPPORTED_VERSION)
-    answer = await _exchange(broker, _Raw(10, 0, b"\x00\x01g"))  # FindCoordinator v0
+    answer = await _exchange(broker, _Raw(16, 0, b""))  # ListGroups v0
     assert answer is not None and answer[:2] == struct.pack(">h", p.UNSUPPORTED_VERSION)
     assert await _exchange(broker, _Raw(999, 0, b"")) is None
     assert await _exchange(broker, _Raw(p.METADATA, 1, b"\x00")) is None  # does not decode

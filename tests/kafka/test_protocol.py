@@ -96,6 +96,6 @@ def test_an_api_versions_of_another_version_is_answered_with_v0_and_the_offer() 
 
 
 def test_an_api_not_offered_is_answered_when_its_response_has_an_error_code() -> None:
-    answer = p.unsupported(10, 0, 5)  # FindCoordinator v0: error_code first
+    answer = p.unsupported(16, 0, 5)  # ListGroups v0: error_code first
     assert answer is not None and _body(answer, 5)[:2] == struct.pack(">h", 35)
     assert p.unsupported(999, 0, 5) is None  # unknown: the connection is closed instead

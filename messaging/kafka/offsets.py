@@ -1,0 +1,123 @@
+"""OffsetCommit, OffsetFetch and FindCoordinator: a Kafka group's committed offsets are the
+project's consumer positions.
+
+A group's offset in a partition is the consumer position named after the group in the
+partition's topic, so ``messaging consumers`` and the console show a Kafka group's lag, an
+HTTP read with ``consumer=GROUP`` starts where the group will, and a position reset over HTTP
+moves the group. Kafka commits the next offset to read; a position is the last index
+processed: the position is the offset less one. The broker is every group's coordinator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from messaging.broker.commands import reset_consumer
+from messaging.broker.view import BrokerView
+from messaging.errors import MessagingError
+from messaging.kafka import protocol as p
+from messaging.kafka.errors import kafka_code
+from messaging.kafka.groups import Coordinator
+from messaging.kafka.topics import KafkaTopics
+from messaging.log.base import Log
+
+log = logging.getLogger(__name__)
+
+#: The longest group id kept as a consumer name (the HTTP API's limit).
+MAX_GROUP_ID = 200
+
+
+class Offsets:
+    """Committed offsets over the consumer positions, and FindCoordinator."""
+
+    def __init__(self, broker: BrokerView, log_: Log, topics: KafkaTopics,
+                 coordinator: Coordinator, node: tuple[int, str, int]) -> None:
+        self.broker = broker
+        self.log = log_
+        self.topics = topics
+        self.coordinator = coordinator
+        self.node = node
+
+    def find_coordinator(self, request: dict[str, Any]) -> dict[str, Any]:
+        """This node coordinates every group."""
+        node_id, host, port = self.node
+        key = request.get("coordinator_key", request.get("consumer_group"))
+        if not key:
+            return {"error_code": p.INVALID_GROUP_ID, "error_message": "an empty group id",
+                    "coordinator_id": -1, "host": "", "port": -1}
+        return {"error_code": p.NONE, "coordinator_id": node_id, "host": host, "port": port}
+
+    async def commit(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Store each partition's offset as the group's position (one command each, applied
+        side by side)."""
+        group = request["consumer_group"]
+        code = _check_group(group)
+        if code == p.NONE:
+            code = self.coordinator.check_commit(
+                group, request.get("consumer_group_generation_id", -1),
+                request.get("consumer_id", ""))
+        jobs = []
+        for topic in request["topics"]:
+            for part in topic["partitions"]:
+                jobs.append((topic["topic"], part["partition"],
+                             self._commit_one(group, topic["topic"], part["partition"],
+                                              part["offset"], code)))
+        codes = await asyncio.gather(*(job for _, _, job in jobs))
+        by_topic: dict[str, list[dict[str, Any]]] = {}
+        for (name, partition, _), answer in zip(jobs, codes, strict=True):
+            by_topic.setdefault(name, []).append({"partition": partition, "error_code": answer})
+        return {"topics": [{"topic": name, "partitions": parts}
+                           for name, parts in by_topic.items()]}
+
+    async def _commit_one(self, group: str, name: str, partition: int, offset: int,
+                          code: int) -> int:
+        if code != p.NONE:
+            return code
+        topic_id = self.topics.topic_id(name, partition)
+        if topic_id is None:
+            return p.UNKNOWN_TOPIC_OR_PARTITION
+        if offset < 1:
+            return p.NONE  # nothing processed yet: no position to keep
+        try:
+            await self.log.apply(reset_consumer(topic_id, group, offset - 1))
+        except MessagingError as err:
+            log.warning("committing %s/%d for group %r failed: %s", name, partition, group, err)
+            return kafka_code(err)
+        return p.NONE
+
+    async def fetch(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Each partition's committed offset (-1: none); every Kafka topic's for a null
+        topic list (v2 and later)."""
+        group = request["consumer_group"]
+        code = _check_group(group)
+        asked = request.get("topics")
+        if asked is None:
+            asked = [{"topic": name, "partitions": sorted(self.topics.partitions(name))}
+                     for name in self.topics.names()]
+        topics = []
+        for topic in asked:
+            parts = []
+            for partition in topic["partitions"]:
+                parts.append(self._fetch_one(group, topic["topic"], partition, code))
+            if parts or request.get("topics") is not None:
+                topics.append({"topic": topic["topic"], "partitions": parts})
+        return {"topics": topics, "error_code": code}
+
+    def _fetch_one(self, group: str, name: str, partition: int, code: int) -> dict[str, Any]:
+        answer = {"partition": partition, "offset": -1, "metadata": "", "error_code": code}
+        if code != p.NONE:
+            return answer
+        topic_id = self.topics.topic_id(name, partition)
+        if topic_id is None:
+            answer["error_code"] = p.UNKNOWN_TOPIC_OR_PARTITION
+            return answer
+        position = self.broker.subscribers(topic_id).get(group)
+        if position:
+            answer["offset"] = position + 1
+        return answer
+
+
+def _check_group(group: str | None) -> int:
+    return p.NONE if group and len(group) <= MAX_GROUP_ID else p.INVALID_GROUP_ID
