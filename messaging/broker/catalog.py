@@ -748,7 +748,10 @@ class Catalog:
             raise BadRequestError(f"topic {topic} belongs to a named stream")
         producers = self._native_pending.get(topic, self.native.get(topic, {}))
         now = self._now(op)
-        new_state, duplicate = check_producer(producers, op["producer"], now)
+        span = op.get("span", 1)
+        if not isinstance(span, int) or span < 1:
+            raise BadRequestError(f"invalid producer span {span!r}")
+        new_state, duplicate = check_producer(producers, op["producer"], now, span)
         if duplicate is not None:
             op["done"] = True
             op["outcome"] = {"duplicate": True, "producer": (duplicate.epoch, duplicate.seq),

@@ -202,10 +202,16 @@ def expire_stream(name: str, topic: int) -> bytes:
     return stream_command({"op": "expire", "name": name, "topic": topic})
 
 
-def produce(topic: int, producer: tuple[str, int, int], now: float, frames: bytes) -> bytes:
-    """A native publish with producer headers: stored once however often it is sent."""
-    return stream_command({"op": "produce", "topic": topic, "producer": list(producer),
-                           "now": now}, frames)
+def produce(topic: int, producer: tuple[str, int, int], now: float, frames: bytes,
+            span: int = 1) -> bytes:
+    """A native publish with producer headers: stored once however often it is sent
+    (``span``: the sequence numbers it takes from ``producer``'s, see
+    :func:`messaging.broker.producers.check_producer`)."""
+    op: dict[str, Any] = {"op": "produce", "topic": topic, "producer": list(producer),
+                          "now": now}
+    if span != 1:
+        op["span"] = span
+    return stream_command(op, frames)
 
 
 @dataclass(frozen=True, slots=True)

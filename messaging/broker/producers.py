@@ -32,14 +32,19 @@ class Producer:
 
 
 def check_producer(producers: dict[str, Producer], producer: list[Any], now: float,
-                   ) -> tuple[Producer | None, Producer | None]:
+                   span: int = 1) -> tuple[Producer | None, Producer | None]:
     """Validate ``[id, epoch, seq]`` against a topic's producers (PROTOCOL.md §5.2.1).
+
+    ``span`` is how many sequence numbers the request takes (1 for an HTTP request; a Kafka
+    record batch takes one per record, from its base sequence ``seq``): the state then keeps
+    the last one, ``seq + span - 1``, and the next request must start right after it.
 
     Returns ``(new state, None)`` to accept, ``(None, state)`` for a duplicate; raises
     :class:`ProducerFencedError` (403), :class:`ProducerSequenceGapError` (409) or
     :class:`BadRequestError` (a new epoch not starting at 0).
     """
     pid, epoch, seq = str(producer[0]), int(producer[1]), int(producer[2])
+    last = seq + span - 1
     state = producers.get(pid)
     if state is not None and now - state.used > PRODUCER_TTL:
         state = None
@@ -47,18 +52,18 @@ def check_producer(producers: dict[str, Producer], producer: list[Any], now: flo
         if seq != 0:
             raise ProducerSequenceGapError(
                 f"producer {pid!r} is new here and must start at seq 0", 0, seq)
-        return Producer(epoch, 0, now), None
+        return Producer(epoch, last, now), None
     if epoch < state.epoch:
         raise ProducerFencedError(f"producer {pid!r} epoch {epoch} is stale (the topic has "
                                   f"epoch {state.epoch})", state.epoch)
     if epoch > state.epoch:
         if seq != 0:
             raise BadRequestError(f"producer {pid!r}: a new epoch must start at seq 0")
-        return Producer(epoch, 0, now), None
-    if seq <= state.seq:
+        return Producer(epoch, last, now), None
+    if last <= state.seq:
         return None, state
     if seq == state.seq + 1:
-        return Producer(epoch, seq, now), None
+        return Producer(epoch, last, now), None
     raise ProducerSequenceGapError(f"producer {pid!r} sent seq {seq}, expected {state.seq + 1}",
                                    state.seq + 1, seq)
 

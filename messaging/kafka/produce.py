@@ -1,5 +1,11 @@
 """Produce: each partition's record batches become one publish command of the partition's topic.
 
+An idempotent producer (InitProducerId) is one of the project's idempotent producers on each
+partition: its id, epoch and a batch's base sequence, the batch taking one sequence number
+per record; a batch sent again is stored once, across a crash too, since the producer table
+is committed with the frames. Sequence numbers are taken as growing (Kafka's wrap after 2^31
+per partition and producer is not handled).
+
 ``acks`` maps onto the project's one promise: the broker answers a publish once it is durable
 (fsynced, or committed by etcd in a cluster) and applied, so acks=1 and acks=all both get that
 answer, exactly an HTTP 200's; acks=0 gets no answer, as Kafka has it, but the records are
@@ -12,16 +18,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
+import time
 from array import array
 from typing import Any
 
-from messaging.broker.commands import Command
+from messaging.broker.commands import ApplyResult, Command, produce
 from messaging.broker.view import BrokerView
 from messaging.errors import MessagingError
 from messaging.frames import HEADER_SIZE, encode
 from messaging.kafka import protocol as p
 from messaging.kafka.errors import kafka_code
-from messaging.kafka.records import CodecError, RecordError, produced_batches
+from messaging.kafka.records import (
+    CodecError,
+    ProducedBatch,
+    Record,
+    RecordError,
+    produced_batches,
+)
 from messaging.kafka.topics import KafkaTopics, TopicError
 from messaging.log.base import Log
 
@@ -77,27 +91,43 @@ class Producing:
             return _failed(partition, p.UNKNOWN_TOPIC_OR_PARTITION,
                            f"topic {name!r} has no partition {partition}")
         try:
-            command = self._command(topic_id, data or b"")
+            batches = produced_batches(data or b"")
+            commands = self._commands(topic_id, batches)
         except CodecError as err:
             return _failed(partition, p.UNSUPPORTED_COMPRESSION_TYPE, str(err))
         except RecordError as err:
             return _failed(partition, p.CORRUPT_MESSAGE, str(err))
         except _TooLarge as err:
             return _failed(partition, p.MESSAGE_TOO_LARGE, str(err))
-        if command is None:
-            return _failed(partition, p.UNSUPPORTED_FOR_MESSAGE_FORMAT,
-                           "idempotent produce is not offered by this broker: set "
-                           "enable.idempotence=false")
-        try:
-            result = await self.log.apply(command)
-        except MessagingError as err:
-            log.warning("Kafka produce to %s/%d (topic %d) failed: %s", name, partition,
-                        topic_id, err)
-            return _failed(partition, kafka_code(err), str(err))
+        first = -1
+        for command, batch in commands:
+            try:
+                result = await self.log.apply(command)
+            except MessagingError as err:
+                code = kafka_code(err)
+                if code not in _EXPECTED:
+                    log.warning("Kafka produce to %s/%d (topic %d) failed: %s", name,
+                                partition, topic_id, err)
+                return _failed(partition, code, str(err))
+            offset = _offset(result, batch)
+            if offset is None:  # an older batch than the last one stored, sent again
+                return _failed(partition, p.DUPLICATE_SEQUENCE_NUMBER,
+                               "this batch was stored before")
+            first = offset if first < 0 else first
         topic = self.broker.topic(topic_id)
-        return {"partition": partition, "error_code": p.NONE, "offset": result.first,
+        return {"partition": partition, "error_code": p.NONE, "offset": first,
                 "timestamp": -1,
                 "log_start_offset": topic.first_index if topic is not None else -1}
+
+    def init_producer_id(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A new idempotent producer: a fresh id (random 62 bits: unique without a
+        registry, and never reused across restarts) at epoch 0. Transactions are not
+        offered."""
+        if request.get("transactional_id") is not None:
+            return {"error_code": p.UNSUPPORTED_FOR_MESSAGE_FORMAT, "producer_id": -1,
+                    "producer_epoch": -1}
+        return {"error_code": p.NONE, "producer_id": secrets.randbits(62) + 1,
+                "producer_epoch": 0}
 
     async def _auto_create(self, name: str, partition: int) -> int | None:
         """Create a topic of one partition on its first produce (Kafka's default)."""
@@ -111,25 +141,59 @@ class Producing:
                 return None
         return self.topics.topic_id(name, partition)
 
-    def _command(self, topic_id: int, data: bytes) -> Command | None:
-        """The publish command of one partition's records (None: idempotent batches)."""
+    def _commands(self, topic_id: int, batches: list[ProducedBatch],
+                  ) -> list[tuple[bytes, ProducedBatch | None]]:
+        """The publish commands of one partition's batches: all in one, or one per batch of
+        an idempotent producer (each deduplicated by its sequence numbers)."""
+        if not batches:
+            raise RecordError("a produce without records")
+        if all(b.producer_id < 0 for b in batches):
+            return [(self._frames(topic_id, [r for b in batches for r in b.records]), None)]
+        now = time.time()
+        commands: list[tuple[bytes, ProducedBatch | None]] = []
+        for batch in batches:
+            frames = self._frames(topic_id, batch.records)
+            if batch.producer_id < 0:
+                commands.append((frames, None))
+                continue
+            producer = (str(batch.producer_id), batch.producer_epoch, batch.base_sequence)
+            commands.append((produce(topic_id, producer, now, frames,
+                                     span=len(batch.records)), batch))
+        return commands
+
+    def _frames(self, topic_id: int, records: list[Record]) -> Command:
+        """The frames of some records, as a validated publish of ``topic_id``."""
         parts: list[bytes] = []
         offsets: array[int] = array("q")
         at = 0
-        for batch in produced_batches(data):
-            if batch.producer_id >= 0:
-                return None
-            for record in batch.records:
-                type_, message = record.message()
-                if len(message) > self.max_message_size:
-                    raise _TooLarge(f"a record of {len(message)} bytes exceeds the maximum "
-                                    f"of {self.max_message_size}")
-                offsets.append(at)
-                parts.append(encode(type_, topic_id, message))
-                at += HEADER_SIZE + len(message)
+        for record in records:
+            type_, message = record.message()
+            if len(message) > self.max_message_size:
+                raise _TooLarge(f"a record of {len(message)} bytes exceeds the maximum "
+                                f"of {self.max_message_size}")
+            offsets.append(at)
+            parts.append(encode(type_, topic_id, message))
+            at += HEADER_SIZE + len(message)
         if not parts:
-            raise RecordError("a produce without records")
+            raise RecordError("a record batch without records")
         return Command.of(b"".join(parts), offsets, topic_id)
+
+
+def _offset(result: ApplyResult, batch: ProducedBatch | None) -> int | None:
+    """The base offset of a stored batch; None for a duplicate older than the last one stored
+    (whose offsets the producer table no longer holds)."""
+    outcome = result.stream
+    if batch is None or outcome is None or not outcome.duplicate:
+        return outcome.first if outcome is not None and batch is not None else result.first
+    last_seq = batch.base_sequence + len(batch.records) - 1
+    if outcome.producer is not None and outcome.producer[1] == last_seq:
+        return outcome.first
+    return None
+
+
+#: Errors a producer expects and acts on (logged at no level).
+_EXPECTED = frozenset({p.OUT_OF_ORDER_SEQUENCE_NUMBER, p.INVALID_PRODUCER_EPOCH,
+                       p.UNKNOWN_PRODUCER_ID, p.MESSAGE_TOO_LARGE})
 
 
 class _TooLarge(Exception):

@@ -50,14 +50,19 @@ INVALID_REPLICATION_FACTOR = 38
 INVALID_REQUEST = 42
 INVALID_CONFIG = 40
 UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+DUPLICATE_SEQUENCE_NUMBER = 46
+INVALID_PRODUCER_EPOCH = 47
 KAFKA_STORAGE_ERROR = 56
+UNKNOWN_PRODUCER_ID = 59
 UNSUPPORTED_COMPRESSION_TYPE = 76
 UNKNOWN_SERVER_ERROR = -1
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 8, 9, 10
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
-API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS, DESCRIBE_CONFIGS = 18, 19, 20, 32
+API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS, INIT_PRODUCER_ID = 18, 19, 20, 22
+DESCRIBE_CONFIGS = 32
 
 #: The largest request this listener reads (a Produce of many batches fits; more is a
 #: broken or hostile client, whose connection is closed).
@@ -112,6 +117,8 @@ APIS: dict[int, Api] = {api.key: api for api in (
         "CreateTopicsResponse"),
     Api(DELETE_TOPICS, "DeleteTopics", 0, 3, "admin", "DeleteTopicsRequest",
         "DeleteTopicsResponse"),
+    Api(INIT_PRODUCER_ID, "InitProducerId", 0, 0, "transaction", "InitProducerIdRequest",
+        "InitProducerIdResponse"),
     Api(DESCRIBE_CONFIGS, "DescribeConfigs", 0, 2, "admin", "DescribeConfigsRequest",
         "DescribeConfigsResponse"),
 )}

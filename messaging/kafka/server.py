@@ -161,6 +161,8 @@ class KafkaListener:
             return await self.admin.delete_topics(request)
         if key == p.DESCRIBE_CONFIGS:
             return await self.admin.describe_configs(request)
+        if key == p.INIT_PRODUCER_ID:
+            return self.producing.init_producer_id(request)
         return await self._groups(key, request, client_id)
 
     async def _groups(self, key: int, request: dict[str, Any], client_id: str | None,

@@ -16,6 +16,7 @@ from messaging.broker import snapshot as snapshot_format
 from messaging.broker.broker import Broker
 from messaging.broker.catalog import stream_command
 from messaging.broker.commands import heartbeat_command
+from messaging.broker.commands import produce as produce_command
 from messaging.broker.subscribers import RESET, consumer_command
 from messaging.broker.topic_settings import (
     MAX_MESSAGE_SIZE,
@@ -449,4 +450,30 @@ def test_a_freed_streams_positions_go_with_it(tmp_path: Path) -> None:
     broker.close()
     reopened = Broker.open(tmp_path)
     assert reopened.subscribers(topic) == {}
+    reopened.close()
+
+
+# -- a Kafka batch takes a sequence number per record -----------------------------------------
+
+
+def test_a_batch_spanning_sequence_numbers_is_stored_once_and_the_next_follows_it(
+        tmp_path: Path) -> None:
+    broker = Broker.open(tmp_path)
+    three = encode_batch(9, [b"a", b"b", b"c"])
+    first = apply(broker, produce_command(9, ("p", 0, 0), 1.0, three, span=3))
+    assert first.stream is not None and (first.first, first.last) == (1, 3)
+    again = apply(broker, produce_command(9, ("p", 0, 0), 1.0, three, span=3))
+    assert again.stream is not None and again.stream.duplicate
+    assert (again.stream.first, again.stream.producer) == (1, (0, 2))
+    with pytest.raises(ProducerSequenceGapError):  # must start at 3
+        apply(broker, produce_command(9, ("p", 0, 4), 1.0, encode(1, 9, b"d"), span=1))
+    apply(broker, produce_command(9, ("p", 0, 3), 1.0, encode_batch(9, [b"d", b"e"]), span=2))
+    older = apply(broker, produce_command(9, ("p", 0, 0), 1.0, three, span=3))
+    assert older.stream is not None and older.stream.duplicate
+    assert older.stream.producer == (0, 4)  # the last stored: an older batch than it
+    broker.close()
+    reopened = Broker.open(tmp_path)  # the producer table is journaled with the frames
+    assert contents(reopened)[9] == [(1, b"a"), (2, b"b"), (3, b"c"), (4, b"d"), (5, b"e")]
+    assert apply(reopened, produce_command(9, ("p", 0, 3), 1.0, encode_batch(
+        9, [b"d", b"e"]), span=2)).stream.duplicate
     reopened.close()

@@ -9,6 +9,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -247,3 +248,51 @@ def test_a_group_splits_partitions_commits_and_a_new_member_resumes_after_the_co
             resumed.append(int(message.value() or b"-1"))
     late.close()
     assert sorted(resumed) == list(range(300, 330))
+
+
+def test_kill_9_under_an_idempotent_producer_loses_nothing_and_stores_nothing_twice(
+        broker_process: Make, tmp_path: Path) -> None:
+    http_port, kafka_port = free_port(), free_port()
+    bootstrap = f"127.0.0.1:{kafka_port}"
+    data = tmp_path / "crash"
+    args = ("--kafka-bind", bootstrap)
+    first = broker_process(data, *args, port=http_port).start()
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("safe", num_partitions=2, replication_factor=1)])[
+        "safe"].result(30)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                         "linger.ms": 2, "message.timeout.ms": 120_000,
+                         "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500})
+    acked: set[int] = set()
+    failed: list[str] = []
+
+    def report(err: KafkaError | None, message: Any) -> None:
+        if err is None:
+            acked.add(int(message.value()))
+        else:
+            failed.append(str(err))
+
+    total = 20_000
+    for i in range(total):
+        while True:
+            try:
+                producer.produce("safe", value=b"%d" % i, partition=i % 2, on_delivery=report)
+                break
+            except BufferError:  # the queue is full while the broker is down
+                producer.poll(0.05)
+        producer.poll(0)
+        if i == total // 2:
+            deadline = time.monotonic() + 30
+            while len(acked) < total // 10 and time.monotonic() < deadline:
+                producer.poll(0.001)
+            assert total // 10 <= len(acked) < i, "no batch in flight at the kill"
+            first.kill()  # SIGKILL with batches in flight
+            broker_process(data, *args, port=http_port).start()
+    assert producer.flush(120) == 0
+    assert not failed and len(acked) == total
+    got = _consume(bootstrap, "safe", 2, total)
+    values = [int(m.value() or b"-1") for messages in got.values() for m in messages]
+    assert len(values) == len(set(values)) == total  # every one, once
+    for partition, messages in got.items():
+        numbers = [int(m.value() or b"-1") for m in messages]
+        assert numbers == sorted(numbers) and all(n % 2 == partition for n in numbers)

@@ -272,3 +272,32 @@ async def test_a_request_too_big_closes_the_connection(broker: BrokerServer) -> 
     await writer.drain()
     assert await asyncio.wait_for(reader.read(), 10) == b""
     writer.close()
+
+
+def _idempotent(first_seq: int, *values: bytes, producer_id: int = 77) -> bytes:
+    builder = DefaultRecordBatchBuilder(2, 0, 0, producer_id, 0, first_seq, 1 << 20)
+    for i, value in enumerate(values):
+        builder.append(i, 1, None, value, [])
+    return bytes(builder.build())
+
+
+async def _produce(server: BrokerServer, batch: bytes) -> tuple[int, int]:
+    answer = await _exchange(server, ProduceRequest_v3(None, -1, 1000, [("idem", [(0, batch)])]))
+    assert answer is not None
+    partition = ProduceResponse_v3.decode(answer).topics[0][1][0]
+    return partition[1], partition[2]
+
+
+async def test_an_idempotent_producers_batches_are_stored_once(broker: BrokerServer) -> None:
+    await _exchange(broker, MetadataRequest_v4(["idem"], True))  # created
+    code, offset = await _produce(broker, _idempotent(0, b"a", b"b"))
+    assert code == p.NONE
+    assert await _produce(broker, _idempotent(0, b"a", b"b")) == (p.NONE, offset)  # resent
+    assert (await _produce(broker, _idempotent(5, b"x")))[0] == p.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert (await _produce(broker, _idempotent(2, b"c")))[0] == p.NONE
+    assert (await _produce(broker, _idempotent(0, b"a", b"b")))[0] == (
+        p.DUPLICATE_SEQUENCE_NUMBER)  # older than the last: its offsets are not kept
+    assert (await _produce(broker, _idempotent(3, b"z", producer_id=78)))[0] == (
+        p.UNKNOWN_PRODUCER_ID)
+    records = await _consume(broker, "idem", 1, 3)
+    assert [r.value for r in records] == [b"a", b"b", b"c"]  # type: ignore[attr-defined]
