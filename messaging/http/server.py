@@ -130,10 +130,15 @@ class BrokerServer:
             raise ConfigError(f"--kafka-bind needs the kafka extra ({err.name} is missing): "
                               "pip install 'messaging[kafka]'") from err
         host, port = config.kafka_bind
-        listener = KafkaListener(self.stack.broker, self.stack.log, host, port,
-                                 max_message_size=config.max_message_size,
-                                 auto_create=config.kafka_auto_create == "on", tls=tls,
-                                 advertise=config.kafka_advertise)
+        tokens = self.tokens
+        listener = KafkaListener(
+            self.stack.broker, self.stack.log, host, port,
+            max_message_size=config.max_message_size,
+            auto_create=config.kafka_auto_create == "on", tls=tls,
+            advertise=config.kafka_advertise,
+            # SASL/PLAIN: the password is a broker token, looked up as a bearer token is.
+            tokens=None if tokens is None else (
+                lambda password: tokens.principal(f"Bearer {password}")))
         await listener.start()
         self.kafka = listener
 
@@ -262,6 +267,15 @@ def check_security(config: BrokerConfig) -> None:
         raise ConfigError("--tls-cert and --tls-key go together")
     if config.tls_client_ca is not None and config.tls_cert is None:
         raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key")
+    if config.kafka_bind is not None and config.tokens is None and not config.insecure and (
+            not is_loopback(config.kafka_bind[0])):
+        host, port = config.kafka_bind
+        raise ConfigError(
+            f"refusing to serve Kafka clients on {host}:{port} without authentication: give "
+            "--tokens FILE (clients then use SASL/PLAIN with a token as the password), or "
+            "--insecure")
+    if config.kafka_advertise is not None and config.kafka_bind is None:
+        raise ConfigError("--kafka-advertise needs --kafka-bind")
 
 
 def tls_context(config: BrokerConfig) -> ssl.SSLContext | None:

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from messaging.kafka import protocol as p
+from messaging.kafka.access import allowed
 from messaging.kafka.topics import KafkaTopics, TopicError, check_name
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class Admin:
         """This node, and the topics asked for (every one for none, or null from v1)."""
         asked = request.get("topics")
         if asked is None or (version == 0 and not asked):
-            names = self.topics.names()
+            names = [name for name in self.topics.names() if allowed("read", name)]
             create = False
         else:
             names = list(asked)
@@ -47,12 +48,15 @@ class Admin:
                 "cluster_id": CLUSTER_ID, "controller_id": NODE_ID, "topics": topics}
 
     async def _topic(self, name: str, create: bool) -> dict[str, Any]:
+        if not allowed("read", name):
+            return {"error_code": p.TOPIC_AUTHORIZATION_FAILED, "topic": name,
+                    "is_internal": False, "partitions": []}
         partitions = self.topics.partitions(name)
         code = p.NONE
         if not partitions:
             try:
                 check_name(name)
-                if not create:
+                if not create or not allowed("write", name):
                     raise TopicError(p.UNKNOWN_TOPIC_OR_PARTITION,
                                      f"topic {name!r} does not exist")
                 await self.topics.create(name, 1, {})
@@ -76,6 +80,9 @@ class Admin:
             count = item["num_partitions"]
             code, message = p.NONE, None
             try:
+                if not allowed("write", name):
+                    raise TopicError(p.TOPIC_AUTHORIZATION_FAILED,
+                                     f"this token may not create {name!r}")
                 if item["replica_assignment"]:
                     raise TopicError(p.INVALID_REQUEST, "replica assignments are not taken: "
                                      "give num_partitions")
@@ -95,6 +102,8 @@ class Admin:
         for name in request["topics"]:
             code = p.NONE
             try:
+                if not allowed("admin"):
+                    raise TopicError(p.TOPIC_AUTHORIZATION_FAILED, "deleting needs admin")
                 await self.topics.delete(name)
             except TopicError as err:
                 code = err.code
@@ -109,7 +118,10 @@ class Admin:
             answer: dict[str, Any] = {"error_code": p.NONE, "error_message": None,
                                       "resource_type": kind, "resource_name": name,
                                       "config_entries": []}
-            if kind == TOPIC_RESOURCE:
+            if kind == TOPIC_RESOURCE and not allowed("read", name):
+                answer["error_code"] = p.TOPIC_AUTHORIZATION_FAILED
+                answer["error_message"] = f"this token may not read {name!r}"
+            elif kind == TOPIC_RESOURCE:
                 try:
                     entries = self.topics.configs(name)
                     wanted = resource.get("config_names")

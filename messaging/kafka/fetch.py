@@ -25,6 +25,7 @@ from messaging.broker.view import BrokerView
 from messaging.errors import MessagingError
 from messaging.frames import decode
 from messaging.kafka import protocol as p
+from messaging.kafka.access import allowed
 from messaging.kafka.errors import kafka_code
 from messaging.kafka.records import record_batch
 from messaging.kafka.topics import KafkaTopics
@@ -102,6 +103,8 @@ class Fetching:
         return answers, total
 
     async def _read(self, want: _Wanted, max_bytes: int) -> dict[str, Any]:
+        if not allowed("read", want.name):
+            return _partition(want.partition, p.TOPIC_AUTHORIZATION_FAILED)
         topic = self._topic(want)
         if topic is None:
             return _partition(want.partition, p.UNKNOWN_TOPIC_OR_PARTITION)
@@ -175,6 +178,9 @@ class Fetching:
 
     async def _offset(self, name: str, partition: int, timestamp: int) -> dict[str, Any]:
         answer = {"partition": partition, "error_code": p.NONE, "timestamp": -1, "offset": -1}
+        if not allowed("read", name):
+            answer["error_code"] = p.TOPIC_AUTHORIZATION_FAILED
+            return answer
         topic_id = self.topics.topic_id(name, partition)
         topic = self.broker.topic(topic_id) if topic_id is not None else None
         if topic is None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from messaging.kafka import protocol as p
+from messaging.kafka.access import allowed
 
 log = logging.getLogger(__name__)
 
@@ -296,6 +297,8 @@ class Coordinator:
     async def join_group(self, request: dict[str, Any], client_id: str | None,
                          ) -> dict[str, Any]:
         """JoinGroup: wait for the rebalance this join is part of."""
+        if not allowed("consume", request["group"]):
+            return _join_error(p.GROUP_AUTHORIZATION_FAILED, request["member_id"])
         group = self.group(request["group"])
         session = request["session_timeout"]
         return await group.join(request["member_id"], client_id, session,
@@ -306,6 +309,8 @@ class Coordinator:
 
     async def sync_group(self, request: dict[str, Any]) -> dict[str, Any]:
         """SyncGroup: this member's assignment (the leader's request carries them all)."""
+        if not allowed("consume", request["group"]):
+            return {"error_code": p.GROUP_AUTHORIZATION_FAILED, "member_assignment": b""}
         group = self.groups.get(request["group"])
         if group is None:
             return {"error_code": p.UNKNOWN_MEMBER_ID, "member_assignment": b""}
@@ -315,6 +320,8 @@ class Coordinator:
 
     def heartbeat(self, request: dict[str, Any]) -> dict[str, Any]:
         """Heartbeat: alive, or join again."""
+        if not allowed("consume", request["group"]):
+            return {"error_code": p.GROUP_AUTHORIZATION_FAILED}
         group = self.groups.get(request["group"])
         code = (p.UNKNOWN_MEMBER_ID if group is None
                 else group.heartbeat(request["member_id"], request["generation_id"]))
@@ -322,6 +329,8 @@ class Coordinator:
 
     def leave_group(self, request: dict[str, Any]) -> dict[str, Any]:
         """LeaveGroup: the member goes; the others rebalance."""
+        if not allowed("consume", request["group"]):
+            return {"error_code": p.GROUP_AUTHORIZATION_FAILED}
         group = self.groups.get(request["group"])
         code = p.UNKNOWN_MEMBER_ID if group is None else group.leave(request["member_id"])
         return {"error_code": code}

@@ -18,6 +18,7 @@ from messaging.broker.commands import reset_consumer
 from messaging.broker.view import BrokerView
 from messaging.errors import MessagingError
 from messaging.kafka import protocol as p
+from messaging.kafka.access import allowed
 from messaging.kafka.errors import kafka_code
 from messaging.kafka.groups import Coordinator
 from messaging.kafka.topics import KafkaTopics
@@ -47,6 +48,10 @@ class Offsets:
         if not key:
             return {"error_code": p.INVALID_GROUP_ID, "error_message": "an empty group id",
                     "coordinator_id": -1, "host": "", "port": -1}
+        if not allowed("consume", key):
+            return {"error_code": p.GROUP_AUTHORIZATION_FAILED, "coordinator_id": -1,
+                    "error_message": f"this token may not consume as {key!r}", "host": "",
+                    "port": -1}
         return {"error_code": p.NONE, "coordinator_id": node_id, "host": host, "port": port}
 
     async def commit(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -54,6 +59,8 @@ class Offsets:
         side by side)."""
         group = request["consumer_group"]
         code = _check_group(group)
+        if code == p.NONE and not allowed("consume", group):
+            code = p.GROUP_AUTHORIZATION_FAILED
         if code == p.NONE:
             code = self.coordinator.check_commit(
                 group, request.get("consumer_group_generation_id", -1),
@@ -75,6 +82,8 @@ class Offsets:
                           code: int) -> int:
         if code != p.NONE:
             return code
+        if not allowed("read", name):
+            return p.TOPIC_AUTHORIZATION_FAILED
         topic_id = self.topics.topic_id(name, partition)
         if topic_id is None:
             return p.UNKNOWN_TOPIC_OR_PARTITION
@@ -92,10 +101,12 @@ class Offsets:
         topic list (v2 and later)."""
         group = request["consumer_group"]
         code = _check_group(group)
+        if code == p.NONE and not allowed("consume", group):
+            code = p.GROUP_AUTHORIZATION_FAILED
         asked = request.get("topics")
         if asked is None:
             asked = [{"topic": name, "partitions": sorted(self.topics.partitions(name))}
-                     for name in self.topics.names()]
+                     for name in self.topics.names() if allowed("read", name)]
         topics = []
         for topic in asked:
             parts = []
@@ -108,6 +119,9 @@ class Offsets:
     def _fetch_one(self, group: str, name: str, partition: int, code: int) -> dict[str, Any]:
         answer = {"partition": partition, "offset": -1, "metadata": "", "error_code": code}
         if code != p.NONE:
+            return answer
+        if not allowed("read", name):
+            answer["error_code"] = p.TOPIC_AUTHORIZATION_FAILED
             return answer
         topic_id = self.topics.topic_id(name, partition)
         if topic_id is None:

@@ -28,6 +28,7 @@ from messaging.broker.view import BrokerView
 from messaging.errors import MessagingError
 from messaging.frames import HEADER_SIZE, encode
 from messaging.kafka import protocol as p
+from messaging.kafka.access import allowed
 from messaging.kafka.errors import kafka_code
 from messaging.kafka.records import (
     CodecError,
@@ -84,6 +85,9 @@ class Producing:
 
     async def _partition(self, name: str, partition: int, data: bytes | None,
                          ) -> dict[str, Any]:
+        if not allowed("write", name):
+            return _failed(partition, p.TOPIC_AUTHORIZATION_FAILED,
+                           f"this token may not write to {name!r}")
         topic_id = self.topics.topic_id(name, partition)
         if topic_id is None:
             topic_id = await self._auto_create(name, partition)

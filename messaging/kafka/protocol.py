@@ -43,6 +43,10 @@ UNKNOWN_MEMBER_ID = 25
 INVALID_SESSION_TIMEOUT = 26
 REBALANCE_IN_PROGRESS = 27
 TOPIC_AUTHORIZATION_FAILED = 29
+GROUP_AUTHORIZATION_FAILED = 30
+CLUSTER_AUTHORIZATION_FAILED = 31
+UNSUPPORTED_SASL_MECHANISM = 33
+ILLEGAL_SASL_STATE = 34
 UNSUPPORTED_VERSION = 35
 TOPIC_ALREADY_EXISTS = 36
 INVALID_PARTITIONS = 37
@@ -54,6 +58,7 @@ OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 DUPLICATE_SEQUENCE_NUMBER = 46
 INVALID_PRODUCER_EPOCH = 47
 KAFKA_STORAGE_ERROR = 56
+SASL_AUTHENTICATION_FAILED = 58
 UNKNOWN_PRODUCER_ID = 59
 UNSUPPORTED_COMPRESSION_TYPE = 76
 UNKNOWN_SERVER_ERROR = -1
@@ -61,8 +66,8 @@ UNKNOWN_SERVER_ERROR = -1
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 8, 9, 10
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
-API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS, INIT_PRODUCER_ID = 18, 19, 20, 22
-DESCRIBE_CONFIGS = 32
+SASL_HANDSHAKE, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS = 17, 18, 19, 20
+INIT_PRODUCER_ID, DESCRIBE_CONFIGS, SASL_AUTHENTICATE = 22, 32, 36
 
 #: The largest request this listener reads (a Produce of many batches fits; more is a
 #: broken or hostile client, whose connection is closed).
@@ -121,6 +126,12 @@ APIS: dict[int, Api] = {api.key: api for api in (
         "InitProducerIdResponse"),
     Api(DESCRIBE_CONFIGS, "DescribeConfigs", 0, 2, "admin", "DescribeConfigsRequest",
         "DescribeConfigsResponse"),
+    # v0 would carry the SASL exchange outside Kafka's framing: only v1, with
+    # SaslAuthenticate, is offered.
+    Api(SASL_HANDSHAKE, "SaslHandshake", 1, 1, "admin", "SaslHandShakeRequest",
+        "SaslHandShakeResponse"),
+    Api(SASL_AUTHENTICATE, "SaslAuthenticate", 0, 1, "admin", "SaslAuthenticateRequest",
+        "SaslAuthenticateResponse"),
 )}
 
 

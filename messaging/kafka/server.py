@@ -20,6 +20,14 @@ from typing import Any
 from messaging.broker.view import BrokerView
 from messaging.errors import BindError
 from messaging.kafka import protocol as p
+from messaging.kafka.access import (
+    EVERYONE,
+    Authenticate,
+    AuthenticationError,
+    authenticate,
+    plain_password,
+    serve_as,
+)
 from messaging.kafka.admin import Admin
 from messaging.kafka.fetch import Fetching
 from messaging.kafka.groups import Coordinator
@@ -34,18 +42,30 @@ log = logging.getLogger(__name__)
 READ_THREADS = 4
 
 
+class _Connection:
+    """What one connection's requests share: how far it got with SASL."""
+
+    def __init__(self) -> None:
+        self.handshaken = False
+        self.password: str | None = None
+        self.failed: str | None = None
+
+
 class KafkaListener:
     """Serves the Kafka protocol on ``host:port`` for one broker: :meth:`start`, :meth:`stop`."""
 
     def __init__(self, broker: BrokerView, log_: Log, host: str, port: int, *,
                  max_message_size: int, auto_create: bool = True,
                  tls: ssl.SSLContext | None = None,
-                 advertise: tuple[str, int] | None = None) -> None:
+                 advertise: tuple[str, int] | None = None,
+                 tokens: Authenticate | None = None) -> None:
         self.host = host
         self.port = port
         self.tls = tls
         #: What Metadata tells clients to connect to (None: the bound address).
         self.advertise = advertise
+        #: With --tokens: a token's principal (connections must authenticate with SASL/PLAIN).
+        self.tokens = tokens
         self.topics = KafkaTopics(broker, log_, max_message_size)
         self._reads = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="kafka-read")
         self.producing = Producing(broker, log_, self.topics, max_message_size, auto_create)
@@ -102,8 +122,8 @@ class KafkaListener:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             await self._serve(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass  # the client went away
+        except (OSError, asyncio.IncompleteReadError):
+            pass  # the client went away (a reset, a broken TLS session)
         except p.ProtocolError as err:
             log.warning("Kafka client %s: %s; closing its connection", peer, err)
         except asyncio.CancelledError:
@@ -115,16 +135,21 @@ class KafkaListener:
             writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = _Connection()
+        serve_as(EVERYONE if self.tokens is None else None)
         while True:
             size = p.frame_size(await reader.readexactly(4))
             data = await reader.readexactly(size)
             header = p.read_header(data)
-            answer = await self._answer(header, data)
+            answer = await self._answer(connection, header, data)
             if answer is not None:
                 writer.write(answer)
                 await writer.drain()
+            if connection.failed is not None:
+                raise p.ProtocolError(f"authentication failed: {connection.failed}")
 
-    async def _answer(self, header: p.RequestHeader, data: bytes) -> bytes | None:
+    async def _answer(self, connection: _Connection, header: p.RequestHeader,
+                      data: bytes) -> bytes | None:
         """The whole response to one request (None: the request gets none, acks=0)."""
         api = p.offered(header.api_key, header.api_version)
         if api is None:
@@ -138,10 +163,53 @@ class KafkaListener:
             raise p.ProtocolError(f"API {header.api_key} v{header.api_version} is not offered "
                                   "here (see ApiVersions)")
         request = p.read_request(api, header, data)
-        body = await self._dispatch(api.key, header.api_version, request, header.client_id)
+        body: dict[str, Any] | None
+        if api.key in (p.SASL_HANDSHAKE, p.SASL_AUTHENTICATE):
+            body = self._sasl(connection, api.key, request)
+        else:
+            self._check_authenticated(connection, api)
+            body = await self._dispatch(api.key, header.api_version, request, header.client_id)
         if body is None:
             return None
         return p.encode_response(api, header.api_version, header.correlation_id, body)
+
+    def _sasl(self, connection: _Connection, key: int, request: dict[str, Any],
+              ) -> dict[str, Any]:
+        """SaslHandshake (PLAIN only) and SaslAuthenticate (a broker token as password)."""
+        if key == p.SASL_HANDSHAKE:
+            if self.tokens is None:
+                return {"error_code": p.ILLEGAL_SASL_STATE, "enabled_mechanisms": []}
+            if request["mechanism"] != "PLAIN":
+                return {"error_code": p.UNSUPPORTED_SASL_MECHANISM,
+                        "enabled_mechanisms": ["PLAIN"]}
+            connection.handshaken = True
+            return {"error_code": p.NONE, "enabled_mechanisms": ["PLAIN"]}
+        if self.tokens is None or not connection.handshaken:
+            return {"error_code": p.ILLEGAL_SASL_STATE,
+                    "error_message": "send SaslHandshake with PLAIN first"}
+        try:
+            password = plain_password(request["sasl_auth_bytes"] or b"")
+            principal = authenticate(self.tokens, password)
+        except AuthenticationError as err:
+            connection.failed = str(err)
+            return {"error_code": p.SASL_AUTHENTICATION_FAILED, "error_message": str(err),
+                    "sasl_auth_bytes": b""}
+        connection.password = password
+        log.debug("Kafka connection authenticated as %s", principal.name)
+        serve_as(principal)
+        return {"error_code": p.NONE, "sasl_auth_bytes": b""}
+
+    def _check_authenticated(self, connection: _Connection, api: p.Api) -> None:
+        """With tokens: nothing but ApiVersions before SASL, and the token still valid."""
+        if self.tokens is None or api.key == p.API_VERSIONS:
+            return
+        if connection.password is None:
+            raise p.ProtocolError(f"{api.name} before authenticating: this broker takes "
+                                  "SASL/PLAIN with a token as the password")
+        try:
+            serve_as(authenticate(self.tokens, connection.password))
+        except AuthenticationError as err:
+            raise p.ProtocolError(f"the connection's token is no longer valid: {err}") from err
 
     async def _dispatch(self, key: int, version: int, request: dict[str, Any],
                         client_id: str | None) -> dict[str, Any] | None:
