@@ -93,6 +93,10 @@ class BrokerServer:
         self.port = sock.getsockname()[1]
         etcd = config.etcd_settings()
         if etcd is not None and config.groups > 1:
+            if config.kafka_bind is not None:
+                sock.close()
+                raise ConfigError("--kafka-bind serves one command log: a cluster of topic "
+                                  "groups (--groups above 1) has no Kafka listener")
             await self._start_groups(sock, tls, etcd, storage)
             return
         try:
@@ -138,8 +142,12 @@ class BrokerServer:
             advertise=config.kafka_advertise,
             # SASL/PLAIN: the password is a broker token, looked up as a bearer token is.
             tokens=None if tokens is None else (
-                lambda password: tokens.principal(f"Bearer {password}")))
+                lambda password: tokens.principal(f"Bearer {password}")),
+            peers=getattr(self.stack.log, "kafka_addresses", None))
         await listener.start()
+        announce = getattr(self.stack.log, "announce_kafka", None)
+        if announce is not None:  # a cluster node: the others learn where its listener is
+            announce(listener.nodes.address)
         self.kafka = listener
 
     async def _start_groups(self, sock: socket.socket, tls: ssl.SSLContext | None,

@@ -1,9 +1,10 @@
 """Metadata, CreateTopics, DeleteTopics and DescribeConfigs.
 
 A node answers Metadata with itself as the leader (and only replica) of every partition: it
-serves all of them, whatever node a client asks. A topic that does not exist is created with
-one partition on the first Metadata or Produce that names it (Kafka's defaults), unless the
-broker runs with ``--kafka-auto-create off`` or the client asks not to.
+serves all of them, whatever node a client asks (:mod:`messaging.kafka.nodes`). A topic that
+does not exist is created with one partition on the first Metadata or Produce that names it
+(Kafka's defaults), unless the broker runs with ``--kafka-auto-create off`` or the client
+asks not to.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ from typing import Any
 
 from messaging.kafka import protocol as p
 from messaging.kafka.access import allowed
+from messaging.kafka.nodes import Nodes
 from messaging.kafka.topics import KafkaTopics, TopicError, check_name
 
 log = logging.getLogger(__name__)
 
-#: This node's id in every answer.
-NODE_ID = 0
 CLUSTER_ID = "messaging"
 #: DescribeConfigs resource types.
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
@@ -27,10 +27,9 @@ TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
 class Admin:
     """The topic and metadata APIs over :class:`KafkaTopics`."""
 
-    def __init__(self, topics: KafkaTopics, host: str, port: int, auto_create: bool) -> None:
+    def __init__(self, topics: KafkaTopics, nodes: Nodes, auto_create: bool) -> None:
         self.topics = topics
-        self.host = host
-        self.port = port
+        self.nodes = nodes
         self.auto_create = auto_create
 
     async def metadata(self, version: int, request: dict[str, Any]) -> dict[str, Any]:
@@ -43,9 +42,10 @@ class Admin:
             names = list(asked)
             create = self.auto_create and request.get("allow_auto_topic_creation", True)
         topics = [await self._topic(name, create) for name in names]
-        return {"brokers": [{"node_id": NODE_ID, "host": self.host, "port": self.port,
-                             "rack": None}],
-                "cluster_id": CLUSTER_ID, "controller_id": NODE_ID, "topics": topics}
+        return {"brokers": [{"node_id": node_id, "host": host, "port": port, "rack": None}
+                            for node_id, host, port in self.nodes.brokers()],
+                "cluster_id": CLUSTER_ID, "controller_id": self.nodes.this[0],
+                "topics": topics}
 
     async def _topic(self, name: str, create: bool) -> dict[str, Any]:
         if not allowed("read", name):
@@ -66,9 +66,10 @@ class Admin:
             partitions = self.topics.partitions(name)
             if not partitions and code == p.NONE:
                 code = p.LEADER_NOT_AVAILABLE  # being created elsewhere: ask again
+        this = self.nodes.this[0]
         return {"error_code": code, "topic": name, "is_internal": False,
                 "partitions": [{"error_code": p.NONE, "partition": partition,
-                                "leader": NODE_ID, "replicas": [NODE_ID], "isr": [NODE_ID],
+                                "leader": this, "replicas": [this], "isr": [this],
                                 "offline_replicas": []}
                                for partition in sorted(partitions)]}
 

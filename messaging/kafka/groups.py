@@ -26,6 +26,7 @@ from typing import Any
 
 from messaging.kafka import protocol as p
 from messaging.kafka.access import allowed
+from messaging.kafka.nodes import Nodes
 
 log = logging.getLogger(__name__)
 
@@ -263,9 +264,19 @@ class Coordinator:
     """Every consumer group this node coordinates (all of them: it answers FindCoordinator
     with itself), and the sweep that expires silent members."""
 
-    def __init__(self) -> None:
+    def __init__(self, nodes: Nodes | None = None) -> None:
         self.groups: dict[str, Group] = {}
+        #: The cluster's Kafka nodes (None: this node coordinates every group).
+        self.nodes = nodes
         self._sweeper: asyncio.Task[None] | None = None
+
+    def _refused(self, name: str) -> int | None:
+        """Why this node does not serve a group's member now (None: it does)."""
+        if not allowed("consume", name):
+            return p.GROUP_AUTHORIZATION_FAILED
+        if self.nodes is not None and not self.nodes.coordinates(name):
+            return p.NOT_COORDINATOR
+        return None
 
     def group(self, name: str) -> Group:
         """The group of that name (created empty on first use)."""
@@ -297,8 +308,9 @@ class Coordinator:
     async def join_group(self, request: dict[str, Any], client_id: str | None,
                          ) -> dict[str, Any]:
         """JoinGroup: wait for the rebalance this join is part of."""
-        if not allowed("consume", request["group"]):
-            return _join_error(p.GROUP_AUTHORIZATION_FAILED, request["member_id"])
+        refused = self._refused(request["group"])
+        if refused is not None:
+            return _join_error(refused, request["member_id"])
         group = self.group(request["group"])
         session = request["session_timeout"]
         return await group.join(request["member_id"], client_id, session,
@@ -309,8 +321,9 @@ class Coordinator:
 
     async def sync_group(self, request: dict[str, Any]) -> dict[str, Any]:
         """SyncGroup: this member's assignment (the leader's request carries them all)."""
-        if not allowed("consume", request["group"]):
-            return {"error_code": p.GROUP_AUTHORIZATION_FAILED, "member_assignment": b""}
+        refused = self._refused(request["group"])
+        if refused is not None:
+            return {"error_code": refused, "member_assignment": b""}
         group = self.groups.get(request["group"])
         if group is None:
             return {"error_code": p.UNKNOWN_MEMBER_ID, "member_assignment": b""}
@@ -320,8 +333,9 @@ class Coordinator:
 
     def heartbeat(self, request: dict[str, Any]) -> dict[str, Any]:
         """Heartbeat: alive, or join again."""
-        if not allowed("consume", request["group"]):
-            return {"error_code": p.GROUP_AUTHORIZATION_FAILED}
+        refused = self._refused(request["group"])
+        if refused is not None:
+            return {"error_code": refused}
         group = self.groups.get(request["group"])
         code = (p.UNKNOWN_MEMBER_ID if group is None
                 else group.heartbeat(request["member_id"], request["generation_id"]))
@@ -329,8 +343,9 @@ class Coordinator:
 
     def leave_group(self, request: dict[str, Any]) -> dict[str, Any]:
         """LeaveGroup: the member goes; the others rebalance."""
-        if not allowed("consume", request["group"]):
-            return {"error_code": p.GROUP_AUTHORIZATION_FAILED}
+        refused = self._refused(request["group"])
+        if refused is not None:
+            return {"error_code": refused}
         group = self.groups.get(request["group"])
         code = p.UNKNOWN_MEMBER_ID if group is None else group.leave(request["member_id"])
         return {"error_code": code}

@@ -5,7 +5,8 @@ A group's offset in a partition is the consumer position named after the group i
 partition's topic, so ``messaging consumers`` and the console show a Kafka group's lag, an
 HTTP read with ``consumer=GROUP`` starts where the group will, and a position reset over HTTP
 moves the group. Kafka commits the next offset to read; a position is the last index
-processed: the position is the offset less one. The broker is every group's coordinator.
+processed: the position is the offset less one. Any node can store and read them; the group
+protocol's commits go to the group's coordinator (:mod:`messaging.kafka.nodes`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from messaging.kafka import protocol as p
 from messaging.kafka.access import allowed
 from messaging.kafka.errors import kafka_code
 from messaging.kafka.groups import Coordinator
+from messaging.kafka.nodes import Nodes
 from messaging.kafka.topics import KafkaTopics
 from messaging.log.base import Log
 
@@ -34,16 +36,15 @@ class Offsets:
     """Committed offsets over the consumer positions, and FindCoordinator."""
 
     def __init__(self, broker: BrokerView, log_: Log, topics: KafkaTopics,
-                 coordinator: Coordinator, node: tuple[int, str, int]) -> None:
+                 coordinator: Coordinator, nodes: Nodes) -> None:
         self.broker = broker
         self.log = log_
         self.topics = topics
         self.coordinator = coordinator
-        self.node = node
+        self.nodes = nodes
 
     def find_coordinator(self, request: dict[str, Any]) -> dict[str, Any]:
-        """This node coordinates every group."""
-        node_id, host, port = self.node
+        """The node that coordinates a group (see :mod:`messaging.kafka.nodes`)."""
         key = request.get("coordinator_key", request.get("consumer_group"))
         if not key:
             return {"error_code": p.INVALID_GROUP_ID, "error_message": "an empty group id",
@@ -52,6 +53,7 @@ class Offsets:
             return {"error_code": p.GROUP_AUTHORIZATION_FAILED, "coordinator_id": -1,
                     "error_message": f"this token may not consume as {key!r}", "host": "",
                     "port": -1}
+        node_id, host, port = self.nodes.coordinator(key)
         return {"error_code": p.NONE, "coordinator_id": node_id, "host": host, "port": port}
 
     async def commit(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -61,6 +63,9 @@ class Offsets:
         code = _check_group(group)
         if code == p.NONE and not allowed("consume", group):
             code = p.GROUP_AUTHORIZATION_FAILED
+        generation = request.get("consumer_group_generation_id", -1)
+        if code == p.NONE and generation >= 0 and not self.nodes.coordinates(group):
+            code = p.NOT_COORDINATOR
         if code == p.NONE:
             code = self.coordinator.check_commit(
                 group, request.get("consumer_group_generation_id", -1),

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import socket
 import ssl
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -31,6 +32,7 @@ from messaging.kafka.access import (
 from messaging.kafka.admin import Admin
 from messaging.kafka.fetch import Fetching
 from messaging.kafka.groups import Coordinator
+from messaging.kafka.nodes import Nodes
 from messaging.kafka.offsets import Offsets
 from messaging.kafka.produce import Producing
 from messaging.kafka.topics import KafkaTopics
@@ -58,7 +60,8 @@ class KafkaListener:
                  max_message_size: int, auto_create: bool = True,
                  tls: ssl.SSLContext | None = None,
                  advertise: tuple[str, int] | None = None,
-                 tokens: Authenticate | None = None) -> None:
+                 tokens: Authenticate | None = None,
+                 peers: Callable[[], list[str]] | None = None) -> None:
         self.host = host
         self.port = port
         self.tls = tls
@@ -70,9 +73,11 @@ class KafkaListener:
         self._reads = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="kafka-read")
         self.producing = Producing(broker, log_, self.topics, max_message_size, auto_create)
         self.fetching = Fetching(broker, self.topics, self._reads)
-        self.admin = Admin(self.topics, host, port, auto_create)
-        self.coordinator = Coordinator()
-        self.offsets = Offsets(broker, log_, self.topics, self.coordinator, (0, host, port))
+        #: This node and, in a cluster, the other nodes' Kafka listeners (``peers``).
+        self.nodes = Nodes(*(advertise or (host, port)), peers)
+        self.admin = Admin(self.topics, self.nodes, auto_create)
+        self.coordinator = Coordinator(self.nodes)
+        self.offsets = Offsets(broker, log_, self.topics, self.coordinator, self.nodes)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
@@ -93,8 +98,8 @@ class KafkaListener:
             raise BindError(f"cannot listen for Kafka clients on {self.host}:{self.port}: "
                             f"{err.strerror or err}") from err
         self.port = sock.getsockname()[1]
-        self.admin.host, self.admin.port = self.advertise or (self.host, self.port)
-        self.offsets.node = (0, self.admin.host, self.admin.port)
+        if self.advertise is None:
+            self.nodes.port = self.port
         self._server = await asyncio.start_server(self._accepted, sock=sock, ssl=self.tls,
                                                   backlog=1024)
 

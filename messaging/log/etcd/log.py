@@ -373,6 +373,14 @@ class EtcdLog:
         """The URLs of the live (registered) nodes, this one included."""
         return self._membership.urls()
 
+    def announce_kafka(self, address: str) -> None:
+        """Announce this node's Kafka listener (``HOST:PORT``) with its registration."""
+        self._membership.announce_kafka(address)
+
+    def kafka_addresses(self) -> list[str]:
+        """The Kafka listeners of the live nodes, this one's included."""
+        return self._membership.kafka_addresses()
+
     def not_ready(self) -> str | None:
         """Why this node cannot take writes: stopped, watch down, no etcd quorum."""
         if self._closing:

@@ -2,14 +2,15 @@
 
 Each broker node keeps ``/messaging/<cluster>/nodes/<advertise URL>`` = ``{url,
 durable_revision, entry_version}`` (and ``intake_store``, the object store it reads intake
-objects from, when it has one) bound to a lease it keeps alive; the key vanishes a few
-seconds after the node dies (or at once when it stops cleanly). The logs of the topic groups
-a node holds in one etcd cluster share one lease (:class:`SharedLease`, kept alive once a
-second for all of them) and read their node lists together (one request a tick). The live
-nodes are the ones registered. The first live node by URL compacts etcd's history below the
-smallest durable revision of every node registered in this etcd (compaction is etcd-wide, so
-every messaging cluster counts): any node may do it, one at a time, and repeating it is
-harmless. The nodes' announced entry formats move the cluster's active one
+objects from, when it has one; ``kafka``, the address of its Kafka listener, when it has
+one) bound to a lease it keeps alive; the key vanishes a few seconds after the node dies (or
+at once when it stops cleanly). The logs of the topic groups a node holds in one etcd
+cluster share one lease (:class:`SharedLease`, kept alive once a second for all of them) and
+read their node lists together (one request a tick). The live nodes are the ones registered.
+The first live node by URL compacts etcd's history below the smallest durable revision of
+every node registered in this etcd (compaction is etcd-wide, so every messaging cluster
+counts): any node may do it, one at a time, and repeating it is harmless. The nodes'
+announced entry formats move the cluster's active one
 (:mod:`messaging.log.etcd.entry_format`).
 """
 
@@ -147,6 +148,8 @@ class Membership:
         self.entry_version = entry_format.BASE_VERSION
         #: The object store this node reads intake objects from (announced; None: none).
         self.intake_store: str | None = None
+        #: Where this node serves Kafka clients (announced; None: it does not).
+        self.kafka: str | None = None
         self._key = self._prefix + url.encode()
         self.lease = 0
         self._registered: str | None = None
@@ -180,7 +183,21 @@ class Membership:
                  "entry_version": entry_format.ENTRY_VERSION}
         if self.intake_store is not None:
             found["intake_store"] = self.intake_store
+        if self.kafka is not None:
+            found["kafka"] = self.kafka
         return found
+
+    def announce_kafka(self, address: str) -> None:
+        """Announce this node's Kafka listener at its next registration (at once)."""
+        self.kafka = address
+        self._registered_at = float("-inf")
+
+    def kafka_addresses(self) -> list[str]:
+        """The Kafka listeners of the live nodes (this one's included once announced)."""
+        found = {info["kafka"] for info in self.nodes.values() if info.get("kafka")}
+        if self.kafka is not None:
+            found.add(self.kafka)
+        return sorted(found)
 
     def read_intake(self, store: str | None) -> bool:
         """Whether every live node announces that it reads intake objects from ``store``
@@ -299,7 +316,7 @@ def nodes_prefix(cluster: str, kind: str = "nodes") -> bytes:
 
 async def read_nodes(client: EtcdClient, prefix: bytes) -> dict[str, dict[str, Any]]:
     """The registrations under ``prefix``: URL → {url, durable_revision, entry_version,
-    intake_store} (entry_format.BASE_VERSION for a node that announces none: an older
+    intake_store, kafka} (entry_format.BASE_VERSION for a node that announces none: an older
     release; intake_store None for a node without an object store)."""
     return registrations(await client.get(prefix, prefix=True))
 
@@ -313,7 +330,8 @@ def registrations(response: Any) -> dict[str, dict[str, Any]]:
             nodes[str(info["url"])] = {"url": str(info["url"]),
                                        "durable_revision": int(info["durable_revision"]),
                                        "entry_version": entry_format.announced(info),
-                                       "intake_store": info.get("intake_store")}
+                                       "intake_store": info.get("intake_store"),
+                                       "kafka": info.get("kafka")}
         except (ValueError, KeyError, TypeError):
             continue  # not ours: ignore it
     return nodes
