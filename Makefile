@@ -13,7 +13,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 
 .PHONY: help run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
-	bench-split bench-latency bench-publish-path bench-commit-marks bench-group-staging bench-watch-cost bench-etcd-floor bench-idle-groups bench-fanout bench-scaling bench-groups bench-cli bench-tiering bench-intake \
+	bench-split bench-latency bench-publish-path bench-commit-marks bench-group-staging bench-watch-cost bench-etcd-floor bench-idle-groups bench-fanout bench-scaling bench-groups bench-cli bench-tiering bench-intake bench-kafka \
 	soak soak-cluster soak-intake soak-tiered etcd faketime chromium kcat conformance spark s3 dist clean
 
 .DEFAULT_GOAL := help
@@ -304,6 +304,11 @@ bench-cli: $(STAMP)
 ## the same reads from local disk, through Conn and Spark; about 3 minutes
 bench-tiering: $(STAMP)
 	$(BIN)/python bench/tiering/run.py
+
+## make bench-kafka: confluent-kafka producing and consuming 100 B records beside the HTTP batch
+## publish and a Conn on the same broker, same run (issue 41's targets: both at least 1.0x)
+bench-kafka: $(STAMP)
+	$(BIN)/python bench/kafka/run.py
 
 ## make bench-intake: 3 etcd members, SeaweedFS and two clusters of 3 nodes: 1,000 × 1 KiB
 ## batches through the intake lane beside the inline lane (etcd bytes per payload byte,

@@ -1,0 +1,185 @@
+"""Kafka clients against HTTP on one broker: confluent-kafka producing and consuming 100 B
+records beside the HTTP batch publish and a ``Conn`` consuming the same number, same run.
+
+One broker process (``--fsync always``, the default) serves both faces on 127.0.0.1. Each
+round measures, in alternating order:
+
+- **Kafka produce**: a librdkafka producer (``linger.ms=5``, ``acks=all``) sends ``records``
+  100-byte random records to one partition; records/s from the first send to ``flush()``.
+- **HTTP batch publish**: 4 concurrent senders of 1,000-message frame batches (the
+  benchmarks' usual batch load, :func:`bench.harness.publish_load.throughput`) for the
+  round's seconds; messages/s.
+- **Kafka consume**: a librdkafka consumer reads the partition's ``records`` from the start;
+  records/s until the last one arrived.
+- **Conn consume**: ``Client.conn`` reads as many messages of the HTTP topic from index 0.
+
+The targets are issue 41's: Kafka produce at least the HTTP batch rate, Kafka consume at
+least Conn's. Figures are medians of the rounds; written to results/kafka.json, its PNG and
+its section of RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import aiohttp
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from bench.harness import settings
+from bench.harness.figures import Row
+from bench.harness.procs import broker, free_port
+from bench.harness.publish_load import throughput
+from bench.harness.results import command_line, report, results_under
+from messaging.client import Client
+
+BENCH = "kafka"
+RECORD = 100
+#: The most one measured phase may take (a stuck broker must not hang the benchmark).
+PHASE_TIMEOUT = 300.0
+
+
+@dataclass
+class Settings(settings.Settings):
+    """Rounds, the seconds of an HTTP publish run, and the records of a Kafka run."""
+
+    rounds: int = 3
+    seconds: float = 5.0
+    records: int = 300_000
+
+
+QUICK = Settings(rounds=1, seconds=1.0, records=20_000)
+
+
+def kafka_produce(bootstrap: str, topic: str, records: int) -> float:
+    """Records/s of one librdkafka producer (linger.ms=5, acks=all) sending ``records``."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all",
+                         "queue.buffering.max.messages": 1_000_000})
+    values = [os.urandom(RECORD) for _ in range(1000)]
+    failed: list[str] = []
+
+    def report_error(err: object, _message: object) -> None:
+        if err is not None:
+            failed.append(str(err))
+
+    started = time.perf_counter()
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, values[i % 1000], partition=0, on_delivery=report_error)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    left = producer.flush(PHASE_TIMEOUT)
+    elapsed = time.perf_counter() - started
+    if left or failed:
+        raise RuntimeError(f"Kafka produce: {left} records not delivered, errors {failed[:3]}")
+    return records / elapsed
+
+
+def kafka_consume(bootstrap: str, topic: str, records: int) -> float:
+    """Records/s of one librdkafka consumer reading ``records`` from the partition's start."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{topic}",
+                         "enable.auto.commit": False, "fetch.max.bytes": 52_428_800})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    got = 0
+    started = time.perf_counter()
+    deadline = started + PHASE_TIMEOUT
+    try:
+        while got < records:
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"Kafka consume: {got} of {records} in {PHASE_TIMEOUT} s")
+            got += sum(1 for m in consumer.consume(10_000, timeout=1.0) if m.error() is None)
+        return records / (time.perf_counter() - started)
+    finally:
+        consumer.close()
+
+
+async def conn_consume(url: str, topic: int, records: int) -> float:
+    """Messages/s of one ``Conn`` reading ``records`` messages of ``topic`` from index 0."""
+    async with Client(url) as client:
+        conn = client.conn(topic, heartbeat_interval=0)
+        await conn.open(0)
+        got = 0
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(PHASE_TIMEOUT):
+                async for _message in conn:
+                    got += 1
+                    if got >= records:
+                        break
+        finally:
+            await conn.close()
+        return records / (time.perf_counter() - started)
+
+
+async def http_publish(url: str, topic: int, seconds: float) -> float:
+    """Messages/s of the HTTP batch publish load."""
+    async with aiohttp.ClientSession() as session:
+        return await throughput(session, [url], topic, seconds)
+
+
+def measure(s: Settings, url: str, bootstrap: str) -> dict[str, list[float]]:
+    """Every round's four rates."""
+    rates: dict[str, list[float]] = {"kafka_produce": [], "http_publish": [],
+                                     "kafka_consume": [], "conn_consume": []}
+    for r in range(s.rounds):
+        topic_name, topic_id = f"bench{r}", 1000 + r
+        for which in (("kafka", "http") if r % 2 == 0 else ("http", "kafka")):
+            if which == "kafka":
+                rates["kafka_produce"].append(kafka_produce(bootstrap, topic_name, s.records))
+            else:
+                rates["http_publish"].append(asyncio.run(http_publish(url, topic_id, s.seconds)))
+        for which in (("kafka", "conn") if r % 2 == 0 else ("conn", "kafka")):
+            if which == "kafka":
+                rates["kafka_consume"].append(kafka_consume(bootstrap, topic_name, s.records))
+            else:
+                rates["conn_consume"].append(
+                    asyncio.run(conn_consume(url, topic_id, s.records)))
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:,.0f}/s" for k, v in rates.items()),
+              flush=True)
+    return rates
+
+
+def main() -> None:
+    p = settings.parser(__doc__ or "", "one round of 20,000 records")
+    args = p.parse_args()
+    s = settings.with_rounds(QUICK if args.quick else Settings(), args)
+    results_under(args.out, quick=args.quick, bench=BENCH)
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="bench-kafka-",
+                                     dir=os.environ.get("BENCH_DIR")) as tmp:
+        proc, url = broker(Path(tmp) / "data", "--kafka-bind", f"127.0.0.1:{port}")
+        try:
+            rates = measure(s, url, f"127.0.0.1:{port}")
+        finally:
+            proc.stop()
+    median = {k: statistics.median(v) for k, v in rates.items()}
+    rows = [
+        Row("Kafka produce, 100 B records (librdkafka, linger.ms=5, acks=all)",
+            median["kafka_produce"], "records/s", "HTTP batch publish",
+            median["http_publish"], ">= 1.0x",
+            median["kafka_produce"] >= median["http_publish"]),
+        Row("Kafka consume from the start (librdkafka)", median["kafka_consume"], "records/s",
+            "Conn from index 0", median["conn_consume"], ">= 1.0x",
+            median["kafka_consume"] >= median["conn_consume"]),
+    ]
+    report(BENCH, "Kafka clients beside HTTP (issue 41)", rows, command_line(),
+           notes=f"{s.rounds} rounds of {s.records:,} records (Kafka) and {s.seconds:g} s "
+                 "of 4 HTTP batch senders; medians. Per round: "
+                 + "; ".join(f"{k} " + ", ".join(f"{x:,.0f}" for x in v)
+                             for k, v in rates.items()))
+
+
+if __name__ == "__main__":
+    main()
