@@ -13,7 +13,6 @@ waits up to ``max_wait_time`` for a commit to any of its partitions.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from typing import Any, TypeVar
 
 from messaging.broker.view import BrokerView
 from messaging.errors import MessagingError
-from messaging.frames import decode
+from messaging.frames import frame_columns
 from messaging.kafka import protocol as p
 from messaging.kafka.access import allowed
 from messaging.kafka.errors import kafka_code
@@ -126,18 +125,12 @@ class Fetching:
 
     def _chunk(self, topic: TopicView, offset: int, max_bytes: int) -> bytes:
         """One record batch of the committed messages from ``offset`` (a read thread)."""
-        frames = topic.reader(offset).read(max_bytes)
-        messages, _ = decode(frames)
-        if not messages:
+        frames = topic.reader(offset).read(max_bytes)  # whole frames, already verified
+        if not frames:
             return b""
-        runs = topic.times(messages[0].index, messages[-1].index)
-        starts = [first for first, _ in runs]
-        times = []
-        for message in messages:
-            at = bisect.bisect_right(starts, message.index) - 1
-            stamp = runs[at][1] if at >= 0 else None
-            times.append(-1 if stamp is None else stamp)
-        return record_batch(messages, iter(times))
+        indexes, types, _, datas = frame_columns(frames)
+        runs = topic.times(indexes[0], indexes[-1]) or [(0, None)]
+        return record_batch(indexes, types, datas, runs)
 
     async def _wait_any(self, wanted: list[_Wanted], timeout: float) -> bool:
         """Wait for a commit to any partition asked for; False when the time ran out."""

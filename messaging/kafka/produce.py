@@ -20,21 +20,19 @@ import asyncio
 import logging
 import secrets
 import time
-from array import array
 from typing import Any
 
 from messaging.broker.commands import ApplyResult, Command, produce
 from messaging.broker.view import BrokerView
 from messaging.errors import MessagingError
-from messaging.frames import HEADER_SIZE, encode
 from messaging.kafka import protocol as p
 from messaging.kafka.access import allowed
 from messaging.kafka.errors import kafka_code
 from messaging.kafka.records import (
     CodecError,
     ProducedBatch,
-    Record,
     RecordError,
+    framed,
     produced_batches,
 )
 from messaging.kafka.topics import KafkaTopics, TopicError
@@ -152,35 +150,28 @@ class Producing:
         if not batches:
             raise RecordError("a produce without records")
         if all(b.producer_id < 0 for b in batches):
-            return [(self._frames(topic_id, [r for b in batches for r in b.records]), None)]
+            return [(self._frames(topic_id, [m for b in batches for m in b.messages]), None)]
         now = time.time()
         commands: list[tuple[bytes, ProducedBatch | None]] = []
         for batch in batches:
-            frames = self._frames(topic_id, batch.records)
+            frames = self._frames(topic_id, batch.messages)
             if batch.producer_id < 0:
                 commands.append((frames, None))
                 continue
             producer = (str(batch.producer_id), batch.producer_epoch, batch.base_sequence)
             commands.append((produce(topic_id, producer, now, frames,
-                                     span=len(batch.records)), batch))
+                                     span=len(batch.messages)), batch))
         return commands
 
-    def _frames(self, topic_id: int, records: list[Record]) -> Command:
-        """The frames of some records, as a validated publish of ``topic_id``."""
-        parts: list[bytes] = []
-        offsets: array[int] = array("q")
-        at = 0
-        for record in records:
-            type_, message = record.message()
-            if len(message) > self.max_message_size:
-                raise _TooLarge(f"a record of {len(message)} bytes exceeds the maximum "
-                                f"of {self.max_message_size}")
-            offsets.append(at)
-            parts.append(encode(type_, topic_id, message))
-            at += HEADER_SIZE + len(message)
-        if not parts:
+    def _frames(self, topic_id: int, messages: list[tuple[int, bytes]]) -> Command:
+        """The frames of some records' messages, as a validated publish of ``topic_id``."""
+        if not messages:
             raise RecordError("a record batch without records")
-        return Command.of(b"".join(parts), offsets, topic_id)
+        largest = max(len(data) for _, data in messages)
+        if largest > self.max_message_size:
+            raise _TooLarge(f"a record of {largest} bytes exceeds the maximum of "
+                            f"{self.max_message_size}")
+        return framed(topic_id, messages)
 
 
 def _offset(result: ApplyResult, batch: ProducedBatch | None) -> int | None:
@@ -189,7 +180,7 @@ def _offset(result: ApplyResult, batch: ProducedBatch | None) -> int | None:
     outcome = result.stream
     if batch is None or outcome is None or not outcome.duplicate:
         return outcome.first if outcome is not None and batch is not None else result.first
-    last_seq = batch.base_sequence + len(batch.records) - 1
+    last_seq = batch.base_sequence + len(batch.messages) - 1
     if outcome.producer is not None and outcome.producer[1] == last_seq:
         return outcome.first
     return None

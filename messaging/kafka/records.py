@@ -23,15 +23,18 @@ frames.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from aiokafka.errors import CorruptRecordException, UnsupportedCodecError
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from aiokafka.record.util import decode_varint, encode_varint
 
+from messaging.broker.commands import Command
 from messaging.errors import CorruptFrameError
-from messaging.frames import Message
+from messaging.frames import HEADER_SIZE, Message, encode, encode_batch
 
 #: The frame type of a message that holds a Kafka record's envelope (key and headers).
 KAFKA_RECORD_TYPE = 0x4B01
@@ -140,12 +143,31 @@ def _get_bytes(data: bytes, at: int) -> tuple[bytes | None, int]:
 
 @dataclass(frozen=True, slots=True)
 class ProducedBatch:
-    """One record batch of a Produce request."""
+    """One record batch of a Produce request, as the messages that store its records."""
 
-    records: list[Record]
+    #: Each record's frame type and data (see :meth:`Record.message`), in order.
+    messages: list[tuple[int, bytes]]
     producer_id: int
     producer_epoch: int
     base_sequence: int
+
+    @property
+    def plain(self) -> bool:
+        """Whether every record is a plain value (no key, no headers)."""
+        return all(type_ == PLAIN_TYPE for type_, _ in self.messages)
+
+
+def _messages(batch: DefaultRecordBatch) -> list[tuple[int, bytes]]:
+    """The messages of a batch's records (one pass; no object per record but the tuple)."""
+    out: list[tuple[int, bytes]] = []
+    append = out.append
+    for r in batch:
+        key, value, headers = r.key, r.value, r.headers
+        if key is None and not headers and value is not None:
+            append((PLAIN_TYPE, value))
+        else:
+            append((KAFKA_RECORD_TYPE, seal_envelope(Record(key, value, tuple(headers)))))
+    return out
 
 
 def produced_batches(data: bytes) -> list[ProducedBatch]:
@@ -164,32 +186,60 @@ def produced_batches(data: bytes) -> list[ProducedBatch]:
         if data[at + _MAGIC_AT] != 2:
             raise RecordError(f"record batch magic {data[at + _MAGIC_AT]}: only v2 batches "
                               "(Kafka 0.11 and later clients) are accepted")
-        batch = DefaultRecordBatch(data[at:end])
+        batch = DefaultRecordBatch(data[at:end] if at or end != size else data)
         try:
             if not batch.validate_crc():
                 raise RecordError(f"record batch at byte {at}: checksum mismatch")
             if batch.is_transactional or batch.is_control_batch:
                 raise RecordError("transactional record batches are not supported")
-            records = [Record(r.key, r.value, tuple(r.headers)) for r in batch]
+            messages = _messages(batch)
         except UnsupportedCodecError as err:
             raise CodecError(str(err)) from err
         except CorruptRecordException as err:
             raise RecordError(f"record batch at byte {at}: {err}") from err
-        batches.append(ProducedBatch(records, batch.producer_id, batch.producer_epoch,
+        batches.append(ProducedBatch(messages, batch.producer_id, batch.producer_epoch,
                                      batch.base_sequence))
         at = end
     return batches
 
 
-def record_batch(messages: Sequence[Message], times: Iterator[int]) -> bytes:
-    """One uncompressed v2 record batch of ``messages`` (of one topic, in index order), each
-    with the next of ``times`` as its timestamp; its base offset is the first one's index."""
+def framed(topic: int, messages: list[tuple[int, bytes]]) -> Command:
+    """The publish command of some messages of ``topic`` (framed here, so valid by
+    construction: their offsets and, when all are one size, their stride go with it)."""
+    datas = [data for _, data in messages]
+    if all(type_ == PLAIN_TYPE for type_, _ in messages):
+        body = encode_batch(topic, datas)  # one checksum start per distinct length
+    else:
+        body = b"".join([encode(type_, topic, data) for type_, data in messages])
+    sizes = [HEADER_SIZE + len(data) for data in datas]
+    offsets = array("q", accumulate(sizes, initial=0))
+    offsets.pop()
+    stride = sizes[0] if min(sizes) == max(sizes) else 0
+    return Command.of(body, offsets, topic, stride)
+
+
+def record_batch(indexes: Sequence[int], types: Sequence[int], datas: Sequence[bytes],
+                 runs: Sequence[tuple[int, int | None]]) -> bytes:
+    """One uncompressed v2 record batch of a topic's messages, as columns (in index order,
+    from :func:`messaging.frames.frame_columns`); each record's timestamp is its message's
+    append time from ``runs`` ((first index, time) runs covering them, as
+    :meth:`TopicView.times` gives them; -1 where unknown). Its base offset is the first
+    message's index."""
     builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 31)
-    base = messages[0].index
-    for message, time_ms in zip(messages, times, strict=False):
-        record = record_of(message)
-        builder.append(message.index - base, time_ms, record.key, record.value,
-                       list(record.headers))
+    append = builder.append
+    base = indexes[0]
+    bounds = [first for first, _ in runs[1:]]
+    stamps = [-1 if stamp is None else stamp for _, stamp in runs]
+    run, next_start = 0, bounds[0] if bounds else None
+    for index, type_, data in zip(indexes, types, datas, strict=True):
+        while next_start is not None and index >= next_start:
+            run += 1
+            next_start = bounds[run] if run < len(bounds) else None
+        if type_ == KAFKA_RECORD_TYPE:
+            record = record_of(Message(index, type_, 0, data))
+            append(index - base, stamps[run], record.key, record.value, list(record.headers))
+        else:
+            append(index - base, stamps[run], None, data, [])
     batch = builder.build()
     _BASE_OFFSET.pack_into(batch, 0, base)  # not covered by the batch's checksum
     return bytes(batch)

@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 #: Threads that read segments for Fetch and ListOffsets.
 READ_THREADS = 4
+#: Requests of one connection read before their answers are sent (then it stops reading).
+MAX_IN_FLIGHT = 64
 
 
 class _Connection:
@@ -140,15 +142,56 @@ class KafkaListener:
             writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read requests and answer them in order. Each request runs as a task of its own as
+        soon as it is read, so a client's pipelined produces share the log's group commits
+        instead of waiting for each other's fsync; a request's work up to the log (where its
+        order is decided) runs before the next request's starts. At most MAX_IN_FLIGHT wait
+        for their answers; the SASL exchange runs alone."""
         connection = _Connection()
         serve_as(EVERYONE if self.tokens is None else None)
+        answers: asyncio.Queue[asyncio.Future[bytes | None]] = asyncio.Queue(MAX_IN_FLIGHT)
+        sending = asyncio.ensure_future(self._send(answers, writer, connection))
+        reading = asyncio.current_task()
+        assert reading is not None
+        # An answer that cannot be sent (the client went away, SASL failed) ends the reading.
+        sending.add_done_callback(lambda _: reading.cancel())
+        try:
+            while True:
+                size = p.frame_size(await reader.readexactly(4))
+                data = await reader.readexactly(size)
+                header = p.read_header(data)
+                if header.api_key in (p.SASL_HANDSHAKE, p.SASL_AUTHENTICATE):
+                    await answers.join()  # nothing else in flight
+                    answer = asyncio.get_running_loop().create_future()
+                    answer.set_result(await self._answer(connection, header, data))
+                else:
+                    answer = asyncio.ensure_future(self._answer(connection, header, data))
+                await answers.put(answer)
+                await asyncio.sleep(0)  # the request's own start, before the next is read
+        except asyncio.CancelledError:
+            failure = (sending.exception() if sending.done() and not sending.cancelled()
+                       else None)
+            if failure is not None:
+                raise failure from None  # why the answers ended
+            raise
+        finally:
+            sending.cancel()
+            while not answers.empty():
+                answers.get_nowait().cancel()
+            await asyncio.gather(sending, return_exceptions=True)
+
+    @staticmethod
+    async def _send(answers: asyncio.Queue[asyncio.Future[bytes | None]],
+                    writer: asyncio.StreamWriter, connection: _Connection) -> None:
+        """Write the answers in the order the requests came."""
         while True:
-            size = p.frame_size(await reader.readexactly(4))
-            data = await reader.readexactly(size)
-            header = p.read_header(data)
-            answer = await self._answer(connection, header, data)
-            if answer is not None:
-                writer.write(answer)
+            answer = await answers.get()
+            try:
+                data = await answer
+            finally:
+                answers.task_done()
+            if data is not None:
+                writer.write(data)
                 await writer.drain()
             if connection.failed is not None:
                 raise p.ProtocolError(f"authentication failed: {connection.failed}")

@@ -9,12 +9,14 @@ from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBat
 from hypothesis import given
 from hypothesis import strategies as st
 
-from messaging.frames import Message
+from messaging.broker.commands import validate_publish
+from messaging.frames import HEADER_SIZE, Message
 from messaging.kafka.records import (
     KAFKA_RECORD_TYPE,
     PLAIN_TYPE,
     Record,
     RecordError,
+    framed,
     open_envelope,
     produced_batches,
     record_batch,
@@ -57,7 +59,10 @@ def test_a_fetch_batch_has_the_indexes_as_offsets_and_the_append_times() -> None
     keyed = Record(b"k", b"v", (("h", b"1"),)).message()
     messages = [Message(100, keyed[0], 5, keyed[1]), Message(107, PLAIN_TYPE, 5, b"plain"),
                 Message(108, PLAIN_TYPE, 5, b"")]
-    batch = DefaultRecordBatch(record_batch(messages, iter([1000, 1003, -1])))
+    batch = DefaultRecordBatch(record_batch([m.index for m in messages],
+                                            [m.type for m in messages],
+                                            [m.data for m in messages],
+                                            [(100, 1000), (107, 1003), (108, None)]))
     assert batch.validate_crc() and batch.base_offset == 100
     assert [(r.offset, r.key, r.value, list(r.headers), r.timestamp) for r in batch] == [
         (100, b"k", b"v", [("h", b"1")], 1000), (107, None, b"plain", [], 1003),
@@ -75,14 +80,30 @@ def _batch(codec: int, count: int = 3, producer_id: int = -1) -> bytes:
 @pytest.mark.parametrize("codec", [0, 1, 2, 3, 4], ids=["none", "gzip", "snappy", "lz4", "zstd"])
 def test_produced_batches_of_every_codec_open(codec: int) -> None:
     batches = produced_batches(_batch(codec) + _batch(codec, 2))
-    assert [len(b.records) for b in batches] == [3, 2]
-    assert batches[0].records[1] == Record(b"k1", b"v" * 100, (("h", b"1"),))
-    assert batches[0].producer_id == -1
+    assert [len(b.messages) for b in batches] == [3, 2]
+    type_, data = batches[0].messages[1]
+    assert record_of(Message(1, type_, 1, data)) == Record(b"k1", b"v" * 100, (("h", b"1"),))
+    assert batches[0].producer_id == -1 and not batches[0].plain
 
 
 def test_an_idempotent_batch_carries_its_producer() -> None:
     batch = produced_batches(_batch(0, producer_id=42))[0]
     assert (batch.producer_id, batch.producer_epoch, batch.base_sequence) == (42, 0, 0)
+
+
+def test_plain_records_frame_as_one_uniform_publish() -> None:
+    builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 20)
+    for i in range(5):
+        builder.append(i, 1234, None, b"%03d" % i, [])
+    batch = produced_batches(bytes(builder.build()))[0]
+    assert batch.plain
+    command = framed(9, batch.messages)
+    assert command.stride == HEADER_SIZE + 3 and list(command.offsets) == [
+        i * (HEADER_SIZE + 3) for i in range(5)]
+    assert validate_publish(bytes(command), topic=9) == command
+    mixed = framed(9, [(PLAIN_TYPE, b"a"), Record(b"k", b"vv").message()])
+    assert mixed.stride == 0 and validate_publish(bytes(mixed), topic=9) == mixed
+    assert list(validate_publish(bytes(mixed), topic=9).offsets) == list(mixed.offsets)
 
 
 def _flip(data: bytes, at: int) -> bytes:
