@@ -212,3 +212,21 @@ def test_the_apply_linger_is_20ms_by_default_and_reaches_the_etcd_settings() -> 
     settings = load_config(base, {"MESSAGING_CLUSTER_APPLY_LINGER": "5ms"},
                            None).etcd_settings()
     assert settings is not None and settings.apply_linger == 0.005
+
+
+def test_the_kafka_listener_is_set_in_a_file_the_environment_and_flags(tmp_path: Path) -> None:
+    from messaging.config import load_config
+    from messaging.errors import ConfigError
+
+    assert load_config({}, {}, None).kafka_bind is None  # off by default
+    file = tmp_path / "broker.toml"
+    file.write_text('kafka-bind = "127.0.0.1:9092"\nkafka-auto-create = "off"\n')
+    config = load_config({}, {}, file)
+    assert (config.kafka_bind, config.kafka_auto_create) == (("127.0.0.1", 9092), "off")
+    config = load_config({}, {"MESSAGING_KAFKA_BIND": "[::1]:9093",
+                              "MESSAGING_KAFKA_ADVERTISE": "kafka.example:9092"}, file)
+    assert config.kafka_bind == ("::1", 9093)
+    assert config.kafka_advertise == ("kafka.example", 9092)
+    file.write_text('kafka-bind = "9092"\n')
+    with pytest.raises(ConfigError, match="kafka-bind: invalid address '9092'"):
+        load_config({}, {}, file)

@@ -9,13 +9,19 @@ import asyncio
 import struct
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.protocol.fetch import FetchRequest_v4, FetchResponse_v4
+from aiokafka.protocol.fetch import (
+    FetchRequest_v4,
+    FetchRequest_v5,
+    FetchResponse_v4,
+    FetchResponse_v5,
+)
 from aiokafka.protocol.metadata import MetadataRequest_v4, MetadataResponse_v4
 from aiokafka.protocol.produce import ProduceRequest_v3, ProduceResponse_v3
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
@@ -25,7 +31,7 @@ from messaging.http.server import BrokerServer
 from messaging.kafka import protocol as p
 from messaging.kafka.nodes import broker_id
 from messaging.kafka.records import KAFKA_RECORD_TYPE, open_envelope
-from tests.conftest import StartServer
+from tests.conftest import StartServer, wait_until
 
 
 @pytest.fixture
@@ -304,3 +310,70 @@ async def test_an_idempotent_producers_batches_are_stored_once(broker: BrokerSer
         p.UNKNOWN_PRODUCER_ID)
     records = await _consume(broker, "idem", 1, 3)
     assert [r.value for r in records] == [b"a", b"b", b"c"]  # type: ignore[attr-defined]
+
+
+async def _fetch_code(server: BrokerServer, topic: str, offset: int) -> tuple[int, int, bytes]:
+    answer = await _exchange(server, FetchRequest_v5(-1, 0, 1, 1 << 20, 0, [
+        (topic, [(0, offset, 0, 1 << 20)])]))
+    assert answer is not None
+    partition = FetchResponse_v5.decode(answer).topics[0][1][0]
+    return partition[1], partition[4], partition[6]  # error, log start, records
+
+
+async def test_a_fetch_below_what_retention_kept_is_out_of_range(
+        start_server: StartServer, http: aiohttp.ClientSession) -> None:
+    server = await start_server(kafka_bind=("127.0.0.1", 0), truncation_interval=3600)
+    admin = AIOKafkaAdminClient(bootstrap_servers=_address(server))
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic("aging", 1, 1, topic_configs={
+            "segment.bytes": "4096", "retention.bytes": "8192"})])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=_address(server), linger_ms=0)
+    await producer.start()
+    try:
+        sent = [await producer.send_and_wait("aging", b"%04d" % i * 100) for i in range(40)]
+    finally:
+        await producer.stop()
+    assert (await _fetch_code(server, "aging", 0))[0] == p.NONE  # nothing lost yet
+    async with http.post(f"{server.url}/messaging/retention") as response:
+        assert response.status == 200 and (await response.json())["deleted_bytes"] > 0
+    code, start, _ = await _fetch_code(server, "aging", sent[0].offset)
+    assert code == p.OFFSET_OUT_OF_RANGE and start > sent[0].offset
+    code, _, records = await _fetch_code(server, "aging", start)
+    assert code == p.NONE and records
+    records_after = await _consume(server, "aging", 1, 1)  # earliest: from the log start
+    assert records_after[0].offset == start  # type: ignore[attr-defined]
+
+
+async def test_records_in_the_object_store_are_fetched_like_local_ones(
+        start_server: StartServer, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    server = await start_server(kafka_bind=("127.0.0.1", 0), object_store=f"file://{store}",
+                                max_segment_size=2048, local_retention_size=2048,
+                                truncation_interval=3600)
+    producer = AIOKafkaProducer(bootstrap_servers=_address(server), linger_ms=0)
+    await producer.start()
+    try:
+        for i in range(60):
+            await producer.send_and_wait("tiered", key=b"k%d" % i, value=b"%03d" % i * 40)
+    finally:
+        await producer.stop()
+    broker = server.broker
+    assert broker is not None and server.kafka is not None
+    topic_id = server.kafka.topics.topic_id("tiered", 0)
+    assert topic_id is not None
+    local = broker.store.get(topic_id)
+    assert local is not None
+
+    async def offloaded() -> bool:
+        return broker.manifest(topic_id).offloaded == local.segments()[-2].committed_last_index
+
+    await wait_until(offloaded, timeout=30)
+    await asyncio.get_running_loop().run_in_executor(None, broker.enforce_retention)
+    assert local.first_index > broker.manifest(topic_id).objects[0].first  # gone from disk
+    records = await _consume(server, "tiered", 1, 60)
+    assert [(r.key, r.value) for r in records] == [  # type: ignore[attr-defined]
+        (b"k%d" % i, b"%03d" % i * 40) for i in range(60)]
