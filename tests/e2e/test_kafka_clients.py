@@ -20,6 +20,7 @@ from confluent_kafka.cimpl import NewTopic
 from messaging.frames import Message, decode
 from messaging.kafka.records import KAFKA_RECORD_TYPE, open_envelope
 from tests.conftest import BrokerProcess, free_port
+from tests.kafka_load import idempotent_producer, produce_through
 
 Make = Callable[..., BrokerProcess]
 
@@ -260,36 +261,14 @@ def test_kill_9_under_an_idempotent_producer_loses_nothing_and_stores_nothing_tw
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic("safe", num_partitions=2, replication_factor=1)])[
         "safe"].result(30)
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
-                         "linger.ms": 2, "message.timeout.ms": 120_000,
-                         "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500})
-    acked: set[int] = set()
-    failed: list[str] = []
-
-    def report(err: KafkaError | None, message: Any) -> None:
-        if err is None:
-            acked.add(int(message.value()))
-        else:
-            failed.append(str(err))
-
     total = 20_000
-    for i in range(total):
-        while True:
-            try:
-                producer.produce("safe", value=b"%d" % i, partition=i % 2, on_delivery=report)
-                break
-            except BufferError:  # the queue is full while the broker is down
-                producer.poll(0.05)
-        producer.poll(0)
-        if i == total // 2:
-            deadline = time.monotonic() + 30
-            while len(acked) < total // 10 and time.monotonic() < deadline:
-                producer.poll(0.001)
-            assert total // 10 <= len(acked) < i, "no batch in flight at the kill"
-            first.kill()  # SIGKILL with batches in flight
-            broker_process(data, *args, port=http_port).start()
-    assert producer.flush(120) == 0
-    assert not failed and len(acked) == total
+
+    def kill_and_restart() -> None:
+        first.kill()  # SIGKILL with batches in flight
+        broker_process(data, *args, port=http_port).start()
+
+    acked = produce_through(idempotent_producer(bootstrap), "safe", total, 2, kill_and_restart)
+    assert len(acked) == total
     got = _consume(bootstrap, "safe", 2, total)
     values = [int(m.value() or b"-1") for messages in got.values() for m in messages]
     assert len(values) == len(set(values)) == total  # every one, once

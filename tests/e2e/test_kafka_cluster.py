@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -21,6 +21,7 @@ from tests.e2e.test_etcd_log import (  # noqa: F401  (fixtures used by name)
     etcd_cluster,
     groups,
 )
+from tests.kafka_load import idempotent_producer, produce_through
 
 
 async def _cluster(broker_process: Any, tmp_path: Path, members: EtcdCluster,
@@ -60,37 +61,11 @@ async def test_a_node_killed_mid_produce_loses_nothing_and_stores_nothing_twice(
     admin = AdminClient({"bootstrap.servers": kafka[0]})
     admin.create_topics([NewTopic("spread", num_partitions=3, replication_factor=1)])[
         "spread"].result(30)
-    producer = Producer({"bootstrap.servers": kafka[0], "enable.idempotence": True,
-                         "linger.ms": 2, "message.timeout.ms": 120_000,
-                         "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500,
-                         "topic.metadata.refresh.interval.ms": 1000})
-    acked: set[int] = set()
-    failed: list[str] = []
-
-    def report(err: KafkaError | None, message: Any) -> None:
-        if err is None:
-            acked.add(int(message.value()))
-        else:
-            failed.append(str(err))
-
     total = 6000
-    for i in range(total):
-        while True:
-            try:
-                producer.produce("spread", value=b"%d" % i, partition=i % 3,
-                                 on_delivery=report)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        producer.poll(0)
-        if i == total // 2:
-            deadline = time.monotonic() + 60
-            while len(acked) < total // 10 and time.monotonic() < deadline:
-                producer.poll(0.01)
-            assert acked, "nothing acknowledged before the kill"
-            nodes.kill(0)  # the node the producer bootstrapped from and produces through
-    assert producer.flush(120) == 0
-    assert not failed and len(acked) == total
+    # Kill the node the producer bootstrapped from and produces through.
+    acked = produce_through(idempotent_producer(kafka[0]), "spread", total, 3,
+                            lambda: nodes.kill(0))
+    assert len(acked) == total
     got = _drain(kafka[1], "spread", 3, total)
     values = [int(m.value() or b"-1") for m in got]
     assert len(values) == len(set(values)) == total  # every one, once
