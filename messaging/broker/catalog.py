@@ -563,6 +563,7 @@ class Catalog:
                 return None
             pid, epoch, seq = str(op["producer"][0]), int(op["producer"][1]), \
                 int(op["producer"][2])
+            seq += int(op.get("span", 1)) - 1  # the state keeps a batch's last sequence
             state = self.native.get(int(op["topic"]), {}).get(pid)
         except (ValueError, KeyError, TypeError, IndexError):
             return None

@@ -205,11 +205,15 @@ class StateMachine:
             self._deleting.append(op.topic)
         return False
 
-    @staticmethod
-    def _check_unlabelled(op: TopicOp, entry: TopicEntry, last: int | None) -> None:
-        """A topic becomes a Kafka partition only while it holds nothing and is no other
-        partition (409 otherwise: the creator picks another id)."""
+    def _check_unlabelled(self, op: TopicOp, entry: TopicEntry, last: int | None) -> None:
+        """A topic becomes a Kafka partition only while it holds nothing, is no other
+        partition and no other topic is that partition (409 otherwise: the creator looks
+        again)."""
         assert op.kafka is not None
+        holder = self.catalog.topic_settings.kafka.get(op.kafka[0], {}).get(op.kafka[1])
+        if holder is not None and holder != op.topic:
+            raise StreamConflictError(f"partition {op.kafka[1]} of the Kafka topic "
+                                      f"{op.kafka[0]!r} is topic {holder} already")
         if entry.kafka is not None:
             raise StreamConflictError(f"topic {op.topic} is already partition {entry.kafka[1]} "
                                       f"of the Kafka topic {entry.kafka[0]!r}")

@@ -143,7 +143,10 @@ class BrokerServer:
             # SASL/PLAIN: the password is a broker token, looked up as a bearer token is.
             tokens=None if tokens is None else (
                 lambda password: tokens.principal(f"Bearer {password}")),
-            peers=getattr(self.stack.log, "kafka_addresses", None))
+            peers=getattr(self.stack.log, "kafka_addresses", None),
+            # One node's log applies commands in the order it gets them; a cluster's puts
+            # to etcd may commit in another order.
+            pipelined=config.etcd_settings() is None)
         await listener.start()
         announce = getattr(self.stack.log, "announce_kafka", None)
         if announce is not None:  # a cluster node: the others learn where its listener is
@@ -284,6 +287,10 @@ def check_security(config: BrokerConfig) -> None:
             "--insecure")
     if config.kafka_advertise is not None and config.kafka_bind is None:
         raise ConfigError("--kafka-advertise needs --kafka-bind")
+    if config.kafka_bind is not None and config.kafka_advertise is None and (
+            config.kafka_bind[0] in ("0.0.0.0", "::", "")):
+        raise ConfigError(f"--kafka-bind {config.kafka_bind[0]} listens on every address: give "
+                          "--kafka-advertise HOST:PORT, the address Kafka clients connect to")
 
 
 def tls_context(config: BrokerConfig) -> ssl.SSLContext | None:

@@ -26,7 +26,7 @@ from messaging.frames import frame_columns
 from messaging.kafka import protocol as p
 from messaging.kafka.access import allowed
 from messaging.kafka.errors import kafka_code
-from messaging.kafka.records import record_batch
+from messaging.kafka.records import batch_end, record_batch
 from messaging.kafka.topics import KafkaTopics
 from messaging.topic.view import TopicView
 
@@ -129,6 +129,8 @@ class Fetching:
         if not frames:
             return b""
         indexes, types, _, datas = frame_columns(frames)
+        count = batch_end(indexes)  # the rest comes with the next fetch
+        indexes, types, datas = indexes[:count], types[:count], datas[:count]
         runs = topic.times(indexes[0], indexes[-1]) or [(0, None)]
         return record_batch(indexes, types, datas, runs)
 
@@ -184,10 +186,14 @@ class Fetching:
         elif timestamp == EARLIEST:
             answer["offset"] = log_start(topic)
         else:
-            found = await self._run(topic.index_at_time, timestamp)
+            try:
+                found = await self._run(topic.index_at_time, timestamp)
+                stamp = await self._run(topic.time_of, found) if found is not None else None
+            except MessagingError as err:
+                answer["error_code"] = kafka_code(err)
+                return answer
             if found is not None:
                 answer["offset"] = found
-                stamp = await self._run(topic.time_of, found)
                 answer["timestamp"] = -1 if stamp is None else stamp
         return answer
 

@@ -77,7 +77,10 @@ class Group:
         if not MIN_SESSION_MS <= session_ms <= MAX_SESSION_MS:
             answer.set_result(_join_error(p.INVALID_SESSION_TIMEOUT, member_id))
             return answer
-        if self.members and any(m.protocol_type != protocol_type for m in self.members.values()):
+        others = [m for m in self.members.values() if m.id != member_id]
+        if not protocols or any(m.protocol_type != protocol_type for m in others) or (
+                others and not self._candidates(others) & {name for name, _ in protocols}):
+            # Kafka's rule: a member must speak a protocol every other member speaks.
             answer.set_result(_join_error(p.INCONSISTENT_GROUP_PROTOCOL, member_id))
             return answer
         if member_id and member_id not in self.members:
@@ -156,14 +159,17 @@ class Group:
                     "member_id": member.id,
                     "members": members if member.id == self.leader else []})
 
+    @staticmethod
+    def _candidates(members: list[Member]) -> set[str]:
+        """The protocols every one of ``members`` offers."""
+        return set.intersection(*({name for name, _ in m.protocols} for m in members))
+
     def _choose_protocol(self) -> str:
-        """The first of the leader's (or any member's) protocols that every member offers."""
-        offered = [set(dict(m.protocols)) for m in self.members.values()]
+        """The first of the leader's (or any member's) protocols that every member offers
+        (there is one: a member that shares none is refused when it joins)."""
+        candidates = self._candidates(list(self.members.values()))
         first = self.members.get(self.leader or "") or next(iter(self.members.values()))
-        for name, _ in first.protocols:
-            if all(name in names for names in offered):
-                return name
-        return first.protocols[0][0]
+        return next(name for name, _ in first.protocols if name in candidates)
 
     def _empty(self) -> None:
         self.state = EMPTY
@@ -226,6 +232,14 @@ class Group:
             return p.ILLEGAL_GENERATION
         return None
 
+    def abandon(self, answer: asyncio.Future[dict[str, Any]]) -> None:
+        """A member's JoinGroup connection went away before its answer: it is not counted
+        as joined (its session ends it if it does not come back)."""
+        for member in self.members.values():
+            if member.joining is answer:
+                member.joining = None
+                member.seen = time.monotonic() - member.session_timeout  # expires next sweep
+
     def _remove(self, member_id: str, why: str) -> None:
         member = self.members.pop(member_id)
         log.info("group %r: member %s %s", self.name, member_id, why)
@@ -245,7 +259,9 @@ class Group:
     def expire(self, now: float) -> None:
         """Remove the members whose session timed out (those waiting on a join are alive)."""
         for member in list(self.members.values()):
-            if member.joining is None and now - member.seen > member.session_timeout:
+            waiting = member.joining is not None or (member.syncing is not None
+                                                     and not member.syncing.done())
+            if not waiting and now - member.seen > member.session_timeout:
                 self._remove(member.id, f"missed its session timeout "
                                         f"({member.session_timeout:g} s)")
 
@@ -292,7 +308,10 @@ class Coordinator:
             await asyncio.sleep(SWEEP_INTERVAL)
             now = time.monotonic()
             for group in list(self.groups.values()):
-                group.expire(now)
+                try:
+                    group.expire(now)
+                except Exception:  # one group's failure must not end every group's expiry
+                    log.exception("group %r: expiring members failed", group.name)
                 if group.state == EMPTY and not group.members:
                     del self.groups[group.name]
 
@@ -313,11 +332,15 @@ class Coordinator:
             return _join_error(refused, request["member_id"])
         group = self.group(request["group"])
         session = request["session_timeout"]
-        return await group.join(request["member_id"], client_id, session,
-                                request.get("rebalance_timeout", session),
-                                request["protocol_type"],
-                                [(g["protocol_name"], g["protocol_metadata"])
-                                 for g in request["group_protocols"]])
+        answer = group.join(request["member_id"], client_id, session,
+                            request.get("rebalance_timeout", session), request["protocol_type"],
+                            [(g["protocol_name"], g["protocol_metadata"] or b"")
+                             for g in request["group_protocols"]])
+        try:
+            return await asyncio.shield(answer)
+        except asyncio.CancelledError:
+            group.abandon(answer)
+            raise
 
     async def sync_group(self, request: dict[str, Any]) -> dict[str, Any]:
         """SyncGroup: this member's assignment (the leader's request carries them all)."""

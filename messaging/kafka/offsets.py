@@ -92,10 +92,9 @@ class Offsets:
         topic_id = self.topics.topic_id(name, partition)
         if topic_id is None:
             return p.UNKNOWN_TOPIC_OR_PARTITION
-        if offset < 1:
-            return p.NONE  # nothing processed yet: no position to keep
+        # Offsets 0 and 1 both mean "from the first message" (no index is 0): position 0.
         try:
-            await self.log.apply(reset_consumer(topic_id, group, offset - 1))
+            await self.log.apply(reset_consumer(topic_id, group, max(offset - 1, 0)))
         except MessagingError as err:
             log.warning("committing %s/%d for group %r failed: %s", name, partition, group, err)
             return kafka_code(err)
@@ -133,7 +132,7 @@ class Offsets:
             answer["error_code"] = p.UNKNOWN_TOPIC_OR_PARTITION
             return answer
         position = self.broker.subscribers(topic_id).get(group)
-        if position:
+        if position is not None:
             answer["offset"] = position + 1
         return answer
 

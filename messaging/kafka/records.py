@@ -22,6 +22,7 @@ frames.
 
 from __future__ import annotations
 
+import bisect
 import struct
 from array import array
 from collections.abc import Sequence
@@ -45,6 +46,10 @@ _VERSION = 1
 _BASE_OFFSET = struct.Struct(">q")
 _BATCH_HEADER = struct.Struct(">qi")
 _BATCH_OVERHEAD = 12  # base offset and length: the batch length counts what follows them
+#: The smallest batch length: a v2 batch header is 61 bytes, 49 of them after the length.
+_MIN_BATCH_LENGTH = 49
+#: The largest offset delta a batch holds (an int32): a fetch's batch ends before it.
+MAX_OFFSET_DELTA = (1 << 31) - 1
 _MAGIC_AT = 16
 #: Records v2 attributes, low three bits: the compression codec (0: none).
 CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
@@ -177,11 +182,14 @@ def produced_batches(data: bytes) -> list[ProducedBatch]:
     at = 0
     size = len(data)
     while at < size:
-        if size - at < _BATCH_OVERHEAD + 5:
+        if size - at < _BATCH_OVERHEAD + _MIN_BATCH_LENGTH:
             raise RecordError(f"a truncated record batch at byte {at}")
         length = _BATCH_HEADER.unpack_from(data, at)[1]
         end = at + _BATCH_OVERHEAD + length
-        if length <= 0 or end > size:
+        if length < _MIN_BATCH_LENGTH:
+            raise RecordError(f"a record batch at byte {at} is shorter than a batch header "
+                              f"({length} bytes after its length field)")
+        if end > size:
             raise RecordError(f"a record batch at byte {at} runs past the request's end")
         if data[at + _MAGIC_AT] != 2:
             raise RecordError(f"record batch magic {data[at + _MAGIC_AT]}: only v2 batches "
@@ -224,7 +232,8 @@ def record_batch(indexes: Sequence[int], types: Sequence[int], datas: Sequence[b
     from :func:`messaging.frames.frame_columns`); each record's timestamp is its message's
     append time from ``runs`` ((first index, time) runs covering them, as
     :meth:`TopicView.times` gives them; -1 where unknown). Its base offset is the first
-    message's index."""
+    message's index. Every index must be at most :data:`MAX_OFFSET_DELTA` above the first
+    (see :func:`batch_end`)."""
     builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 31)
     append = builder.append
     base = indexes[0]
@@ -243,3 +252,13 @@ def record_batch(indexes: Sequence[int], types: Sequence[int], datas: Sequence[b
     batch = builder.build()
     _BASE_OFFSET.pack_into(batch, 0, base)  # not covered by the batch's checksum
     return bytes(batch)
+
+
+def batch_end(indexes: Sequence[int]) -> int:
+    """How many of ``indexes`` (increasing) one batch can hold: those within
+    :data:`MAX_OFFSET_DELTA` of the first (a quiet partition beside busy ones has gaps that
+    large)."""
+    limit = indexes[0] + MAX_OFFSET_DELTA
+    if indexes[-1] <= limit:
+        return len(indexes)
+    return bisect.bisect_right(indexes, limit)

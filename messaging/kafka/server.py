@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 READ_THREADS = 4
 #: Requests of one connection read before their answers are sent (then it stops reading).
 MAX_IN_FLIGHT = 64
+#: The largest request read before a connection authenticated (with --tokens).
+MAX_UNAUTHENTICATED = 512 << 10
 
 
 class _Connection:
@@ -63,7 +65,8 @@ class KafkaListener:
                  tls: ssl.SSLContext | None = None,
                  advertise: tuple[str, int] | None = None,
                  tokens: Authenticate | None = None,
-                 peers: Callable[[], list[str]] | None = None) -> None:
+                 peers: Callable[[], list[str]] | None = None,
+                 pipelined: bool = True) -> None:
         self.host = host
         self.port = port
         self.tls = tls
@@ -71,6 +74,8 @@ class KafkaListener:
         self.advertise = advertise
         #: With --tokens: a token's principal (connections must authenticate with SASL/PLAIN).
         self.tokens = tokens
+        #: Whether the log applies commands in the order they are handed in (see _serve).
+        self.pipelined = pipelined
         self.topics = KafkaTopics(broker, log_, max_message_size)
         self._reads = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="kafka-read")
         self.producing = Producing(broker, log_, self.topics, max_message_size, auto_create)
@@ -146,18 +151,28 @@ class KafkaListener:
         soon as it is read, so a client's pipelined produces share the log's group commits
         instead of waiting for each other's fsync; a request's work up to the log (where its
         order is decided) runs before the next request's starts. At most MAX_IN_FLIGHT wait
-        for their answers; the SASL exchange runs alone."""
+        for their answers; the SASL exchange runs alone. Where the log does not keep the order
+        its commands were handed in (a cluster's concurrent etcd puts), each request is
+        answered before the next is read, as a Kafka broker does."""
         connection = _Connection()
         serve_as(EVERYONE if self.tokens is None else None)
-        answers: asyncio.Queue[asyncio.Future[bytes | None]] = asyncio.Queue(MAX_IN_FLIGHT)
+        answers: asyncio.Queue[asyncio.Future[bytes | None]] = asyncio.Queue(
+            MAX_IN_FLIGHT if self.pipelined else 1)
         sending = asyncio.ensure_future(self._send(answers, writer, connection))
         reading = asyncio.current_task()
         assert reading is not None
-        # An answer that cannot be sent (the client went away, SASL failed) ends the reading.
-        sending.add_done_callback(lambda _: reading.cancel())
+
+        def stop_reading(_: object) -> None:
+            reading.cancel()  # the answers ended (the client went away, SASL failed)
+
+        sending.add_done_callback(stop_reading)
         try:
             while True:
                 size = p.frame_size(await reader.readexactly(4))
+                if connection.password is None and self.tokens is not None and (
+                        size > MAX_UNAUTHENTICATED):
+                    raise p.ProtocolError(f"a request of {size} bytes before authenticating "
+                                          f"(at most {MAX_UNAUTHENTICATED})")
                 data = await reader.readexactly(size)
                 header = p.read_header(data)
                 if header.api_key in (p.SASL_HANDSHAKE, p.SASL_AUTHENTICATE):
@@ -167,7 +182,10 @@ class KafkaListener:
                 else:
                     answer = asyncio.ensure_future(self._answer(connection, header, data))
                 await answers.put(answer)
-                await asyncio.sleep(0)  # the request's own start, before the next is read
+                if self.pipelined:
+                    await asyncio.sleep(0)  # the request's own start, before the next is read
+                else:
+                    await answers.join()  # answered before the next is read
         except asyncio.CancelledError:
             failure = (sending.exception() if sending.done() and not sending.cancelled()
                        else None)
@@ -175,6 +193,7 @@ class KafkaListener:
                 raise failure from None  # why the answers ended
             raise
         finally:
+            sending.remove_done_callback(stop_reading)  # the reading's own error stands
             sending.cancel()
             while not answers.empty():
                 answers.get_nowait().cancel()

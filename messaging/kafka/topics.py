@@ -29,6 +29,7 @@ from messaging.broker.state import (
 )
 from messaging.broker.view import BrokerView
 from messaging.errors import MessagingError, StreamConflictError
+from messaging.kafka.errors import kafka_code
 from messaging.log.base import Log
 
 log = logging.getLogger(__name__)
@@ -143,15 +144,21 @@ class KafkaTopics:
     async def _create_partition(self, name: str, partition: int,
                                 settings: Mapping[str, int | None]) -> None:
         for _ in range(_CREATE_ATTEMPTS):
+            if partition in self.partitions(name):
+                return  # another node created it meanwhile
             topic_id = self._next_id()
             try:
-                await self.log.apply(configure_command(topic_id, settings,
-                                                       kafka=(name, partition)))
-                return
-            except StreamConflictError as err:  # another node took the id first
-                log.info("topic %d was taken for partition %d of %r (%s): trying the next",
-                         topic_id, partition, name, err)
+                try:
+                    await self.log.apply(configure_command(topic_id, settings,
+                                                           kafka=(name, partition)))
+                    return
+                except StreamConflictError as err:  # another node took the id or partition
+                    log.info("topic %d was not given partition %d of %r (%s): looking again",
+                             topic_id, partition, name, err)
                 await self.log.read_barrier()
+            except MessagingError as err:  # no quorum, shutting down, disk: say so
+                raise TopicError(kafka_code(err), f"creating partition {partition} of "
+                                                  f"{name!r}: {err}") from err
         raise TopicError(-1, f"could not find a free topic id for partition {partition} of "
                              f"{name!r} in {_CREATE_ATTEMPTS} attempts")
 

@@ -76,6 +76,9 @@ def test_a_kafka_partition_is_labelled_once_and_only_while_empty(tmp_path: Path)
     with pytest.raises(StreamConflictError, match="holds messages"):
         apply(broker, configure_command(6, {}, kafka=("orders", 1)))
     assert broker.committed.kafka_topics() == {"orders": {0: 5}}
+    with pytest.raises(StreamConflictError, match="is topic 5 already"):  # one per partition
+        apply(broker, configure_command(7, {}, kafka=("orders", 0)))
+    assert broker.topic(7) is None
     apply(broker, configure_command(5, {MAX_SEGMENT_SIZE: 300}))
     broker.close()
     reopened = Broker.open(tmp_path)  # from the journal
@@ -474,6 +477,9 @@ def test_a_batch_spanning_sequence_numbers_is_stored_once_and_the_next_follows_i
     broker.close()
     reopened = Broker.open(tmp_path)  # the producer table is journaled with the frames
     assert contents(reopened)[9] == [(1, b"a"), (2, b"b"), (3, b"c"), (4, b"d"), (5, b"e")]
-    assert apply(reopened, produce_command(9, ("p", 0, 3), 1.0, encode_batch(
-        9, [b"d", b"e"]), span=2)).stream.duplicate
+    resent = produce_command(9, ("p", 0, 3), 1.0, encode_batch(9, [b"d", b"e"]), span=2)
+    assert apply(reopened, resent).stream.duplicate
+    settled = reopened.settled_result(resent)  # a snapshot's answer to the batch sent again
+    assert settled is not None and settled.stream is not None
+    assert (settled.stream.first, settled.stream.last) == (4, 5)
     reopened.close()

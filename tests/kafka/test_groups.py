@@ -5,6 +5,7 @@ time out or never join again are dropped."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -77,6 +78,39 @@ async def test_leaving_and_expiring_members_rebalance_the_rest() -> None:
     group.members[a].seen -= 60
     group.expire(asyncio.get_running_loop().time() + 1e9)
     assert group.state == EMPTY and not group.members
+
+
+async def test_a_member_sharing_no_protocol_with_the_group_is_refused() -> None:
+    group = Group("g")
+    first = str((await (await _join(group)))["member_id"])
+    await group.sync(first, 1, [])
+    other = group.join("", "client", 10_000, 10_000, "consumer", [("roundrobin", b"")])
+    assert (await other)["error_code"] == p.INCONSISTENT_GROUP_PROTOCOL
+    empty = group.join("", "client", 10_000, 10_000, "consumer", [])
+    assert (await empty)["error_code"] == p.INCONSISTENT_GROUP_PROTOCOL
+    both = group.join("", "client", 10_000, 10_000, "consumer",
+                      [("roundrobin", b"r"), ("range", b"m")])
+    again = await _join(group, first)
+    joined = await asyncio.gather(both, again)
+    assert {j["group_protocol"] for j in joined} == {"range"}  # the one every member speaks
+    assert group.state != EMPTY
+
+
+async def test_a_join_whose_connection_went_away_is_not_counted() -> None:
+    coordinator = Coordinator()
+    group = coordinator.group("g")
+    first = str((await (await _join(group)))["member_id"])
+    await group.sync(first, 1, [])
+    waiting = asyncio.ensure_future(coordinator.join_group(
+        {"group": "g", "member_id": "", "session_timeout": 1000, "rebalance_timeout": 1000,
+         "protocol_type": "consumer", "group_protocols": [
+             {"protocol_name": "range", "protocol_metadata": b""}]}, "gone"))
+    await asyncio.sleep(0.05)
+    waiting.cancel()  # the client hung up while its JoinGroup waited
+    await asyncio.gather(waiting, return_exceptions=True)
+    group.expire(time.monotonic())
+    assert len(group.members) == 1 and first in group.members
+    await coordinator.close()
 
 
 @pytest.mark.parametrize("session_ms", [10, 10_000_000])

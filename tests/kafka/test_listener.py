@@ -10,12 +10,19 @@ import struct
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.protocol.commit import (
+    OffsetCommitRequest_v2,
+    OffsetCommitResponse_v2,
+    OffsetFetchRequest_v1,
+    OffsetFetchResponse_v1,
+)
 from aiokafka.protocol.fetch import (
     FetchRequest_v4,
     FetchRequest_v5,
@@ -27,6 +34,7 @@ from aiokafka.protocol.produce import ProduceRequest_v3, ProduceResponse_v3
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from messaging.client import Client
+from messaging.errors import ConfigError
 from messaging.http.server import BrokerServer
 from messaging.kafka import protocol as p
 from messaging.kafka.nodes import broker_id
@@ -377,3 +385,56 @@ async def test_records_in_the_object_store_are_fetched_like_local_ones(
     records = await _consume(server, "tiered", 1, 60)
     assert [(r.key, r.value) for r in records] == [  # type: ignore[attr-defined]
         (b"k%d" % i, b"%03d" % i * 40) for i in range(60)]
+
+
+async def test_a_batch_shorter_than_its_header_is_refused_and_the_broker_goes_on(
+        broker: BrokerServer) -> None:
+    good = _batch(b"x")
+    for length in (5, 8, 20, 48):  # a length field that leaves no room for the header
+        short = good[:8] + struct.pack(">i", length) + good[12:12 + length]
+        answer = await _exchange(broker, ProduceRequest_v3(None, -1, 1000, [
+            ("short", [(0, short)])]))
+        assert answer is not None
+        assert ProduceResponse_v3.decode(answer).topics[0][1][0][1] == p.CORRUPT_MESSAGE
+    answer = await _exchange(broker, ProduceRequest_v3(None, -1, 1000, [("short", [(0, good)])]))
+    assert answer is not None and ProduceResponse_v3.decode(answer).topics[0][1][0][1] == p.NONE
+
+
+async def test_committed_offsets_0_and_1_read_back_as_the_start(broker: BrokerServer) -> None:
+    await _exchange(broker, MetadataRequest_v4(["kept"], True))
+    for offset, expected in ((1_000_000, 1_000_000), (1, 1), (0, 1)):
+        committed = await _exchange(broker, OffsetCommitRequest_v2(
+            "group", -1, "", -1, [("kept", [(0, offset, "")])]))
+        assert committed is not None
+        assert OffsetCommitResponse_v2.decode(committed).topics[0][1][0][1] == p.NONE
+        fetched = await _exchange(broker, OffsetFetchRequest_v1("group", [("kept", [0])]))
+        assert fetched is not None
+        assert OffsetFetchResponse_v1.decode(fetched).topics[0][1][0][1] == expected
+    fetched = await _exchange(broker, OffsetFetchRequest_v1("other", [("kept", [0])]))
+    assert fetched is not None and OffsetFetchResponse_v1.decode(fetched).topics[0][1][0][1] == -1
+
+
+async def test_a_request_that_cannot_be_read_is_logged_when_the_connection_closes(
+        broker: BrokerServer, caplog: pytest.LogCaptureFixture) -> None:
+    host, port = _address(broker).rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(struct.pack(">i", 3) + b"abc")  # shorter than a request header
+    await writer.drain()
+    assert await asyncio.wait_for(reader.read(), 10) == b""
+    writer.close()
+    await wait_until(lambda: _true("shorter than its header" in caplog.text), timeout=10)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+@pytest.mark.parametrize(("options", "reason"), [
+    ({"kafka_bind": ("0.0.0.0", 0)}, "without authentication"),
+    ({"kafka_bind": ("0.0.0.0", 0), "insecure": True}, "give --kafka-advertise"),
+    ({"kafka_advertise": ("h", 1)}, "--kafka-advertise needs --kafka-bind"),
+])
+async def test_listener_settings_that_cannot_work_are_refused(
+        start_server: StartServer, options: dict[str, Any], reason: str) -> None:
+    with pytest.raises(ConfigError, match=reason):
+        await start_server(**options)

@@ -4,6 +4,8 @@ opened (every codec a client may use, corrupt and unsupported batches refused)."
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from hypothesis import given
@@ -13,9 +15,11 @@ from messaging.broker.commands import validate_publish
 from messaging.frames import HEADER_SIZE, Message
 from messaging.kafka.records import (
     KAFKA_RECORD_TYPE,
+    MAX_OFFSET_DELTA,
     PLAIN_TYPE,
     Record,
     RecordError,
+    batch_end,
     framed,
     open_envelope,
     produced_batches,
@@ -106,13 +110,21 @@ def test_plain_records_frame_as_one_uniform_publish() -> None:
     assert list(validate_publish(bytes(mixed), topic=9).offsets) == list(mixed.offsets)
 
 
+def test_a_batch_ends_before_an_offset_delta_an_int32_cannot_hold() -> None:
+    assert batch_end([10, 11, 12]) == 3
+    assert batch_end([10, 10 + MAX_OFFSET_DELTA, 11 + MAX_OFFSET_DELTA]) == 2
+    assert batch_end([5, 6 + MAX_OFFSET_DELTA]) == 1
+
+
 def _flip(data: bytes, at: int) -> bytes:
     return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
 
 
 @pytest.mark.parametrize(("damage", "reason"), [
     (lambda b: b[:-1], "runs past"),
-    (lambda b: b[:20], "runs past"),
+    (lambda b: b[:20], "truncated"),
+    (lambda b: b[:8] + struct.pack(">i", 8) + b[12:], "shorter than a batch header"),
+    (lambda b: b[:8] + struct.pack(">i", 48) + b[12:], "shorter than a batch header"),
     (lambda b: b[:10], "truncated"),
     (lambda b: _flip(b, len(b) - 3), "checksum"),
     (lambda b: _flip(b, 16), "magic"),
