@@ -438,3 +438,34 @@ async def test_listener_settings_that_cannot_work_are_refused(
         start_server: StartServer, options: dict[str, Any], reason: str) -> None:
     with pytest.raises(ConfigError, match=reason):
         await start_server(**options)
+
+
+async def test_acks_0_gets_no_answer_and_stores_the_records(broker: BrokerServer) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=_address(broker), acks=0)
+    await producer.start()
+    try:
+        for i in range(20):
+            await producer.send("fire", b"%d" % i)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    records = await _consume(broker, "fire", 1, 20)
+    assert [r.value for r in records] == [b"%d" % i for i in range(20)]  # type: ignore[attr-defined]
+
+
+async def test_a_fetch_at_the_end_waits_for_a_commit_or_its_max_wait(
+        broker: BrokerServer, producer: AIOKafkaProducer) -> None:
+    first = await producer.send_and_wait("polled", b"one")
+    end = first.offset + 1
+    request = FetchRequest_v4(-1, 2000, 1, 1 << 20, 0, [("polled", [(0, end, 1 << 20)])])
+    started = time.monotonic()
+    quiet = await _exchange(broker, FetchRequest_v4(-1, 300, 1, 1 << 20, 0, [
+        ("polled", [(0, end, 1 << 20)])]))
+    assert quiet is not None and FetchResponse_v4.decode(quiet).topics[0][1][0][5] == b""
+    assert time.monotonic() - started >= 0.25  # it waited (about) its max_wait_time
+    waiting = asyncio.ensure_future(_exchange(broker, request))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    await producer.send_and_wait("polled", b"two")
+    answer = await asyncio.wait_for(waiting, 5)  # answered by the commit, not the 2 s wait
+    assert answer is not None and FetchResponse_v4.decode(answer).topics[0][1][0][5] != b""
