@@ -15,7 +15,7 @@ CONFORMANCE_INSTALLED := conformance/node_modules/.package-lock.json
 .PHONY: help run test test-unit lint typecheck pytest pytest-unit bench bench-storage bench-http \
 	bench-client bench-cluster bench-spark bench-streams bench-durable-streams bench-peers \
 	bench-split bench-latency bench-publish-path bench-commit-marks bench-group-staging bench-watch-cost bench-etcd-floor bench-idle-groups bench-fanout bench-scaling bench-groups bench-cli bench-tiering bench-intake bench-kafka \
-	soak soak-cluster soak-intake soak-tiered etcd faketime chromium kcat conformance spark s3 kafka dist clean
+	soak soak-cluster soak-intake soak-tiered soak-kafka etcd faketime chromium kcat conformance spark s3 kafka dist clean
 
 .DEFAULT_GOAL := help
 
@@ -329,6 +329,11 @@ bench-intake: $(STAMP) etcd
 ## make soak: one broker under a mixed load for 5 minutes; checks data, log, RSS/fds/p99
 soak: $(STAMP)
 	$(BIN)/python bench/soak/run.py
+
+## make soak-kafka: the same load against one broker with a Kafka listener, an idempotent
+## librdkafka producer and a consumer group whose members come and go beside it
+soak-kafka: $(STAMP)
+	$(BIN)/python bench/soak/run.py --kafka
 
 ## make soak-cluster: the same load against 3 broker nodes on a 3-member etcd cluster
 soak-cluster: $(STAMP) etcd

@@ -285,14 +285,15 @@ def _plot(samples: list[dict[str, Any]], bench: str) -> None:
 def publish_results(samples: list[dict[str, Any]], checks: list[Check],
                     rows: list[dict[str, str]], ledger: Ledger, client_events: Counter[str],
                     args: argparse.Namespace, broker_command: list[str],
-                    broker_options: list[str], cluster: str = "") -> None:
+                    broker_options: list[str], cluster: str = "", kafka: str = "") -> None:
     """Print the table and verdicts; write soak.json, soak.png and the RESULTS.md section
     (soak_cluster.* and its own section when ``cluster`` describes the cluster run,
     soak_cluster_intake.* when it also has the object store and the intake lane,
-    soak_tiered.* for one broker with an object store)."""
+    soak_tiered.* for one broker with an object store, soak_kafka.* when ``kafka``
+    describes the Kafka clients' load beside it)."""
     tiered = bool(getattr(args, "tiered", False))
-    bench = ("soak_cluster_intake" if cluster and tiered else "soak_cluster" if cluster
-             else "soak_tiered" if tiered else "soak")
+    bench = ("soak_kafka" if kafka else "soak_cluster_intake" if cluster and tiered
+             else "soak_cluster" if cluster else "soak_tiered" if tiered else "soak")
     date = datetime.date.today().isoformat()
     command = command_line()
     table = _table(rows, checks)
@@ -312,7 +313,8 @@ def publish_results(samples: list[dict[str, Any]], checks: list[Check],
     if samples:
         _plot(samples, bench)
     verdict = "PASS" if all(c.passed for c in checks) else "FAIL"
-    title = ("Soak (a cluster with the intake lane, mixed load)" if cluster and tiered
+    title = ("Soak (one broker, Kafka clients beside the HTTP load)" if kafka
+             else "Soak (a cluster with the intake lane, mixed load)" if cluster and tiered
              else "Soak (a cluster, mixed load)" if cluster
              else "Soak (one broker with a file:// object store, mixed load)" if tiered
              else "Soak (one broker, mixed load)")
@@ -329,7 +331,9 @@ def publish_results(samples: list[dict[str, Any]], checks: list[Check],
         "followers (half of their sessions resume where the previous one stopped), 2 slow "
         "laggards whose registration lapses, 2 subscribers that never read; 2 range readers. "
         "Latencies are measured by the load generator. Levelling off compares the last "
-        f"third of the samples with the middle third. Overall: **{verdict}**.\n\n"
+        f"third of the samples with the middle third. "
+        + (f"{kafka} " if kafka else "")
+        + f"Overall: **{verdict}**.\n\n"
         f"{table}\n\n![{bench}](results/{bench}.png)"))
 
 

@@ -27,6 +27,7 @@ import os
 import random
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -43,6 +44,7 @@ from bench.harness.loops import bounded_wait
 from bench.harness.procs import Proc, broker, free_port
 from bench.harness.results import results_under
 from bench.harness.sampling import cpu_seconds, descriptors, rss_bytes, threads
+from bench.soak import kafka_load
 from bench.soak.checks import evaluate, publish_results
 from bench.soak.ledger import TOPICS, Ledger, RangeRead, Session
 from messaging.cli.main import event_loop_factory
@@ -106,14 +108,16 @@ TIERED_OPTIONS = ["--local-retention-size", "1M", "--object-sweep-grace", "30s",
                   "--object-cache-size", "8M"]
 
 
-def start_broker(directory: Path, tiered: bool = False) -> tuple[Proc, str]:
+def start_broker(directory: Path, tiered: bool = False,
+                 kafka: str | None = None) -> tuple[Proc, str]:
     """``messaging broker`` with the soak's options as a child process, its log (INFO and up)
-    in ``directory/broker.log``; stopped by its PID."""
-    extra: list[str] = []
+    in ``directory/broker.log``; stopped by its PID. ``kafka``: its Kafka listener's
+    address."""
+    extra: list[str] = [] if kafka is None else ["--kafka-bind", kafka]
     if tiered:
         store = directory / "store"
         store.mkdir()
-        extra = ["--object-store", f"file://{store}", *TIERED_OPTIONS]
+        extra += ["--object-store", f"file://{store}", *TIERED_OPTIONS]
     return broker(directory / "data", *BROKER_OPTIONS, *extra, log=directory / "broker.log",
                   log_level="INFO")
 
@@ -612,27 +616,42 @@ def main() -> int:
                         "the nodes share it, and batches take the intake lane)")
     parser.add_argument("--groups", type=int, default=1,
                         help="with --cluster: the cluster's topic groups (two holders each)")
+    parser.add_argument("--kafka", action="store_true",
+                        help="one broker with a Kafka listener: an idempotent librdkafka "
+                        "producer and a consumer group whose members come and go run beside "
+                        "the HTTP load (bench/soak/kafka_load.py)")
     args = parser.parse_args()
+    if args.kafka and args.cluster:
+        parser.error("--kafka runs against one broker: leave out --cluster")
+    kafka = f"127.0.0.1:{free_port()}" if args.kafka else None
+    kafka_ledger = kafka_load.KafkaLedger()
     with tempfile.TemporaryDirectory(prefix="soak-", dir=os.environ.get("BENCH_DIR")) as tmp:
         members: list[Etcd] = []
         if args.cluster:
             members, nodes = start_cluster(Path(tmp), args.groups, args.tiered)
             logs = [Path(tmp) / f"node{i}.log" for i in range(3)]
         else:
-            nodes = [start_broker(Path(tmp), args.tiered)]
+            nodes = [start_broker(Path(tmp), args.tiered, kafka)]
             logs = [Path(tmp) / "broker.log"]
         procs, urls = [proc for proc, _ in nodes], [url for _, url in nodes]
         if args.cluster:
             asyncio.run(_cluster_ready(urls, args.groups))
         print(f"broker pids {[p.pid for p in procs]} at {urls}; load for {args.seconds:.0f} s",
               flush=True)
+        kafka_thread = None if kafka is None else threading.Thread(
+            target=kafka_load.run, args=(kafka, kafka_ledger, args.seconds, args.seed),
+            name="soak-kafka")
         try:
+            if kafka_thread is not None:
+                kafka_thread.start()
             with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
                 ledger, samples, events, hung = runner.run(
                     run_load(urls, [p.pid for p in procs], args.seconds, args.sample_interval,
                              args.seed))
                 intake = (runner.run(_intake_objects(urls)) if args.cluster and args.tiered
                           else None)
+            if kafka_thread is not None:
+                kafka_thread.join(args.seconds + 600)
         finally:
             codes = [proc.stop(grace=30) for proc in procs]
             for member in members:
@@ -640,6 +659,17 @@ def main() -> int:
         exit_code = next((code for code in codes if code), 0)
         log_text = "\n".join(log.read_text(errors="replace") for log in logs)
     results_under(args.out)
+    ledger.anomalies += kafka_ledger.anomalies
+    kafka_text = "" if kafka is None else (
+        f"Kafka clients beside it (`--kafka-bind`): an idempotent librdkafka producer sent "
+        f"{len(kafka_ledger.acked):,} records at {kafka_load.RATE}/s to a topic of "
+        f"{kafka_load.PARTITIONS} partitions (retention ran on them too), "
+        f"{kafka_ledger.members} members of one consumer group came and went, reading "
+        f"{kafka_ledger.consumed:,} records in order, and every record acknowledged at or "
+        "after each partition's log start was read back once at the end "
+        f"({len(kafka_ledger.anomalies)} Kafka anomalies).")
+    if kafka_text:
+        print(kafka_text)
     checks, summary = evaluate(ledger, samples, log_text, exit_code, hung,
                                SUBSCRIBER_TIMEOUT)
     cluster = ("Three broker nodes on a 3-member etcd cluster (3.4, `--snapshot-count 2000`)"
@@ -654,7 +684,7 @@ def main() -> int:
                     f"once, a pointer through etcd; {intake} intake objects written); singles "
                     "stay inline.")
     publish_results(samples, checks, summary, ledger, events.counts, args,
-                    procs[0].args[3:], BROKER_OPTIONS, cluster)
+                    procs[0].args[3:], BROKER_OPTIONS, cluster, kafka_text)
     return 0 if all(c.passed for c in checks) else 1
 
 
