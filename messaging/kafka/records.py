@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import bisect
 import struct
+import zlib
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
+import cramjam
 from aiokafka.errors import CorruptRecordException, UnsupportedCodecError
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from aiokafka.record.util import decode_varint, encode_varint
@@ -203,7 +205,12 @@ def produced_batches(data: bytes) -> list[ProducedBatch]:
             messages = _messages(batch)
         except UnsupportedCodecError as err:
             raise CodecError(str(err)) from err
-        except CorruptRecordException as err:
+        except RecordError:
+            raise
+        except (CorruptRecordException, ValueError, OSError, EOFError, IndexError,
+                zlib.error, cramjam.DecompressionError) as err:
+            # A client's bytes: damaged records, or a compressed payload that does not open
+            # (each codec has its own error).
             raise RecordError(f"record batch at byte {at}: {err}") from err
         batches.append(ProducedBatch(messages, batch.producer_id, batch.producer_epoch,
                                      batch.base_sequence))

@@ -8,6 +8,7 @@ import struct
 
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from crc32c import crc32c
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -114,6 +115,25 @@ def test_a_batch_ends_before_an_offset_delta_an_int32_cannot_hold() -> None:
     assert batch_end([10, 11, 12]) == 3
     assert batch_end([10, 10 + MAX_OFFSET_DELTA, 11 + MAX_OFFSET_DELTA]) == 2
     assert batch_end([5, 6 + MAX_OFFSET_DELTA]) == 1
+
+
+def _forged(records: bytes, count: int, codec: int) -> bytes:
+    """A batch whose checksum is right over whatever ``records`` hold (as a hostile client
+    can make one): only the record code stands between it and the broker."""
+    covered = struct.pack(">hiqqqhii", codec, count - 1, 1000, 1000, -1, -1, -1, count) + records
+    body = struct.pack(">ib", 0, 2) + struct.pack(">I", crc32c(covered)) + covered
+    return struct.pack(">qi", 0, len(body)) + body
+
+
+@given(st.binary(max_size=80), st.sampled_from([1, 2, 3, 100, 2**31 - 1]),
+       st.sampled_from([0, 1, 2, 3, 4]))
+def test_a_forged_batch_with_a_good_checksum_opens_or_is_refused(
+        records: bytes, count: int, codec: int) -> None:
+    try:
+        batches = produced_batches(_forged(records, count, codec))
+    except RecordError:
+        return  # refused with a reason, never another error (or a crash)
+    assert len(batches) == 1
 
 
 def _flip(data: bytes, at: int) -> bytes:
