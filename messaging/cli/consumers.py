@@ -36,7 +36,10 @@ async def run_consumers(args: argparse.Namespace) -> int:
         if c.get("live") is False:
             shown += "*"
         behind = _lag_time(c.get("lag_ms"))
-        print(f"{c.get('topic', '?'):>8} {c.get('index', '?'):>12} {c.get('last_index', '?'):>12} "
+        topic = c.get("topic", "?")
+        if "kafka_topic" in c:  # a Kafka topic's partition (a group's offsets): NAME/PARTITION
+            topic = f"{c['kafka_topic']}/{c.get('kafka_partition', '?')}"
+        print(f"{topic:>8} {c.get('index', '?'):>12} {c.get('last_index', '?'):>12} "
               f"{c.get('lag', '?'):>10} {behind:>9} {shown:>9}  {c.get('name', '?')}")
     return 0
 

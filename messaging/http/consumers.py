@@ -82,7 +82,8 @@ class ConsumerHandlers:
 
         ``last_seen`` is when this node applied its last heartbeat (POSIX time; a restart
         counts as seen), ``idle`` the seconds since, ``live`` whether it still holds
-        retention back.
+        retention back. A Kafka topic's partition also has ``kafka_topic`` and
+        ``kafka_partition`` (a Kafka group's committed offsets are its positions there).
         """
         monotonic = time.monotonic()
         rows = []
@@ -98,6 +99,9 @@ class ConsumerHandlers:
                          "last_seen": round(record.seen_at, 3),
                          "idle": round(idle, 3),
                          "live": idle <= self.broker.subscriber_timeout})
+            kafka = self.broker.settings(topic_id).kafka
+            if kafka is not None:
+                rows[-1]["kafka_topic"], rows[-1]["kafka_partition"] = kafka
         return rows
 
     @requires("read")

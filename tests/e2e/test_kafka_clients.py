@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -234,6 +235,12 @@ def test_a_group_splits_partitions_commits_and_a_new_member_resumes_after_the_co
     # The committed offsets are consumer positions: the HTTP side shows the group's progress.
     rows = [t for t in _get_json(process, "topics") if t.get("kafka_topic") == "work"]
     assert all(row["subscribers"]["workers"] == row["last_index"] for row in rows)
+    listed = subprocess.run([sys.executable, "-m", "messaging.cli", "consumers", process.url],
+                            capture_output=True, text=True, timeout=60, check=True).stdout
+    shown = {line.split()[0]: line.split() for line in listed.splitlines()[1:]}
+    assert {"work/0", "work/1", "work/2"} <= set(shown)  # a group's lag, by partition
+    assert all(shown[f"work/{p}"][3] == "0" and shown[f"work/{p}"][-1] == "workers"
+               for p in range(3))
     first.close()
     second.close()
     for i in range(300, 330):
