@@ -20,9 +20,10 @@ def idempotent_producer(bootstrap: str) -> Producer:
 
 def produce_through(producer: Producer, topic: str, total: int, partitions: int,
                     halfway: Callable[[], None]) -> set[int]:
-    """Send ``total`` records (values 0, 1, ... round-robin over the partitions), call
-    ``halfway`` once a tenth are acknowledged and more are in flight, then wait for all;
-    the values acknowledged (every one: a delivery error fails the caller's test)."""
+    """Send ``total`` records (values 0, 1, ... round-robin over the partitions): half, then
+    once a tenth are acknowledged a burst of a tenth more, then ``halfway`` while that burst
+    is in flight, then the rest; wait for all. The values acknowledged (every one: a
+    delivery error fails the caller's test)."""
     acked: set[int] = set()
     failed: list[str] = []
 
@@ -32,21 +33,34 @@ def produce_through(producer: Producer, topic: str, total: int, partitions: int,
         else:
             failed.append(str(err))
 
-    for i in range(total):
+    def send(i: int) -> None:
         while True:
             try:
                 producer.produce(topic, value=b"%d" % i, partition=i % partitions,
                                  on_delivery=report)
-                break
+                return
             except BufferError:  # the queue is full while no broker takes it
                 producer.poll(0.05)
+
+    half = total // 2
+    for i in range(half):
+        send(i)
         producer.poll(0)
-        if i == total // 2:
-            deadline = time.monotonic() + 60
-            while len(acked) < total // 10 and time.monotonic() < deadline:
-                producer.poll(0.001)
-            assert total // 10 <= len(acked) < i, "no batch in flight halfway"
-            halfway()
+    deadline = time.monotonic() + 60
+    while len(acked) < total // 10 and time.monotonic() < deadline:
+        producer.poll(0.001)
+    assert len(acked) >= total // 10, f"only {len(acked)} records acknowledged in 60 s"
+    # A burst sent just before ``halfway``: its batches are on their way when it acts.
+    burst = min(total // 10, total - half)
+    for i in range(half, half + burst):
+        send(i)
+    producer.poll(0.005)
+    in_flight = half + burst - len(acked)
+    halfway()
+    assert in_flight > 0, "every record was acknowledged before halfway acted"
+    for i in range(half + burst, total):
+        send(i)
+        producer.poll(0)
     assert producer.flush(120) == 0
     assert not failed, failed[:3]
     return acked
