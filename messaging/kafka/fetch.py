@@ -83,11 +83,9 @@ class Fetching:
             if not await self._wait_any(wanted, remaining):
                 answers, size = await self._read_all(wanted, budget)
                 break
-        by_topic: dict[str, list[dict[str, Any]]] = {}
-        for want, answer in zip(wanted, answers, strict=True):
-            by_topic.setdefault(want.name, []).append(answer)
-        return {"session_id": 0, "topics": [{"topics": name, "partitions": parts}
-                                            for name, parts in by_topic.items()]}
+        return {"session_id": 0, "topics": p.by_topic(
+            [(want.name, answer) for want, answer in zip(wanted, answers, strict=True)],
+            key="topics")}
 
     async def _read_all(self, wanted: list[_Wanted], budget: int,
                         ) -> tuple[list[dict[str, Any]], int]:

@@ -67,9 +67,8 @@ class Offsets:
         if code == p.NONE and generation >= 0 and not self.nodes.coordinates(group):
             code = p.NOT_COORDINATOR
         if code == p.NONE:
-            code = self.coordinator.check_commit(
-                group, request.get("consumer_group_generation_id", -1),
-                request.get("consumer_id", ""))
+            code = self.coordinator.check_commit(group, generation,
+                                                 request.get("consumer_id", ""))
         jobs = []
         for topic in request["topics"]:
             for part in topic["partitions"]:
@@ -77,11 +76,9 @@ class Offsets:
                              self._commit_one(group, topic["topic"], part["partition"],
                                               part["offset"], code)))
         codes = await asyncio.gather(*(job for _, _, job in jobs))
-        by_topic: dict[str, list[dict[str, Any]]] = {}
-        for (name, partition, _), answer in zip(jobs, codes, strict=True):
-            by_topic.setdefault(name, []).append({"partition": partition, "error_code": answer})
-        return {"topics": [{"topic": name, "partitions": parts}
-                           for name, parts in by_topic.items()]}
+        return {"topics": p.by_topic([(name, {"partition": partition, "error_code": answer})
+                                      for (name, partition, _), answer
+                                      in zip(jobs, codes, strict=True)])}
 
     async def _commit_one(self, group: str, name: str, partition: int, offset: int,
                           code: int) -> int:

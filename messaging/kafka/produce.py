@@ -55,31 +55,22 @@ class Producing:
     async def produce(self, request: dict[str, Any]) -> dict[str, Any] | None:
         """Store every partition's records; the response (None for acks=0)."""
         acks = request["required_acks"]
-        if request.get("transactional_id") is not None:
-            code: int | None = p.UNSUPPORTED_FOR_MESSAGE_FORMAT
-        else:
-            code = None if acks in (0, 1, -1) else p.INVALID_REQUIRED_ACKS
-        jobs: list[tuple[str, int, asyncio.Future[dict[str, Any]]]] = []
-        for topic in request["topics"]:
-            for part in topic["partitions"]:
-                if code is not None:
-                    done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop(
-                    ).create_future()
-                    done.set_result(_failed(part["partition"], code, "transactions are not "
-                                            "supported" if acks in (0, 1, -1) else
-                                            f"invalid acks {acks}: 0, 1 or -1 (all)"))
-                    jobs.append((topic["topic"], part["partition"], done))
-                    continue
-                jobs.append((topic["topic"], part["partition"], asyncio.ensure_future(
-                    self._partition(topic["topic"], part["partition"], part["messages"]))))
-        answers = await asyncio.gather(*(job for _, _, job in jobs))
+        parts = [(t["topic"], part) for t in request["topics"] for part in t["partitions"]]
+        refusal = (f"invalid acks {acks}: 0, 1 or -1 (all)" if acks not in (0, 1, -1)
+                   else "transactions are not supported"
+                   if request.get("transactional_id") is not None else None)
+        if refusal is not None:
+            code = (p.INVALID_REQUIRED_ACKS if acks not in (0, 1, -1)
+                    else p.UNSUPPORTED_FOR_MESSAGE_FORMAT)
+            answers = [_failed(part["partition"], code, refusal) for _, part in parts]
+        else:  # side by side: the partitions share the log's group commits
+            answers = await asyncio.gather(*(
+                self._partition(name, part["partition"], part["messages"])
+                for name, part in parts))
         if acks == 0:
             return None
-        by_topic: dict[str, list[dict[str, Any]]] = {}
-        for (name, _, _), answer in zip(jobs, answers, strict=True):
-            by_topic.setdefault(name, []).append(answer)
-        return {"topics": [{"topic": name, "partitions": parts}
-                           for name, parts in by_topic.items()]}
+        return {"topics": p.by_topic([(name, answer) for (name, _), answer
+                                      in zip(parts, answers, strict=True)])}
 
     async def _partition(self, name: str, partition: int, data: bytes | None,
                          ) -> dict[str, Any]:

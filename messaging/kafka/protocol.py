@@ -288,6 +288,17 @@ def unsupported(api_key: int, version: int, correlation_id: int) -> bytes | None
     return _frame(correlation_id, encoded)
 
 
+def by_topic(answers: list[tuple[str, dict[str, Any]]], key: str = "topic",
+             ) -> list[dict[str, Any]]:
+    """Per-partition answers grouped under their topics, in the order the topics came (a
+    response's ``topics`` array; ``key`` names the topic field, which Fetch calls
+    ``topics``)."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for name, answer in answers:
+        grouped.setdefault(name, []).append(answer)
+    return [{key: name, "partitions": parts} for name, parts in grouped.items()]
+
+
 def api_versions_body() -> dict[str, Any]:
     """The body of an ApiVersions response: every API offered with its versions."""
     return {"error_code": NONE, "api_versions": [

@@ -110,8 +110,8 @@ class KafkaTopics:
 
     def names(self) -> list[str]:
         """Every Kafka topic's name."""
-        return sorted(name for name in self.broker.committed.kafka_topics() if
-                      0 in self.broker.committed.kafka_topics()[name])
+        return sorted(name for name, found in self.broker.committed.kafka_topics().items()
+                      if 0 in found)
 
     def topic_id(self, name: str, partition: int) -> int | None:
         """The topic id of one partition (None: no such partition)."""
