@@ -30,19 +30,23 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# The package's C modules: the editable install builds them in place, again when one changes.
+C_SOURCES := $(wildcard messaging/*/*.c)
+
 # The core package only: what a broker needs to run. The stamp is a copy of the pyproject.toml
-# it was installed from: the editable install already runs the checkout's code, so only a
-# changed pyproject.toml (dependencies, entry points) installs again, and make run says
-# nothing else after the first install (-qq: pip's notes and setuptools' banners too).
-$(CORE_STAMP): pyproject.toml | $(BIN)/python
-	@if cmp -s pyproject.toml $(CORE_STAMP); then touch $(CORE_STAMP); else \
+# it was installed from: the editable install already runs the checkout's Python code, so only
+# a changed pyproject.toml (dependencies, entry points) or C source installs again, and make
+# run says nothing else after the first install (-qq: pip's notes and setuptools' banners too).
+$(CORE_STAMP): pyproject.toml $(C_SOURCES) | $(BIN)/python
+	@if cmp -s pyproject.toml $(CORE_STAMP) && \
+		! find $(C_SOURCES) -newer $(CORE_STAMP) | grep -q .; then touch $(CORE_STAMP); else \
 		echo "installing messaging into $(VENV): pip install -e ."; \
 		$(BIN)/pip install -qq -e . && cp pyproject.toml $(CORE_STAMP); \
 	fi
 
 # Everything: the Spark, s3 and kafka extras, test, build and benchmark tools. A .venv that has it needs
 # none of the smaller installs (make spark, make s3, make dist): they depend on it instead.
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): pyproject.toml $(C_SOURCES) | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[spark,dev,bench,s3,kafka]'
 	touch $(STAMP) $(CORE_STAMP)
 EVERYTHING := $(wildcard $(STAMP))

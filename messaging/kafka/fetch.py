@@ -22,11 +22,10 @@ from typing import Any, TypeVar
 
 from messaging.broker.view import BrokerView
 from messaging.errors import MessagingError
-from messaging.frames import frame_columns
 from messaging.kafka import protocol as p
 from messaging.kafka.access import allowed
 from messaging.kafka.errors import kafka_code
-from messaging.kafka.records import batch_end, record_batch
+from messaging.kafka.records import MAX_OFFSET_DELTA, index_range, record_batch
 from messaging.kafka.topics import KafkaTopics
 from messaging.topic.view import TopicView
 
@@ -126,11 +125,10 @@ class Fetching:
         frames = topic.reader(offset).read(max_bytes)  # whole frames, already verified
         if not frames:
             return b""
-        indexes, types, _, datas = frame_columns(frames)
-        count = batch_end(indexes)  # the rest comes with the next fetch
-        indexes, types, datas = indexes[:count], types[:count], datas[:count]
-        runs = topic.times(indexes[0], indexes[-1]) or [(0, None)]
-        return record_batch(indexes, types, datas, runs)
+        first, last = index_range(frames)
+        runs = topic.times(first, min(last, first + MAX_OFFSET_DELTA)) or [(0, None)]
+        batch, _count = record_batch(frames, runs)  # the rest comes with the next fetch
+        return batch
 
     async def _wait_any(self, wanted: list[_Wanted], timeout: float) -> bool:
         """Wait for a commit to any partition asked for; False when the time ran out."""

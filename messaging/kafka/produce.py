@@ -22,7 +22,7 @@ import secrets
 import time
 from typing import Any
 
-from messaging.broker.commands import ApplyResult, Command, produce
+from messaging.broker.commands import ApplyResult, produce
 from messaging.broker.view import BrokerView
 from messaging.errors import MessagingError
 from messaging.kafka import protocol as p
@@ -32,7 +32,7 @@ from messaging.kafka.records import (
     CodecError,
     ProducedBatch,
     RecordError,
-    framed,
+    joined,
     produced_batches,
 )
 from messaging.kafka.topics import KafkaTopics, TopicError
@@ -84,7 +84,7 @@ class Producing:
             return _failed(partition, p.UNKNOWN_TOPIC_OR_PARTITION,
                            f"topic {name!r} has no partition {partition}")
         try:
-            batches = produced_batches(data or b"")
+            batches = produced_batches(data or b"", topic_id)
             commands = self._commands(topic_id, batches)
         except CodecError as err:
             return _failed(partition, p.UNSUPPORTED_COMPRESSION_TYPE, str(err))
@@ -140,29 +140,22 @@ class Producing:
         an idempotent producer (each deduplicated by its sequence numbers)."""
         if not batches:
             raise RecordError("a produce without records")
-        if all(b.producer_id < 0 for b in batches):
-            return [(self._frames(topic_id, [m for b in batches for m in b.messages]), None)]
-        now = time.time()
-        commands: list[tuple[bytes, ProducedBatch | None]] = []
-        for batch in batches:
-            frames = self._frames(topic_id, batch.messages)
-            if batch.producer_id < 0:
-                commands.append((frames, None))
-                continue
-            producer = (str(batch.producer_id), batch.producer_epoch, batch.base_sequence)
-            commands.append((produce(topic_id, producer, now, frames,
-                                     span=len(batch.messages)), batch))
-        return commands
-
-    def _frames(self, topic_id: int, messages: list[tuple[int, bytes]]) -> Command:
-        """The frames of some records' messages, as a validated publish of ``topic_id``."""
-        if not messages:
-            raise RecordError("a record batch without records")
-        largest = max(len(data) for _, data in messages)
+        largest = max(batch.largest for batch in batches)
         if largest > self.max_message_size:
             raise _TooLarge(f"a record of {largest} bytes exceeds the maximum of "
                             f"{self.max_message_size}")
-        return framed(topic_id, messages)
+        if all(b.producer_id < 0 for b in batches):
+            return [(joined(topic_id, [b.frames for b in batches]), None)]
+        now = time.time()
+        commands: list[tuple[bytes, ProducedBatch | None]] = []
+        for batch in batches:
+            if batch.producer_id < 0:
+                commands.append((batch.frames, None))
+                continue
+            producer = (str(batch.producer_id), batch.producer_epoch, batch.base_sequence)
+            commands.append((produce(topic_id, producer, now, batch.frames, span=batch.count),
+                             batch))
+        return commands
 
 
 def _offset(result: ApplyResult, batch: ProducedBatch | None) -> int | None:
@@ -171,7 +164,7 @@ def _offset(result: ApplyResult, batch: ProducedBatch | None) -> int | None:
     outcome = result.stream
     if batch is None or outcome is None or not outcome.duplicate:
         return outcome.first if outcome is not None and batch is not None else result.first
-    last_seq = batch.base_sequence + len(batch.messages) - 1
+    last_seq = batch.base_sequence + batch.count - 1
     if outcome.producer is not None and outcome.producer[1] == last_seq:
         return outcome.first
     return None

@@ -15,46 +15,53 @@ can decode the envelope with :func:`open_envelope`. A message published over HTT
 Kafka consumer as a record with that data as its value, no key and no headers, whatever its
 type (an envelope that does not decode is a plain value too).
 
-Decoding and encoding Kafka's record batches (v2, every compression a client may use) is
-aiokafka's record code (C where it is built); this module only moves between its records and
-frames.
+Records and frames are converted both ways by :mod:`messaging.kafka._records`, in C: one pass
+over the bytes each way, since a Python step per record made a Kafka record cost the broker
+more than an HTTP frame (``bench/kafka``). A stored envelope is the record's own bytes from its
+key length on, behind the version byte. Compressed batches are opened with aiokafka's codecs
+(every compression a client may use).
 """
 
 from __future__ import annotations
 
-import bisect
 import struct
 import zlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 
 import cramjam
-from aiokafka.errors import CorruptRecordException, UnsupportedCodecError
-from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from aiokafka.codec import gzip_decode, lz4_decode, snappy_decode, zstd_decode
 from aiokafka.record.util import decode_varint, encode_varint
+from crc32c import crc32c
 
 from messaging.broker.commands import Command
 from messaging.errors import CorruptFrameError
-from messaging.frames import HEADER_SIZE, Message, encode, encode_batch
+from messaging.frames import Message
+from messaging.kafka._records import KAFKA_RECORD_TYPE as KAFKA_RECORD_TYPE
+from messaging.kafka._records import MAX_OFFSET_DELTA as MAX_OFFSET_DELTA
+from messaging.kafka._records import PLAIN_TYPE as PLAIN_TYPE
+from messaging.kafka._records import batch_of_frames, frames_of_records
+from messaging.kafka._records import index_range as index_range
 
-#: The frame type of a message that holds a Kafka record's envelope (key and headers).
-KAFKA_RECORD_TYPE = 0x4B01
-#: The frame type of a plain message (data only), as HTTP publishes it by default.
-PLAIN_TYPE = 1
 _VERSION = 1
-#: Batch header: base offset (int64) at 0, batch length (int32) at 8; records count at 57.
-_BASE_OFFSET = struct.Struct(">q")
+#: Batch header: base offset (int64) at 0, batch length (int32) at 8.
 _BATCH_HEADER = struct.Struct(">qi")
+#: The whole v2 batch header: base offset, length, partition leader epoch, magic, CRC,
+#: attributes, last offset delta, first and max timestamps, producer id and epoch, base
+#: sequence, records count. The CRC covers everything from the attributes on.
+_V2_HEADER = struct.Struct(">qiibIhiqqqhii")
+_ATTRIBUTES_AT = 21
+_CODEC_MASK = 0x07
+_TRANSACTIONAL = 0x10
+_CONTROL = 0x20
 _BATCH_OVERHEAD = 12  # base offset and length: the batch length counts what follows them
 #: The smallest batch length: a v2 batch header is 61 bytes, 49 of them after the length.
 _MIN_BATCH_LENGTH = 49
-#: The largest offset delta a batch holds (an int32): a fetch's batch ends before it.
-MAX_OFFSET_DELTA = (1 << 31) - 1
-_MAGIC_AT = 16
 #: Records v2 attributes, low three bits: the compression codec (0: none).
 CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+_DECODERS: dict[int, Callable[[bytes], bytes]] = {
+    1: gzip_decode, 2: snappy_decode, 3: lz4_decode, 4: zstd_decode}
 
 
 class RecordError(CorruptFrameError):
@@ -137,6 +144,8 @@ def _put_bytes(out: bytearray, value: bytes | None) -> None:
 
 def _get_bytes(data: bytes, at: int) -> tuple[bytes | None, int]:
     length, at = decode_varint(data, at)
+    if length < -1:
+        raise ValueError(f"a length of {length}")
     if length < 0:
         return None, at
     end = at + length
@@ -150,37 +159,27 @@ def _get_bytes(data: bytes, at: int) -> tuple[bytes | None, int]:
 
 @dataclass(frozen=True, slots=True)
 class ProducedBatch:
-    """One record batch of a Produce request, as the messages that store its records."""
+    """One record batch of a Produce request, as the frames that store its records."""
 
-    #: Each record's frame type and data (see :meth:`Record.message`), in order.
-    messages: list[tuple[int, bytes]]
+    #: The records' frames, a validated publish of the partition's topic.
+    frames: Command
+    #: How many records (one sequence number each, for an idempotent producer).
+    count: int
+    #: The largest frame data length among them.
+    largest: int
+    #: Whether every record is a plain value (no key, no headers).
+    plain: bool
     producer_id: int
     producer_epoch: int
     base_sequence: int
 
-    @property
-    def plain(self) -> bool:
-        """Whether every record is a plain value (no key, no headers)."""
-        return all(type_ == PLAIN_TYPE for type_, _ in self.messages)
 
-
-def _messages(batch: DefaultRecordBatch) -> list[tuple[int, bytes]]:
-    """The messages of a batch's records (one pass; no object per record but the tuple)."""
-    out: list[tuple[int, bytes]] = []
-    append = out.append
-    for r in batch:
-        key, value, headers = r.key, r.value, r.headers
-        if key is None and not headers and value is not None:
-            append((PLAIN_TYPE, value))
-        else:
-            append((KAFKA_RECORD_TYPE, seal_envelope(Record(key, value, tuple(headers)))))
-    return out
-
-
-def produced_batches(data: bytes) -> list[ProducedBatch]:
-    """The record batches of one partition's Produce data (v2 batches only: every client
-    since Kafka 0.11 sends them), their checksums verified and compressed ones opened."""
+def produced_batches(data: bytes, topic: int) -> list[ProducedBatch]:
+    """The record batches of one partition's Produce data as frames of ``topic`` (v2 batches
+    only: every client since Kafka 0.11 sends them), their checksums verified, compressed ones
+    opened and every record checked."""
     batches: list[ProducedBatch] = []
+    view = memoryview(data)
     at = 0
     size = len(data)
     while at < size:
@@ -193,79 +192,67 @@ def produced_batches(data: bytes) -> list[ProducedBatch]:
                               f"({length} bytes after its length field)")
         if end > size:
             raise RecordError(f"a record batch at byte {at} runs past the request's end")
-        if data[at + _MAGIC_AT] != 2:
-            raise RecordError(f"record batch magic {data[at + _MAGIC_AT]}: only v2 batches "
-                              "(Kafka 0.11 and later clients) are accepted")
-        batch = DefaultRecordBatch(data[at:end] if at or end != size else data)
+        (_base, _length, _epoch, magic, crc, attributes, _last_delta, _first_time, _max_time,
+         producer_id, producer_epoch, base_sequence, count) = _V2_HEADER.unpack_from(data, at)
+        if magic != 2:
+            raise RecordError(f"record batch magic {magic}: only v2 batches (Kafka 0.11 and "
+                              "later clients) are accepted")
+        if crc32c(view[at + _ATTRIBUTES_AT:end]) != crc:
+            raise RecordError(f"record batch at byte {at}: checksum mismatch")
+        if attributes & (_TRANSACTIONAL | _CONTROL):
+            raise RecordError("transactional record batches are not supported")
+        records: bytes | memoryview = view[at + _V2_HEADER.size:end]
+        if attributes & _CODEC_MASK:
+            records = _opened(attributes & _CODEC_MASK, records, at)
+        if count <= 0:
+            raise RecordError(f"record batch at byte {at}: a record batch without records")
         try:
-            if not batch.validate_crc():
-                raise RecordError(f"record batch at byte {at}: checksum mismatch")
-            if batch.is_transactional or batch.is_control_batch:
-                raise RecordError("transactional record batches are not supported")
-            messages = _messages(batch)
-        except UnsupportedCodecError as err:
-            raise CodecError(str(err)) from err
-        except RecordError:
-            raise
-        except (CorruptRecordException, ValueError, OSError, EOFError, IndexError,
-                zlib.error, cramjam.DecompressionError) as err:
-            # A client's bytes: damaged records, or a compressed payload that does not open
-            # (each codec has its own error).
+            body, starts, stride, largest, plain = frames_of_records(records, count, topic)
+        except ValueError as err:
             raise RecordError(f"record batch at byte {at}: {err}") from err
-        batches.append(ProducedBatch(messages, batch.producer_id, batch.producer_epoch,
-                                     batch.base_sequence))
+        offsets = array("q")
+        offsets.frombytes(starts)
+        batches.append(ProducedBatch(Command.of(body, offsets, topic, stride), count, largest,
+                                     plain, producer_id, producer_epoch, base_sequence))
         at = end
     return batches
 
 
-def framed(topic: int, messages: list[tuple[int, bytes]]) -> Command:
-    """The publish command of some messages of ``topic`` (framed here, so valid by
-    construction: their offsets and, when all are one size, their stride go with it)."""
-    datas = [data for _, data in messages]
-    if all(type_ == PLAIN_TYPE for type_, _ in messages):
-        body = encode_batch(topic, datas)  # one checksum start per distinct length
-    else:
-        body = b"".join([encode(type_, topic, data) for type_, data in messages])
-    sizes = [HEADER_SIZE + len(data) for data in datas]
-    offsets = array("q", accumulate(sizes, initial=0))
-    offsets.pop()
-    stride = sizes[0] if min(sizes) == max(sizes) else 0
-    return Command.of(body, offsets, topic, stride)
+def _opened(codec: int, records: bytes | memoryview, at: int) -> bytes:
+    """A compressed batch's records, decompressed (each codec has its own errors)."""
+    decode = _DECODERS.get(codec)
+    if decode is None:
+        raise CodecError(f"record batch at byte {at}: unknown compression codec {codec}")
+    try:
+        return decode(bytes(records))
+    except (ValueError, OSError, EOFError, IndexError, zlib.error,
+            cramjam.DecompressionError) as err:
+        raise RecordError(f"record batch at byte {at}: its {CODECS[codec]} records do not "
+                          f"open: {err}") from err
 
 
-def record_batch(indexes: Sequence[int], types: Sequence[int], datas: Sequence[bytes],
-                 runs: Sequence[tuple[int, int | None]]) -> bytes:
-    """One uncompressed v2 record batch of a topic's messages, as columns (in index order,
-    from :func:`messaging.frames.frame_columns`); each record's timestamp is its message's
-    append time from ``runs`` ((first index, time) runs covering them, as
-    :meth:`TopicView.times` gives them; -1 where unknown). Its base offset is the first
-    message's index. Every index must be at most :data:`MAX_OFFSET_DELTA` above the first
-    (see :func:`batch_end`)."""
-    builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 31)
-    append = builder.append
-    base = indexes[0]
-    bounds = [first for first, _ in runs[1:]]
-    stamps = [-1 if stamp is None else stamp for _, stamp in runs]
-    run, next_start = 0, bounds[0] if bounds else None
-    for index, type_, data in zip(indexes, types, datas, strict=True):
-        while next_start is not None and index >= next_start:
-            run += 1
-            next_start = bounds[run] if run < len(bounds) else None
-        if type_ == KAFKA_RECORD_TYPE:
-            record = record_of(Message(index, type_, 0, data))
-            append(index - base, stamps[run], record.key, record.value, list(record.headers))
-        else:
-            append(index - base, stamps[run], None, data, [])
-    batch = builder.build()
-    _BASE_OFFSET.pack_into(batch, 0, base)  # not covered by the batch's checksum
-    return bytes(batch)
+def joined(topic: int, parts: Sequence[Command]) -> Command:
+    """One publish of ``topic`` made of several (in order)."""
+    if len(parts) == 1:
+        return parts[0]
+    offsets = array("q")
+    base = 0
+    for part in parts:
+        offsets.extend([base + start for start in part.offsets])
+        base += len(part)
+    strides = {part.stride for part in parts}
+    stride = strides.pop() if len(strides) == 1 else 0
+    return Command.of(b"".join(parts), offsets, topic, stride)
 
 
-def batch_end(indexes: Sequence[int]) -> int:
-    """How many of ``indexes`` (increasing) one batch can hold: those within
-    :data:`MAX_OFFSET_DELTA` of the first (a quiet partition beside busy ones has gaps that
-    large)."""
-    limit = indexes[0] + MAX_OFFSET_DELTA
-    if indexes[-1] <= limit:
-        return len(indexes)
-    return bisect.bisect_right(indexes, limit)
+def record_batch(frames: bytes, runs: Sequence[tuple[int, int | None]]) -> tuple[bytes, int]:
+    """One uncompressed v2 record batch of a topic's whole, verified frames (in index order),
+    and how many of them it holds: those within :data:`MAX_OFFSET_DELTA` of the first (a
+    quiet partition beside busy ones has gaps that large; the rest go in the next batch). Its
+    base offset is the first frame's index; each record's timestamp is its message's append
+    time from ``runs`` ((first index, time) runs covering them, as :meth:`TopicView.times`
+    gives them; -1 where unknown)."""
+    firsts = array("q", [first for first, _ in runs])
+    stamps = array("q", [-1 if stamp is None else stamp for _, stamp in runs])
+    return batch_of_frames(frames, firsts, stamps)
+
