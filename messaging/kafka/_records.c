@@ -34,6 +34,9 @@
 #define ENVELOPE_VERSION 1
 #define MAX_OFFSET_DELTA 0x7FFFFFFFLL
 #define BATCH_HEADER 61
+/* The smallest record: length, attributes, timestamp and offset deltas, key and value
+ * lengths and header count, a byte each. */
+#define MIN_RECORD 7
 #define BATCH_CRC_AT 17
 #define BATCH_ATTRIBUTES_AT 21
 /* A frame's data length is at most 2^30 (frames.HARD_MAX_MESSAGE_SIZE). */
@@ -146,21 +149,34 @@ get_be(const uint8_t *p, int size)
     return v;
 }
 
-/* The zig-zag varint at *pos (before end) into *out; 0, or -1 when it is cut off or longer
- * than 10 bytes. */
+/* The i-th native int64 of a buffer that need not be aligned. */
+static inline int64_t
+native64(const uint8_t *p, Py_ssize_t i)
+{
+    int64_t v;
+    memcpy(&v, p + i * (Py_ssize_t)sizeof(v), sizeof(v));
+    return v;
+}
+
+/* The zig-zag varint at *pos (before end) into *out: a varlong of at most 10 bytes when
+ * `wide`, else a varint of an int32, at most 5 bytes (Java's Kafka refuses longer ones); 0,
+ * or -1 when it is cut off, too long or out of range. */
 static inline int
-read_varint(const uint8_t *buf, Py_ssize_t end, Py_ssize_t *pos, int64_t *out)
+read_varint(const uint8_t *buf, Py_ssize_t end, Py_ssize_t *pos, int64_t *out, int wide)
 {
     uint64_t raw = 0;
     Py_ssize_t at = *pos;
+    int limit = wide ? 63 : 28;
     for (int shift = 0;; shift += 7) {
-        if (at >= end || shift > 63)
+        if (at >= end || shift > limit)
             return -1;
         uint8_t b = buf[at++];
         raw |= (uint64_t)(b & 0x7F) << shift;
         if (!(b & 0x80))
             break;
     }
+    if (!wide && raw > 0xFFFFFFFFu)
+        return -1;
     *pos = at;
     *out = (int64_t)(raw >> 1) ^ -(int64_t)(raw & 1);
     return 0;
@@ -240,17 +256,18 @@ utf8_ok(const uint8_t *p, Py_ssize_t n)
     return 1;
 }
 
-/* A nullable length and the bytes it counts, at *pos before end: 0, or -1 when malformed.
- * *length is -1 for null. */
+/* A length and the bytes it counts, at *pos before end: 0, or -1 when malformed. A negative
+ * length is null (as Kafka reads one), which only a nullable field may be. */
 static inline int
 skip_bytes(const uint8_t *buf, Py_ssize_t end, Py_ssize_t *pos, int nullable, int64_t *length)
 {
-    if (read_varint(buf, end, pos, length) < 0)
+    if (read_varint(buf, end, pos, length, 0) < 0)
         return -1;
-    if (*length < (nullable ? -1 : 0) || *length > end - *pos)
+    if (*length < 0)
+        return nullable ? 0 : -1;
+    if (*length > end - *pos)
         return -1;
-    if (*length > 0)
-        *pos += (Py_ssize_t)*length;
+    *pos += (Py_ssize_t)*length;
     return 0;
 }
 
@@ -260,7 +277,7 @@ static int
 skip_headers(const uint8_t *buf, Py_ssize_t end, Py_ssize_t *pos, int64_t *count)
 {
     int64_t length;
-    if (read_varint(buf, end, pos, count) < 0 || *count < 0)
+    if (read_varint(buf, end, pos, count, 0) < 0 || *count < 0)
         return -1;
     for (int64_t h = 0; h < *count; h++) {
         if (skip_bytes(buf, end, pos, 0, &length) < 0)
@@ -310,7 +327,7 @@ scan_records(const uint8_t *buf, Py_ssize_t end, Py_ssize_t count, Span *spans, 
     for (Py_ssize_t i = 0; i < count; i++) {
         int64_t length, skipped, key, value, headers;
         fault->record = i;
-        if (read_varint(buf, end, &pos, &length) < 0) {
+        if (read_varint(buf, end, &pos, &length, 0) < 0) {
             fault->what = "its length is cut off";
             return -1;
         }
@@ -320,8 +337,8 @@ scan_records(const uint8_t *buf, Py_ssize_t end, Py_ssize_t count, Span *spans, 
         }
         Py_ssize_t record_end = pos + (Py_ssize_t)length;
         pos++; /* attributes */
-        if (read_varint(buf, record_end, &pos, &skipped) < 0 ||
-            read_varint(buf, record_end, &pos, &skipped) < 0) {
+        if (read_varint(buf, record_end, &pos, &skipped, 1) < 0 ||
+            read_varint(buf, record_end, &pos, &skipped, 0) < 0) {
             fault->what = "its timestamp or offset delta is cut off";
             return -1;
         }
@@ -413,7 +430,7 @@ frames_of_records(PyObject *self, PyObject *args)
         return NULL;
     const uint8_t *buf = in.buf;
     Py_ssize_t end = in.len;
-    if (count < 0 || count > end) {
+    if (count < 0 || count > end / MIN_RECORD) {
         PyBuffer_Release(&in);
         return PyErr_Format(PyExc_ValueError, "%zd records cannot fit in %zd bytes", count,
                             end);
@@ -495,11 +512,12 @@ batch_of_frames(PyObject *self, PyObject *args)
     const uint8_t *buf = in.buf;
     Py_ssize_t end = in.len;
     Py_ssize_t runs = firsts_buf.len / (Py_ssize_t)sizeof(int64_t);
-    const int64_t *firsts = firsts_buf.buf, *stamps = stamps_buf.buf;
+    const uint8_t *firsts = firsts_buf.buf, *stamps = stamps_buf.buf;
     PyObject *result = NULL;
     Entry *entries = NULL;
-    if (runs < 1 || stamps_buf.len != firsts_buf.len) {
-        PyErr_SetString(PyExc_ValueError, "one stamp per run, and at least one run");
+    if (runs < 1 || stamps_buf.len != firsts_buf.len ||
+        firsts_buf.len % (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "one stamp per run, and at least one run (int64s)");
         goto done;
     }
     entries = PyMem_RawMalloc(sizeof(Entry) * (size_t)(end / FRAME_HEADER + 1));
@@ -524,13 +542,13 @@ batch_of_frames(PyObject *self, PyObject *args)
             base = index;
         else if (index - base > MAX_OFFSET_DELTA)
             break;
-        while (run + 1 < runs && index >= firsts[run + 1])
+        while (run + 1 < runs && index >= native64(firsts, run + 1))
             run++;
         Entry *e = &entries[count];
         e->data = at + FRAME_HEADER;
         e->length = length;
         e->delta = index - base;
-        e->stamp = stamps[run];
+        e->stamp = native64(stamps, run);
         e->envelope = type == KAFKA_RECORD_TYPE && envelope_ok(buf + e->data, length);
         if (count == 0)
             base_stamp = max_stamp = e->stamp;

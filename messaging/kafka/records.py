@@ -45,6 +45,7 @@ from messaging.kafka._records import batch_of_frames, frames_of_records
 from messaging.kafka._records import index_range as index_range
 
 _VERSION = 1
+_MAX_VARINT32 = 5
 #: Batch header: base offset (int64) at 0, batch length (int32) at 8.
 _BATCH_HEADER = struct.Struct(">qi")
 #: The whole v2 batch header: base offset, length, partition leader epoch, magic, CRC,
@@ -109,7 +110,7 @@ def open_envelope(data: bytes) -> Record:
     try:
         key, at = _get_bytes(data, 1)
         value, at = _get_bytes(data, at)
-        count, at = decode_varint(data, at)
+        count, at = _varint32(data, at)
         headers: list[Header] = []
         for _ in range(count):
             name, at = _get_bytes(data, at)
@@ -142,11 +143,17 @@ def _put_bytes(out: bytearray, value: bytes | None) -> None:
     out += value
 
 
+def _varint32(data: bytes, at: int) -> tuple[int, int]:
+    """The varint of an int32 at ``at``: at most 5 bytes (Java's Kafka reads no longer one)."""
+    value, end = decode_varint(data, at)
+    if end - at > _MAX_VARINT32 or not -(1 << 31) <= value < 1 << 31:
+        raise ValueError(f"the varint at byte {at} is not an int32's")
+    return value, end
+
+
 def _get_bytes(data: bytes, at: int) -> tuple[bytes | None, int]:
-    length, at = decode_varint(data, at)
-    if length < -1:
-        raise ValueError(f"a length of {length}")
-    if length < 0:
+    length, at = _varint32(data, at)
+    if length < 0:  # null, as Kafka reads any negative length
         return None, at
     end = at + length
     if end > len(data):
@@ -208,7 +215,7 @@ def produced_batches(data: bytes, topic: int) -> list[ProducedBatch]:
             raise RecordError(f"record batch at byte {at}: a record batch without records")
         try:
             body, starts, stride, largest, plain = frames_of_records(records, count, topic)
-        except ValueError as err:
+        except (ValueError, MemoryError) as err:
             raise RecordError(f"record batch at byte {at}: {err}") from err
         offsets = array("q")
         offsets.frombytes(starts)
@@ -225,7 +232,7 @@ def _opened(codec: int, records: bytes | memoryview, at: int) -> bytes:
         raise CodecError(f"record batch at byte {at}: unknown compression codec {codec}")
     try:
         return decode(bytes(records))
-    except (ValueError, OSError, EOFError, IndexError, zlib.error,
+    except (ValueError, OSError, EOFError, IndexError, struct.error, zlib.error,
             cramjam.DecompressionError) as err:
         raise RecordError(f"record batch at byte {at}: its {CODECS[codec]} records do not "
                           f"open: {err}") from err

@@ -229,7 +229,7 @@ EXPECTED: list[tuple[str, Callable[[str], bool], str]] = [
      "the version"),
     (r"tail -n 1 ops-broker.log", lambda out: any(isinstance(v, dict) for v in _json(out)),
      "one JSON object"),
-    (r"^make dist", lambda out: f"messaging-{_version()}-py3-none-any.whl" in out
+    (r"^make dist", lambda out: bool(re.search(rf"messaging-{_version()}-cp3\d+-\S+\.whl", out))
      and f"messaging-{_version()}.tar.gz" in out, "the wheel and the sdist"),
     (r"conn = client.conn\(1, data_url", lambda out: "b'data'" in out, "index, type, data"),
     (r"Consumer\(client, \[5\]", lambda out: "'words': 4" in out, "the state: 4 words"),

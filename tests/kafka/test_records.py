@@ -10,6 +10,7 @@ builder makes of the same messages."""
 from __future__ import annotations
 
 import struct
+from array import array
 
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
@@ -60,10 +61,20 @@ def test_any_stored_message_is_a_record(data: bytes, type_: int) -> None:
 
 
 @pytest.mark.parametrize("data", [b"", b"\x02", b"\x01", b"\x01\x02k", b"\x01\x01\x01\x02",
-                                  b"\x01\x01\x01\x00extra", b"\x01\x03\x01\x00"])
+                                  b"\x01\x01\x01\x00extra",
+                                  b"\x01\x81\x80\x80\x80\x80\x00\x01\x00"])
 def test_a_broken_envelope_is_refused(data: bytes) -> None:
     with pytest.raises(ValueError):
         open_envelope(data)
+
+
+def test_an_envelope_reads_any_negative_length_as_null_and_no_varint_past_an_int32() -> None:
+    assert open_envelope(b"\x01\x03\x01\x00") == Record(None, None)  # -2: null, as Kafka
+    assert open_envelope(b"\x01\x81\x80\x80\x80\x00\x01\x00") == Record(None, None)
+    overlong = b"\x01\x81\x80\x80\x80\x80\x00\x01\x00"  # 6 bytes: Java's Kafka refuses it
+    message = Message(10, KAFKA_RECORD_TYPE, 1, overlong)
+    (record,) = DefaultRecordBatch(record_batch(_frames([message]), [(0, 5)])[0])
+    assert (record.key, record.value, record.headers) == (None, overlong, [])
 
 
 def _frames(messages: list[Message]) -> bytes:
@@ -228,6 +239,41 @@ def test_a_forged_batch_with_a_good_checksum_opens_or_is_refused(
 
 def _flip(data: bytes, at: int) -> bytes:
     return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
+
+
+def _record(body: bytes) -> bytes:
+    """One record: its length (a one-byte varint), then ``body``."""
+    return bytes([len(body) << 1]) + body
+
+
+@pytest.mark.parametrize(("records", "count", "codec", "reason"), [
+    # a key length written in 6 bytes (Java's Kafka reads at most 5)
+    (_record(b"\x00\x00\x00\x83\x80\x80\x80\x80\x00k\x02v\x00"), 1, 0, "key"),
+    (_record(b"\x00\x00\x00\x01\x02v\x00") * 2, 2**31 - 1, 0, "cannot fit"),
+    (_record(b"\x00\x00\x00\x01\x02v\x00") + b"\x00", 1, 0, "follow the last record"),
+    (_record(b"\x00\x00\x00\x01\x02v\x02\x01\x00"), 1, 0, "headers"),  # a null name
+    (_record(b"\x00\x00\x00\x01\x02v\x02\x02\xff\x00"), 1, 0, "UTF-8"),
+    (b"\x82SNAPPY\x00\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00", 1, 2, "snappy"),
+])
+def test_a_batch_whose_records_are_malformed_is_refused_with_the_reason(
+        records: bytes, count: int, codec: int, reason: str) -> None:
+    with pytest.raises(RecordError, match=reason):
+        produced_batches(_forged(records, count, codec), 1)
+
+
+def test_a_record_with_a_negative_key_length_is_a_null_key_as_kafka_reads_it() -> None:
+    (batch,) = produced_batches(_forged(_record(b"\x00\x00\x00\x05\x02v\x00"), 1, 0), 1)
+    assert _stored(batch.frames) == [(PLAIN_TYPE, b"v")]  # no key, no headers: plain
+
+
+def test_runs_may_come_in_any_buffer() -> None:
+    frames = _frames([Message(i, PLAIN_TYPE, 1, b"x") for i in (4, 9)])
+    firsts, stamps = (b"\x00" + bytes(array("q", [0, 9]))), b"\x00" + bytes(array("q", [7, 8]))
+    data, count = _records.batch_of_frames(frames, memoryview(firsts)[1:],
+                                           memoryview(stamps)[1:])
+    assert count == 2 and [r.timestamp for r in DefaultRecordBatch(data)] == [7, 8]
+    with pytest.raises(ValueError, match="one stamp per run"):
+        _records.batch_of_frames(frames, b"\x00" * 9, b"\x00" * 9)
 
 
 @pytest.mark.parametrize(("damage", "reason"), [
