@@ -1,8 +1,10 @@
 """Real Kafka clients against a broker process's --kafka-bind: confluent-kafka (librdkafka, as
-bundled in the wheel) and Debian's kcat (librdkafka 2.0.2, which needs empty tag buffers)."""
+bundled in the wheel), aiokafka, and Debian's kcat (librdkafka 2.0.2, which needs empty tag
+buffers)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -14,6 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as AioTopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import NewTopic as AioNewTopic
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
@@ -89,6 +95,50 @@ def test_confluent_kafka_round_trips_20000_keyed_records_on_3_partitions(
             assert (partition, message.offset()) == delivered[n]
 
 
+async def _aiokafka_round_trip(bootstrap: str, total: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([AioNewTopic("ledger", 3, 1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all")
+    await producer.start()
+    try:
+        sent = [await producer.send("ledger", key=b"k%d" % i, value=b"v%d" % i,
+                                    headers=[("n", b"%d" % i)], partition=i % 3)
+                for i in range(total)]
+        delivered = [(m.partition, m.offset) for m in await asyncio.gather(*sent)]
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        parts = [AioTopicPartition("ledger", p) for p in range(3)]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        got: dict[int, list[Any]] = {p: [] for p in range(3)}
+        deadline = time.monotonic() + 120
+        while sum(map(len, got.values())) < total and time.monotonic() < deadline:
+            for part, records in (await consumer.getmany(timeout_ms=1000)).items():
+                got[part.partition].extend(records)
+    finally:
+        await consumer.stop()
+    assert sum(map(len, got.values())) == total
+    for partition, records in got.items():
+        numbers = [int(r.value[1:]) for r in records]
+        assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)
+        for record, n in zip(records, numbers, strict=True):
+            assert (record.key, record.headers) == (b"k%d" % n, (("n", b"%d" % n),))
+            assert (partition, record.offset) == delivered[n]
+
+
+def test_aiokafka_round_trips_20000_keyed_records_on_3_partitions(broker_process: Make) -> None:
+    _, bootstrap = _start(broker_process)
+    asyncio.run(_aiokafka_round_trip(bootstrap, 20_000))
+
+
 def test_confluent_kafka_finds_offsets_for_times(broker_process: Make) -> None:
     _, bootstrap = _start(broker_process)
     producer = Producer({"bootstrap.servers": bootstrap})
@@ -138,6 +188,28 @@ def test_kcat_produces_and_consumes_keys_and_headers(broker_process: Make) -> No
     messages = _read(process, row["id"])
     assert [m.index for m in messages] == offsets
     assert open_envelope(messages[0].data).headers == (("origin", b"kcat"),)
+
+
+def test_kcat_round_trips_20000_keyed_records_on_3_partitions(broker_process: Make) -> None:
+    _, bootstrap = _start(broker_process)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("keyed", num_partitions=3, replication_factor=1)])[
+        "keyed"].result(30)
+    total = 20_000
+    lines = "".join(f"key{i % 500}:{i}\n" for i in range(total))  # 40 records per key
+    _kcat("-b", bootstrap, "-t", "keyed", "-P", "-K:", "-H", "origin=kcat", stdin=lines)
+    out = _kcat("-b", bootstrap, "-t", "keyed", "-C", "-e", "-f", "%p|%o|%k|%s|%h\n")
+    rows = [line.split("|") for line in out.splitlines()]
+    assert sorted(int(value) for *_, value, _ in rows) == list(range(total))  # once each
+    partitions: dict[int, list[tuple[int, int]]] = {}
+    owner: dict[str, str] = {}
+    for partition, offset, key, value, headers in rows:
+        assert key == f"key{int(value) % 500}" and headers == "origin=kcat"
+        assert owner.setdefault(key, partition) == partition  # a key stays on its partition
+        partitions.setdefault(int(partition), []).append((int(offset), int(value)))
+    assert set(partitions) == {0, 1, 2}
+    for read in partitions.values():  # in order: offsets and what was sent both increase
+        assert read == sorted(read) and [v for _, v in read] == sorted(v for _, v in read)
 
 
 def _get_json(process: BrokerProcess, what: str) -> Any:

@@ -355,6 +355,54 @@ async def test_a_fetch_below_what_retention_kept_is_out_of_range(
     assert records_after[0].offset == start  # type: ignore[attr-defined]
 
 
+async def _aging_topic(server: BrokerServer, name: str) -> list[Any]:
+    """A topic of small segments whose retention keeps 8 KiB, and 40 records of 400 B in it
+    (their record metadata)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=_address(server))
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, 1, 1, topic_configs={
+            "segment.bytes": "4096", "retention.bytes": "8192"})])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=_address(server), linger_ms=0)
+    await producer.start()
+    try:
+        return [await producer.send_and_wait(name, b"%04d" % i * 100) for i in range(40)]
+    finally:
+        await producer.stop()
+
+
+async def test_retention_keeps_what_a_group_committed_and_what_an_http_subscriber_holds(
+        start_server: StartServer, http: aiohttp.ClientSession) -> None:
+    server = await start_server(kafka_bind=("127.0.0.1", 0), truncation_interval=3600)
+    committed, heartbeated = (await _aging_topic(server, "committed"),
+                              await _aging_topic(server, "heartbeated"))
+    answer = await _exchange(server, OffsetCommitRequest_v2(  # the group's next offset: 3rd
+        "holders", -1, "", -1, [("committed", [(0, committed[2].offset, "")])]))
+    assert answer is not None
+    assert OffsetCommitResponse_v2.decode(answer).topics[0][1][0][1] == p.NONE
+    rows = await (await http.get(f"{server.url}/messaging/topics")).json()
+    topic_id = next(row["id"] for row in rows if row.get("kafka_topic") == "heartbeated")
+    async with http.post(f"{server.url}/messaging/heartbeat", params={
+            "topicID": str(topic_id), "index": str(heartbeated[1].offset),
+            "url": "http-reader"}) as response:
+        assert response.status == 200, await response.text()
+    async with http.post(f"{server.url}/messaging/retention") as response:
+        assert response.status == 200
+    # retention deleted nothing a reader still needs, over either face...
+    code, start, records = await _fetch_code(server, "committed", committed[2].offset)
+    assert code == p.NONE and records and start <= committed[2].offset
+    code, start, records = await _fetch_code(server, "heartbeated", heartbeated[2].offset)
+    assert code == p.NONE and records and start <= heartbeated[2].offset
+    # ...and the group's position is what an HTTP consumer of that name starts after
+    consumers = await (await http.get(f"{server.url}/messaging/consumers")).json()
+    held = {(row.get("kafka_topic"), row["name"]): (row["index"], row["live"])
+            for row in consumers}
+    assert held[("committed", "holders")] == (committed[2].offset - 1, True)
+    assert held[("heartbeated", "http-reader")] == (heartbeated[1].offset, True)
+
+
 async def test_records_in_the_object_store_are_fetched_like_local_ones(
         start_server: StartServer, tmp_path: Path) -> None:
     store = tmp_path / "store"
