@@ -32,6 +32,7 @@ from messaging.kafka.records import (
     CodecError,
     ProducedBatch,
     RecordError,
+    RecordsTooLarge,
     joined,
     produced_batches,
 )
@@ -88,6 +89,8 @@ class Producing:
             commands = self._commands(topic_id, batches)
         except CodecError as err:
             return _failed(partition, p.UNSUPPORTED_COMPRESSION_TYPE, str(err))
+        except RecordsTooLarge as err:
+            return _failed(partition, p.MESSAGE_TOO_LARGE, str(err))
         except RecordError as err:
             return _failed(partition, p.CORRUPT_MESSAGE, str(err))
         except _TooLarge as err:

@@ -18,20 +18,19 @@ type (an envelope that does not decode is a plain value too).
 Records and frames are converted both ways by :mod:`messaging.kafka._records`, in C: one pass
 over the bytes each way, since a Python step per record made a Kafka record cost the broker
 more than an HTTP frame (``bench/kafka``). A stored envelope is the record's own bytes from its
-key length on, behind the version byte. Compressed batches are opened with aiokafka's codecs
-(every compression a client may use).
+key length on, behind the version byte. Compressed batches (gzip, snappy raw or in Java's
+xerial blocks, lz4, zstd: every compression a client may use) are opened with cramjam, into
+at most :data:`MAX_OPENED` bytes, what one request may hold uncompressed.
 """
 
 from __future__ import annotations
 
 import struct
-import zlib
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import cramjam
-from aiokafka.codec import gzip_decode, lz4_decode, snappy_decode, zstd_decode
 from aiokafka.record.util import decode_varint, encode_varint
 from crc32c import crc32c
 
@@ -43,6 +42,7 @@ from messaging.kafka._records import MAX_OFFSET_DELTA as MAX_OFFSET_DELTA
 from messaging.kafka._records import PLAIN_TYPE as PLAIN_TYPE
 from messaging.kafka._records import batch_of_frames, frames_of_records
 from messaging.kafka._records import index_range as index_range
+from messaging.kafka.protocol import MAX_REQUEST_SIZE
 
 _VERSION = 1
 _MAX_VARINT32 = 5
@@ -61,8 +61,18 @@ _BATCH_OVERHEAD = 12  # base offset and length: the batch length counts what fol
 _MIN_BATCH_LENGTH = 49
 #: Records v2 attributes, low three bits: the compression codec (0: none).
 CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
-_DECODERS: dict[int, Callable[[bytes], bytes]] = {
-    1: gzip_decode, 2: snappy_decode, 3: lz4_decode, 4: zstd_decode}
+_SNAPPY = 2
+#: Decompress into a buffer, the number of bytes written (an error when it is too small).
+_INTO: dict[int, Callable[[bytes | memoryview, bytearray], int]] = {
+    1: cramjam.gzip.decompress_into, 3: cramjam.lz4.decompress_into,
+    4: cramjam.zstd.decompress_into}
+_FULL = "failed to write whole buffer"
+_FIRST_BUFFER = 64 << 10
+#: Java clients' snappy framing: a magic header, then blocks each behind its int32 length.
+_XERIAL = b"\x82SNAPPY\x00"
+_XERIAL_HEADER = 16
+#: The most a compressed batch's records may open to: what one request may hold uncompressed.
+MAX_OPENED = MAX_REQUEST_SIZE
 
 
 class RecordError(CorruptFrameError):
@@ -71,6 +81,10 @@ class RecordError(CorruptFrameError):
 
 class CodecError(RecordError):
     """A batch compressed with a codec this broker cannot read."""
+
+
+class RecordsTooLarge(RecordError):
+    """A compressed batch whose records open to more than a request may hold."""
 
 
 Header = tuple[str, bytes | None]
@@ -181,10 +195,11 @@ class ProducedBatch:
     base_sequence: int
 
 
-def produced_batches(data: bytes, topic: int) -> list[ProducedBatch]:
+def produced_batches(data: bytes, topic: int, max_opened: int = MAX_OPENED,
+                     ) -> list[ProducedBatch]:
     """The record batches of one partition's Produce data as frames of ``topic`` (v2 batches
     only: every client since Kafka 0.11 sends them), their checksums verified, compressed ones
-    opened and every record checked."""
+    opened (to at most ``max_opened`` bytes each) and every record checked."""
     batches: list[ProducedBatch] = []
     view = memoryview(data)
     at = 0
@@ -210,7 +225,7 @@ def produced_batches(data: bytes, topic: int) -> list[ProducedBatch]:
             raise RecordError("transactional record batches are not supported")
         records: bytes | memoryview = view[at + _V2_HEADER.size:end]
         if attributes & _CODEC_MASK:
-            records = _opened(attributes & _CODEC_MASK, records, at)
+            records = _opened(attributes & _CODEC_MASK, records, at, max_opened)
         if count <= 0:
             raise RecordError(f"record batch at byte {at}: a record batch without records")
         try:
@@ -225,17 +240,61 @@ def produced_batches(data: bytes, topic: int) -> list[ProducedBatch]:
     return batches
 
 
-def _opened(codec: int, records: bytes | memoryview, at: int) -> bytes:
-    """A compressed batch's records, decompressed (each codec has its own errors)."""
-    decode = _DECODERS.get(codec)
-    if decode is None:
+def _opened(codec: int, records: bytes | memoryview, at: int, limit: int,
+            ) -> bytes | memoryview:
+    """A compressed batch's records, decompressed into at most ``limit`` bytes: a batch that
+    opens to more is refused before it takes more memory (a few kilobytes of gzip can hold
+    gigabytes of zeros)."""
+    if codec not in CODECS or codec == 0:
         raise CodecError(f"record batch at byte {at}: unknown compression codec {codec}")
     try:
-        return decode(bytes(records))
-    except (ValueError, OSError, EOFError, IndexError, struct.error, zlib.error,
+        if codec == _SNAPPY:
+            return _snappy(records, at, limit)
+        return _bounded(_INTO[codec], records, at, limit)
+    except (ValueError, OSError, EOFError, IndexError, struct.error,
             cramjam.DecompressionError) as err:
         raise RecordError(f"record batch at byte {at}: its {CODECS[codec]} records do not "
                           f"open: {err}") from err
+
+
+def _bounded(into: Callable[[bytes | memoryview, bytearray], int],
+             records: bytes | memoryview, at: int, limit: int) -> memoryview:
+    """Decompress into a buffer that grows fourfold (from 8 times the input) up to ``limit``."""
+    size = min(limit, max(_FIRST_BUFFER, 8 * len(records)))
+    while True:
+        out = bytearray(size)
+        try:
+            return memoryview(out)[:into(records, out)]
+        except cramjam.DecompressionError as err:
+            if _FULL not in str(err):
+                raise
+            if size >= limit:
+                raise RecordsTooLarge(
+                    f"record batch at byte {at}: its records open to more than {limit} "
+                    "bytes") from err
+            size = min(limit, size * 4)
+
+
+def _snappy(records: bytes | memoryview, at: int, limit: int) -> bytes:
+    """Snappy records, raw or in xerial blocks (as Java clients write them); each block's
+    length is read from its header before it is opened."""
+    view = memoryview(records)
+    if bytes(view[:len(_XERIAL)]) != _XERIAL:
+        blocks = [view]
+    else:
+        blocks, cursor = [], _XERIAL_HEADER
+        while cursor < len(view):
+            size = struct.unpack_from(">i", view, cursor)[0]
+            cursor += 4
+            if size < 0 or cursor + size > len(view):
+                raise ValueError(f"a snappy block of {size} bytes runs past the end")
+            blocks.append(view[cursor:cursor + size])
+            cursor += size
+    total = sum(cramjam.snappy.decompress_raw_len(block) for block in blocks)
+    if total > limit:
+        raise RecordsTooLarge(f"record batch at byte {at}: its records open to {total} "
+                              f"bytes, more than {limit}")
+    return b"".join(bytes(cramjam.snappy.decompress_raw(block)) for block in blocks)
 
 
 def joined(topic: int, parts: Sequence[Command]) -> Command:

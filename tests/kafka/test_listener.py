@@ -30,7 +30,12 @@ from aiokafka.protocol.fetch import (
     FetchResponse_v5,
 )
 from aiokafka.protocol.metadata import MetadataRequest_v4, MetadataResponse_v4
-from aiokafka.protocol.produce import ProduceRequest_v3, ProduceResponse_v3
+from aiokafka.protocol.produce import (
+    ProduceRequest_v3,
+    ProduceRequest_v8,
+    ProduceResponse_v3,
+    ProduceResponse_v8,
+)
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from messaging.client import Client
@@ -38,6 +43,7 @@ from messaging.errors import ConfigError
 from messaging.http.server import BrokerServer
 from messaging.kafka import protocol as p
 from messaging.kafka.nodes import broker_id
+from messaging.kafka.protocol import MAX_REQUEST_SIZE
 from messaging.kafka.records import KAFKA_RECORD_TYPE, open_envelope
 from tests.conftest import StartServer, wait_until
 
@@ -233,6 +239,20 @@ async def test_a_corrupt_batch_is_refused_and_nothing_is_stored(broker: BrokerSe
         ("raw", [(0, 0, 1 << 20)])]))
     assert fetched is not None
     assert FetchResponse_v4.decode(fetched).topics[0][1][0][5] == b""
+
+
+@pytest.mark.e2e  # a batch of 100 MiB made and opened: about a second
+async def test_a_batch_that_opens_past_a_requests_size_is_too_large(broker: BrokerServer) -> None:
+    builder = DefaultRecordBatchBuilder(2, 4, 0, -1, -1, -1, 1 << 30)  # zstd
+    for i in range(MAX_REQUEST_SIZE // 1_000_000 + 1):  # records each small enough to store
+        builder.append(i, 1, None, bytes(1_000_000), [])
+    packed = bytes(builder.build())
+    answer = await _exchange(broker, ProduceRequest_v8(None, -1, 1000, [
+        ("packed", [(0, packed)])]))
+    assert answer is not None and len(packed) < 100_000
+    partition = ProduceResponse_v8.decode(answer).topics[0][1][0]
+    assert partition[1] == p.MESSAGE_TOO_LARGE
+    assert f"open to more than {MAX_REQUEST_SIZE} bytes" in partition[-1], partition
 
 
 async def test_an_unknown_partition_and_a_bad_name_are_error_codes(broker: BrokerServer) -> None:

@@ -27,6 +27,7 @@ from messaging.kafka.records import (
     PLAIN_TYPE,
     Record,
     RecordError,
+    RecordsTooLarge,
     index_range,
     joined,
     open_envelope,
@@ -194,6 +195,19 @@ def test_a_produced_batch_becomes_the_frames_its_records_are_stored_as(
     assert batch.count == len(records) and batch.largest == max(
         len(record.message()[1]) for record in records)
     assert batch.plain == all(record.message()[0] == PLAIN_TYPE for record in records)
+
+
+@pytest.mark.parametrize("codec", [1, 2, 3, 4], ids=["gzip", "snappy", "lz4", "zstd"])
+def test_a_compressed_batch_opens_to_no_more_than_the_limit(codec: int) -> None:
+    builder = DefaultRecordBatchBuilder(2, codec, 0, -1, -1, -1, 1 << 30)
+    for i in range(20):
+        builder.append(i, 1234, None, bytes(100_000), [])  # 2 MB of zeros, a few KB packed
+    data = bytes(builder.build())
+    assert len(data) < 100_000
+    with pytest.raises(RecordsTooLarge, match="open to"):
+        produced_batches(data, 1, max_opened=1 << 20)
+    (batch,) = produced_batches(data, 1, max_opened=4 << 20)  # from a small buffer up
+    assert batch.count == 20 and batch.largest == 100_000
 
 
 def test_an_idempotent_batch_carries_its_producer() -> None:
