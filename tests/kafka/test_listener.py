@@ -348,33 +348,6 @@ async def _fetch_code(server: BrokerServer, topic: str, offset: int) -> tuple[in
     return partition[1], partition[4], partition[6]  # error, log start, records
 
 
-async def test_a_fetch_below_what_retention_kept_is_out_of_range(
-        start_server: StartServer, http: aiohttp.ClientSession) -> None:
-    server = await start_server(kafka_bind=("127.0.0.1", 0), truncation_interval=3600)
-    admin = AIOKafkaAdminClient(bootstrap_servers=_address(server))
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic("aging", 1, 1, topic_configs={
-            "segment.bytes": "4096", "retention.bytes": "8192"})])
-    finally:
-        await admin.close()
-    producer = AIOKafkaProducer(bootstrap_servers=_address(server), linger_ms=0)
-    await producer.start()
-    try:
-        sent = [await producer.send_and_wait("aging", b"%04d" % i * 100) for i in range(40)]
-    finally:
-        await producer.stop()
-    assert (await _fetch_code(server, "aging", 0))[0] == p.NONE  # nothing lost yet
-    async with http.post(f"{server.url}/messaging/retention") as response:
-        assert response.status == 200 and (await response.json())["deleted_bytes"] > 0
-    code, start, _ = await _fetch_code(server, "aging", sent[0].offset)
-    assert code == p.OFFSET_OUT_OF_RANGE and start > sent[0].offset
-    code, _, records = await _fetch_code(server, "aging", start)
-    assert code == p.NONE and records
-    records_after = await _consume(server, "aging", 1, 1)  # earliest: from the log start
-    assert records_after[0].offset == start  # type: ignore[attr-defined]
-
-
 async def _aging_topic(server: BrokerServer, name: str) -> list[Any]:
     """A topic of small segments whose retention keeps 8 KiB, and 40 records of 400 B in it
     (their record metadata)."""
@@ -391,6 +364,21 @@ async def _aging_topic(server: BrokerServer, name: str) -> list[Any]:
         return [await producer.send_and_wait(name, b"%04d" % i * 100) for i in range(40)]
     finally:
         await producer.stop()
+
+
+async def test_a_fetch_below_what_retention_kept_is_out_of_range(
+        start_server: StartServer, http: aiohttp.ClientSession) -> None:
+    server = await start_server(kafka_bind=("127.0.0.1", 0), truncation_interval=3600)
+    sent = await _aging_topic(server, "aging")
+    assert (await _fetch_code(server, "aging", 0))[0] == p.NONE  # nothing lost yet
+    async with http.post(f"{server.url}/messaging/retention") as response:
+        assert response.status == 200 and (await response.json())["deleted_bytes"] > 0
+    code, start, _ = await _fetch_code(server, "aging", sent[0].offset)
+    assert code == p.OFFSET_OUT_OF_RANGE and start > sent[0].offset
+    code, _, records = await _fetch_code(server, "aging", start)
+    assert code == p.NONE and records
+    records_after = await _consume(server, "aging", 1, 1)  # earliest: from the log start
+    assert records_after[0].offset == start  # type: ignore[attr-defined]
 
 
 async def test_retention_keeps_what_a_group_committed_and_what_an_http_subscriber_holds(
