@@ -30,6 +30,7 @@ from typing import Any
 import grpc
 
 from messaging.aio import cancel_and_wait
+from messaging.broker.view import BrokerView
 from messaging.config import BrokerConfig, EtcdSettings
 from messaging.errors import (
     ClusterUnavailableError,
@@ -38,6 +39,7 @@ from messaging.errors import (
     MessagingError,
 )
 from messaging.files import DELETING, lock_exclusive, read_json, remove_directory
+from messaging.log.base import Log
 from messaging.log.etcd.client import EtcdClient, describe, load_credentials, unavailable
 from messaging.log.etcd.clock_check import CHECK_INTERVAL, ClockCheck
 from messaging.log.etcd.intake import Intake
@@ -174,6 +176,29 @@ class GroupNode:
         if read:
             return stack if stack.log.caught_up() else None
         return stack if stack.log.not_ready() is None else None
+
+    def held(self, group: int) -> tuple[BrokerView, Log] | None:
+        """The broker and log of ``group`` when this node holds it and has caught up (the
+        Kafka listener's view of the node)."""
+        stack = self.ready(group)
+        return None if stack is None else (stack.broker, stack.log)
+
+    def announce_kafka(self, address: str) -> None:
+        """Register this node's Kafka listener with its membership (others forward to it)."""
+        self._members.announce_kafka(address)
+
+    def kafka_addresses(self) -> list[str]:
+        """The Kafka listeners of the live nodes."""
+        return self._members.kafka_addresses()
+
+    def kafka_holder(self, group: int) -> str | None:
+        """The Kafka listener of another live node that holds ``group``, best first (None:
+        none has one)."""
+        for url in self.holders(group):
+            info = self._members.nodes.get(url)
+            if url != self.url and info is not None and info.get("kafka"):
+                return str(info["kafka"])
+        return None
 
     def not_ready(self) -> str | None:
         """Why this node cannot serve every group it holds (None: it can)."""

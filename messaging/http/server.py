@@ -93,10 +93,6 @@ class BrokerServer:
         self.port = sock.getsockname()[1]
         etcd = config.etcd_settings()
         if etcd is not None and config.groups > 1:
-            if config.kafka_bind is not None:
-                sock.close()
-                raise ConfigError("--kafka-bind serves one command log: a cluster of topic "
-                                  "groups (--groups above 1) has no Kafka listener")
             await self._start_groups(sock, tls, etcd, storage)
             return
         try:
@@ -124,10 +120,12 @@ class BrokerServer:
             await self._start_kafka(tls)
         await self._serve(app, sock, tls, self.stack.retention.run_now)
 
-    async def _start_kafka(self, tls: ssl.SSLContext | None) -> None:
-        """--kafka-bind: the Kafka-protocol listener on the same broker and log."""
+    async def _start_kafka(self, tls: ssl.SSLContext | None, node: GroupNode | None = None,
+                           ) -> None:
+        """--kafka-bind: the Kafka-protocol listener on the same broker and log, or on the
+        groups this node holds (``node``: a cluster of topic groups)."""
         config = self.config
-        assert config.kafka_bind is not None and self.stack is not None
+        assert config.kafka_bind is not None
         try:
             from messaging.kafka.server import KafkaListener
         except ImportError as err:
@@ -135,20 +133,23 @@ class BrokerServer:
                               "pip install 'messaging[kafka]'") from err
         host, port = config.kafka_bind
         tokens = self.tokens
+        log_ = self.stack.log if self.stack is not None else None
+        peers = node if node is not None else log_
         listener = KafkaListener(
-            self.stack.broker, self.stack.log, host, port,
+            self.stack.broker if self.stack is not None else None, log_, host, port,
             max_message_size=config.max_message_size,
             auto_create=config.kafka_auto_create == "on", tls=tls,
             advertise=config.kafka_advertise,
             # SASL/PLAIN: the password is a broker token, looked up as a bearer token is.
             tokens=None if tokens is None else (
                 lambda password: tokens.principal(f"Bearer {password}")),
-            peers=getattr(self.stack.log, "kafka_addresses", None),
+            peers=getattr(peers, "kafka_addresses", None),
             # One node's log applies commands in the order it gets them; a cluster's puts
             # to etcd may commit in another order.
-            pipelined=config.etcd_settings() is None)
+            pipelined=config.etcd_settings() is None,
+            holdings=node, forward_tls=_forward_tls(config) if tls is not None else None)
         await listener.start()
-        announce = getattr(self.stack.log, "announce_kafka", None)
+        announce = getattr(peers, "announce_kafka", None)
         if announce is not None:  # a cluster node: the others learn where its listener is
             announce(listener.nodes.address)
         self.kafka = listener
@@ -167,6 +168,12 @@ class BrokerServer:
             raise
         self.node = node
         app = make_group_app(node, self.config, tokens=self.tokens)
+        if self.config.kafka_bind is not None:
+            try:
+                await self._start_kafka(tls, node)
+            except BaseException:
+                sock.close()
+                raise
         await self._serve(app, sock, tls, node.enforce_retention)
 
     async def _serve(self, app: web.Application, sock: socket.socket,
@@ -306,6 +313,13 @@ def tls_context(config: BrokerConfig) -> ssl.SSLContext | None:
     except (OSError, ssl.SSLError) as err:
         raise ConfigError(f"cannot use the TLS files: {err}") from err
     return context
+
+
+def _forward_tls(config: BrokerConfig) -> ssl.SSLContext:
+    """The client side of TLS to another node's Kafka listener (its certificate checked
+    against --peer-ca, or the system's authorities)."""
+    return ssl.create_default_context(
+        cafile=str(config.peer_ca) if config.peer_ca is not None else None)
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -24,6 +24,13 @@ CLUSTER_ID = "messaging"
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
 
 
+def cluster_metadata(nodes: Nodes) -> dict[str, Any]:
+    """The brokers, cluster id and controller of a Metadata answer."""
+    return {"brokers": [{"node_id": node_id, "host": host, "port": port, "rack": None}
+                        for node_id, host, port in nodes.brokers()],
+            "cluster_id": CLUSTER_ID, "controller_id": nodes.this[0]}
+
+
 class Admin:
     """The topic and metadata APIs over :class:`KafkaTopics`."""
 
@@ -41,13 +48,12 @@ class Admin:
         else:
             names = list(asked)
             create = self.auto_create and request.get("allow_auto_topic_creation", True)
-        topics = [await self._topic(name, create) for name in names]
-        return {"brokers": [{"node_id": node_id, "host": host, "port": port, "rack": None}
-                            for node_id, host, port in self.nodes.brokers()],
-                "cluster_id": CLUSTER_ID, "controller_id": self.nodes.this[0],
-                "topics": topics}
+        topics = [await self.topic_metadata(name, create) for name in names]
+        return {**cluster_metadata(self.nodes), "topics": topics}
 
-    async def _topic(self, name: str, create: bool) -> dict[str, Any]:
+    async def topic_metadata(self, name: str, create: bool) -> dict[str, Any]:
+        """One topic's entry in a Metadata answer (created first when ``create`` and it does
+        not exist): this node leads every partition."""
         if not allowed("read", name):
             return {"error_code": p.TOPIC_AUTHORIZATION_FAILED, "topic": name,
                     "is_internal": False, "partitions": []}

@@ -100,13 +100,13 @@ class Fetching:
 
     async def _read(self, want: _Wanted, max_bytes: int) -> dict[str, Any]:
         if not allowed("read", want.name):
-            return _partition(want.partition, p.TOPIC_AUTHORIZATION_FAILED)
+            return partition_answer(want.partition, p.TOPIC_AUTHORIZATION_FAILED)
         topic = self._topic(want)
         if topic is None:
-            return _partition(want.partition, p.UNKNOWN_TOPIC_OR_PARTITION)
+            return partition_answer(want.partition, p.UNKNOWN_TOPIC_OR_PARTITION)
         end = high_watermark(topic)
         start = log_start(topic)
-        answer = _partition(want.partition, p.NONE, end, start)
+        answer = partition_answer(want.partition, p.NONE, end, start)
         if want.offset >= end or max_bytes <= 0:
             return answer
         try:
@@ -194,7 +194,9 @@ class Fetching:
         return answer
 
 
-def _partition(partition: int, code: int, end: int = -1, start: int = -1) -> dict[str, Any]:
+def partition_answer(partition: int, code: int, end: int = -1, start: int = -1,
+                     ) -> dict[str, Any]:
+    """One partition's Fetch answer without records (an error, or nothing new)."""
     return {"partition": partition, "error_code": code, "highwater_offset": end,
             "last_stable_offset": end, "log_start_offset": start,
             "aborted_transactions": None, "preferred_read_replica": -1, "message_set": b""}

@@ -43,32 +43,16 @@ class Offsets:
         self.coordinator = coordinator
         self.nodes = nodes
 
-    def find_coordinator(self, request: dict[str, Any]) -> dict[str, Any]:
-        """The node that coordinates a group (see :mod:`messaging.kafka.nodes`)."""
-        key = request.get("coordinator_key", request.get("consumer_group"))
-        if not key:
-            return {"error_code": p.INVALID_GROUP_ID, "error_message": "an empty group id",
-                    "coordinator_id": -1, "host": "", "port": -1}
-        if not allowed("consume", key):
-            return {"error_code": p.GROUP_AUTHORIZATION_FAILED, "coordinator_id": -1,
-                    "error_message": f"this token may not consume as {key!r}", "host": "",
-                    "port": -1}
-        node_id, host, port = self.nodes.coordinator(key)
-        return {"error_code": p.NONE, "coordinator_id": node_id, "host": host, "port": port}
-
     async def commit(self, request: dict[str, Any]) -> dict[str, Any]:
         """Store each partition's offset as the group's position (one command each, applied
         side by side)."""
+        return await self.commit_checked(request, commit_check(self.coordinator, self.nodes,
+                                                               request))
+
+    async def commit_checked(self, request: dict[str, Any], code: int) -> dict[str, Any]:
+        """:meth:`commit` once the group's member and generation were checked: ``code``, the
+        outcome of :func:`commit_check` (not NONE: every partition's answer)."""
         group = request["consumer_group"]
-        code = _check_group(group)
-        if code == p.NONE and not allowed("consume", group):
-            code = p.GROUP_AUTHORIZATION_FAILED
-        generation = request.get("consumer_group_generation_id", -1)
-        if code == p.NONE and generation >= 0 and not self.nodes.coordinates(group):
-            code = p.NOT_COORDINATOR
-        if code == p.NONE:
-            code = self.coordinator.check_commit(group, generation,
-                                                 request.get("consumer_id", ""))
         jobs = []
         for topic in request["topics"]:
             for part in topic["partitions"]:
@@ -132,6 +116,36 @@ class Offsets:
         if position is not None:
             answer["offset"] = position + 1
         return answer
+
+
+def find_coordinator(nodes: Nodes, request: dict[str, Any]) -> dict[str, Any]:
+    """FindCoordinator: the node that coordinates a group (see :mod:`messaging.kafka.nodes`)."""
+    key = request.get("coordinator_key", request.get("consumer_group"))
+    if not key:
+        return {"error_code": p.INVALID_GROUP_ID, "error_message": "an empty group id",
+                "coordinator_id": -1, "host": "", "port": -1}
+    if not allowed("consume", key):
+        return {"error_code": p.GROUP_AUTHORIZATION_FAILED, "coordinator_id": -1,
+                "error_message": f"this token may not consume as {key!r}", "host": "",
+                "port": -1}
+    node_id, host, port = nodes.coordinator(key)
+    return {"error_code": p.NONE, "coordinator_id": node_id, "host": host, "port": port}
+
+
+def commit_check(coordinator: Coordinator, nodes: Nodes, request: dict[str, Any]) -> int:
+    """Whether an OffsetCommit may store anything: a valid group the token may consume as,
+    and (in the group protocol) this node its coordinator and the member in its
+    generation."""
+    group = request["consumer_group"]
+    code = _check_group(group)
+    if code == p.NONE and not allowed("consume", group):
+        code = p.GROUP_AUTHORIZATION_FAILED
+    generation = request.get("consumer_group_generation_id", -1)
+    if code == p.NONE and generation >= 0 and not nodes.coordinates(group):
+        code = p.NOT_COORDINATOR
+    if code == p.NONE:
+        code = coordinator.check_commit(group, generation, request.get("consumer_id", ""))
+    return code
 
 
 def _check_group(group: str | None) -> int:

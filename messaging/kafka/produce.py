@@ -115,16 +115,6 @@ class Producing:
                 "timestamp": -1,
                 "log_start_offset": topic.first_index if topic is not None else -1}
 
-    def init_producer_id(self, request: dict[str, Any]) -> dict[str, Any]:
-        """A new idempotent producer: a fresh id (random 62 bits: unique without a
-        registry, and never reused across restarts) at epoch 0. Transactions are not
-        offered."""
-        if request.get("transactional_id") is not None:
-            return {"error_code": p.UNSUPPORTED_FOR_MESSAGE_FORMAT, "producer_id": -1,
-                    "producer_epoch": -1}
-        return {"error_code": p.NONE, "producer_id": secrets.randbits(62) + 1,
-                "producer_epoch": 0}
-
     async def _auto_create(self, name: str, partition: int) -> int | None:
         """Create a topic of one partition on its first produce (Kafka's default)."""
         if not self.auto_create or self.topics.partitions(name):
@@ -159,6 +149,16 @@ class Producing:
             commands.append((produce(topic_id, producer, now, batch.frames, span=batch.count),
                              batch))
         return commands
+
+
+def init_producer_id(request: dict[str, Any]) -> dict[str, Any]:
+    """InitProducerId: a new idempotent producer, a fresh id (random 62 bits: unique without a
+    registry, and never reused across restarts) at epoch 0. Transactions are not offered."""
+    if request.get("transactional_id") is not None:
+        return {"error_code": p.UNSUPPORTED_FOR_MESSAGE_FORMAT, "producer_id": -1,
+                "producer_epoch": -1}
+    return {"error_code": p.NONE, "producer_id": secrets.randbits(62) + 1,
+            "producer_epoch": 0}
 
 
 def _offset(result: ApplyResult, batch: ProducedBatch | None) -> int | None:

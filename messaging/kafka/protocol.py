@@ -33,6 +33,7 @@ MESSAGE_TOO_LARGE = 10
 OFFSET_METADATA_TOO_LARGE = 12
 COORDINATOR_NOT_AVAILABLE = 15
 NOT_COORDINATOR = 16
+NOT_LEADER_OR_FOLLOWER = 6
 INVALID_TOPIC_EXCEPTION = 17
 RECORD_LIST_TOO_LARGE = 18
 NOT_ENOUGH_REPLICAS = 19
@@ -54,6 +55,7 @@ INVALID_PARTITIONS = 37
 INVALID_REPLICATION_FACTOR = 38
 INVALID_REQUEST = 42
 INVALID_CONFIG = 40
+NOT_CONTROLLER = 41
 UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 DUPLICATE_SEQUENCE_NUMBER = 46
@@ -187,6 +189,17 @@ def read_request(api: Api, header: RequestHeader, data: bytes) -> dict[str, Any]
         raise ProtocolError(f"{api.name} v{header.api_version} request does not decode: "
                             f"{err}") from err
     return _to_dict(request_class.SCHEMA, decoded)
+
+
+def dict_of(schema: Schema, struct_: Any) -> dict[str, Any]:
+    """A decoded struct of ``schema`` as a dict of its fields (arrays of structs as lists of
+    dicts)."""
+    return _to_dict(schema, struct_)
+
+
+def fields_of(schema: Schema, values: dict[str, Any]) -> list[Any]:
+    """What ``schema`` encodes, from a dict of its fields (one left out: its zero)."""
+    return _from_dict(schema, values)
 
 
 def _to_dict(schema: Schema, struct_: Any) -> dict[str, Any]:

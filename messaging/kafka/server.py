@@ -16,7 +16,7 @@ import socket
 import ssl
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 from messaging.broker.view import BrokerView
 from messaging.errors import BindError
@@ -29,12 +29,13 @@ from messaging.kafka.access import (
     plain_password,
     serve_as,
 )
-from messaging.kafka.admin import Admin
-from messaging.kafka.fetch import Fetching
+from messaging.kafka.face import Face
+from messaging.kafka.forward import FORWARDED_CLIENT, Forwarder
 from messaging.kafka.groups import Coordinator
 from messaging.kafka.nodes import Nodes
-from messaging.kafka.offsets import Offsets
-from messaging.kafka.produce import Producing
+from messaging.kafka.offsets import find_coordinator
+from messaging.kafka.produce import init_producer_id
+from messaging.kafka.routing import ROUTED, GroupRouter
 from messaging.kafka.topics import KafkaTopics
 from messaging.log.base import Log
 
@@ -46,6 +47,19 @@ READ_THREADS = 4
 MAX_IN_FLIGHT = 64
 #: The largest request read before a connection authenticated (with --tokens).
 MAX_UNAUTHENTICATED = 512 << 10
+
+
+class Holdings(Protocol):
+    """What the listener of a node in a cluster of topic groups asks of the node."""
+
+    #: How many groups the cluster has.
+    groups: int
+
+    def held(self, group: int) -> tuple[BrokerView, Log] | None:
+        """The broker and log of a group this node holds and has caught up with."""
+
+    def kafka_holder(self, group: int) -> str | None:
+        """The Kafka address of another live node that holds ``group`` (None: none)."""
 
 
 class _Connection:
@@ -60,13 +74,15 @@ class _Connection:
 class KafkaListener:
     """Serves the Kafka protocol on ``host:port`` for one broker: :meth:`start`, :meth:`stop`."""
 
-    def __init__(self, broker: BrokerView, log_: Log, host: str, port: int, *,
+    def __init__(self, broker: BrokerView | None, log_: Log | None, host: str, port: int, *,
                  max_message_size: int, auto_create: bool = True,
                  tls: ssl.SSLContext | None = None,
                  advertise: tuple[str, int] | None = None,
                  tokens: Authenticate | None = None,
                  peers: Callable[[], list[str]] | None = None,
-                 pipelined: bool = True) -> None:
+                 pipelined: bool = True,
+                 holdings: Holdings | None = None,
+                 forward_tls: ssl.SSLContext | None = None) -> None:
         self.host = host
         self.port = port
         self.tls = tls
@@ -76,17 +92,51 @@ class KafkaListener:
         self.tokens = tokens
         #: Whether the log applies commands in the order they are handed in (see _serve).
         self.pipelined = pipelined
-        self.topics = KafkaTopics(broker, log_, max_message_size)
+        self.max_message_size = max_message_size
+        self.auto_create = auto_create
         self._reads = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="kafka-read")
-        self.producing = Producing(broker, log_, self.topics, max_message_size, auto_create)
-        self.fetching = Fetching(broker, self.topics, self._reads)
         #: This node and, in a cluster, the other nodes' Kafka listeners (``peers``).
         self.nodes = Nodes(*(advertise or (host, port)), peers)
-        self.admin = Admin(self.topics, self.nodes, auto_create)
         self.coordinator = Coordinator(self.nodes)
-        self.offsets = Offsets(broker, log_, self.topics, self.coordinator, self.nodes)
+        #: The one log's handlers (None on a node of a cluster of topic groups: see router).
+        self.face: Face | None = None
+        #: A node of a cluster of topic groups: each topic's requests go to its group.
+        self.router: GroupRouter | None = None
+        self._faces: dict[int, tuple[BrokerView, Face]] = {}
+        if holdings is None:
+            assert broker is not None and log_ is not None
+            self.face = self._face(broker, log_, (0, 1))
+        else:
+            self.holdings = holdings
+            self.router = GroupRouter(holdings.groups, self._face_of, holdings.kafka_holder,
+                                      self.nodes, self.coordinator, Forwarder(forward_tls))
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+
+    def _face(self, broker: BrokerView, log_: Log, home: tuple[int, int]) -> Face:
+        return Face(broker, log_, nodes=self.nodes, coordinator=self.coordinator,
+                    reads=self._reads, max_message_size=self.max_message_size,
+                    auto_create=self.auto_create, home=home)
+
+    def _face_of(self, group: int) -> Face | None:
+        """The face of a group this node holds and has caught up with (made at first use,
+        again when the group's broker changed)."""
+        held = self.holdings.held(group)
+        if held is None:
+            self._faces.pop(group, None)
+            return None
+        broker, log_ = held
+        known = self._faces.get(group)
+        if known is None or known[0] is not broker:
+            known = self._faces[group] = (broker, self._face(broker, log_,
+                                                             (group, self.holdings.groups)))
+        return known[1]
+
+    @property
+    def topics(self) -> KafkaTopics:
+        """The one log's Kafka topics (a single node or a cluster of one group)."""
+        assert self.face is not None
+        return self.face.topics
 
     @property
     def address(self) -> str:
@@ -235,7 +285,8 @@ class KafkaListener:
             body = self._sasl(connection, api.key, request)
         else:
             self._check_authenticated(connection, api)
-            body = await self._dispatch(api.key, header.api_version, request, header.client_id)
+            body = await self._dispatch(api.key, header.api_version, request, header.client_id,
+                                        connection.password)
         if body is None:
             return None
         return p.encode_response(api, header.api_version, header.correlation_id, body)
@@ -279,36 +330,43 @@ class KafkaListener:
             raise p.ProtocolError(f"the connection's token is no longer valid: {err}") from err
 
     async def _dispatch(self, key: int, version: int, request: dict[str, Any],
-                        client_id: str | None) -> dict[str, Any] | None:
-        if key == p.PRODUCE:
-            return await self.producing.produce(request)
-        if key == p.FETCH:
-            return await self.fetching.fetch(request)
-        if key == p.LIST_OFFSETS:
-            return await self.fetching.list_offsets(request)
-        if key == p.METADATA:
-            return await self.admin.metadata(version, request)
+                        client_id: str | None, password: str | None,
+                        ) -> dict[str, Any] | None:
         if key == p.API_VERSIONS:
             return p.api_versions_body()
-        if key == p.CREATE_TOPICS:
-            return await self.admin.create_topics(request)
-        if key == p.DELETE_TOPICS:
-            return await self.admin.delete_topics(request)
-        if key == p.DESCRIBE_CONFIGS:
-            return await self.admin.describe_configs(request)
         if key == p.INIT_PRODUCER_ID:
-            return self.producing.init_producer_id(request)
-        return await self._groups(key, request, client_id)
+            return init_producer_id(request)
+        if key not in ROUTED:
+            return await self._groups(key, request, client_id)
+        if self.router is not None:
+            return await self.router.dispatch(key, version, request, password,
+                                              forwarded=client_id == FORWARDED_CLIENT)
+        face = self.face
+        assert face is not None
+        if key == p.PRODUCE:
+            return await face.producing.produce(request)
+        if key == p.FETCH:
+            return await face.fetching.fetch(request)
+        if key == p.LIST_OFFSETS:
+            return await face.fetching.list_offsets(request)
+        if key == p.METADATA:
+            return await face.admin.metadata(version, request)
+        if key == p.CREATE_TOPICS:
+            return await face.admin.create_topics(request)
+        if key == p.DELETE_TOPICS:
+            return await face.admin.delete_topics(request)
+        if key == p.DESCRIBE_CONFIGS:
+            return await face.admin.describe_configs(request)
+        if key == p.OFFSET_COMMIT:
+            return await face.offsets.commit(request)
+        assert key == p.OFFSET_FETCH
+        return await face.offsets.fetch(request)
 
     async def _groups(self, key: int, request: dict[str, Any], client_id: str | None,
                       ) -> dict[str, Any]:
-        """The consumer group APIs and committed offsets."""
+        """The consumer group APIs."""
         if key == p.FIND_COORDINATOR:
-            return self.offsets.find_coordinator(request)
-        if key == p.OFFSET_COMMIT:
-            return await self.offsets.commit(request)
-        if key == p.OFFSET_FETCH:
-            return await self.offsets.fetch(request)
+            return find_coordinator(self.nodes, request)
         if key == p.JOIN_GROUP:
             return await self.coordinator.join_group(request, client_id)
         if key == p.SYNC_GROUP:

@@ -5,8 +5,11 @@ snapshots like any setting.
 
 A partition's topic id is taken from :data:`KAFKA_TOPIC_BASE` up: one above every id of that
 range the broker knows (existing, deleted or labelled), so a deleted Kafka topic's ids are not
-handed out again. Creating takes one command per partition, in order: a crash in the middle
-leaves a topic of fewer partitions, which a repeated CreateTopics completes. Two nodes racing
+handed out again; in a cluster of topic groups, every partition of NAME is in the group NAME
+hashes to (:func:`messaging.placement.group_of_name`), its ids the ones of that group, so the
+group's state machine alone decides the name. Creating takes one command per partition, in
+order: a crash in the middle leaves a topic of fewer partitions, which a repeated CreateTopics
+completes. Two nodes racing
 for one id cannot both win: the state machine labels only an empty, unlabelled topic, and the
 loser picks the next id.
 """
@@ -31,6 +34,7 @@ from messaging.broker.view import BrokerView
 from messaging.errors import MessagingError, StreamConflictError
 from messaging.kafka.errors import kafka_code
 from messaging.log.base import Log
+from messaging.placement import group_of_topic
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +98,14 @@ def settings_of(configs: Mapping[str, str | None]) -> dict[str, int | None]:
 class KafkaTopics:
     """Names to partitions to topic ids, and the commands that create and delete them."""
 
-    def __init__(self, broker: BrokerView, log: Log, max_message_size: int) -> None:
+    def __init__(self, broker: BrokerView, log: Log, max_message_size: int,
+                 home: tuple[int, int] = (0, 1)) -> None:
         self.broker = broker
         self.log = log
         self.max_message_size = max_message_size
+        #: (group, groups): in a cluster of topic groups, the group whose topics these are
+        #: (every partition id is one of that group's, see :func:`group_of_topic`).
+        self.home = home
         self._creating = asyncio.Lock()
 
     def partitions(self, name: str) -> dict[int, int]:
@@ -163,10 +171,15 @@ class KafkaTopics:
                              f"{name!r} in {_CREATE_ATTEMPTS} attempts")
 
     def _next_id(self) -> int:
-        """One above every topic id from :data:`KAFKA_TOPIC_BASE` that the broker knows."""
+        """The first id above every topic id from :data:`KAFKA_TOPIC_BASE` that the broker
+        knows, of this group's (the group of a topic id is a hash of it)."""
         known = [*(t.id for t in self.broker.topics()), *self.broker.committed.known_topics()]
         taken = [i for i in known if KAFKA_TOPIC_BASE <= i < KAFKA_TOPIC_BASE << 1]
-        return max(taken, default=KAFKA_TOPIC_BASE - 1) + 1
+        candidate = max(taken, default=KAFKA_TOPIC_BASE - 1) + 1
+        group, groups = self.home
+        while group_of_topic(candidate, groups) != group:
+            candidate += 1
+        return candidate
 
     async def delete(self, name: str) -> None:
         """Delete every partition of a topic (TopicError UNKNOWN_TOPIC_OR_PARTITION when it

@@ -1,20 +1,30 @@
 """Kafka clients against a cluster of three broker processes on real etcd: every node serves
 every partition, a node killed mid-produce is a reconnect for an idempotent librdkafka
 producer (nothing acknowledged lost, nothing stored twice), and a consumer group has one
-coordinator whichever node its members bootstrap from."""
+coordinator whichever node its members bootstrap from. In a cluster of topic groups each
+topic is served by its group's holders, whichever node a client bootstraps from."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+import aiohttp
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from messaging.kafka import protocol as p
+from messaging.kafka.forward import Forwarder
+from messaging.kafka.nodes import broker_id
+from messaging.placement import group_of_name
 from tests.conftest import free_port
 from tests.e2e.test_etcd_log import (  # noqa: F401  (fixtures used by name)
+    _GROUPS,
     EtcdCluster,
     Nodes,
     etcd,
@@ -24,9 +34,9 @@ from tests.e2e.test_etcd_log import (  # noqa: F401  (fixtures used by name)
 from tests.kafka_load import idempotent_producer, produce_through
 
 
-async def _cluster(broker_process: Any, tmp_path: Path, members: EtcdCluster,
+async def _cluster(broker_process: Any, tmp_path: Path, members: EtcdCluster, *extra: str,
                    ) -> tuple[Nodes, list[str]]:
-    nodes = Nodes(broker_process, tmp_path, members)
+    nodes = Nodes(broker_process, tmp_path, members, *extra)
     kafka = [f"127.0.0.1:{free_port()}" for _ in range(3)]
     for i in range(3):
         await nodes.start(i, env={"MESSAGING_KAFKA_BIND": kafka[i]})
@@ -55,18 +65,28 @@ def _drain(bootstrap: str, topic: str, partitions: int, count: int) -> list[Any]
         consumer.close()
 
 
+@pytest.mark.parametrize("groups", [1, 3], indirect=True, ids=["one-log", "3-groups"])
 async def test_a_node_killed_mid_produce_loses_nothing_and_stores_nothing_twice(
-        etcd: EtcdCluster, broker_process: Any, tmp_path: Path) -> None:  # noqa: F811
-    nodes, kafka = await _cluster(broker_process, tmp_path, etcd)
+        etcd: EtcdCluster, broker_process: Any, tmp_path: Path, groups: int,  # noqa: F811
+        ) -> None:
+    # With 3 groups of 2 holders each, the killed node's groups move to the others.
+    nodes, kafka = await _cluster(broker_process, tmp_path, etcd,
+                                  *(["--replicas", "2"] if groups > 1 else []))
     admin = AdminClient({"bootstrap.servers": kafka[0]})
     admin.create_topics([NewTopic("spread", num_partitions=3, replication_factor=1)])[
         "spread"].result(30)
     total = 6000
-    # Kill the node the producer bootstrapped from and produces through.
+    # Kill the node the producer produces through: the one it bootstrapped from, or with
+    # groups the holder of the topic's group that Metadata named (its group then moves).
+    leaders = {p.leader for p in admin.list_topics("spread", timeout=30).topics[
+        "spread"].partitions.values()}
+    assert len(leaders) == 1
+    victim = [broker_id(address) for address in kafka].index(leaders.pop())
+    assert groups > 1 or victim == 0
     acked = produce_through(idempotent_producer(kafka[0]), "spread", total, 3,
-                            lambda: nodes.kill(0))
+                            lambda: nodes.kill(victim))
     assert len(acked) == total
-    got = _drain(kafka[1], "spread", 3, total)
+    got = _drain(kafka[(victim + 1) % 3], "spread", 3, total)
     values = [int(m.value() or b"-1") for m in got]
     assert len(values) == len(set(values)) == total  # every one, once
     by_partition: dict[int, list[int]] = {}
@@ -99,3 +119,129 @@ async def test_a_group_bootstrapped_from_two_nodes_has_one_coordinator(
     for consumer in consumers:
         consumer.close()
     assert all(owned) and not owned[0] & owned[1], owned  # one group, split
+
+
+def _named_in_each_group(count: int) -> list[str]:
+    """A topic name in each of ``count`` groups (a name's group is a hash of it)."""
+    found: dict[int, str] = {}
+    for i in range(1000):
+        found.setdefault(group_of_name(f"orders-{i}", count), f"orders-{i}")
+    return [found[g] for g in range(count)]
+
+
+@pytest.mark.parametrize("groups", [3], indirect=True)
+async def test_in_a_cluster_of_topic_groups_each_topic_is_served_by_its_holder(
+        etcd: EtcdCluster, broker_process: Any, tmp_path: Path, groups: int,  # noqa: F811
+        ) -> None:
+    nodes, kafka = await _cluster(broker_process, tmp_path, etcd, "--replicas", "1")
+    async with aiohttp.ClientSession() as session, session.get(
+            f"{nodes.url(0)}/messaging/groups") as answer:
+        holder = {g["group"]: nodes.urls.index(g["holders"][0])
+                  for g in (await answer.json())["groups"]}
+    assert sorted(holder.values()) == [0, 1, 2]  # one group each
+    names = _named_in_each_group(groups)
+    # Created through node 0, which holds one of the three groups: two are asked of holders.
+    admin = AdminClient({"bootstrap.servers": kafka[0]})
+    for future in admin.create_topics([NewTopic(n, num_partitions=2, replication_factor=1)
+                                       for n in names]).values():
+        future.result(30)
+    for i in range(3):  # every node names each partition's holder as its leader
+        listed = AdminClient({"bootstrap.servers": kafka[i]}).list_topics(timeout=30)
+        for g, name in enumerate(names):
+            leaders = {p.leader for p in listed.topics[name].partitions.values()}
+            assert leaders == {broker_id(kafka[holder[g]])}, (i, name, leaders)
+    # An idempotent producer bootstrapped from node 1 reaches every holder.
+    producer = Producer({"bootstrap.servers": kafka[1], "enable.idempotence": True,
+                         "linger.ms": 5})
+    acked: dict[tuple[str, int], list[int]] = {}
+
+    def report(err: KafkaError | None, message: Any) -> None:
+        assert err is None, err
+        acked.setdefault((message.topic(), message.partition()), []).append(message.offset())
+
+    total = 1500
+    for i in range(total):
+        producer.produce(names[i % 3], key=b"k%d" % i, value=b"%d" % i,
+                         headers=[("n", b"%d" % i)], on_delivery=report)
+        if i % 100 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+    assert sum(map(len, acked.values())) == total
+    # A consumer group bootstrapped from node 2 reads every record once and commits; the
+    # offsets are read back through node 0.
+    consumer = Consumer({"bootstrap.servers": kafka[2], "group.id": "everyone",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe(names)
+    got: list[Any] = []
+    deadline = time.monotonic() + 90
+    while len(got) < total and time.monotonic() < deadline:
+        got.extend(m for m in consumer.consume(500, timeout=1.0) if m.error() is None)
+    consumer.commit(asynchronous=False)
+    consumer.close()
+    values = sorted(int(m.value()) for m in got)
+    assert values == list(range(total))  # every one, once
+    for message in got:
+        n = int(message.value())
+        assert message.topic() == names[n % 3] and message.key() == b"k%d" % n
+        assert message.headers() == [("n", b"%d" % n)]
+    checker = Consumer({"bootstrap.servers": kafka[0], "group.id": "everyone"})
+    try:
+        committed = checker.committed([TopicPartition(n, p) for n in names for p in (0, 1)],
+                                      timeout=30)
+    finally:
+        checker.close()
+    for tp in committed:
+        offsets = acked.get((tp.topic, tp.partition), [])
+        assert tp.error is None and tp.offset == (max(offsets) + 1 if offsets else -1001), tp
+    # Over HTTP, any node lists every partition of the three topics.
+    async with aiohttp.ClientSession() as session, session.get(
+            f"{nodes.url(1)}/messaging/topics") as answer:
+        rows = await answer.json()
+    assert sorted((r["kafka_topic"], r["kafka_partition"]) for r in rows
+                  if r.get("kafka_topic")) == sorted((n, p) for n in names for p in (0, 1))
+
+
+def _fetch_body(wait_ms: int, *at: tuple[str, int]) -> dict[str, Any]:
+    return {"replica_id": -1, "max_wait_time": wait_ms, "min_bytes": 1, "max_bytes": 1 << 20,
+            "isolation_level": 0, "topics": [
+                {"topic": name, "partitions": [{"partition": 0, "fetch_offset": offset,
+                                                "log_start_offset": -1, "max_bytes": 1 << 20}]}
+                for name, offset in at]}
+
+
+async def test_a_fetch_over_two_groups_ends_when_either_has_records(
+        etcd: EtcdCluster, start_server: Any) -> None:  # noqa: F811
+    """One node holding three groups: a long-poll over a topic of one group and a topic of
+    another is answered when records reach either, not after each group's wait in turn."""
+    cluster = f"t{uuid.uuid4().hex[:10]}"
+    _GROUPS.clusters.append(cluster)  # its keys are deleted after the test
+    server = await start_server(etcd=etcd.endpoints, cluster=cluster, groups=3, replicas=1,
+                                kafka_bind=("127.0.0.1", 0))
+    assert server.kafka is not None
+    address = server.kafka.address
+    busy, idle = _named_in_each_group(3)[:2]
+    forwarder = Forwarder()
+    deadline = time.monotonic() + 30
+    while True:  # the node takes Kafka requests once it caught up with its groups
+        created = await forwarder.ask(address, p.CREATE_TOPICS, 1, {
+            "create_topic_requests": [
+                {"topic": name, "num_partitions": 1, "replication_factor": 1,
+                 "replica_assignment": [], "configs": []} for name in (busy, idle)],
+            "timeout": 30000, "validate_only": False}, None)
+        codes = {t["topic"]: t["error_code"] for t in created["topic_errors"]}
+        if set(codes.values()) <= {p.NONE, p.TOPIC_ALREADY_EXISTS}:
+            break
+        assert time.monotonic() < deadline, codes
+        await asyncio.sleep(0.2)
+    started = time.monotonic()
+    fetching = asyncio.ensure_future(forwarder.ask(
+        address, p.FETCH, 5, _fetch_body(20_000, (busy, 0), (idle, 0)), None))
+    await asyncio.sleep(0.5)
+    assert not fetching.done()  # nothing in either: it waits
+    producer = Producer({"bootstrap.servers": address})
+    producer.produce(busy, value=b"now")
+    assert await asyncio.to_thread(producer.flush, 30) == 0
+    answer = await fetching
+    assert time.monotonic() - started < 10  # not the idle group's 20 s
+    sets = {t["topics"]: t["partitions"][0]["message_set"] for t in answer["topics"]}
+    assert b"now" in sets[busy] and not sets[idle]

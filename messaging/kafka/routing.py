@@ -1,0 +1,339 @@
+"""The Kafka listener of a node in a cluster of topic groups: each topic's requests go to its
+group.
+
+A Kafka topic NAME lives wholly in the group NAME hashes to
+(:func:`messaging.placement.group_of_name`; its partitions' ids are that group's). A node
+serves the topics of the groups it holds and has caught up with (one :class:`Face` each):
+
+- Produce, Fetch and ListOffsets of another group's partitions answer NOT_LEADER_OR_FOLLOWER,
+  and the client reads Metadata again;
+- Metadata names this node the leader of its own groups' partitions; for the others it asks
+  a holder (:mod:`messaging.kafka.forward`), whose answer names that holder, so a client
+  goes to the node that serves each partition (the holders with topic groups);
+- CreateTopics, DeleteTopics and DescribeConfigs of another group's topics, and a consumer
+  group's OffsetCommit and OffsetFetch for them, are asked of a holder. The consumer group's
+  coordinator (any node, by the group's name) checks the member and generation first, then
+  hands the holder a plain commit (generation -1), which a holder always takes.
+
+A request forwarded here is not forwarded again: what this node does not hold is an error
+code, which the client acts on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from messaging.kafka import protocol as p
+from messaging.kafka.access import allowed
+from messaging.kafka.admin import BROKER_RESOURCE, TOPIC_RESOURCE, cluster_metadata
+from messaging.kafka.face import Face
+from messaging.kafka.fetch import partition_answer
+from messaging.kafka.forward import Forwarder, ForwardError
+from messaging.kafka.groups import Coordinator
+from messaging.kafka.nodes import Nodes
+from messaging.kafka.offsets import commit_check
+from messaging.placement import group_of_name
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+#: The APIs routed by topic (the others do not name topics).
+ROUTED = frozenset({p.PRODUCE, p.FETCH, p.LIST_OFFSETS, p.METADATA, p.CREATE_TOPICS,
+                    p.DELETE_TOPICS, p.DESCRIBE_CONFIGS, p.OFFSET_COMMIT, p.OFFSET_FETCH})
+
+
+class GroupRouter:
+    """Sends each topic of a request to its group's face here, or asks a holder."""
+
+    def __init__(self, groups: int, face_of: Callable[[int], Face | None],
+                 holder_of: Callable[[int], str | None], nodes: Nodes,
+                 coordinator: Coordinator, forwarder: Forwarder) -> None:
+        self.groups = groups
+        #: The face of a group this node holds and has caught up with (None: it has not).
+        self.face_of = face_of
+        #: The Kafka address of another live node that holds a group (None: none known).
+        self.holder_of = holder_of
+        self.nodes = nodes
+        self.coordinator = coordinator
+        self.forwarder = forwarder
+
+    def group(self, name: str) -> int:
+        """The group a Kafka topic lives in."""
+        return group_of_name(name, self.groups)
+
+    def _split(self, items: Iterable[T], name_of: Callable[[T], str]) -> dict[int, list[T]]:
+        split: dict[int, list[T]] = {}
+        for item in items:
+            split.setdefault(self.group(name_of(item)), []).append(item)
+        return split
+
+    async def dispatch(self, key: int, version: int, request: dict[str, Any],
+                       password: str | None, forwarded: bool) -> dict[str, Any] | None:
+        """The answer to one request of a :data:`ROUTED` API."""
+        call = _Call(self, version, password, forwarded)
+        if key == p.PRODUCE:
+            return await call.produce(request)
+        if key == p.FETCH:
+            return await call.fetch(request)
+        if key == p.LIST_OFFSETS:
+            return await call.list_offsets(request)
+        if key == p.METADATA:
+            return await call.metadata(request)
+        if key == p.CREATE_TOPICS:
+            return await call.create_topics(request)
+        if key == p.DELETE_TOPICS:
+            return await call.delete_topics(request)
+        if key == p.DESCRIBE_CONFIGS:
+            return await call.describe_configs(request)
+        if key == p.OFFSET_COMMIT:
+            return await call.offset_commit(request)
+        assert key == p.OFFSET_FETCH
+        return await call.offset_fetch(request)
+
+
+class _Call:
+    """One routed request: who asked (the token, whether another node did) and its version."""
+
+    def __init__(self, router: GroupRouter, version: int, password: str | None,
+                 forwarded: bool) -> None:
+        self.router = router
+        self.version = version
+        self.password = password
+        self.forwarded = forwarded
+
+    async def _ask(self, group: int, api_key: int, body: dict[str, Any],
+                   ) -> dict[str, Any] | str:
+        """A holder's answer, or why there is none."""
+        if self.forwarded:
+            return f"this node does not hold group {group} (a forwarded request)"
+        holder = self.router.holder_of(group)
+        if holder is None:
+            return f"no live node serves group {group} to Kafka clients now"
+        try:
+            return await self.router.forwarder.ask(holder, api_key, self.version, body,
+                                                   self.password)
+        except ForwardError as err:
+            log.info("Kafka request for group %d not answered by %s: %s", group, holder, err)
+            return f"group {group}'s holder {holder} did not answer: {err}"
+
+    async def _each(self, split: dict[int, list[T]],
+                    run: Callable[[int, list[T]], Any]) -> list[Any]:
+        """``run`` for every group of a split, side by side; their results in one list."""
+        results = await asyncio.gather(*(run(group, items) for group, items in split.items()))
+        return [item for result in results for item in result]
+
+    # -- records ----------------------------------------------------------------------------
+
+    async def produce(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        async def run(group: int, topics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            face = self.router.face_of(group)
+            if face is None:
+                return [{"topic": t["topic"], "partitions": [
+                    {"partition": part["partition"], "error_code": p.NOT_LEADER_OR_FOLLOWER,
+                     "offset": -1, "timestamp": -1, "log_start_offset": -1,
+                     "error_message": f"group {group} is served by another node"}
+                    for part in t["partitions"]]} for t in topics]
+            answer = await face.producing.produce({**request, "topics": topics})
+            return [] if answer is None else answer["topics"]
+
+        topics = await self._each(self.router._split(request["topics"], _topic), run)
+        return None if request["required_acks"] == 0 else {"topics": topics}
+
+    async def fetch(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Each group's partitions read by its face. Several groups' long-polls are not
+        waited for one after another: they are read at once, and when that is less than
+        ``min_bytes``, the first group to have something ends the wait for all."""
+        split = self.router._split(request["topics"], _topic)
+
+        def run(wait: int) -> Callable[[int, list[dict[str, Any]]], Any]:
+            async def read(group: int, topics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                face = self.router.face_of(group)
+                if face is None:
+                    return [{"topics": t["topic"], "partitions": [
+                        partition_answer(part["partition"], p.NOT_LEADER_OR_FOLLOWER)
+                        for part in t["partitions"]]} for t in topics]
+                answer = await face.fetching.fetch({**request, "topics": topics,
+                                                    "max_wait_time": wait})
+                return list(answer["topics"])
+            return read
+
+        wait = request["max_wait_time"]
+        if len(split) == 1:
+            return {"session_id": 0, "topics": await self._each(split, run(wait))}
+        topics = await self._each(split, run(0))
+        if _fetched(topics) >= max(request["min_bytes"], 1) or wait <= 0:
+            return {"session_id": 0, "topics": topics}
+        waits = [asyncio.ensure_future(run(wait)(group, items))
+                 for group, items in split.items()]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        return {"session_id": 0, "topics": await self._each(split, run(0))}
+
+    async def list_offsets(self, request: dict[str, Any]) -> dict[str, Any]:
+        async def run(group: int, topics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            face = self.router.face_of(group)
+            if face is None:
+                return [{"topic": t["topic"], "partitions": [
+                    {"partition": part["partition"], "error_code": p.NOT_LEADER_OR_FOLLOWER,
+                     "timestamp": -1, "offset": -1} for part in t["partitions"]]}
+                    for t in topics]
+            return list((await face.fetching.list_offsets({**request, "topics": topics}))[
+                "topics"])
+
+        return {"topics": await self._each(self.router._split(request["topics"], _topic), run)}
+
+    # -- metadata and topics ----------------------------------------------------------------
+
+    async def metadata(self, request: dict[str, Any]) -> dict[str, Any]:
+        router = self.router
+        asked = request.get("topics")
+        every = asked is None or (self.version == 0 and not asked)
+        split: dict[int, list[str]] = (
+            {key: [] for key in range(router.groups)} if every
+            else router._split(asked or [], str))
+        create = not every and request.get("allow_auto_topic_creation", True)
+
+        async def run(group: int, names: list[str]) -> list[dict[str, Any]]:
+            face = router.face_of(group)
+            if face is not None:
+                if every:
+                    names = [name for name in face.topics.names() if allowed("read", name)]
+                return [await face.admin.topic_metadata(name, create and face.admin.auto_create)
+                        for name in names]
+            answer = await self._ask(group, p.METADATA, request if every
+                                     else {**request, "topics": names})
+            if isinstance(answer, str):
+                return [] if every else [
+                    {"error_code": p.LEADER_NOT_AVAILABLE, "topic": name, "is_internal": False,
+                     "partitions": []} for name in names]
+            return [t for t in answer["topics"] if router.group(t["topic"]) == group]
+
+        return {**cluster_metadata(router.nodes), "topics": await self._each(split, run)}
+
+    async def create_topics(self, request: dict[str, Any]) -> dict[str, Any]:
+        async def run(group: int, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            body = {**request, "create_topic_requests": items}
+            face = self.router.face_of(group)
+            if face is not None:
+                return list((await face.admin.create_topics(body))["topic_errors"])
+            answer = await self._ask(group, p.CREATE_TOPICS, body)
+            if isinstance(answer, str):
+                return [{"topic": item["topic"], "error_code": p.NOT_CONTROLLER,
+                         "error_message": answer} for item in items]
+            return list(answer["topic_errors"])
+
+        return {"topic_errors": await self._each(
+            self.router._split(request["create_topic_requests"], _topic), run)}
+
+    async def delete_topics(self, request: dict[str, Any]) -> dict[str, Any]:
+        async def run(group: int, names: list[str]) -> list[dict[str, Any]]:
+            body = {**request, "topics": names}
+            face = self.router.face_of(group)
+            if face is not None:
+                return list((await face.admin.delete_topics(body))["topic_error_codes"])
+            answer = await self._ask(group, p.DELETE_TOPICS, body)
+            if isinstance(answer, str):
+                return [{"topic": name, "error_code": p.NOT_CONTROLLER} for name in names]
+            return list(answer["topic_error_codes"])
+
+        return {"topic_error_codes": await self._each(
+            self.router._split(request["topics"], str), run)}
+
+    async def describe_configs(self, request: dict[str, Any]) -> dict[str, Any]:
+        topics = [r for r in request["resources"] if r["resource_type"] == TOPIC_RESOURCE]
+        others = [{"error_code": p.NONE if r["resource_type"] == BROKER_RESOURCE
+                   else p.INVALID_REQUEST,
+                   "error_message": None if r["resource_type"] == BROKER_RESOURCE
+                   else f"resource type {r['resource_type']} is not described here",
+                   "resource_type": r["resource_type"], "resource_name": r["resource_name"],
+                   "config_entries": []}
+                  for r in request["resources"] if r["resource_type"] != TOPIC_RESOURCE]
+
+        async def run(group: int, resources: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            body = {**request, "resources": resources}
+            face = self.router.face_of(group)
+            if face is not None:
+                return list((await face.admin.describe_configs(body))["resources"])
+            answer = await self._ask(group, p.DESCRIBE_CONFIGS, body)
+            if isinstance(answer, str):
+                return [{"error_code": p.LEADER_NOT_AVAILABLE, "error_message": answer,
+                         "resource_type": r["resource_type"],
+                         "resource_name": r["resource_name"], "config_entries": []}
+                        for r in resources]
+            return list(answer["resources"])
+
+        found = await self._each(self.router._split(topics, lambda r: r["resource_name"]), run)
+        return {"resources": [*found, *others]}
+
+    # -- committed offsets ------------------------------------------------------------------
+
+    async def offset_commit(self, request: dict[str, Any]) -> dict[str, Any]:
+        router = self.router
+        code = (p.NONE if self.forwarded
+                else commit_check(router.coordinator, router.nodes, request))
+
+        def failed(topics: list[dict[str, Any]], error: int) -> list[dict[str, Any]]:
+            return [{"topic": t["topic"], "partitions": [
+                {"partition": part["partition"], "error_code": error}
+                for part in t["partitions"]]} for t in topics]
+
+        async def run(group: int, topics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            face = router.face_of(group)
+            if face is not None:
+                body = {**request, "topics": topics}
+                return list((await face.offsets.commit_checked(body, code))["topics"])
+            if code != p.NONE:
+                return failed(topics, code)
+            # checked here: the holder takes it as a plain commit
+            answer = await self._ask(group, p.OFFSET_COMMIT, {
+                **request, "topics": topics, "consumer_group_generation_id": -1,
+                "consumer_id": ""})
+            if isinstance(answer, str):
+                return failed(topics, p.COORDINATOR_NOT_AVAILABLE)
+            return list(answer["topics"])
+
+        return {"topics": await self._each(router._split(request["topics"], _topic), run)}
+
+    async def offset_fetch(self, request: dict[str, Any]) -> dict[str, Any]:
+        router = self.router
+        asked = request.get("topics")
+        split: dict[int, list[dict[str, Any]]] = (
+            {key: [] for key in range(router.groups)} if asked is None
+            else router._split(asked, _topic))
+        codes: list[int] = []
+
+        async def run(group: int, topics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            body = {**request, "topics": None if asked is None else topics}
+            face = router.face_of(group)
+            answer: dict[str, Any] | str
+            if face is not None:
+                answer = await face.offsets.fetch(body)
+            else:
+                answer = await self._ask(group, p.OFFSET_FETCH, body)
+            if isinstance(answer, str):
+                return [] if asked is None else [{"topic": t["topic"], "partitions": [
+                    {"partition": part, "offset": -1, "metadata": "",
+                     "error_code": p.COORDINATOR_NOT_AVAILABLE} for part in t["partitions"]]}
+                    for t in topics]
+            codes.append(answer.get("error_code", p.NONE))
+            return [t for t in answer["topics"] if router.group(t["topic"]) == group]
+
+        topics = await self._each(split, run)
+        return {"topics": topics, "error_code": next((c for c in codes if c), p.NONE)}
+
+
+def _fetched(topics: list[dict[str, Any]]) -> int:
+    """The bytes of records in a Fetch answer's topics."""
+    return sum(len(part.get("message_set") or b"") for t in topics for part in t["partitions"])
+
+
+def _topic(item: dict[str, Any]) -> str:
+    name: str = item["topic"]
+    return name
