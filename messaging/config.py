@@ -382,7 +382,8 @@ class BrokerConfig:
                                    parse=Path, metavar="FILE")
     peer_ca: Path | None = _option(
         None, "--peer-ca", "cluster mode: the CA of the other nodes' HTTPS certificates (for "
-        "snapshot fetches; the system's CAs otherwise)", parse=Path, metavar="FILE")
+        "snapshot fetches and Kafka requests asked of another node; the system's CAs "
+        "otherwise)", parse=Path, metavar="FILE")
     tls_client_ca: Path | None = _option(
         None, "--tls-client-ca", "require client certificates signed by this CA", parse=Path,
         metavar="FILE")

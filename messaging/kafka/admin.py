@@ -1,7 +1,8 @@
 """Metadata, CreateTopics, DeleteTopics and DescribeConfigs.
 
-A node answers Metadata with itself as the leader (and only replica) of every partition: it
-serves all of them, whatever node a client asks (:mod:`messaging.kafka.nodes`). A topic that
+A node answers Metadata with itself as the leader (and only replica) of every partition of its
+log: it serves all of them, whatever node a client asks (:mod:`messaging.kafka.nodes`; in a
+cluster of topic groups, of the groups it holds, see :mod:`messaging.kafka.routing`). A topic that
 does not exist is created with one partition on the first Metadata or Produce that names it
 (Kafka's defaults), unless the broker runs with ``--kafka-auto-create off`` or the client
 asks not to.

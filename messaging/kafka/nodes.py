@@ -3,7 +3,8 @@ serves Kafka clients (each announces its address with its registration in etcd).
 
 A node's broker id is a hash of its advertised address, the same whoever computes it. Every
 node is the leader of every partition in its own Metadata answers: it can serve them all, so
-clients spread over the nodes they bootstrap from, and a node's failure is a reconnect. A
+clients spread over the nodes they bootstrap from, and a node's failure is a reconnect (in a
+cluster of topic groups, of its own groups' partitions: :mod:`messaging.kafka.routing`). A
 consumer group has one coordinator, the same for every node: the live address its name hashes
 to; when the live nodes change, a group may move, and its members are told NOT_COORDINATOR and
 find it again, as after a Kafka coordinator's failover (the offsets are in the log).

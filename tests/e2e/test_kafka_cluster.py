@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from messaging.http.auth import new_token, parse_scope, token_line
 from messaging.kafka import protocol as p
 from messaging.kafka.forward import Forwarder
 from messaging.kafka.nodes import broker_id
@@ -32,6 +33,7 @@ from tests.e2e.test_etcd_log import (  # noqa: F401  (fixtures used by name)
     groups,
 )
 from tests.kafka_load import idempotent_producer, produce_through
+from tests.tls import make_certificates
 
 
 async def _cluster(broker_process: Any, tmp_path: Path, members: EtcdCluster, *extra: str,
@@ -245,3 +247,60 @@ async def test_a_fetch_over_two_groups_ends_when_either_has_records(
     assert time.monotonic() - started < 10  # not the idle group's 20 s
     sets = {t["topics"]: t["partitions"][0]["message_set"] for t in answer["topics"]}
     assert b"now" in sets[busy] and not sets[idle]
+
+
+async def test_a_request_asked_of_a_holder_keeps_the_clients_token_over_tls(
+        etcd: EtcdCluster, start_server: Any, tmp_path: Path) -> None:  # noqa: F811
+    """Three nodes of three groups, one each, with tokens and TLS: a topic of another node's
+    group is created and described through node 0 with a token that may, and refused with
+    one that may not, by the holder that checks the same token."""
+    make_certificates(tmp_path)
+    name = next(n for n in (f"secured-{i}" for i in range(1000))
+                if group_of_name(n, 3) == 1)
+    tokens = {"writer": new_token(), "stranger": new_token()}
+    scopes = {"writer": [f"write={name}", f"read={name}"], "stranger": ["read=other"]}
+    (tmp_path / "tokens").write_text("".join(
+        token_line(role, tokens[role], [parse_scope(s) for s in scopes[role]]) + "\n"
+        for role in tokens))
+    cluster = f"t{uuid.uuid4().hex[:10]}"
+    _GROUPS.clusters.append(cluster)
+    servers = [await start_server(
+        etcd=etcd.endpoints, cluster=cluster, groups=3, replicas=1,
+        kafka_bind=("127.0.0.1", 0), tokens=tmp_path / "tokens",
+        tls_cert=tmp_path / "server.pem", tls_key=tmp_path / "server-key.pem",
+        peer_ca=tmp_path / "ca.pem") for _ in range(3)]
+    addresses = [s.kafka.address for s in servers]
+
+    def admin(role: str) -> AdminClient:
+        return AdminClient({"bootstrap.servers": addresses[0], "security.protocol": "SASL_SSL",
+                            "sasl.mechanisms": "PLAIN", "sasl.username": role,
+                            "sasl.password": tokens[role],
+                            "ssl.ca.location": str(tmp_path / "ca.pem")})
+
+    writer = admin("writer")
+    deadline = time.monotonic() + 60
+    while len((await asyncio.to_thread(writer.list_topics, timeout=10)).brokers) < 3:
+        assert time.monotonic() < deadline, "the nodes' Kafka listeners were not announced"
+        await asyncio.sleep(0.2)
+    holder = next(s for s in servers if s.node is not None and 1 in s.node.stacks)
+    assert holder is not servers[0]  # node 0 asks the holder
+    while True:  # until every group is held and caught up somewhere
+        future = writer.create_topics([NewTopic(name, num_partitions=2,
+                                                replication_factor=1)])[name]
+        try:
+            await asyncio.to_thread(future.result, 30)
+            break
+        except Exception as err:
+            assert time.monotonic() < deadline, err
+            await asyncio.sleep(0.5)
+    listed = await asyncio.to_thread(writer.list_topics, name, timeout=30)
+    assert {q.leader for q in listed.topics[name].partitions.values()} == {
+        broker_id(holder.kafka.address)}
+    stranger = admin("stranger")
+    refused = stranger.create_topics([NewTopic(f"{name}-x", num_partitions=1,
+                                               replication_factor=1)])
+    with pytest.raises(Exception, match="TOPIC_AUTHORIZATION_FAILED"):
+        await asyncio.to_thread(next(iter(refused.values())).result, 30)
+    seen = await asyncio.to_thread(stranger.list_topics, name, timeout=30)
+    assert seen.topics[name].error is not None
+    assert seen.topics[name].error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
