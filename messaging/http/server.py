@@ -316,10 +316,15 @@ def tls_context(config: BrokerConfig) -> ssl.SSLContext | None:
 
 
 def _forward_tls(config: BrokerConfig) -> ssl.SSLContext:
-    """The client side of TLS to another node's Kafka listener (its certificate checked
-    against --peer-ca, or the system's authorities)."""
-    return ssl.create_default_context(
+    """The client side of TLS to another node's Kafka listener: its certificate checked
+    against --peer-ca (or the system's authorities), and with --tls-client-ca, where every
+    listener asks for a client certificate, this node's own certificate shown."""
+    context = ssl.create_default_context(
         cafile=str(config.peer_ca) if config.peer_ca is not None else None)
+    if config.tls_client_ca is not None and config.tls_cert is not None and (
+            config.tls_key is not None):
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+    return context
 
 
 def _bind(host: str, port: int) -> socket.socket:

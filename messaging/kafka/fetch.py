@@ -46,6 +46,19 @@ class _Wanted:
     max_bytes: int
 
 
+def _wanted(request: dict[str, Any]) -> list[_Wanted]:
+    return [_Wanted(t["topic"], part["partition"],
+                    part.get("fetch_offset", part.get("offset", 0)), part["max_bytes"])
+            for t in request["topics"] for part in t["partitions"]]
+
+
+def fetch_deadline(request: dict[str, Any]) -> float:
+    """When a Fetch's long-poll ends (monotonic time): its ``max_wait_time``, at most
+    :data:`MAX_WAIT`."""
+    wait_ms: int = request["max_wait_time"]
+    return time.monotonic() + min(max(wait_ms, 0) / 1000, MAX_WAIT)
+
+
 def high_watermark(topic: TopicView) -> int:
     """The offset after the last committed message."""
     return topic.committed_index + 1
@@ -68,33 +81,48 @@ class Fetching:
 
     async def fetch(self, request: dict[str, Any]) -> dict[str, Any]:
         """Read every partition asked for from its offset; wait for ``min_bytes``."""
-        wanted = [_Wanted(t["topic"], part["partition"],
-                          part.get("fetch_offset", part.get("offset", 0)), part["max_bytes"])
-                  for t in request["topics"] for part in t["partitions"]]
-        deadline = time.monotonic() + min(max(request["max_wait_time"], 0) / 1000, MAX_WAIT)
+        deadline = fetch_deadline(request)
         min_bytes = max(request["min_bytes"], 1)
-        budget = request.get("max_bytes") or (1 << 31) - 1
         while True:
-            answers, size = await self._read_all(wanted, budget)
+            topics, size = await self.read(request)
             remaining = deadline - time.monotonic()
             if size >= min_bytes or remaining <= 0:
                 break
-            if not await self._wait_any(wanted, remaining):
-                answers, size = await self._read_all(wanted, budget)
+            if not await self.wait_for_more(request, remaining):
+                topics, size = await self.read(request)
                 break
-        return {"session_id": 0, "topics": p.by_topic(
-            [(want.name, answer) for want, answer in zip(wanted, answers, strict=True)],
-            key="topics")}
+        return {"session_id": 0, "topics": topics}
 
-    async def _read_all(self, wanted: list[_Wanted], budget: int,
+    async def read(self, request: dict[str, Any], spent: int = 0,
+                   ) -> tuple[list[dict[str, Any]], int]:
+        """One read of every partition a Fetch asks for, without waiting: its answer's
+        ``topics`` and the bytes of records in them. ``spent``: the bytes of records already
+        in the answer (from other groups' partitions), counted against its ``max_bytes``."""
+        wanted = _wanted(request)
+        budget = request.get("max_bytes") or (1 << 31) - 1
+        answers, size = await self._read_all(wanted, budget, spent)
+        return p.by_topic([(want.name, answer) for want, answer
+                           in zip(wanted, answers, strict=True)], key="topics"), size - spent
+
+    async def wait_for_more(self, request: dict[str, Any], timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a commit to any partition a Fetch asks for;
+        False when the time ran out."""
+        return await self._wait_any(_wanted(request), timeout)
+
+    async def _read_all(self, wanted: list[_Wanted], budget: int, spent: int = 0,
                         ) -> tuple[list[dict[str, Any]], int]:
         answers = []
-        total = 0
+        total = spent
         for want in wanted:
-            # The first partition with records gets them even past the budget (KIP-74).
+            # The first partition with records gets them even past the budget (KIP-74);
+            # a later one's are left for the next fetch when they would pass it (a read
+            # returns at least one record, whatever its limit).
             limit = want.max_bytes if total == 0 else min(want.max_bytes, budget - total)
             answer = await self._read(want, limit)
-            total += len(answer["message_set"])
+            size = len(answer["message_set"])
+            if total and total + size > budget:
+                answer["message_set"], size = b"", 0
+            total += size
             answers.append(answer)
         return answers, total
 

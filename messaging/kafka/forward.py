@@ -20,8 +20,9 @@ from messaging.kafka import protocol as p
 
 #: The client id of a forwarded request (it is not forwarded again).
 FORWARDED_CLIENT = "messaging-forward"
-#: How long one forwarded exchange may take (connect, authenticate, answer).
-FORWARD_TIMEOUT = 30.0
+#: How long one forwarded exchange may take (connect, authenticate, answer): well inside a
+#: client's own request timeout (30 s by default), so it gets this node's error code first.
+FORWARD_TIMEOUT = 10.0
 _SIZE = struct.Struct(">i")
 _REQUEST_HEADER = struct.Struct(">hhih")
 

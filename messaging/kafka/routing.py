@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -30,7 +31,7 @@ from messaging.kafka import protocol as p
 from messaging.kafka.access import allowed
 from messaging.kafka.admin import BROKER_RESOURCE, TOPIC_RESOURCE, cluster_metadata
 from messaging.kafka.face import Face
-from messaging.kafka.fetch import partition_answer
+from messaging.kafka.fetch import fetch_deadline, partition_answer
 from messaging.kafka.forward import Forwarder, ForwardError
 from messaging.kafka.groups import Coordinator
 from messaging.kafka.nodes import Nodes
@@ -143,38 +144,61 @@ class _Call:
         return None if request["required_acks"] == 0 else {"topics": topics}
 
     async def fetch(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Each group's partitions read by its face. Several groups' long-polls are not
-        waited for one after another: they are read at once, and when that is less than
-        ``min_bytes``, the first group to have something ends the wait for all."""
+        """Each group's partitions read by its face, one group after another against the
+        request's ``max_bytes``; a long-poll over several groups waits for ``min_bytes`` in
+        all of them together, and a commit to any of them wakes it."""
         split = self.router._split(request["topics"], _topic)
+        deadline = fetch_deadline(request)
+        min_bytes = max(request["min_bytes"], 1)
+        while True:
+            topics, size = await self._read_groups(split, request)
+            remaining = deadline - time.monotonic()
+            if size >= min_bytes or remaining <= 0:
+                break
+            if not await self._wait_groups(split, request, remaining):
+                topics, size = await self._read_groups(split, request)
+                break
+        return {"session_id": 0, "topics": topics}
 
-        def run(wait: int) -> Callable[[int, list[dict[str, Any]]], Any]:
-            async def read(group: int, topics: list[dict[str, Any]]) -> list[dict[str, Any]]:
-                face = self.router.face_of(group)
-                if face is None:
-                    return [{"topics": t["topic"], "partitions": [
-                        partition_answer(part["partition"], p.NOT_LEADER_OR_FOLLOWER)
-                        for part in t["partitions"]]} for t in topics]
-                answer = await face.fetching.fetch({**request, "topics": topics,
-                                                    "max_wait_time": wait})
-                return list(answer["topics"])
-            return read
+    async def _read_groups(self, split: dict[int, list[dict[str, Any]]],
+                           request: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
+        topics: list[dict[str, Any]] = []
+        spent = 0
+        for group, items in split.items():
+            face = self.router.face_of(group)
+            if face is None:
+                topics.extend({"topics": t["topic"], "partitions": [
+                    partition_answer(part["partition"], p.NOT_LEADER_OR_FOLLOWER)
+                    for part in t["partitions"]]} for t in items)
+                continue
+            found, size = await face.fetching.read({**request, "topics": items}, spent)
+            topics.extend(found)
+            spent += size
+        return topics, spent
 
-        wait = request["max_wait_time"]
-        if len(split) == 1:
-            return {"session_id": 0, "topics": await self._each(split, run(wait))}
-        topics = await self._each(split, run(0))
-        if _fetched(topics) >= max(request["min_bytes"], 1) or wait <= 0:
-            return {"session_id": 0, "topics": topics}
-        waits = [asyncio.ensure_future(run(wait)(group, items))
-                 for group, items in split.items()]
+    async def _wait_groups(self, split: dict[int, list[dict[str, Any]]],
+                           request: dict[str, Any], timeout: float) -> bool:
+        """Wait for a commit to any partition of the groups served here; False when the time
+        ran out (or a wait failed: the answer is what there is)."""
+        faces = [(face, items) for group, items in split.items()
+                 if (face := self.router.face_of(group)) is not None]
+        if not faces:
+            await asyncio.sleep(timeout)
+            return False
+        waits = [asyncio.ensure_future(face.fetching.wait_for_more(
+            {**request, "topics": items}, timeout)) for face, items in faces]
         try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(waits, timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
         finally:
             for waiting in waits:
                 waiting.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
-        return {"session_id": 0, "topics": await self._each(split, run(0))}
+            outcomes = await asyncio.gather(*waits, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, Exception):
+                log.warning("waiting for records of a Kafka fetch failed: %s", outcome)
+                return False
+        return any(task.result() for task in done if not task.cancelled())
 
     async def list_offsets(self, request: dict[str, Any]) -> dict[str, Any]:
         async def run(group: int, topics: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -276,8 +300,9 @@ class _Call:
 
     async def offset_commit(self, request: dict[str, Any]) -> dict[str, Any]:
         router = self.router
-        code = (p.NONE if self.forwarded
-                else commit_check(router.coordinator, router.nodes, request))
+        # Checked here whoever asks: a commit asked of this node by another (generation -1,
+        # no member) passes, with the same token, what it passed there.
+        code = commit_check(router.coordinator, router.nodes, request)
 
         def failed(topics: list[dict[str, Any]], error: int) -> list[dict[str, Any]]:
             return [{"topic": t["topic"], "partitions": [
@@ -317,7 +342,8 @@ class _Call:
                 answer = await face.offsets.fetch(body)
             else:
                 answer = await self._ask(group, p.OFFSET_FETCH, body)
-            if isinstance(answer, str):
+            if isinstance(answer, str):  # the client asks again (v2 and later read this)
+                codes.append(p.COORDINATOR_NOT_AVAILABLE)
                 return [] if asked is None else [{"topic": t["topic"], "partitions": [
                     {"partition": part, "offset": -1, "metadata": "",
                      "error_code": p.COORDINATOR_NOT_AVAILABLE} for part in t["partitions"]]}
@@ -327,11 +353,6 @@ class _Call:
 
         topics = await self._each(split, run)
         return {"topics": topics, "error_code": next((c for c in codes if c), p.NONE)}
-
-
-def _fetched(topics: list[dict[str, Any]]) -> int:
-    """The bytes of records in a Fetch answer's topics."""
-    return sum(len(part.get("message_set") or b"") for t in topics for part in t["partitions"])
 
 
 def _topic(item: dict[str, Any]) -> str:

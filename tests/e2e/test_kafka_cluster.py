@@ -304,3 +304,78 @@ async def test_a_request_asked_of_a_holder_keeps_the_clients_token_over_tls(
     seen = await asyncio.to_thread(stranger.list_topics, name, timeout=30)
     assert seen.topics[name].error is not None
     assert seen.topics[name].error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+async def test_one_fetch_over_groups_keeps_its_byte_limits_and_no_client_skips_checks(
+        etcd: EtcdCluster, start_server: Any, tmp_path: Path) -> None:  # noqa: F811
+    """One node holding three groups, with tokens: a fetch over two groups' topics keeps the
+    request's max_bytes across both and waits for min_bytes from both together; a fetch of
+    nothing waits and answers nothing; a request that calls itself forwarded is checked like
+    any other (a commit as a group the token may not consume as is refused)."""
+    busy, other = _named_in_each_group(3)[:2]
+    tokens = {"writer": new_token(), "no-group": new_token()}
+    scopes = {"writer": [f"write={busy}", f"read={busy}", f"write={other}", f"read={other}",
+                         "consume=mine"],
+              "no-group": [f"read={busy}"]}
+    (tmp_path / "tokens").write_text("".join(
+        token_line(role, tokens[role], [parse_scope(s) for s in scopes[role]]) + "\n"
+        for role in tokens))
+    cluster = f"t{uuid.uuid4().hex[:10]}"
+    _GROUPS.clusters.append(cluster)
+    server = await start_server(etcd=etcd.endpoints, cluster=cluster, groups=3, replicas=1,
+                                kafka_bind=("127.0.0.1", 0), tokens=tmp_path / "tokens")
+    assert server.kafka is not None
+    address = server.kafka.address
+    forwarder = Forwarder()
+
+    async def ask(api: int, version: int, body: dict[str, Any],
+                  role: str = "writer") -> dict[str, Any]:
+        return await forwarder.ask(address, api, version, body, tokens[role])
+
+    deadline = time.monotonic() + 30
+    while True:  # the node takes Kafka requests once it caught up with its groups
+        created = await ask(p.CREATE_TOPICS, 1, {"create_topic_requests": [
+            {"topic": name, "num_partitions": 1, "replication_factor": 1,
+             "replica_assignment": [], "configs": []} for name in (busy, other)],
+            "timeout": 30000, "validate_only": False})
+        codes = {t["topic"]: t["error_code"] for t in created["topic_errors"]}
+        if set(codes.values()) <= {p.NONE, p.TOPIC_ALREADY_EXISTS}:
+            break
+        assert time.monotonic() < deadline, codes
+        await asyncio.sleep(0.2)
+    producer = Producer({"bootstrap.servers": address, "security.protocol": "SASL_PLAINTEXT",
+                         "sasl.mechanisms": "PLAIN", "sasl.username": "writer",
+                         "sasl.password": tokens["writer"], "linger.ms": 0})
+
+    def put(name: str) -> None:
+        producer.produce(name, value=bytes(600))
+        assert producer.flush(30) == 0
+
+    # min_bytes 1,000: 600 bytes in one group, then 600 in the other, end the long-poll.
+    started = time.monotonic()
+    body = _fetch_body(20_000, (busy, 0), (other, 0))
+    fetching = asyncio.ensure_future(ask(p.FETCH, 5, {**body, "min_bytes": 1000}))
+    await asyncio.to_thread(put, busy)
+    await asyncio.sleep(0.3)
+    assert not fetching.done()  # 600 bytes of the 1,000
+    await asyncio.to_thread(put, other)
+    answer = await fetching
+    assert time.monotonic() - started < 10  # not the 20 s wait
+    sizes = {t["topics"]: len(t["partitions"][0]["message_set"]) for t in answer["topics"]}
+    assert all(sizes.values()), sizes
+    # max_bytes 1,000 over both: the first partition's records, none of the second's.
+    answer = await ask(p.FETCH, 5, {**body, "max_wait_time": 0, "max_bytes": 1000})
+    sizes = {t["topics"]: len(t["partitions"][0]["message_set"]) for t in answer["topics"]}
+    assert sorted(bool(size) for size in sizes.values()) == [False, True], sizes
+    # Nothing asked: an empty answer after the wait, the connection kept.
+    answer = await ask(p.FETCH, 5, _fetch_body(200))
+    assert answer["topics"] == []
+    # Calling itself forwarded (this client does) skips no check.
+    commit = {"consumer_group": "mine", "consumer_group_generation_id": -1, "consumer_id": "",
+              "retention_time": -1, "topics": [
+                  {"topic": busy, "partitions": [{"partition": 0, "offset": 1,
+                                                  "metadata": ""}]}]}
+    refused = await ask(p.OFFSET_COMMIT, 2, commit, "no-group")
+    assert refused["topics"][0]["partitions"][0]["error_code"] == p.GROUP_AUTHORIZATION_FAILED
+    taken = await ask(p.OFFSET_COMMIT, 2, commit)
+    assert taken["topics"][0]["partitions"][0]["error_code"] == p.NONE
