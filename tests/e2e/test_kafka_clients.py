@@ -1,6 +1,6 @@
 """Real Kafka clients against a broker process's --kafka-bind: confluent-kafka (librdkafka, as
-bundled in the wheel), aiokafka, and Debian's kcat (librdkafka 2.0.2, which needs empty tag
-buffers)."""
+bundled in the wheel), aiokafka, kafka-python, and Debian's kcat (librdkafka 2.0.2, which
+needs empty tag buffers)."""
 
 from __future__ import annotations
 
@@ -137,6 +137,55 @@ async def _aiokafka_round_trip(bootstrap: str, total: int) -> None:
 def test_aiokafka_round_trips_20000_keyed_records_on_3_partitions(broker_process: Make) -> None:
     _, bootstrap = _start(broker_process)
     asyncio.run(_aiokafka_round_trip(bootstrap, 20_000))
+
+
+# kafka-python loads its protocol schemas with importlib.resources' legacy functions.
+@pytest.mark.filterwarnings("ignore:(read|open)_text is deprecated:DeprecationWarning")
+def test_kafka_python_produces_idempotently_and_consumes_in_a_group(
+        broker_process: Make) -> None:
+    """kafka-python negotiates its own versions: CreateTopics, an idempotent producer of
+    keyed records with headers on 3 partitions, a consumer group that reads each once, in
+    order, and commits."""
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+    from kafka import TopicPartition as KafkaTopicPartition
+    from kafka.admin import NewTopic as KafkaNewTopic
+
+    _, bootstrap = _start(broker_process)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([KafkaNewTopic("pythons", 3, 1)])
+    finally:
+        admin.close()
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all",
+                             enable_idempotence=True)
+    total = 3000
+    sent = [producer.send("pythons", key=b"k%d" % i, value=b"%d" % i,
+                          headers=[("n", b"%d" % i)], partition=i % 3) for i in range(total)]
+    producer.flush(60)
+    delivered = [(m.partition, m.offset) for m in (future.get(30) for future in sent)]
+    producer.close()
+    consumer = KafkaConsumer("pythons", bootstrap_servers=bootstrap, group_id="pythons",
+                             auto_offset_reset="earliest", enable_auto_commit=False,
+                             consumer_timeout_ms=30_000)
+    try:
+        got = []
+        for message in consumer:
+            got.append(message)
+            if len(got) == total:
+                break
+        consumer.commit()
+        committed = {p: consumer.committed(KafkaTopicPartition("pythons", p))
+                     for p in range(3)}
+    finally:
+        consumer.close()
+    assert sorted(int(m.value) for m in got) == list(range(total))  # each once
+    for m in got:
+        n = int(m.value)
+        assert (m.key, list(m.headers)) == (b"k%d" % n, [("n", b"%d" % n)])
+        assert (m.partition, m.offset) == delivered[n]
+    for p in range(3):
+        offsets = [m.offset for m in got if m.partition == p]
+        assert offsets == sorted(offsets) and committed[p] == offsets[-1] + 1
 
 
 def test_confluent_kafka_finds_offsets_for_times(broker_process: Make) -> None:
