@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -52,11 +52,26 @@ def _wanted(request: dict[str, Any]) -> list[_Wanted]:
             for t in request["topics"] for part in t["partitions"]]
 
 
-def fetch_deadline(request: dict[str, Any]) -> float:
-    """When a Fetch's long-poll ends (monotonic time): its ``max_wait_time``, at most
-    :data:`MAX_WAIT`."""
+Topics = list[dict[str, Any]]
+
+
+async def long_poll(request: dict[str, Any], read: Callable[[], Awaitable[tuple[Topics, int]]],
+                    wait: Callable[[float], Awaitable[bool]]) -> dict[str, Any]:
+    """A Fetch answer: ``read`` (its topics and the bytes of records in them) until they
+    reach ``min_bytes`` or ``max_wait_time`` (at most :data:`MAX_WAIT`) passes, ``wait``
+    (for a commit, up to the time left; False when none came) in between."""
     wait_ms: int = request["max_wait_time"]
-    return time.monotonic() + min(max(wait_ms, 0) / 1000, MAX_WAIT)
+    deadline = time.monotonic() + min(max(wait_ms, 0) / 1000, MAX_WAIT)
+    min_bytes = max(request["min_bytes"], 1)
+    while True:
+        topics, size = await read()
+        remaining = deadline - time.monotonic()
+        if size >= min_bytes or remaining <= 0:
+            break
+        if not await wait(remaining):
+            topics, size = await read()
+            break
+    return {"session_id": 0, "topics": topics}
 
 
 def high_watermark(topic: TopicView) -> int:
@@ -81,17 +96,8 @@ class Fetching:
 
     async def fetch(self, request: dict[str, Any]) -> dict[str, Any]:
         """Read every partition asked for from its offset; wait for ``min_bytes``."""
-        deadline = fetch_deadline(request)
-        min_bytes = max(request["min_bytes"], 1)
-        while True:
-            topics, size = await self.read(request)
-            remaining = deadline - time.monotonic()
-            if size >= min_bytes or remaining <= 0:
-                break
-            if not await self.wait_for_more(request, remaining):
-                topics, size = await self.read(request)
-                break
-        return {"session_id": 0, "topics": topics}
+        return await long_poll(request, lambda: self.read(request),
+                               lambda timeout: self.wait_for_more(request, timeout))
 
     async def read(self, request: dict[str, Any], spent: int = 0,
                    ) -> tuple[list[dict[str, Any]], int]:

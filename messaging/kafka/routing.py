@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from messaging.kafka import protocol as p
 from messaging.kafka.access import allowed
 from messaging.kafka.admin import BROKER_RESOURCE, TOPIC_RESOURCE, cluster_metadata
 from messaging.kafka.face import Face
-from messaging.kafka.fetch import fetch_deadline, partition_answer
+from messaging.kafka.fetch import long_poll, partition_answer
 from messaging.kafka.forward import Forwarder, ForwardError
 from messaging.kafka.groups import Coordinator
 from messaging.kafka.nodes import Nodes
@@ -75,24 +74,12 @@ class GroupRouter:
                        password: str | None, forwarded: bool) -> dict[str, Any] | None:
         """The answer to one request of a :data:`ROUTED` API."""
         call = _Call(self, version, password, forwarded)
-        if key == p.PRODUCE:
-            return await call.produce(request)
-        if key == p.FETCH:
-            return await call.fetch(request)
-        if key == p.LIST_OFFSETS:
-            return await call.list_offsets(request)
-        if key == p.METADATA:
-            return await call.metadata(request)
-        if key == p.CREATE_TOPICS:
-            return await call.create_topics(request)
-        if key == p.DELETE_TOPICS:
-            return await call.delete_topics(request)
-        if key == p.DESCRIBE_CONFIGS:
-            return await call.describe_configs(request)
-        if key == p.OFFSET_COMMIT:
-            return await call.offset_commit(request)
-        assert key == p.OFFSET_FETCH
-        return await call.offset_fetch(request)
+        handlers: dict[int, Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]] = {
+            p.PRODUCE: call.produce, p.FETCH: call.fetch, p.LIST_OFFSETS: call.list_offsets,
+            p.METADATA: call.metadata, p.CREATE_TOPICS: call.create_topics,
+            p.DELETE_TOPICS: call.delete_topics, p.DESCRIBE_CONFIGS: call.describe_configs,
+            p.OFFSET_COMMIT: call.offset_commit, p.OFFSET_FETCH: call.offset_fetch}
+        return await handlers[key](request)
 
 
 class _Call:
@@ -148,17 +135,8 @@ class _Call:
         request's ``max_bytes``; a long-poll over several groups waits for ``min_bytes`` in
         all of them together, and a commit to any of them wakes it."""
         split = self.router._split(request["topics"], _topic)
-        deadline = fetch_deadline(request)
-        min_bytes = max(request["min_bytes"], 1)
-        while True:
-            topics, size = await self._read_groups(split, request)
-            remaining = deadline - time.monotonic()
-            if size >= min_bytes or remaining <= 0:
-                break
-            if not await self._wait_groups(split, request, remaining):
-                topics, size = await self._read_groups(split, request)
-                break
-        return {"session_id": 0, "topics": topics}
+        return await long_poll(request, lambda: self._read_groups(split, request),
+                               lambda timeout: self._wait_groups(split, request, timeout))
 
     async def _read_groups(self, split: dict[int, list[dict[str, Any]]],
                            request: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
@@ -241,17 +219,24 @@ class _Call:
 
         return {**cluster_metadata(router.nodes), "topics": await self._each(split, run)}
 
+    async def _here_or_asked(self, group: int, api_key: int, body: dict[str, Any],
+                             here: Callable[[Face], Awaitable[dict[str, Any]]], field: str,
+                             failed: Callable[[str], list[dict[str, Any]]],
+                             ) -> list[dict[str, Any]]:
+        """``field`` of the answer of this node's face of ``group`` (``here``), or of a
+        holder's; ``failed(why)`` when no holder answered."""
+        face = self.router.face_of(group)
+        answer = await (here(face) if face is not None else self._ask(group, api_key, body))
+        return failed(answer) if isinstance(answer, str) else list(answer[field])
+
     async def create_topics(self, request: dict[str, Any]) -> dict[str, Any]:
         async def run(group: int, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             body = {**request, "create_topic_requests": items}
-            face = self.router.face_of(group)
-            if face is not None:
-                return list((await face.admin.create_topics(body))["topic_errors"])
-            answer = await self._ask(group, p.CREATE_TOPICS, body)
-            if isinstance(answer, str):
-                return [{"topic": item["topic"], "error_code": p.NOT_CONTROLLER,
-                         "error_message": answer} for item in items]
-            return list(answer["topic_errors"])
+            return await self._here_or_asked(
+                group, p.CREATE_TOPICS, body, lambda face: face.admin.create_topics(body),
+                "topic_errors", lambda why: [{"topic": item["topic"],
+                                              "error_code": p.NOT_CONTROLLER,
+                                              "error_message": why} for item in items])
 
         return {"topic_errors": await self._each(
             self.router._split(request["create_topic_requests"], _topic), run)}
@@ -259,13 +244,10 @@ class _Call:
     async def delete_topics(self, request: dict[str, Any]) -> dict[str, Any]:
         async def run(group: int, names: list[str]) -> list[dict[str, Any]]:
             body = {**request, "topics": names}
-            face = self.router.face_of(group)
-            if face is not None:
-                return list((await face.admin.delete_topics(body))["topic_error_codes"])
-            answer = await self._ask(group, p.DELETE_TOPICS, body)
-            if isinstance(answer, str):
-                return [{"topic": name, "error_code": p.NOT_CONTROLLER} for name in names]
-            return list(answer["topic_error_codes"])
+            return await self._here_or_asked(
+                group, p.DELETE_TOPICS, body, lambda face: face.admin.delete_topics(body),
+                "topic_error_codes", lambda _why: [{"topic": name, "error_code": p.NOT_CONTROLLER}
+                                                   for name in names])
 
         return {"topic_error_codes": await self._each(
             self.router._split(request["topics"], str), run)}
@@ -282,16 +264,12 @@ class _Call:
 
         async def run(group: int, resources: list[dict[str, Any]]) -> list[dict[str, Any]]:
             body = {**request, "resources": resources}
-            face = self.router.face_of(group)
-            if face is not None:
-                return list((await face.admin.describe_configs(body))["resources"])
-            answer = await self._ask(group, p.DESCRIBE_CONFIGS, body)
-            if isinstance(answer, str):
-                return [{"error_code": p.LEADER_NOT_AVAILABLE, "error_message": answer,
-                         "resource_type": r["resource_type"],
-                         "resource_name": r["resource_name"], "config_entries": []}
-                        for r in resources]
-            return list(answer["resources"])
+            return await self._here_or_asked(
+                group, p.DESCRIBE_CONFIGS, body, lambda face: face.admin.describe_configs(body),
+                "resources", lambda why: [
+                    {"error_code": p.LEADER_NOT_AVAILABLE, "error_message": why,
+                     "resource_type": r["resource_type"], "resource_name": r["resource_name"],
+                     "config_entries": []} for r in resources])
 
         found = await self._each(self.router._split(topics, lambda r: r["resource_name"]), run)
         return {"resources": [*found, *others]}

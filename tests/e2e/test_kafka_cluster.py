@@ -148,7 +148,12 @@ async def test_in_a_cluster_of_topic_groups_each_topic_is_served_by_its_holder(
                                        for n in names]).values():
         future.result(30)
     for i in range(3):  # every node names each partition's holder as its leader
-        listed = AdminClient({"bootstrap.servers": kafka[i]}).list_topics(timeout=30)
+        deadline = time.monotonic() + 30
+        while True:  # (once this node's member list shows every holder's listener)
+            listed = AdminClient({"bootstrap.servers": kafka[i]}).list_topics(timeout=30)
+            if all(name in listed.topics for name in names) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         for g, name in enumerate(names):
             leaders = {p.leader for p in listed.topics[name].partitions.values()}
             assert leaders == {broker_id(kafka[holder[g]])}, (i, name, leaders)
